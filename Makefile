@@ -1,0 +1,65 @@
+# dask-ddp: the commands a developer and CI run. `make demo` and `make test` each set up
+# what they need (apt packages, the Python environment, the C++ build) on a fresh machine.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+ROOT := $(CURDIR)
+PY := $(ROOT)/.venv/bin/python
+CMAKE := $(ROOT)/.venv/bin/cmake
+BUILD ?= build/dev
+ASAN_BUILD ?= build/asan
+JOBS ?= $(shell nproc)
+CMAKE_FLAGS ?=
+# The package is imported from the source tree; the C++ module is built beside it.
+export PYTHONPATH := $(ROOT)/src$(if $(PYTHONPATH),:$(PYTHONPATH))
+
+.PHONY: help setup apt venv build test test-cpp test-py asan lint demo bench fuzz clean
+
+help:
+	@echo "make demo   - set up, then train on a local Dask cluster (the embedded default)"
+	@echo "make test   - set up, then run the C++ tests (CTest) and pytest"
+	@echo "make asan   - build and run the C++ tests under ASan+UBSan"
+	@echo "make lint   - ruff and mypy"
+	@echo "make bench  - run the benchmarks (see BENCHMARKS.md)"
+
+setup: apt venv build
+
+apt:
+	@bash tools/setup_apt.sh
+
+venv:
+	@bash tools/setup_venv.sh
+
+build: venv
+	@$(CMAKE) -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DPython_EXECUTABLE=$(PY) -DDDP_BUILD_TESTS=ON $(CMAKE_FLAGS) >/dev/null
+	@$(CMAKE) --build $(BUILD) -j $(JOBS)
+
+test: setup test-cpp test-py
+
+test-cpp:
+	cd $(BUILD) && $(ROOT)/.venv/bin/ctest --output-on-failure -j $(JOBS)
+
+test-py:
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+asan: apt venv
+	@$(CMAKE) -S . -B $(ASAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DDDP_SANITIZE=ON \
+	  -DDDP_WERROR=ON -DDDP_BUILD_PYTHON=OFF -DDDP_BUILD_TESTS=ON >/dev/null
+	@$(CMAKE) --build $(ASAN_BUILD) -j $(JOBS)
+	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+	  $(ROOT)/.venv/bin/ctest --output-on-failure -j $(JOBS)
+
+lint: venv
+	$(ROOT)/.venv/bin/ruff check src tests benchmarks examples
+	$(ROOT)/.venv/bin/mypy
+
+demo: setup
+	$(PY) examples/transfer_learning.py $(DEMO_ARGS)
+
+bench: setup
+	@echo "See BENCHMARKS.md for each benchmark's command."
+
+clean:
+	rm -rf build src/dask_ddp/_core*.so

@@ -98,11 +98,11 @@ def main(workdir: str) -> None:
         phase = "rendezvous"
         import torch.distributed as dist
 
-        timeout = init_kwargs.get("timeout", timedelta(minutes=30))
+        timeout = timedelta(seconds=spec["rendezvous_timeout"])
         store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
                               world, False, timeout)
-        backend = _resolve_backend(spec["backend"], store, rank, world, spec["worker"])
         phase = "init_process_group"
+        backend = _resolve_backend(spec["backend"], store, rank, world, spec["worker"])
         dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world,
                                 **init_kwargs)
         phase = "run"

@@ -8,6 +8,9 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+from distributed import Client
+
+import dask_ddp
 from cluster_util import (
     all_reduce_rank,
     dataloader_rank,
@@ -20,9 +23,6 @@ from cluster_util import (
     wait_no_rank_processes,
     with_local_rank,
 )
-from distributed import Client
-
-import dask_ddp
 from dask_ddp import dispatch
 
 pytestmark = [pytest.mark.dask, pytest.mark.timeout(180)]

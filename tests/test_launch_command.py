@@ -10,10 +10,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cluster_util import local_cluster, wait_no_rank_processes
 from distributed import Client
 
 import dask_ddp
+from cluster_util import local_cluster, wait_no_rank_processes
 
 pytestmark = [pytest.mark.dask, pytest.mark.timeout(180)]
 

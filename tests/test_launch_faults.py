@@ -7,10 +7,10 @@ import signal
 import time
 
 import pytest
-from cluster_util import local_cluster, rank_processes, sleep_in_collectives, wait_no_rank_processes
 from distributed import Client
 
 import dask_ddp
+from cluster_util import local_cluster, rank_processes, sleep_in_collectives, wait_no_rank_processes
 from dask_ddp import dispatch
 
 pytestmark = [pytest.mark.dask, pytest.mark.slow, pytest.mark.timeout(180)]

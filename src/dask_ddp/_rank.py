@@ -115,9 +115,10 @@ def main(workdir: str) -> None:
         _write(workdir, {"status": "ok", "value": cloudpickle.dumps(value)})
     except BaseException as exc:
         claimed = _claim_root_cause(store, rank)
+        blob: bytes | None
         try:
-            blob: bytes | None = pickle.dumps(exc)
-            pickle.loads(blob)
+            blob = pickle.dumps(exc)
+            pickle.loads(blob)  # the supervisor must be able to load it
         except Exception:
             blob = None
         _write(workdir, {"status": "error", "phase": phase, "type": type(exc).__name__,

@@ -63,7 +63,7 @@ def all_reduce_rank(offset: float) -> dict[str, Any]:
                 k: os.environ.get(k) for k in (
                     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
                     "MASTER_PORT", "CUDA_VISIBLE_DEVICES", "DASK_DDP_JOB_NAME",
-                    "DASK_DDP_WORKER")}}
+                    "GLOO_SOCKET_IFNAME", "DASK_DDP_WORKER")}}
 
 
 def raise_on_rank(bad_rank: int, message: str) -> int:

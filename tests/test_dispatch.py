@@ -50,6 +50,7 @@ def test_all_reduce_sums(client: Client, n: int) -> None:
     ports = {o["env"]["MASTER_PORT"] for o in out}
     assert len(ports) == 1 and ports != {"23456"}
     assert {o["env"]["MASTER_ADDR"] for o in out} == {"127.0.0.1"}
+    assert {o["env"]["GLOO_SOCKET_IFNAME"] for o in out} == {"lo"}
     # Each rank ran on its own worker, in its own process.
     assert [o["env"]["DASK_DDP_WORKER"] for o in out] == job.workers
     assert len({o["pid"] for o in out}) == n

@@ -99,6 +99,13 @@ def sleep_in_collectives(seconds: float) -> int:
     return dist.get_rank()
 
 
+def print_rank() -> None:
+    import dask_ddp
+
+    info = dask_ddp.rank_info()
+    print(f"hello from {info.rank} of {info.world_size}")  # noqa: T201 - the output under test
+
+
 def with_local_rank(local_rank: int) -> int:
     return local_rank
 

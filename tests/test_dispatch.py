@@ -6,6 +6,7 @@ import concurrent.futures
 import time
 from collections.abc import Iterator
 
+import psutil
 import pytest
 import torch
 from distributed import Client
@@ -17,6 +18,7 @@ from cluster_util import (
     ddp_train,
     exit_on_rank,
     local_cluster,
+    print_rank,
     raise_on_rank,
     rank_processes,
     sleep_in_collectives,
@@ -51,9 +53,19 @@ def test_all_reduce_sums(client: Client, n: int) -> None:
     assert len(ports) == 1 and ports != {"23456"}
     assert {o["env"]["MASTER_ADDR"] for o in out} == {"127.0.0.1"}
     assert {o["env"]["GLOO_SOCKET_IFNAME"] for o in out} == {"lo"}
+    # Rank 0's rendezvous server is gone with the job: no port left bound.
+    listening = {c.laddr.port for c in psutil.net_connections("tcp")
+                 if c.status == psutil.CONN_LISTEN}
+    assert int(ports.pop()) not in listening
     # Each rank ran on its own worker, in its own process.
     assert [o["env"]["DASK_DDP_WORKER"] for o in out] == job.workers
     assert len({o["pid"] for o in out}) == n
+
+
+def test_stream_output(client: Client, capsys: pytest.CaptureFixture[str]) -> None:
+    dask_ddp.submit(client, print_rank, n_workers=2, stream_output=True).result(timeout=120)
+    out = capsys.readouterr().out
+    assert "[rank 0] hello from 0 of 2" in out and "[rank 1] hello from 1 of 2" in out
 
 
 def test_seed_run_returns_plain_futures(client: Client) -> None:

@@ -281,6 +281,7 @@ def submit(
     output_dir: str | os.PathLike[str] | None = None,
     storage: str | None = None,
     rendezvous_timeout: float = 300.0,
+    stream_output: bool = False,
     **kwargs: Any,
 ) -> Job:
     """Run ``fn(*args, **kwargs)`` as a DDP job: one process per rank, on Dask workers.
@@ -322,6 +323,9 @@ def submit(
         The job's storage URL for checkpoints and results (``file://``, ``s3://``).
     rendezvous_timeout : float
         Seconds ranks wait for rank 0's rendezvous address.
+    stream_output : bool
+        Print each rank's stdout and stderr here, prefixed with ``[rank N]``, as they
+        come (default: they go to the worker's own stdout and stderr).
 
     Returns
     -------
@@ -343,7 +347,8 @@ def submit(
                    workers=workers, nprocs_per_worker=nprocs_per_worker, resources=resources,
                    backend=backend, init_kwargs=init_kwargs, env=env,
                    pass_local_rank=pass_local_rank, progress=progress, output_dir=output_dir,
-                   storage=storage, stream_output=False, rendezvous_timeout=rendezvous_timeout)
+                   storage=storage, stream_output=stream_output,
+                   rendezvous_timeout=rendezvous_timeout)
 
 
 def run(client: Any, pytorch_function: Callable[..., Any], *args: Any, backend: str = "auto",

@@ -254,8 +254,10 @@ class Job:
         if not self._stream_output:
             return
         deadline = time.monotonic() + timeout
+        # A rank whose worker died sends no end-of-output mark.
+        expected = set(range(self.world_size)) - set(self._lost)
         with self._eof_cond:
-            while len(self._eof) < self.world_size:
+            while not expected <= self._eof:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break

@@ -234,7 +234,7 @@ class ResultsPlugin(SchedulerPlugin):
     name = _PLUGIN_NAME
     idempotent = True
 
-    def start(self, scheduler: Any) -> None:
+    async def start(self, scheduler: Any) -> None:
         if _EXTENSION not in scheduler.extensions:
             scheduler.extensions[_EXTENSION] = ResultsExtension(scheduler)
 
@@ -543,9 +543,7 @@ class Reader:
                 out.append(rec)
         return out
 
-    def _take(
-        self, source: str, seq: int, part: int, nparts: int, payload: bytes
-    ) -> Record | None:
+    def _take(self, source: str, seq: int, part: int, nparts: int, payload: bytes) -> Record | None:
         expected = self.expected.get(source, 0)
         if nparts == 0:  # end marker: seq is the number of records the stream carried
             self.ended.add(source)

@@ -92,16 +92,24 @@ def _upload(url: str, step: int, data: memoryview, keep: int) -> str:
     store = _open(url)
     digest = hashlib.sha256(data).hexdigest()
     store.put(_data_key(step), bytes(data) if not isinstance(data, bytes) else data)
-    manifest = {"step": step, "size": len(data), "sha256": digest, "time": time.time(),
-                "format": "torch.save"}
+    manifest = {
+        "step": step,
+        "size": len(data),
+        "sha256": digest,
+        "time": time.time(),
+        "format": "torch.save",
+    }
     store.put(_manifest_key(step), json.dumps(manifest).encode())
-    logger.info("checkpoint step %d: %d bytes to %s in %.2fs", step, len(data), url,
-                time.perf_counter() - t0)
+    logger.info(
+        "checkpoint step %d: %d bytes to %s in %.2fs",
+        step,
+        len(data),
+        url,
+        time.perf_counter() - t0,
+    )
     if keep > 0:
         steps = sorted(
-            int(m.group(1))
-            for item in store.list(PREFIX)
-            if (m := _MANIFEST.search(_key_of(item)))
+            int(m.group(1)) for item in store.list(PREFIX) if (m := _MANIFEST.search(_key_of(item)))
         )
         for old in steps[:-keep]:
             # The manifest goes first: a checkpoint is never visible without its data.

@@ -241,8 +241,7 @@ class DaskResultsHandler:
             kind, body = b"b", bytes(data)
         else:
             raise TypeError(
-                f"submit_result({path!r}): data must be str or bytes, "
-                f"got {type(data).__name__}"
+                f"submit_result({path!r}): data must be str or bytes, got {type(data).__name__}"
             )
         storage = os.environ.get("DASK_DDP_STORAGE")
         pathb = path.encode()
@@ -278,9 +277,7 @@ class DaskResultsHandler:
         if client is None:
             raise ValueError("process_results(): no futures and no Dask client")
         writer = _ResultWriter(Path(prefix))
-        reader = _channel.Reader(
-            client, self.topic, on_gap=None if raise_errors else _log_gap
-        )
+        reader = _channel.Reader(client, self.topic, on_gap=None if raise_errors else _log_gap)
         reported: set[str] = set()
         first_error: tuple[Any, float] | None = None
         try:

@@ -222,20 +222,32 @@ def load_checkpoint(
 
     url = _storage_url(storage)
     store = _open(url)
-    steps = list_checkpoints(url)
-    if step is not None:
-        steps = [s for s in steps if s == step]
-    for s in reversed(steps):
-        try:
-            manifest = json.loads(store.get(_manifest_key(s)))
-            data = store.get(_data_key(s))
-        except Exception as e:  # noqa: BLE001 - try an older one
-            logger.warning("checkpoint step %d in %s unreadable (%s); trying older", s, url, e)
-            continue
-        if len(data) != manifest.get("size") or hashlib.sha256(data).hexdigest() != manifest.get(
-            "sha256"
-        ):
-            logger.warning("checkpoint step %d in %s does not match its manifest", s, url)
-            continue
-        return torch.load(io.BytesIO(data), weights_only=weights_only, map_location=map_location)
+    # A concurrent writer may prune what was just listed: list again before giving up.
+    for _attempt in range(3):
+        steps = list_checkpoints(url)
+        if step is not None:
+            steps = [s for s in steps if s == step]
+        if not steps:
+            return None
+        for s in reversed(steps):
+            data = _read_verified(store, url, s)
+            if data is not None:
+                return torch.load(
+                    io.BytesIO(data), weights_only=weights_only, map_location=map_location
+                )
     return None
+
+
+def _read_verified(store: Any, url: str, step: int) -> bytes | None:
+    try:
+        manifest = json.loads(store.get(_manifest_key(step)))
+        data = store.get(_data_key(step))
+    except Exception as e:  # noqa: BLE001 - the caller tries an older one
+        logger.warning("checkpoint step %d in %s unreadable (%s)", step, url, e)
+        return None
+    if len(data) != manifest.get("size") or hashlib.sha256(data).hexdigest() != manifest.get(
+        "sha256"
+    ):
+        logger.warning("checkpoint step %d in %s does not match its manifest", step, url)
+        return None
+    return data

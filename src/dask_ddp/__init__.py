@@ -2,7 +2,8 @@
 
 The public API:
 
-- launching: :func:`dask_ddp.dispatch.run` (seed-compatible), :func:`submit`, :func:`rank_info`
+- launching: :func:`dask_ddp.dispatch.run` (seed-compatible), :func:`submit`, :class:`Job`,
+  :func:`run_command`, :func:`rank_info`
 - data: :mod:`dask_ddp.data` (``ImageFolder``, ``S3ImageFolder``, ``Loader``, ``transforms``)
 - storage: :mod:`dask_ddp.storage` (object stores by URL)
 - results: :mod:`dask_ddp.results` (``DaskResultsHandler``, ``report``, checkpoints)
@@ -10,6 +11,24 @@ The public API:
 
 from __future__ import annotations
 
+from . import dispatch
+from ._env import RankInfo, rank_info
+from ._errors import GangStartError, JobError, RankAbortedError, RankFailedError, WorkerLostError
+from .dispatch import Job, run_command, submit
+
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+__all__ = [
+    "GangStartError",
+    "Job",
+    "JobError",
+    "RankAbortedError",
+    "RankFailedError",
+    "RankInfo",
+    "WorkerLostError",
+    "__version__",
+    "dispatch",
+    "rank_info",
+    "run_command",
+    "submit",
+]

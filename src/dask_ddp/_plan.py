@@ -1,0 +1,131 @@
+"""Placing a job's ranks on Dask workers (client side, internal).
+
+A plan is computed from the scheduler's view of the workers before anything is submitted,
+so a job that cannot start raises at once (gang start) instead of waiting in the queue.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+from ._errors import GangStartError
+
+
+@dataclasses.dataclass(frozen=True)
+class RankSpec:
+    """Everything a supervisor task needs to start one rank process."""
+
+    job_id: str
+    job_name: str
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    worker: str
+    proc_index: int
+    nprocs_per_worker: int
+    master_addr: str
+    backend: str
+    init_kwargs: bytes
+    env: Mapping[str, str]
+    payload: bytes | None
+    command: tuple[str, ...] | None
+    pass_local_rank: bool
+    stream_output: bool
+    scheduler: str
+    storage: str | None
+    output_dir: str | None
+    rendezvous_timeout: float
+    cwd: str | None = None
+
+
+def worker_host(address: str) -> str:
+    """The host part of a Dask worker address ("tcp://10.0.0.2:4321" -> "10.0.0.2")."""
+    parsed = urlsplit(address if "://" in address else f"tcp://{address}")
+    if parsed.hostname is None:
+        raise ValueError(f"cannot find the host in worker address {address!r}")
+    return parsed.hostname
+
+
+def choose_workers(
+    info: Mapping[str, Any],
+    n_workers: int | None,
+    workers: Sequence[str] | None,
+    resources: Mapping[str, float] | None,
+) -> list[str]:
+    """Pick the workers of a job, in rank order, or raise :class:`GangStartError`.
+
+    Parameters
+    ----------
+    info
+        ``client.scheduler_info(n_workers=-1)``.
+    n_workers
+        How many workers to use; ``None`` means all that qualify (or all of ``workers``).
+    workers
+        Explicit worker addresses, used in the given order.
+    resources
+        Dask worker resources every chosen worker must declare (e.g. ``{"GPU": 1}``).
+    """
+    known: dict[str, Any] = dict(info.get("workers", {}))
+    if n_workers is not None and n_workers < 1:
+        raise ValueError(f"n_workers must be at least 1, got {n_workers}")
+    if workers is not None:
+        workers = list(workers)
+        unknown = [w for w in workers if w not in known]
+        if unknown:
+            raise GangStartError(
+                f"workers not in the cluster: {', '.join(unknown)} "
+                f"(the scheduler knows {len(known)}: {', '.join(sorted(known)) or 'none'})")
+        candidates = workers
+    else:
+        # Group by host, so local ranks of one host are contiguous (as torchrun numbers them).
+        candidates = sorted(known, key=lambda a: (worker_host(a), a))
+    lacking: dict[str, str] = {}
+    fit = []
+    for addr in candidates:
+        have = known[addr].get("resources") or {}
+        missing = {k: v for k, v in (resources or {}).items() if have.get(k, 0) < v}
+        if missing:
+            lacking[addr] = ", ".join(f"{k}={v} (has {have.get(k, 0)})"
+                                      for k, v in missing.items())
+        else:
+            fit.append(addr)
+    if workers is not None and lacking:
+        raise GangStartError("workers lack the requested resources: " + "; ".join(
+            f"{a}: needs {why}" for a, why in lacking.items()))
+    if n_workers is not None:
+        if len(fit) < n_workers:
+            detail = f"; {len(lacking)} lack resources {dict(resources or {})}" if lacking else ""
+            raise GangStartError(
+                f"the job needs {n_workers} workers but only {len(fit)} can take a rank "
+                f"(the cluster has {len(known)} workers{detail})")
+        fit = fit[:n_workers]
+    if not fit:
+        raise GangStartError(
+            "no worker can take a rank: the cluster has no workers" if not known else
+            f"no worker has the requested resources {dict(resources or {})}")
+    return fit
+
+
+def rank_layout(workers: Sequence[str], nprocs_per_worker: int) -> list[dict[str, Any]]:
+    """Rank, local rank (per host, as torchrun) and process index of every rank."""
+    if nprocs_per_worker < 1:
+        raise ValueError(f"nprocs_per_worker must be at least 1, got {nprocs_per_worker}")
+    per_host: dict[str, int] = {}
+    for addr in workers:
+        host = worker_host(addr)
+        per_host[host] = per_host.get(host, 0) + nprocs_per_worker
+    next_local: dict[str, int] = {}
+    layout = []
+    for addr in workers:
+        host = worker_host(addr)
+        for proc in range(nprocs_per_worker):
+            local = next_local.get(host, 0)
+            next_local[host] = local + 1
+            layout.append({"rank": len(layout), "local_rank": local,
+                           "local_world_size": per_host[host], "worker": addr,
+                           "proc_index": proc})
+    return layout

@@ -1,0 +1,134 @@
+"""The rank process: ``python -m dask_ddp._rank WORKDIR`` (internal).
+
+Started by the supervisor task (:mod:`dask_ddp._supervisor`) with the torchrun-style
+environment set. It loads the user's function from ``WORKDIR/spec.pkl``, joins the job's
+rendezvous store, agrees on the backend, calls ``init_process_group``, runs the function,
+and writes ``WORKDIR/result.pkl``: the pickled return value, or the failing phase, the
+formatted traceback and the pickled exception.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import pickle
+import signal
+import sys
+import threading
+import time
+import traceback
+from datetime import timedelta
+from typing import Any
+
+PARENT_POLL_S = 0.5
+
+
+def _watch_parent() -> None:
+    """Kill this rank's process group when its worker dies (then our parent changes)."""
+    parent = os.getppid()
+
+    def loop() -> None:
+        while True:
+            time.sleep(PARENT_POLL_S)
+            if os.getppid() != parent:
+                os.killpg(os.getpgrp(), signal.SIGKILL)
+
+    threading.Thread(target=loop, name="dask-ddp-parent-watch", daemon=True).start()
+
+
+def _write(workdir: str, report: dict[str, Any]) -> None:
+    tmp = os.path.join(workdir, "result.pkl.tmp")
+    with open(tmp, "wb") as f:
+        pickle.dump(report, f)
+    os.replace(tmp, os.path.join(workdir, "result.pkl"))
+
+
+def _resolve_backend(requested: str, store: Any, rank: int, world: int, worker: str) -> str:
+    import torch
+
+    has_cuda = torch.cuda.is_available()
+    if requested == "nccl" and not has_cuda:
+        raise RuntimeError(
+            f"backend='nccl' needs CUDA, but rank {rank} on worker {worker} sees no CUDA "
+            "device (torch.cuda.is_available() is False); use backend='gloo' or 'auto'")
+    if requested != "auto":
+        return requested
+    store.set(f"dask_ddp/cuda/{rank}", "1" if has_cuda else "0")
+    keys = [f"dask_ddp/cuda/{r}" for r in range(world)]
+    store.wait(keys)
+    return "nccl" if all(store.get(k) == b"1" for k in keys) else "gloo"
+
+
+def _claim_root_cause(store: Any, rank: int) -> bool:
+    """True if this rank is the first of its job to fail (atomic on the job's store)."""
+    if store is None:
+        return False
+    try:
+        return bool(store.compare_set("dask_ddp/first_failure", "", str(rank)) == str(rank)
+                    .encode())
+    except Exception:
+        return False
+
+
+def _exit(code: int) -> None:
+    # Run atexit handlers (the results channel flushes there) but do not join threads a
+    # user left running: a finished rank must end.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    atexit._run_exitfuncs()
+    os._exit(code)
+
+
+def main(workdir: str) -> None:
+    _watch_parent()
+    rank = int(os.environ["RANK"])
+    world = int(os.environ["WORLD_SIZE"])
+    phase = "load"
+    store = None
+    try:
+        with open(os.path.join(workdir, "spec.pkl"), "rb") as f:
+            spec = pickle.load(f)
+        for p in spec["sys_path"]:
+            if p not in sys.path:
+                sys.path.append(p)
+        import cloudpickle
+
+        fn, args, kwargs = cloudpickle.loads(spec["payload"])
+        init_kwargs = cloudpickle.loads(spec["init_kwargs"])
+        phase = "rendezvous"
+        import torch.distributed as dist
+
+        timeout = init_kwargs.get("timeout", timedelta(minutes=30))
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                              world, False, timeout)
+        backend = _resolve_backend(spec["backend"], store, rank, world, spec["worker"])
+        phase = "init_process_group"
+        dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world,
+                                **init_kwargs)
+        phase = "run"
+        if spec["pass_local_rank"]:
+            kwargs = {**kwargs, "local_rank": int(os.environ["LOCAL_RANK"])}
+        value = fn(*args, **kwargs)
+        phase = "teardown"
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        _write(workdir, {"status": "ok", "value": cloudpickle.dumps(value)})
+    except BaseException as exc:
+        claimed = _claim_root_cause(store, rank)
+        try:
+            blob: bytes | None = pickle.dumps(exc)
+            pickle.loads(blob)
+        except Exception:
+            blob = None
+        _write(workdir, {"status": "error", "phase": phase, "type": type(exc).__name__,
+                         "message": str(exc), "traceback": traceback.format_exc(),
+                         "exception": blob, "claimed": claimed})
+        _exit(1)
+    _exit(0)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.stderr.write("usage: python -m dask_ddp._rank WORKDIR (started by dask-ddp)\n")
+        sys.exit(2)
+    main(sys.argv[1])

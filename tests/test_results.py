@@ -276,3 +276,23 @@ def test_bad_payloads_are_type_errors_naming_the_key(fake_rank: int) -> None:
     frame = os.read(fake_rank, 4096)
     rec = json.loads(frame[_channel._HEADER.size + len("metrics/unit") + 1 :])
     assert rec["loss"] == 0.5 and rec["acc"] == 0.25 and rec["rank"] == 0 and rec["step"] == 1
+
+
+def test_large_result_goes_through_storage(
+    fake_rank: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = (tmp_path / "store").as_uri()
+    monkeypatch.setenv("DASK_DDP_STORAGE", url)
+    rh = results.DaskResultsHandler("k")
+    with dask.config.set({"dask-ddp.results.inline-max": 1000}):
+        rh.submit_result("big.bin", b"x" * 5000)
+    frame = os.read(fake_rank, 1 << 16)
+    assert len(frame) < 500  # only the reference went through the channel
+    ref = json.loads(frame[_channel._HEADER.size + len("results/k") + 1 :])
+    stored = tmp_path / "store" / ref["key"]
+    assert stored.read_bytes() == b"x" * 5000
+    writer = results._ResultWriter(tmp_path / "out")
+    writer.write(_channel.Record("j/0/n", 0, 0, frame[_channel._HEADER.size + len("results/k") :]))
+    writer.close()
+    assert (tmp_path / "out" / "big.bin").read_bytes() == b"x" * 5000
+    assert not stored.exists()  # the client removes it once written

@@ -10,7 +10,6 @@ import pickle
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from distributed import Client, LocalCluster

@@ -157,6 +157,25 @@ def test_back_pressure_with_a_tiny_budget(client: Any) -> None:
     assert [f.result()["records"] for f in futures] == [n, n]
 
 
+FORKS = """
+import os
+import dask_ddp.results as r
+pid = os.fork()  # as a DataLoader worker with the fork context: it inherits the pipe
+for i in range(2000):
+    r.report({"loss": float(i), "child": pid == 0}, step=i)
+if pid == 0:
+    os._exit(0)
+os.waitpid(pid, 0)
+"""
+
+
+def test_forked_children_are_their_own_streams(client: Any) -> None:
+    job_id, futures = launch(client, FORKS, world_size=1)
+    recs = list(results.iter_job_metrics(JobLike(client, job_id, "fork", futures)))
+    for child in (False, True):
+        assert [x["step"] for x in recs if x["child"] is child] == list(range(2000))
+
+
 SEED_RESULTS = """
 import json, os, pickle
 from dask_ddp.results import DaskResultsHandler
@@ -227,18 +246,18 @@ def test_gaps_are_reported_and_duplicates_dropped(client: Any) -> None:
     topic = f"results/{uuid.uuid4().hex}"
     _channel.open_topic(client, topic)
     put = client.scheduler.dask_ddp_results_put
-    src = "job/0/abc"
-    e = [[0, 0, 1, b"a"], [1, 0, 1, b"b"]]
-    assert client.sync(put, topic=topic, source=src, entries=e)["accepted"] == 2
-    assert client.sync(put, topic=topic, source=src, entries=e)["accepted"] == 2  # retry
-    client.sync(put, topic=topic, source=src, entries=[[3, 0, 1, b"d"], [4, 0, 0, b""]])
+    src = "job/0/abc.1"
+    e = [[src, 0, 0, 1, b"a"], [src, 1, 0, 1, b"b"]]
+    assert client.sync(put, topic=topic, entries=e)["accepted"] == 2
+    assert client.sync(put, topic=topic, entries=e)["accepted"] == 2  # a retry: no copies
+    client.sync(put, topic=topic, entries=[[src, 3, 0, 1, b"d"], [src, 4, 0, 0, b""]])
     gaps: list[Exception] = []
     reader = _channel.Reader(client, topic, on_gap=gaps.append)
     got = reader.fetch(timeout=1) + reader.fetch(timeout=0)
     assert [r.payload for r in got] == [b"a", b"b", b"d"]
     assert len(gaps) == 1 and "records 2..2 are missing" in str(gaps[0])
     strict = _channel.Reader(client, f"results/{uuid.uuid4().hex}")
-    client.sync(put, topic=strict.topic, source=src, entries=[[0, 0, 1, b"a"], [2, 0, 0, b""]])
+    client.sync(put, topic=strict.topic, entries=[[src, 0, 0, 1, b"a"], [src, 2, 0, 0, b""]])
     with pytest.raises(_channel.GapError, match="ended after 2 records, 1 arrived"):
         strict.fetch(timeout=1)
 
@@ -264,6 +283,8 @@ def test_bad_payloads_are_type_errors_naming_the_key(fake_rank: int) -> None:
         results.report({"note": "x" * 5000})
     with pytest.raises(ValueError, match="'rank'"):
         results.report({"rank": 3})
+    with pytest.raises(ValueError, match="exceeds"):
+        results.report({f"m{i}": 1.0 for i in range(400)})
     rh = results.DaskResultsHandler("k")
     with pytest.raises(TypeError, match="'worker/0.json'"):
         rh.submit_result("worker/0.json", {"loss": 1})  # type: ignore[arg-type]

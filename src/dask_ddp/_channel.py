@@ -8,9 +8,12 @@ Records go ``rank process -> pipe -> Forwarder (in the worker) -> scheduler -> c
   ``SIGKILL`` (it is in the kernel's pipe buffer), and a full pipe blocks the rank: the
   back-pressure of the whole channel ends there. Frame::
 
-      !Q payload length | !Q sequence | !H topic length | topic (utf-8) | payload
+      !Q payload length | !Q sequence | !I pid | !H topic length | topic (utf-8) | payload
 
-  The sequence counts the records of one rank process on one topic, from 0.
+  The sequence counts the records of one process on one topic, from 0; the pid tells the
+  rank process from processes it forked (DataLoader workers), which inherit the pipe.
+  Frames of at most ``PIPE_BUF`` (4096) bytes reach the pipe whole even when several
+  processes write at once; larger ones are whole only within one process (a lock).
 - **Worker side** (:class:`Forwarder`): a thread reads the pipe, cuts frames into parts of
   at most ``dask-ddp.results.part-size`` and puts them into the scheduler's store for the
   topic. A put that does not fit in the topic's budget waits there; the Forwarder stops
@@ -55,7 +58,9 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 logger = logging.getLogger(__name__)
 
 ENV_FD = "DASK_DDP_CHANNEL_FD"
-_HEADER = struct.Struct("!QQH")
+_HEADER = struct.Struct("!QQIH")
+#: Writes up to this size are atomic on a pipe (POSIX PIPE_BUF on Linux).
+PIPE_BUF = 4096
 _PLUGIN_NAME = "dask-ddp-results"
 _EXTENSION = "dask_ddp_results"
 #: Entry overhead counted against the budget besides the payload bytes.
@@ -136,12 +141,11 @@ class ResultsExtension:
         if budget:
             t.budget = int(budget)
 
-    def _accept(self, t: _Topic, source: str, entries: list[list[Any]]) -> int:
+    def _accept(self, t: _Topic, entries: list[list[Any]]) -> int:
         n = 0
-        last = t.last.get(source, (-1, -1))
-        for seq, part, nparts, payload in entries:
+        for source, seq, part, nparts, payload in entries:
             key = (int(seq), int(part))
-            if key <= last:  # a retried put: already stored
+            if key <= t.last.get(source, (-1, -1)):  # a retried put: already stored
                 n += 1
                 continue
             size = len(payload) + _ENTRY_OVERHEAD
@@ -149,22 +153,19 @@ class ResultsExtension:
                 break
             t.entries.append([source, key[0], key[1], int(nparts), payload])
             t.used += size
-            last = key
+            t.last[source] = key
             n += 1
-        t.last[source] = last
         return n
 
-    async def put(
-        self, topic: str, source: str, entries: list[list[Any]], wait: float = 1.0
-    ) -> dict[str, int]:
-        """Append ``entries`` (``[seq, part, nparts, payload]``) from ``source``.
+    async def put(self, topic: str, entries: list[list[Any]], wait: float = 1.0) -> dict[str, int]:
+        """Append ``entries`` (``[source, seq, part, nparts, payload]``).
 
         Returns how many entries from the front were taken (stored or already stored).
         When none fit in the budget, waits up to ``wait`` seconds for the reader to free
         memory first: the caller retries the rest, which is how back-pressure travels.
         """
         t = self._topic(topic)
-        n = self._accept(t, source, entries)
+        n = self._accept(t, entries)
         deadline = time.monotonic() + wait
         while n == 0 and entries:
             remaining = deadline - time.monotonic()
@@ -176,7 +177,7 @@ class ResultsExtension:
             except asyncio.TimeoutError:
                 break
             t = self._topic(topic)
-            n = self._accept(t, source, entries)
+            n = self._accept(t, entries)
         if n:
             t.notify()
         return {"accepted": n, "used": t.used, "budget": t.budget}
@@ -278,6 +279,7 @@ def prepare(client: Any, job_id: str) -> None:
 class _Writer:
     def __init__(self, fd: int) -> None:
         self.fd = fd
+        self.pid = os.getpid()
         self.lock = threading.Lock()
         self.seqs: dict[str, int] = {}
         self.topics: dict[str, bytes] = {}
@@ -288,7 +290,7 @@ class _Writer:
             tb = self.topics[topic] = topic.encode()
         with self.lock:
             seq = self.seqs.get(topic, 0)
-            frame = _HEADER.pack(len(payload), seq, len(tb)) + tb + payload
+            frame = _HEADER.pack(len(payload), seq, self.pid, len(tb)) + tb + payload
             n = os.write(self.fd, frame)
             if n != len(frame):  # large frames: the pipe takes them piecewise
                 view = memoryview(frame)[n:]
@@ -360,6 +362,7 @@ class Forwarder:
         self.job_id = job_id
         self.rank = rank
         self.read_fd = read_fd
+        # Streams are "<job>/<rank>/<nonce>.<pid>": one per process writing to the pipe.
         self.source = f"{job_id}/{rank}/{uuid.uuid4().hex[:8]}"
         self._worker = worker
         self._part = part_size()
@@ -412,7 +415,7 @@ class Forwarder:
 
     def _forward(self) -> None:
         buf = bytearray()
-        seqs: dict[str, int] = {}  # topic -> next expected sequence
+        seqs: dict[tuple[str, int], int] = {}  # (topic, pid) -> next sequence
         while True:
             chunk = os.read(self.read_fd, 1 << 20)
             if not chunk:
@@ -421,15 +424,15 @@ class Forwarder:
             batches: dict[str, list[list[Any]]] = {}
             pos = 0
             while len(buf) - pos >= _HEADER.size:
-                length, seq, tlen = _HEADER.unpack_from(buf, pos)
+                length, seq, pid, tlen = _HEADER.unpack_from(buf, pos)
                 end = pos + _HEADER.size + tlen + length
                 if end > len(buf):
                     break
                 start = pos + _HEADER.size
                 topic = bytes(buf[start : start + tlen]).decode()
                 payload = bytes(buf[start + tlen : end])
-                batches.setdefault(topic, []).extend(self._parts(seq, payload))
-                seqs[topic] = seq + 1
+                batches.setdefault(topic, []).extend(self._parts(pid, seq, payload))
+                seqs[(topic, pid)] = seq + 1
                 self.records += 1
                 pos = end
             del buf[:pos]
@@ -443,14 +446,16 @@ class Forwarder:
                 self.rank,
                 len(buf),
             )
-        for topic, nxt in seqs.items():  # end markers: the count of records per topic
-            self._put(topic, [[nxt, 0, 0, b""]])
+        for (topic, pid), nxt in seqs.items():  # end markers: the count of records
+            self._put(topic, [[f"{self.source}.{pid}", nxt, 0, 0, b""]])
 
-    def _parts(self, seq: int, payload: bytes) -> list[list[Any]]:
+    def _parts(self, pid: int, seq: int, payload: bytes) -> list[list[Any]]:
         if len(payload) <= self._part:
-            return [[seq, 0, 1, payload]]
+            return [[f"{self.source}.{pid}", seq, 0, 1, payload]]
         n = -(-len(payload) // self._part)
-        return [[seq, i, n, payload[i * self._part : (i + 1) * self._part]] for i in range(n)]
+        p = self._part
+        src = f"{self.source}.{pid}"
+        return [[src, seq, i, n, payload[i * p : (i + 1) * p]] for i in range(n)]
 
     def _put(self, topic: str, entries: list[list[Any]]) -> None:
         loop = self._worker.loop.asyncio_loop
@@ -459,13 +464,11 @@ class Forwarder:
             batch: list[list[Any]] = []
             size = 0
             for e in entries:
-                if batch and size + len(e[3]) > 4 * self._part:
+                if batch and size + len(e[4]) > 4 * self._part:
                     break
                 batch.append(e)
-                size += len(e[3])
-            coro = self._worker.scheduler.dask_ddp_results_put(
-                topic=topic, source=self.source, entries=batch
-            )
+                size += len(e[4])
+            coro = self._worker.scheduler.dask_ddp_results_put(topic=topic, entries=batch)
             try:
                 reply = asyncio.run_coroutine_threadsafe(coro, loop).result(timeout=120)
             except (OSError, asyncio.TimeoutError, TimeoutError) as e:

@@ -71,6 +71,8 @@ class _RankState:
         self.rank = int(os.environ.get("RANK", "0"))
         self.job_id = os.environ.get("DASK_DDP_JOB_ID", "")
         self.topic = _channel.metrics_topic(self.job_id)
+        # One atomic pipe write, also from processes the rank forked (DataLoader workers).
+        self.max_payload = _channel.PIPE_BUF - _channel._HEADER.size - len(self.topic.encode())
 
 
 _state: _RankState | None = None
@@ -156,6 +158,12 @@ def report(metrics: dict[str, Any], step: int | None = None) -> None:
             raise ValueError(f"report(): metric {key!r} is reserved (rank, step, time)")
         rec[key] = value
     payload = _KIND_METRIC + json.dumps(rec).encode()
+    if len(payload) > s.max_payload:
+        raise ValueError(
+            f"report(): a record of {len(payload)} bytes (metrics {sorted(metrics)}) exceeds "
+            f"{s.max_payload} bytes, the size written to the channel in one piece; report "
+            "fewer or shorter metrics per call"
+        )
     if not s.enabled:
         if not _warned_outside:
             _warned_outside = True

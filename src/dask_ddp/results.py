@@ -310,11 +310,11 @@ class DaskResultsHandler:
                     break
         finally:
             writer.close()
+        reader.close()
         if first_error is not None:
             exc = _exception(first_error[0])
             if isinstance(exc, BaseException):
                 raise exc
-        reader.close()
 
 
 def _exception(future: Any) -> BaseException | None:
@@ -437,10 +437,6 @@ class JobMonitor:
             if self.path is not None:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 f = open(self.path, "ab")  # noqa: SIM115 - closed in finally
-            if self._progress:
-                from tqdm.auto import tqdm
-
-                bar = tqdm(desc=str(getattr(self.job, "name", self.job.id)), unit="step")
             while True:
                 done = all(fut.done() for fut in self.job.futures)
                 recs = self._reader.fetch(timeout=0 if done else 0.5)
@@ -455,7 +451,11 @@ class JobMonitor:
                     batch.append(json.loads(rec.payload[1:]))
                 if f is not None and batch:
                     f.flush()
-                if bar is not None and batch:
+                if self._progress and batch:
+                    if bar is None:  # first record: no bar for jobs that never report()
+                        from tqdm.auto import tqdm
+
+                        bar = tqdm(desc=str(getattr(self.job, "name", self.job.id)), unit="step")
                     _update_bar(bar, batch)
                 if batch:
                     with self._cond:

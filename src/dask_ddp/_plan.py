@@ -119,7 +119,7 @@ def rank_layout(workers: Sequence[str], nprocs_per_worker: int) -> list[dict[str
         host = worker_host(addr)
         per_host[host] = per_host.get(host, 0) + nprocs_per_worker
     next_local: dict[str, int] = {}
-    layout = []
+    layout: list[dict[str, Any]] = []
     for addr in workers:
         host = worker_host(addr)
         for proc in range(nprocs_per_worker):

@@ -98,11 +98,11 @@ def main(workdir: str) -> None:
         phase = "rendezvous"
         import torch.distributed as dist
 
-        timeout = init_kwargs.get("timeout", timedelta(minutes=30))
+        timeout = timedelta(seconds=spec["rendezvous_timeout"])
         store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
                               world, False, timeout)
-        backend = _resolve_backend(spec["backend"], store, rank, world, spec["worker"])
         phase = "init_process_group"
+        backend = _resolve_backend(spec["backend"], store, rank, world, spec["worker"])
         dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world,
                                 **init_kwargs)
         phase = "run"
@@ -115,9 +115,10 @@ def main(workdir: str) -> None:
         _write(workdir, {"status": "ok", "value": cloudpickle.dumps(value)})
     except BaseException as exc:
         claimed = _claim_root_cause(store, rank)
+        blob: bytes | None
         try:
-            blob: bytes | None = pickle.dumps(exc)
-            pickle.loads(blob)
+            blob = pickle.dumps(exc)
+            pickle.loads(blob)  # the supervisor must be able to load it
         except Exception:
             blob = None
         _write(workdir, {"status": "error", "phase": phase, "type": type(exc).__name__,

@@ -136,7 +136,8 @@ class _Supervisor:
             with open(os.path.join(workdir, "spec.pkl"), "wb") as f:
                 pickle.dump({"payload": spec.payload, "init_kwargs": spec.init_kwargs,
                              "backend": spec.backend, "pass_local_rank": spec.pass_local_rank,
-                             "sys_path": list(sys.path), "worker": spec.worker}, f)
+                             "sys_path": list(sys.path), "worker": spec.worker,
+                             "rendezvous_timeout": spec.rendezvous_timeout}, f)
             argv = [sys.executable, "-m", "dask_ddp._rank", workdir]
         pipe = subprocess.PIPE if spec.stream_output else None
         try:

@@ -1,0 +1,97 @@
+"""The ``dask-ddp`` command: a dispatcher of subcommands.
+
+- ``dask-ddp run [--scheduler ADDR] [--n-workers N] [--nprocs-per-worker K] SCRIPT ARGS...``:
+  torchrun over Dask. Without ``--scheduler`` it starts a local cluster.
+- ``dask-ddp plot ...``: plots of a job's metrics (:func:`dask_ddp.plot.main`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+logger = logging.getLogger("dask_ddp.cli")
+
+USAGE = """usage: dask-ddp COMMAND [ARGS...]
+
+commands:
+  run     run a training script on a Dask cluster, one process per rank (torchrun over Dask)
+  plot    plot a job's metrics
+
+'dask-ddp COMMAND --help' describes a command.
+"""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``dask-ddp``; returns the exit code."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        sys.stdout.write(USAGE)
+        return 0 if args else 2
+    command, rest = args[0], args[1:]
+    if command == "run":
+        return run_main(rest)
+    if command == "plot":
+        from dask_ddp.plot import main as plot_main  # lazily: matplotlib is optional
+
+        return int(plot_main(rest) or 0)
+    sys.stderr.write(f"dask-ddp: unknown command {command!r}\n{USAGE}")
+    return 2
+
+
+def _run_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="dask-ddp run",
+        description="Run SCRIPT on a Dask cluster as a DDP job, one process per rank, with "
+                    "the environment torchrun sets (RANK, LOCAL_RANK, WORLD_SIZE, "
+                    "MASTER_ADDR, MASTER_PORT, ...). Each rank's output is printed "
+                    "prefixed with [rank N].")
+    p.add_argument("--scheduler", metavar="ADDR",
+                   help="address of a running Dask scheduler (default: start a local cluster)")
+    p.add_argument("--n-workers", type=int, default=None, metavar="N",
+                   help="workers to use (default: all of the scheduler's; 1 for a local "
+                        "cluster)")
+    p.add_argument("--nprocs-per-worker", type=int, default=1, metavar="K",
+                   help="rank processes per worker (default 1)")
+    p.add_argument("--name", help="job name shown on the Dask dashboard")
+    p.add_argument("--timeout", type=float, default=None, help="seconds before giving up")
+    p.add_argument("script", help="the training script (a .py file or a program)")
+    p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments of the script")
+    return p
+
+
+def run_main(argv: Sequence[str]) -> int:
+    """``dask-ddp run``: returns 0 when every rank exited 0, else 1."""
+    opts = _run_parser().parse_args(list(argv))
+    logging.basicConfig(level=logging.WARNING, format="dask-ddp: %(message)s")
+    from distributed import Client, LocalCluster
+
+    from dask_ddp import JobError, run_command
+
+    command = [opts.script, *opts.script_args]
+    cluster = None
+    try:
+        if opts.scheduler:
+            client = Client(opts.scheduler)
+            n_workers = opts.n_workers
+        else:
+            n_workers = opts.n_workers or 1
+            cluster = LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
+                                   dashboard_address=":0")
+            client = Client(cluster)
+        with client:
+            run_command(client, command, n_workers=n_workers,
+                        nprocs_per_worker=opts.nprocs_per_worker, name=opts.name,
+                        timeout=opts.timeout)
+    except JobError as exc:
+        logger.error("%s", exc)
+        return 1
+    except (TimeoutError, OSError, ValueError) as exc:
+        logger.error("%s: %s", type(exc).__name__, exc)
+        return 1
+    finally:
+        if cluster is not None:
+            cluster.close()
+    return 0

@@ -1,0 +1,178 @@
+"""Helpers shared by the launch tests: clusters, rank-side functions, process checks.
+
+The rank-side functions live here (an importable module) so the rank processes can
+unpickle them by reference.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import psutil
+from distributed import LocalCluster
+
+
+def local_cluster(n_workers: int, threads_per_worker: int = 1) -> LocalCluster:
+    """A real LocalCluster with worker processes and no fixed ports."""
+    return LocalCluster(n_workers=n_workers, threads_per_worker=threads_per_worker,
+                        processes=True, dashboard_address=":0", scheduler_port=0)
+
+
+def rank_processes(marker: str = "dask_ddp._rank") -> list[psutil.Process]:
+    """Live processes whose command line contains ``marker`` (rank processes by default)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline", "pid"]):
+        try:
+            cmd = " ".join(proc.info["cmdline"] or [])
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        if marker in cmd and proc.pid != os.getpid() and proc.status() != psutil.STATUS_ZOMBIE:
+            found.append(proc)
+    return found
+
+
+def wait_no_rank_processes(timeout: float = 30.0, marker: str = "dask_ddp._rank") -> None:
+    """Fail unless every rank process is gone within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = rank_processes(marker)
+        if not left:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"rank processes still running after {timeout}s: "
+                                 f"{[(p.pid, p.cmdline()) for p in left]}")
+        time.sleep(0.2)
+
+
+# -- functions run inside rank processes ----------------------------------------------------
+
+def all_reduce_rank(offset: float) -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+
+    import dask_ddp
+
+    info = dask_ddp.rank_info()
+    t = torch.tensor([float(dist.get_rank()) + offset])
+    dist.all_reduce(t)
+    return {"sum": t.item(), "rank": info.rank, "local_rank": info.local_rank,
+            "world": info.world_size, "local_world": info.local_world_size,
+            "backend": dist.get_backend(), "pid": os.getpid(), "env": {
+                k: os.environ.get(k) for k in (
+                    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                    "MASTER_PORT", "CUDA_VISIBLE_DEVICES", "DASK_DDP_JOB_NAME",
+                    "DASK_DDP_WORKER")}}
+
+
+def raise_on_rank(bad_rank: int, message: str) -> int:
+    import torch
+    import torch.distributed as dist
+
+    if dist.get_rank() == bad_rank:
+        raise ValueError(message)
+    t = torch.zeros(1)
+    while True:  # the healthy ranks sit in a collective the bad rank never joins
+        dist.all_reduce(t)
+
+
+def exit_on_rank(bad_rank: int, code: int) -> int:
+    import torch.distributed as dist
+
+    if dist.get_rank() == bad_rank:
+        time.sleep(0.5)
+        os._exit(code)
+    time.sleep(600)  # not in a collective: only the launcher can stop this rank
+    return 0
+
+
+def sleep_in_collectives(seconds: float) -> int:
+    import torch
+    import torch.distributed as dist
+
+    t = torch.ones(1)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        dist.all_reduce(t)
+        time.sleep(0.05)
+    return dist.get_rank()
+
+
+def with_local_rank(local_rank: int) -> int:
+    return local_rank
+
+
+def ddp_train(steps: int, batch: int, seed: int) -> dict[str, Any]:
+    """Train a small model with DDP on rank-sharded slices of fixed global batches."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model = make_model(seed)
+    ddp = DDP(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    for step in range(steps):
+        x, y = global_batch(step, batch * world, seed)
+        xs, ys = x[rank * batch:(rank + 1) * batch], y[rank * batch:(rank + 1) * batch]
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(ddp(xs), ys)
+        loss.backward()
+        opt.step()
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def make_model(seed: int) -> Any:
+    import torch
+
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+
+
+def global_batch(step: int, size: int, seed: int) -> tuple[Any, Any]:
+    import torch
+
+    g = torch.Generator().manual_seed(seed * 1000 + step)
+    x = torch.randn(size, 8, generator=g)
+    return x, x.sum(dim=1, keepdim=True).sin()
+
+
+def train_single(steps: int, global_size: int, seed: int) -> dict[str, Any]:
+    """The same training in one process, on the whole global batches."""
+    import torch
+
+    model = make_model(seed)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(steps):
+        x, y = global_batch(step, global_size, seed)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+class SquaresDataset:
+    def __len__(self) -> int:
+        return 32
+
+    def __getitem__(self, i: int) -> Any:
+        import torch
+
+        return torch.tensor([float(i * i)]), os.getpid()
+
+
+def dataloader_rank(num_workers: int) -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+
+    loader = torch.utils.data.DataLoader(SquaresDataset(), batch_size=4,
+                                         num_workers=num_workers)
+    total = 0.0
+    pids: set[int] = set()
+    for x, pid in loader:
+        total += float(x.sum())
+        pids.update(int(p) for p in pid)
+    t = torch.tensor([total])
+    dist.all_reduce(t)
+    return {"total": t.item(), "loader_pids": sorted(pids), "pid": os.getpid()}

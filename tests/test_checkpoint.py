@@ -106,14 +106,19 @@ def kill_writers_mid_write(url: str, rounds: int = 4) -> None:
     for i in range(rounds):
         proc = subprocess.Popen([sys.executable, "-c", WRITER, url, str(start)])
         try:
-            deadline = time.monotonic() + 2.0 + 0.37 * i
+            # Its first checkpoint (the process needs a moment to import torch) ...
+            deadline = time.monotonic() + 120
+            while not any(s >= start for s in checkpoint.list_checkpoints(url)):
+                assert time.monotonic() < deadline and proc.poll() is None
+                assert i == 0 or load_checkpoint(url) is not None
+                time.sleep(0.02)
+            # ... then loads while it writes more, until it is killed at a varying point.
+            deadline = time.monotonic() + 0.5 + 0.37 * i
             loaded = []
             while time.monotonic() < deadline:
                 obj = load_checkpoint(url)
-                if obj is None:
-                    assert i == 0, "a checkpoint was visible and then vanished"
-                else:
-                    loaded.append(check_consistent(obj))
+                assert obj is not None, "a checkpoint was visible and then vanished"
+                loaded.append(check_consistent(obj))
                 time.sleep(0.01)
             assert loaded == sorted(loaded)
         finally:

@@ -97,3 +97,20 @@ def test_plot_errors(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     assert main([str(tmp_path / "missing"), "-o", str(tmp_path / "x.png")]) == 2
     assert "no loss/accuracy records" in caplog.text and "is not a folder" in caplog.text
     assert not (tmp_path / "x.png").exists()
+
+
+def test_dask_ddp_plot_command(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    run = seed_run(tmp_path / "run", 2)
+    out = tmp_path / "cli.png"
+    code = "import sys; from dask_ddp.cli import main; sys.exit(main(sys.argv[1:]))"
+    proc = subprocess.run(
+        [sys.executable, "-c", code, "plot", str(run), "-o", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert Image.open(out).format == "PNG"

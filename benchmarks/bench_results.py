@@ -182,11 +182,13 @@ def bench_checkpoint(mb: int) -> dict[str, float]:
     nbytes = sum(t.numel() * 4 for t in state.values())
     with tempfile.TemporaryDirectory() as d:
         url = Path(d).as_uri()
-        t0 = time.perf_counter()
-        buf = io.BytesIO()
-        torch.save(state, buf)
-        serialise = time.perf_counter() - t0
-        del buf
+        serialise = float("inf")
+        for _ in range(3):  # best of 3, as the checkpoints below
+            t0 = time.perf_counter()
+            buf = io.BytesIO()
+            torch.save(state, buf)
+            serialise = min(serialise, time.perf_counter() - t0)
+            del buf
         t0 = time.perf_counter()
         with open(Path(d) / "sync.pt", "wb") as f:
             torch.save(state, f)

@@ -8,6 +8,7 @@ extension, the client side the real monitor / ``process_results``.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import time
@@ -242,7 +243,9 @@ def test_process_results_rank_error(client: Any, tmp_path: Path, raise_errors: b
         assert (tmp_path / f"r{r}.txt").read_text() == "before the error\n"
 
 
-def test_gaps_are_reported_and_duplicates_dropped(client: Any) -> None:
+def test_gaps_are_reported_and_duplicates_dropped(
+    client: Any, caplog: pytest.LogCaptureFixture
+) -> None:
     topic = f"results/{uuid.uuid4().hex}"
     _channel.open_topic(client, topic)
     put = client.scheduler.dask_ddp_results_put
@@ -256,6 +259,13 @@ def test_gaps_are_reported_and_duplicates_dropped(client: Any) -> None:
     got = reader.fetch(timeout=1) + reader.fetch(timeout=0)
     assert [r.payload for r in got] == [b"a", b"b", b"d"]
     assert len(gaps) == 1 and "records 2..2 are missing" in str(gaps[0])
+    other = "job/1/def.2"  # a stream whose worker died: no end marker
+    client.sync(put, topic=topic, entries=[[other, 0, 0, 1, b"x"]])
+    assert [r.payload for r in reader.fetch(timeout=1)] == [b"x"]
+    assert reader.unfinished() == [other]
+    with caplog.at_level(logging.WARNING, logger="dask_ddp._channel"):
+        reader.close()
+    assert "job/1/def.2 (rank 1) has no end marker after 1 records" in caplog.text
     strict = _channel.Reader(client, f"results/{uuid.uuid4().hex}")
     client.sync(put, topic=strict.topic, entries=[[src, 0, 0, 1, b"a"], [src, 2, 0, 0, b""]])
     with pytest.raises(_channel.GapError, match="ended after 2 records, 1 arrived"):

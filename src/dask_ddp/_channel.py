@@ -575,8 +575,25 @@ class Reader:
         self.expected[source] = seq + 1
         return Record(source, _rank_of(source), seq, b"".join(parts))
 
+    def unfinished(self) -> list[str]:
+        """Streams seen without their end marker (their forwarder or worker died)."""
+        return sorted(set(self.expected) - self.ended)
+
     def close(self) -> None:
-        """Free the topic on the scheduler (after everything was read)."""
+        """Free the topic on the scheduler (after everything was read).
+
+        Streams that never sent their end marker are logged: records written after the
+        last one that arrived may be lost (the worker holding the pipe died).
+        """
+        for source in self.unfinished():
+            logger.warning(
+                "results topic %r: stream %s (rank %d) has no end marker after %d records; "
+                "its worker may have died with records still in the rank's pipe",
+                self.topic,
+                source,
+                _rank_of(source),
+                self.expected[source],
+            )
         try:
             self.client.sync(self.client.scheduler.dask_ddp_results_close, topic=self.topic)
         except Exception:  # noqa: BLE001 - the scheduler may be gone at shutdown

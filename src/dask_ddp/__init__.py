@@ -32,3 +32,9 @@ __all__ = [
     "run_command",
     "submit",
 ]
+
+# -- results, metrics and checkpoints (owned by the results issue) --------------------
+from .checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
+from .results import report  # noqa: E402
+
+__all__ += ["load_checkpoint", "report", "save_checkpoint"]

@@ -1,48 +1,607 @@
 """The results channel between rank processes and the client (internal).
 
-Contract between the launcher (dispatch.py, _rank.py) and results.py:
+Records go ``rank process -> pipe -> Forwarder (in the worker) -> scheduler -> client``:
 
-- Client side: the launcher calls :func:`prepare` once per job, before submitting the rank
-  tasks.
-- Worker side: the launcher's supervisor task makes a pipe per rank, passes its write end
-  to the rank process (``pass_fds``, and its number in ``DASK_DDP_CHANNEL_FD``), closes the
-  write end in the worker, and runs a :class:`Forwarder` on the read end while the rank
-  process lives, calling :meth:`Forwarder.close` after the process has exited: records
-  already in the pipe are still delivered, also when the rank crashed.
-- Rank side: results.py writes framed records to ``DASK_DDP_CHANNEL_FD``.
+- **Rank side** (:func:`write`): each record is one frame written to the pipe whose write
+  end is ``DASK_DDP_CHANNEL_FD``, in a single locked ``os.write`` loop. Nothing is buffered
+  in the rank's memory, so a record whose ``write`` returned survives ``os._exit`` and
+  ``SIGKILL`` (it is in the kernel's pipe buffer), and a full pipe blocks the rank: the
+  back-pressure of the whole channel ends there. Frame::
 
-PLACEHOLDER: the results issue replaces the bodies below with the real channel.
+      !Q payload length | !Q sequence | !I pid | !H topic length | topic (utf-8) | payload
+
+  The sequence counts the records of one process on one topic, from 0; the pid tells the
+  rank process from processes it forked (DataLoader workers), which inherit the pipe.
+  Frames of at most ``PIPE_BUF`` (4096) bytes reach the pipe whole even when several
+  processes write at once; larger ones are whole only within one process (a lock).
+- **Worker side** (:class:`Forwarder`): a thread reads the pipe, cuts frames into parts of
+  at most ``dask-ddp.results.part-size`` and puts them into the scheduler's store for the
+  topic. A put that does not fit in the topic's budget waits there; the Forwarder stops
+  reading the pipe meanwhile. At end of stream it puts an end marker carrying the count of
+  records, so the client can tell a complete stream from one that lost its tail.
+- **Scheduler side** (:class:`ResultsExtension`): per topic, an append-only log of entries
+  with a global offset, a memory budget (``dask-ddp.results.budget``, 64 MiB by default) and
+  the last ``(seq, part)`` accepted per source, which makes the Forwarder's retries
+  idempotent. Nothing is freed before the reader acknowledges it, so a client that starts
+  reading late still gets everything.
+- **Client side** (:class:`Reader`): long-polls ``(topic, cursor)``; asking from cursor
+  ``c`` acknowledges every entry before ``c``. It drops duplicates by ``(source, seq)``,
+  reassembles parts and reports gaps (a sequence number skipped, or a stream whose end
+  marker counts more records than arrived) instead of skipping them.
+
+Contract with the launcher (dispatch.py, _rank.py): :func:`prepare` once per job before the
+rank tasks are submitted; the supervisor task makes a pipe per rank, passes its write end to
+the rank process (``pass_fds``, number in ``DASK_DDP_CHANNEL_FD``), closes it in the worker,
+runs ``Forwarder(job_id, rank, read_fd).start()`` and calls :meth:`Forwarder.close` after the
+process has exited.
 """
 
 from __future__ import annotations
 
+import asyncio
+import collections
+import fcntl
+import logging
 import os
+import struct
 import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
+
+import dask.config
+from dask.utils import parse_bytes
+from distributed.diagnostics.plugin import SchedulerPlugin
+
+logger = logging.getLogger(__name__)
+
+ENV_FD = "DASK_DDP_CHANNEL_FD"
+_HEADER = struct.Struct("!QQIH")
+#: Writes up to this size are atomic on a pipe (POSIX PIPE_BUF on Linux).
+PIPE_BUF = 4096
+_PLUGIN_NAME = "dask-ddp-results"
+_EXTENSION = "dask_ddp_results"
+#: Entry overhead counted against the budget besides the payload bytes.
+_ENTRY_OVERHEAD = 96
+_F_SETPIPE_SZ = 1031  # Linux fcntl: grow a pipe's kernel buffer
+
+
+def budget_bytes() -> int:
+    """The per-topic memory budget on the scheduler (``dask-ddp.results.budget``)."""
+    value = dask.config.get("dask-ddp.results.budget", default="64 MiB")
+    n = parse_bytes(value) if isinstance(value, str) else int(value)
+    if n <= 0:
+        raise ValueError(f"dask-ddp.results.budget must be positive, got {value!r}")
+    return n
+
+
+def part_size() -> int:
+    """The largest part a record is cut into on its way through the scheduler."""
+    value = dask.config.get("dask-ddp.results.part-size", default="1 MiB")
+    n = parse_bytes(value) if isinstance(value, str) else int(value)
+    if n <= 0:
+        raise ValueError(f"dask-ddp.results.part-size must be positive, got {value!r}")
+    return n
+
+
+# --------------------------------------------------------------------------- scheduler side
+
+
+@dataclass
+class _Topic:
+    budget: int
+    entries: collections.deque[list[Any]] = field(default_factory=collections.deque)
+    base: int = 0  # offset of entries[0]
+    used: int = 0
+    last: dict[str, tuple[int, int]] = field(default_factory=dict)
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def notify(self) -> None:
+        # Swap the event so that waiters that armed the old one wake up exactly once.
+        self.changed.set()
+        self.changed = asyncio.Event()
+
+    def free_before(self, cursor: int) -> None:
+        freed = False
+        while self.entries and self.base < cursor:
+            entry = self.entries.popleft()
+            self.used -= len(entry[4]) + _ENTRY_OVERHEAD
+            self.base += 1
+            freed = True
+        if freed:
+            self.notify()
+
+
+class ResultsExtension:
+    """Scheduler-side store of every results topic (see the module docstring)."""
+
+    def __init__(self, scheduler: Any) -> None:
+        self.scheduler = scheduler
+        self.topics: dict[str, _Topic] = {}
+        scheduler.handlers.update(
+            {
+                "dask_ddp_results_open": self.open,
+                "dask_ddp_results_put": self.put,
+                "dask_ddp_results_get": self.get,
+                "dask_ddp_results_close": self.close,
+                "dask_ddp_results_info": self.info,
+            }
+        )
+
+    def _topic(self, topic: str, budget: int | None = None) -> _Topic:
+        t = self.topics.get(topic)
+        if t is None:
+            t = self.topics[topic] = _Topic(budget if budget else budget_bytes())
+        return t
+
+    def open(self, topic: str, budget: int | None = None) -> None:
+        t = self._topic(topic, budget)
+        if budget:
+            t.budget = int(budget)
+
+    def _accept(self, t: _Topic, entries: list[list[Any]]) -> int:
+        n = 0
+        for source, seq, part, nparts, payload in entries:
+            key = (int(seq), int(part))
+            if key <= t.last.get(source, (-1, -1)):  # a retried put: already stored
+                n += 1
+                continue
+            size = len(payload) + _ENTRY_OVERHEAD
+            if t.used and t.used + size > t.budget:
+                break
+            t.entries.append([source, key[0], key[1], int(nparts), payload])
+            t.used += size
+            t.last[source] = key
+            n += 1
+        return n
+
+    async def put(self, topic: str, entries: list[list[Any]], wait: float = 1.0) -> dict[str, int]:
+        """Append ``entries`` (``[source, seq, part, nparts, payload]``).
+
+        Returns how many entries from the front were taken (stored or already stored).
+        When none fit in the budget, waits up to ``wait`` seconds for the reader to free
+        memory first: the caller retries the rest, which is how back-pressure travels.
+        """
+        t = self._topic(topic)
+        n = self._accept(t, entries)
+        deadline = time.monotonic() + wait
+        while n == 0 and entries:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            event = t.changed
+            try:
+                await asyncio.wait_for(event.wait(), remaining)
+            except asyncio.TimeoutError:
+                break
+            t = self._topic(topic)
+            n = self._accept(t, entries)
+        if n:
+            t.notify()
+        return {"accepted": n, "used": t.used, "budget": t.budget}
+
+    async def get(
+        self, topic: str, cursor: int, max_bytes: int = 8 << 20, timeout: float = 1.0
+    ) -> dict[str, Any]:
+        """Entries from offset ``cursor`` on; frees (acknowledges) every entry before it."""
+        t = self._topic(topic)
+        if cursor < t.base:
+            raise ValueError(
+                f"results topic {topic!r}: cursor {cursor} was already acknowledged "
+                f"(first kept offset {t.base}); two readers on one topic?"
+            )
+        t.free_before(cursor)
+        deadline = time.monotonic() + timeout
+        while t.base + len(t.entries) <= cursor:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return {"entries": [], "cursor": cursor}
+            event = t.changed
+            try:
+                await asyncio.wait_for(event.wait(), remaining)
+            except asyncio.TimeoutError:
+                return {"entries": [], "cursor": cursor}
+            t = self._topic(topic)
+        out: list[list[Any]] = []
+        size = 0
+        i = cursor - t.base
+        while i < len(t.entries) and (not out or size < max_bytes):
+            entry = t.entries[i]
+            out.append(entry)
+            size += len(entry[4])
+            i += 1
+        return {"entries": out, "cursor": cursor + len(out)}
+
+    def close(self, topic: str) -> None:
+        """Forget a topic and free its memory (its reader is done)."""
+        t = self.topics.pop(topic, None)
+        if t is not None:
+            t.notify()
+
+    def info(self, topic: str | None = None) -> dict[str, Any]:
+        names = [topic] if topic is not None else list(self.topics)
+        return {
+            n: {"used": t.used, "budget": t.budget, "base": t.base, "length": len(t.entries)}
+            for n in names
+            if (t := self.topics.get(n)) is not None
+        }
+
+
+class ResultsPlugin(SchedulerPlugin):
+    """Installs :class:`ResultsExtension` on the scheduler (registered idempotently)."""
+
+    name = _PLUGIN_NAME
+    idempotent = True
+
+    async def start(self, scheduler: Any) -> None:
+        if _EXTENSION not in scheduler.extensions:
+            scheduler.extensions[_EXTENSION] = ResultsExtension(scheduler)
+
+
+_prepared: set[str] = set()
+_prepared_lock = threading.Lock()
+
+
+def ensure_extension(client: Any) -> None:
+    """Register the scheduler extension once per scheduler this process talks to."""
+    address = client.scheduler.address
+    with _prepared_lock:
+        if address in _prepared:
+            return
+    client.register_plugin(ResultsPlugin())
+    with _prepared_lock:
+        _prepared.add(address)
+
+
+def metrics_topic(job_id: str) -> str:
+    """The topic carrying the ``report()`` records of a job."""
+    return f"metrics/{job_id}"
+
+
+def open_topic(client: Any, topic: str, budget: int | None = None) -> None:
+    """Create ``topic`` on the scheduler with the client's budget (idempotent)."""
+    ensure_extension(client)
+    client.sync(
+        client.scheduler.dask_ddp_results_open, topic=topic, budget=budget or budget_bytes()
+    )
 
 
 def prepare(client: Any, job_id: str) -> None:
     """Make the scheduler ready to carry the records of ``job_id`` (idempotent)."""
+    open_topic(client, metrics_topic(job_id))
+
+
+# ------------------------------------------------------------------------------ rank side
+
+
+class _Writer:
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.pid = os.getpid()
+        self.lock = threading.Lock()
+        self.seqs: dict[str, int] = {}
+        self.topics: dict[str, bytes] = {}
+
+    def write(self, topic: str, payload: bytes) -> None:
+        tb = self.topics.get(topic)
+        if tb is None:
+            tb = self.topics[topic] = topic.encode()
+        with self.lock:
+            seq = self.seqs.get(topic, 0)
+            frame = _HEADER.pack(len(payload), seq, self.pid, len(tb)) + tb + payload
+            n = os.write(self.fd, frame)
+            if n != len(frame):  # large frames: the pipe takes them piecewise
+                view = memoryview(frame)[n:]
+                while view:
+                    n = os.write(self.fd, view)
+                    view = view[n:]
+            self.seqs[topic] = seq + 1
+
+
+_writer: _Writer | None = None
+_writer_pid = -1
+
+
+def in_rank() -> bool:
+    """Whether this process is a rank with a results channel."""
+    return ENV_FD in os.environ
+
+
+def write(topic: str, payload: bytes) -> None:
+    """Write one record to this rank's channel; returns once it is in the pipe.
+
+    Raises
+    ------
+    RuntimeError
+        When this process is not a dask-ddp rank (no ``DASK_DDP_CHANNEL_FD``), or the
+        channel's reader is gone.
+    """
+    global _writer, _writer_pid
+    w = _writer
+    if w is None or _writer_pid != os.getpid():
+        fd_text = os.environ.get(ENV_FD)
+        if fd_text is None:
+            raise RuntimeError(
+                f"no results channel: {ENV_FD} is not set; submit_result/report work in "
+                "a rank started by dask_ddp (dispatch.run or dask_ddp.submit)"
+            )
+        w = _writer = _Writer(int(fd_text))
+        _writer_pid = os.getpid()
+    try:
+        w.write(topic, payload)
+    except BrokenPipeError as e:
+        raise RuntimeError(
+            f"results channel closed (fd {w.fd}): the worker's forwarder is gone"
+        ) from e
+
+
+# ---------------------------------------------------------------------------- worker side
 
 
 class Forwarder:
-    """Reads a rank's framed records from ``read_fd`` and forwards them to the scheduler."""
+    """Reads a rank's framed records from ``read_fd`` and forwards them to the scheduler.
 
-    def __init__(self, job_id: str, rank: int, read_fd: int) -> None:
+    Parameters
+    ----------
+    job_id, rank
+        Name the stream (with a random nonce: one per rank process).
+    read_fd
+        Read end of the rank's pipe; the Forwarder owns and closes it.
+    worker
+        The Dask worker whose connection to the scheduler is used (default: the worker
+        running the calling task).
+    """
+
+    def __init__(self, job_id: str, rank: int, read_fd: int, *, worker: Any = None) -> None:
+        if worker is None:
+            from distributed import get_worker
+
+            worker = get_worker()
         self.job_id = job_id
         self.rank = rank
         self.read_fd = read_fd
-        self._thread = threading.Thread(target=self._drain, name=f"dask-ddp-forward-{rank}",
-                                        daemon=True)
+        # Streams are "<job>/<rank>/<nonce>.<pid>": one per process writing to the pipe.
+        self.source = f"{job_id}/{rank}/{uuid.uuid4().hex[:8]}"
+        self._worker = worker
+        self._part = part_size()
+        self._error: BaseException | None = None
+        self._closed = False
+        self.records = 0
+        try:  # bigger kernel buffer: fewer rank stalls while a put is in flight
+            fcntl.fcntl(read_fd, _F_SETPIPE_SZ, 1 << 20)
+        except OSError:
+            pass
+        self._thread = threading.Thread(
+            target=self._run, name=f"dask-ddp-forward-{job_id}-{rank}", daemon=True
+        )
 
     def start(self) -> None:
         self._thread.start()
 
-    def _drain(self) -> None:
-        while os.read(self.read_fd, 1 << 16):
-            pass
-
     def close(self, timeout: float = 30.0) -> None:
-        """Deliver what is left in the pipe (the rank has exited), then release it."""
+        """Deliver what is left in the pipe (the rank has exited), then release it.
+
+        Raises
+        ------
+        TimeoutError
+            When the records could not all be handed to the scheduler within ``timeout``
+            (its budget stayed full: nobody reads the topic). The thread keeps trying.
+        RuntimeError
+            When forwarding failed (the scheduler refused the records).
+        """
         self._thread.join(timeout)
-        os.close(self.read_fd)
+        if self._thread.is_alive():
+            raise TimeoutError(
+                f"results of job {self.job_id} rank {self.rank}: not all delivered to the "
+                f"scheduler within {timeout}s (is anyone reading them?)"
+            )
+        if self._error is not None:
+            raise RuntimeError(
+                f"results of job {self.job_id} rank {self.rank}: forwarding failed"
+            ) from self._error
+
+    # -- thread
+
+    def _run(self) -> None:
+        try:
+            self._forward()
+        except BaseException as e:  # noqa: BLE001 - reported by close()
+            logger.exception("results forwarder of job %s rank %s failed", self.job_id, self.rank)
+            self._error = e
+        finally:
+            os.close(self.read_fd)
+
+    def _forward(self) -> None:
+        buf = bytearray()
+        seqs: dict[tuple[str, int], int] = {}  # (topic, pid) -> next sequence
+        while True:
+            chunk = os.read(self.read_fd, 1 << 20)
+            if not chunk:
+                break
+            buf += chunk
+            batches: dict[str, list[list[Any]]] = {}
+            pos = 0
+            while len(buf) - pos >= _HEADER.size:
+                length, seq, pid, tlen = _HEADER.unpack_from(buf, pos)
+                end = pos + _HEADER.size + tlen + length
+                if end > len(buf):
+                    break
+                start = pos + _HEADER.size
+                topic = bytes(buf[start : start + tlen]).decode()
+                payload = bytes(buf[start + tlen : end])
+                batches.setdefault(topic, []).extend(self._parts(pid, seq, payload))
+                seqs[(topic, pid)] = seq + 1
+                self.records += 1
+                pos = end
+            del buf[:pos]
+            for topic, entries in batches.items():
+                self._put(topic, entries)
+        if buf:
+            logger.warning(
+                "job %s rank %s: the rank ended in the middle of writing a record "
+                "(%d bytes); that record was never submitted",
+                self.job_id,
+                self.rank,
+                len(buf),
+            )
+        for (topic, pid), nxt in seqs.items():  # end markers: the count of records
+            self._put(topic, [[f"{self.source}.{pid}", nxt, 0, 0, b""]])
+
+    def _parts(self, pid: int, seq: int, payload: bytes) -> list[list[Any]]:
+        if len(payload) <= self._part:
+            return [[f"{self.source}.{pid}", seq, 0, 1, payload]]
+        n = -(-len(payload) // self._part)
+        p = self._part
+        src = f"{self.source}.{pid}"
+        return [[src, seq, i, n, payload[i * p : (i + 1) * p]] for i in range(n)]
+
+    def _put(self, topic: str, entries: list[list[Any]]) -> None:
+        loop = self._worker.loop.asyncio_loop
+        delay = 0.05
+        while entries:
+            batch: list[list[Any]] = []
+            size = 0
+            for e in entries:
+                if batch and size + len(e[4]) > 4 * self._part:
+                    break
+                batch.append(e)
+                size += len(e[4])
+            coro = self._worker.scheduler.dask_ddp_results_put(topic=topic, entries=batch)
+            try:
+                reply = asyncio.run_coroutine_threadsafe(coro, loop).result(timeout=120)
+            except (OSError, asyncio.TimeoutError, TimeoutError) as e:
+                # The put is idempotent (dedup by (source, seq, part)): just try again.
+                logger.warning("results put for %s failed (%s); retrying", topic, e)
+                time.sleep(delay)
+                delay = min(delay * 2, 2.0)
+                continue
+            entries = entries[int(reply["accepted"]) :]
+
+
+# ---------------------------------------------------------------------------- client side
+
+
+@dataclass
+class Record:
+    """One record off a topic: its stream (``source``), rank, sequence and payload."""
+
+    source: str
+    rank: int
+    seq: int
+    payload: bytes
+
+
+class GapError(RuntimeError):
+    """Records of a stream are missing (never silently skipped)."""
+
+
+class Reader:
+    """Reads one topic from the scheduler: exactly once, in order per source.
+
+    Parameters
+    ----------
+    client
+        A ``distributed.Client`` connected to the scheduler.
+    topic
+        The topic; one reader per topic.
+    on_gap
+        Called with a :class:`GapError` when records are missing; default raises it.
+    """
+
+    def __init__(
+        self, client: Any, topic: str, on_gap: Callable[[GapError], None] | None = None
+    ) -> None:
+        self.client = client
+        self.topic = topic
+        self.cursor = 0
+        self.expected: dict[str, int] = {}
+        self.ended: set[str] = set()
+        self.partial: dict[str, list[bytes]] = {}
+        self.gaps: list[GapError] = []
+        self.on_gap = on_gap
+        ensure_extension(client)
+
+    def _gap(self, message: str) -> None:
+        err = GapError(f"results topic {self.topic!r}: {message}")
+        self.gaps.append(err)
+        if self.on_gap is None:
+            raise err
+        self.on_gap(err)
+
+    def fetch(self, timeout: float = 1.0) -> list[Record]:
+        """Records that arrived (waits up to ``timeout`` seconds for the first)."""
+        reply = self.client.sync(
+            self.client.scheduler.dask_ddp_results_get,
+            topic=self.topic,
+            cursor=self.cursor,
+            timeout=timeout,
+        )
+        self.cursor = int(reply["cursor"])
+        out: list[Record] = []
+        for source, seq, part, nparts, payload in reply["entries"]:
+            rec = self._take(source, int(seq), int(part), int(nparts), payload)
+            if rec is not None:
+                out.append(rec)
+        return out
+
+    def _take(self, source: str, seq: int, part: int, nparts: int, payload: bytes) -> Record | None:
+        expected = self.expected.get(source, 0)
+        if nparts == 0:  # end marker: seq is the number of records the stream carried
+            self.ended.add(source)
+            if seq != expected or source in self.partial:
+                self._gap(f"stream {source} ended after {seq} records, {expected} arrived")
+            return None
+        if seq < expected:
+            return None  # duplicate
+        if seq > expected:
+            self._gap(f"stream {source}: records {expected}..{seq - 1} are missing")
+            self.partial.pop(source, None)
+        if nparts == 1:
+            self.expected[source] = seq + 1
+            return Record(source, _rank_of(source), seq, bytes(payload))
+        parts = self.partial.setdefault(source, [])
+        if part != len(parts):
+            if part < len(parts):
+                return None  # duplicate part
+            self._gap(f"stream {source}: record {seq} lost parts {len(parts)}..{part - 1}")
+            self.partial.pop(source, None)
+            return None
+        parts.append(bytes(payload))
+        if len(parts) < nparts:
+            return None
+        del self.partial[source]
+        self.expected[source] = seq + 1
+        return Record(source, _rank_of(source), seq, b"".join(parts))
+
+    def unfinished(self) -> list[str]:
+        """Streams seen without their end marker (their forwarder or worker died)."""
+        return sorted(set(self.expected) - self.ended)
+
+    def close(self) -> None:
+        """Free the topic on the scheduler (after everything was read).
+
+        Streams that never sent their end marker are logged: records written after the
+        last one that arrived may be lost (the worker holding the pipe died).
+        """
+        for source in self.unfinished():
+            logger.warning(
+                "results topic %r: stream %s (rank %d) has no end marker after %d records; "
+                "its worker may have died with records still in the rank's pipe",
+                self.topic,
+                source,
+                _rank_of(source),
+                self.expected[source],
+            )
+        try:
+            self.client.sync(self.client.scheduler.dask_ddp_results_close, topic=self.topic)
+        except Exception:  # noqa: BLE001 - the scheduler may be gone at shutdown
+            logger.debug("closing results topic %s failed", self.topic, exc_info=True)
+
+
+def _rank_of(source: str) -> int:
+    try:
+        return int(source.split("/")[-2])
+    except (IndexError, ValueError):
+        return -1

@@ -1,0 +1,253 @@
+"""Checkpoints straight from a rank to storage, atomically, off the training thread.
+
+Layout under the storage URL (``file://`` or ``s3://``, through :mod:`dask_ddp.storage`)::
+
+    checkpoints/step-000000000100.pt     torch.save of the object
+    checkpoints/step-000000000100.json   manifest: step, size, sha256, time
+
+A checkpoint exists only once its manifest does, and the manifest is written after the data
+object is complete; no object is ever overwritten. So a writer killed at any point leaves
+the previous checkpoints loadable, and :func:`load_checkpoint` takes the newest checkpoint
+whose manifest parses and whose data matches its size and hash (falling back to older ones
+otherwise). Checkpoints never travel through the Dask scheduler.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import hashlib
+import io
+import json
+import logging
+import os
+import re
+import threading
+import time
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["save_checkpoint", "load_checkpoint", "wait_checkpoints", "list_checkpoints"]
+
+PREFIX = "checkpoints/"
+_MANIFEST = re.compile(r"step-(\d{12})\.json$")
+#: Uploads allowed in flight besides the one being serialised (bounds memory).
+MAX_PENDING = 1
+
+_executor: concurrent.futures.ThreadPoolExecutor | None = None
+_pending: collections.deque[concurrent.futures.Future[str]] = collections.deque()
+_lock = threading.Lock()
+
+
+def _storage_url(storage: str | None) -> str:
+    url = storage or os.environ.get("DASK_DDP_STORAGE")
+    if not url:
+        raise ValueError(
+            "no checkpoint storage: pass storage='file:///...' or 's3://bucket/prefix', or "
+            "launch the job with storage=URL (DASK_DDP_STORAGE)"
+        )
+    return url
+
+
+def _open(url: str) -> Any:
+    from dask_ddp import storage
+
+    return storage.open(url)
+
+
+def _key_of(item: Any) -> str:
+    if isinstance(item, str):
+        return item
+    for attr in ("key", "name", "path"):
+        v = getattr(item, attr, None)
+        if isinstance(v, str):
+            return v
+    if isinstance(item, (tuple, list)) and item and isinstance(item[0], str):
+        return item[0]
+    raise TypeError(f"unexpected listing entry {item!r}")
+
+
+def _data_key(step: int) -> str:
+    return f"{PREFIX}step-{step:012d}.pt"
+
+
+def _manifest_key(step: int) -> str:
+    return f"{PREFIX}step-{step:012d}.json"
+
+
+def list_checkpoints(storage: str | None = None) -> list[int]:
+    """Steps that have a manifest (newest last); not yet verified."""
+    store = _open(_storage_url(storage))
+    steps = []
+    for item in store.list(PREFIX):
+        m = _MANIFEST.search(_key_of(item))
+        if m:
+            steps.append(int(m.group(1)))
+    return sorted(steps)
+
+
+def _upload(url: str, step: int, data: memoryview, keep: int) -> str:
+    t0 = time.perf_counter()
+    store = _open(url)
+    digest = hashlib.sha256(data).hexdigest()
+    store.put(_data_key(step), bytes(data) if not isinstance(data, bytes) else data)
+    manifest = {
+        "step": step,
+        "size": len(data),
+        "sha256": digest,
+        "time": time.time(),
+        "format": "torch.save",
+    }
+    store.put(_manifest_key(step), json.dumps(manifest).encode())
+    logger.info(
+        "checkpoint step %d: %d bytes to %s in %.2fs",
+        step,
+        len(data),
+        url,
+        time.perf_counter() - t0,
+    )
+    if keep > 0:
+        steps = sorted(
+            int(m.group(1)) for item in store.list(PREFIX) if (m := _MANIFEST.search(_key_of(item)))
+        )
+        for old in steps[:-keep]:
+            # The manifest goes first: a checkpoint is never visible without its data.
+            for key in (_manifest_key(old), _data_key(old)):
+                try:
+                    store.delete(key)
+                except Exception:  # noqa: BLE001 - pruning is best effort
+                    logger.warning("could not delete old checkpoint %s", key, exc_info=True)
+    return f"{url.rstrip('/')}/{_data_key(step)}"
+
+
+def save_checkpoint(
+    obj: Any,
+    step: int,
+    *,
+    storage: str | None = None,
+    rank: int | None = 0,
+    keep: int = 3,
+) -> concurrent.futures.Future[str] | None:
+    """Save ``obj`` (e.g. a ``state_dict``) as the checkpoint of ``step``.
+
+    ``torch.save`` runs on the calling thread (a consistent snapshot, the only time the
+    training loop is blocked); the upload runs on a background thread while training goes
+    on. At most one earlier upload may still be in flight; a third call waits for it.
+    Uploads still running when the rank process ends normally finish before it exits.
+
+    Parameters
+    ----------
+    obj
+        What to save (anything ``torch.save`` takes).
+    step
+        The step number; the newest complete step is what :func:`load_checkpoint` loads.
+    storage
+        A store URL; default: the job's storage (``DASK_DDP_STORAGE``).
+    rank
+        Only this rank saves (others return ``None`` at once); ``None``: every rank.
+    keep
+        How many checkpoints to keep (older ones are deleted); 0 keeps all.
+
+    Returns
+    -------
+    concurrent.futures.Future or None
+        Resolves to the checkpoint's URL once it is complete and visible.
+    """
+    if rank is not None and int(os.environ.get("RANK", "0")) != rank:
+        return None
+    if not isinstance(step, int) or step < 0:
+        raise ValueError(f"save_checkpoint(): step must be a non-negative int, got {step!r}")
+    url = _storage_url(storage)
+    import torch
+
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    data = buf.getbuffer()
+    global _executor
+    with _lock:
+        while _pending and _pending[0].done():
+            _log_failure(_pending.popleft())
+        to_wait = list(_pending)[: max(0, len(_pending) - MAX_PENDING)]
+    for old in to_wait:  # bounded memory: at most MAX_PENDING uploads behind this one
+        concurrent.futures.wait([old])
+    with _lock:
+        while _pending and _pending[0].done():
+            _log_failure(_pending.popleft())
+        if _executor is None:
+            _executor = concurrent.futures.ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix="dask-ddp-checkpoint"
+            )
+        fut = _executor.submit(_upload, url, step, data, keep)
+        _pending.append(fut)
+    return fut
+
+
+def _log_failure(fut: concurrent.futures.Future[str]) -> None:
+    exc = fut.exception()
+    if exc is not None:
+        logger.error("checkpoint upload failed: %r", exc)
+
+
+def wait_checkpoints(timeout: float | None = None) -> None:
+    """Wait until every checkpoint saved by this process is in storage (raises its error)."""
+    with _lock:
+        pending = list(_pending)
+        _pending.clear()
+    for fut in pending:
+        fut.result(timeout)
+
+
+def load_checkpoint(
+    storage: str | None = None,
+    *,
+    weights_only: bool = True,
+    map_location: Any = "cpu",
+    step: int | None = None,
+) -> Any | None:
+    """Load the newest complete checkpoint (or the one of ``step``); ``None`` if none.
+
+    Parameters
+    ----------
+    storage
+        A store URL; default: the job's storage (``DASK_DDP_STORAGE``).
+    weights_only
+        Passed to ``torch.load``: only tensors and plain containers unless set False.
+    map_location
+        Passed to ``torch.load``.
+    step
+        Load this step (``None``: the newest complete one).
+    """
+    import torch
+
+    url = _storage_url(storage)
+    store = _open(url)
+    # A concurrent writer may prune what was just listed: list again before giving up.
+    for _attempt in range(3):
+        steps = list_checkpoints(url)
+        if step is not None:
+            steps = [s for s in steps if s == step]
+        if not steps:
+            return None
+        for s in reversed(steps):
+            data = _read_verified(store, url, s)
+            if data is not None:
+                return torch.load(
+                    io.BytesIO(data), weights_only=weights_only, map_location=map_location
+                )
+    return None
+
+
+def _read_verified(store: Any, url: str, step: int) -> bytes | None:
+    try:
+        manifest = json.loads(store.get(_manifest_key(step)))
+        data = store.get(_data_key(step))
+    except Exception as e:  # noqa: BLE001 - the caller tries an older one
+        logger.warning("checkpoint step %d in %s unreadable (%s)", step, url, e)
+        return None
+    if len(data) != manifest.get("size") or hashlib.sha256(data).hexdigest() != manifest.get(
+        "sha256"
+    ):
+        logger.warning("checkpoint step %d in %s does not match its manifest", step, url)
+        return None
+    return data

@@ -1,0 +1,196 @@
+"""Results, metrics and checkpoints through the real launcher (dispatch.run / submit).
+
+Real LocalCluster worker processes, real rank processes with gloo DDP, real files.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from distributed import Client, LocalCluster
+
+import dask_ddp
+from dask_ddp import dispatch, results
+from dask_ddp.checkpoint import load_checkpoint
+from dask_ddp.plot import main as plot_main
+
+pytestmark = [pytest.mark.dask, pytest.mark.slow, pytest.mark.timeout(300)]
+
+
+@pytest.fixture(scope="module")
+def client() -> Iterator[Client]:
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=2, processes=True, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as c,
+    ):
+        yield c
+
+
+def make_seed_training(rh: results.DaskResultsHandler) -> Callable[..., None]:
+    """The seed tutorial's training loop, shrunk: a real DDP model on random data."""
+
+    def run_transfer_learning(n_epochs: int, n_batches: int, base_lr: float) -> None:
+        import torch
+        import torch.distributed as dist
+        from torch import nn, optim
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        worker_rank = int(dist.get_rank())
+        torch.manual_seed(worker_rank)
+        model = DDP(nn.Linear(8, 3))
+        criterion = nn.CrossEntropyLoss()
+        optimizer = optim.SGD(model.parameters(), lr=base_lr * dist.get_world_size())
+        x, y = torch.randn(n_batches * 16, 8), torch.randint(0, 3, (n_batches * 16,))
+        count = t_count = 0
+        for epoch in range(n_epochs):
+            model.train()
+            for i in range(n_batches):
+                inputs, labels = x[i * 16 : (i + 1) * 16], y[i * 16 : (i + 1) * 16]
+                outputs = model(inputs)
+                _, preds = torch.max(outputs, 1)
+                loss = criterion(outputs, labels)
+                correct = (preds == labels).sum().item()
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+                count += 1
+                current_lr = optimizer.param_groups[0]["lr"]
+                rh.submit_result(
+                    f"worker/{worker_rank}.json",
+                    json.dumps(
+                        {
+                            "loss": loss.item(),
+                            "learning_rate": current_lr,
+                            "correct": correct,
+                            "epoch": epoch,
+                            "count": count,
+                            "worker": worker_rank,
+                            "sample": "train",
+                        }
+                    ),
+                )
+                if (count % 10) == 0 and worker_rank == 0:
+                    rh.submit_result(f"checkpoint-{count}.pkl", pickle.dumps(model.state_dict()))
+            with torch.no_grad():
+                model.eval()
+                for i in range(n_batches // 2):
+                    outputs_t = model(x[i * 16 : (i + 1) * 16])
+                    loss_t = criterion(outputs_t, y[i * 16 : (i + 1) * 16])
+                    correct_t = (outputs_t.argmax(1) == y[i * 16 : (i + 1) * 16]).sum().item()
+                    t_count += 1
+                    rh.submit_result(
+                        f"worker/{worker_rank}.json",
+                        json.dumps(
+                            {
+                                "loss": loss_t.item(),
+                                "correct": correct_t,
+                                "epoch": epoch,
+                                "count": t_count,
+                                "worker": worker_rank,
+                                "sample": "eval",
+                            }
+                        ),
+                    )
+
+    return run_transfer_learning
+
+
+def test_seed_results_flow_then_plot(client: Client, tmp_path: Path) -> None:
+    key = uuid.uuid4().hex
+    rh = results.DaskResultsHandler(key)
+    futures = dispatch.run(client, make_seed_training(rh), n_epochs=2, n_batches=20, base_lr=0.01)
+    out = tmp_path / "pt8_2wk"
+    rh.process_results(str(out), futures, raise_errors=False)
+    for rank in range(2):
+        rows = [json.loads(x) for x in (out / "worker" / f"{rank}.json").read_text().splitlines()]
+        train = [r["count"] for r in rows if r["sample"] == "train"]
+        evals = [r["count"] for r in rows if r["sample"] == "eval"]
+        assert train == list(range(1, 41)) and evals == list(range(1, 21))
+    state = pickle.loads((out / "checkpoint-40.pkl").read_bytes())
+    assert set(state) == {"module.weight", "module.bias"}
+    png = tmp_path / "figure.png"
+    assert plot_main([str(out), "-o", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def reporting_training(steps: int, big: int) -> int:
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    model = torch.nn.Linear(4, 1)
+    for step in range(steps):
+        t = torch.tensor([float(step)])
+        dist.all_reduce(t)
+        dask_ddp.report({"loss": 1.0 / (step + 1), "sum": t.item(), "epoch": step // 50}, step)
+        if step % 100 == 99:
+            dask_ddp.save_checkpoint({"model": model.state_dict(), "step": step}, step)
+    rh = results.DaskResultsHandler(os.environ["KEY"])
+    if big:  # above dask-ddp.results.inline-max: goes through the job's storage
+        rh.submit_result(f"big-{rank}.bin", bytes([rank]) * big)
+    return rank
+
+
+def test_job_metrics_jsonl_and_checkpoints(client: Client, tmp_path: Path) -> None:
+    url = (tmp_path / "store").as_uri()
+    key = uuid.uuid4().hex
+    rh = results.DaskResultsHandler(key)
+    job = dask_ddp.submit(
+        client,
+        reporting_training,
+        300,
+        5_000_000,
+        env={"KEY": key},
+        output_dir=tmp_path / "run",
+        storage=url,
+        progress=True,
+    )
+    seen = list(job.metrics())
+    rh.process_results(tmp_path / "res", job.futures)
+    assert job.result() == [0, 1]
+    for rank in range(2):
+        steps = [r["step"] for r in seen if r["rank"] == rank]
+        assert steps == list(range(300))
+        assert (tmp_path / "res" / f"big-{rank}.bin").read_bytes() == bytes([rank]) * 5_000_000
+    assert all(r["sum"] == 2 * r["step"] for r in seen)
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert sorted((json.loads(x)["rank"], json.loads(x)["step"]) for x in lines) == sorted(
+        (r["rank"], r["step"]) for r in seen
+    )
+    ckpt = load_checkpoint(url)
+    assert ckpt["step"] == 299 and set(ckpt["model"]) == {"weight", "bias"}
+    from dask_ddp import storage
+
+    assert not storage.open(url).list("_results/")  # stored results are cleaned up
+    png = tmp_path / "m.png"
+    assert plot_main([str(tmp_path / "run"), str(tmp_path / "run"), "-o", str(png)]) == 0
+    assert png.stat().st_size > 10_000
+
+
+def failing_after_report(n: int) -> None:
+    import os
+
+    import torch.distributed as dist
+
+    for i in range(n):
+        dask_ddp.report({"loss": float(i)}, step=i)
+    if dist.get_rank() == 1:
+        os._exit(7)  # no cleanup at all: the records must still arrive
+    dist.barrier()
+
+
+def test_rank_crash_keeps_its_records(client: Client) -> None:
+    job = dask_ddp.submit(client, failing_after_report, 500, progress=False)
+    with pytest.raises(dask_ddp.JobError):
+        job.result()
+    recs = list(job.metrics())
+    assert [r["step"] for r in recs if r["rank"] == 1] == list(range(500))

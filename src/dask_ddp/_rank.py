@@ -70,6 +70,25 @@ def _claim_root_cause(store: Any, rank: int) -> bool:
         return False
 
 
+def _finish_barrier(store: Any, world: int) -> None:
+    """Wait until every rank's function has returned, before any rank process exits.
+
+    torch has no barrier after ``init_process_group`` and gloo can still be completing a
+    connection or a last transfer to a peer that returned early; a rank that exits then
+    breaks its peers ("Connection closed by peer"). The store (not gloo) carries this
+    barrier; a rank that never arrives is stopped by the launcher, not by a timeout here.
+    """
+    if store.add("dask_ddp/finished", 1) == world:
+        store.set("dask_ddp/all_finished", "1")
+    while True:
+        try:
+            store.wait(["dask_ddp/all_finished"], timedelta(seconds=300))
+            return
+        except Exception as exc:  # DistStoreError on timeout: a slow rank, keep waiting
+            if "timeout" not in str(exc).lower():
+                raise
+
+
 def _exit(code: int) -> None:
     # Run atexit handlers (the results channel flushes there) but do not join threads a
     # user left running: a finished rank must end.
@@ -110,6 +129,7 @@ def main(workdir: str) -> None:
             kwargs = {**kwargs, "local_rank": int(os.environ["LOCAL_RANK"])}
         value = fn(*args, **kwargs)
         phase = "teardown"
+        _finish_barrier(store, world)
         if dist.is_initialized():
             dist.destroy_process_group()
         _write(workdir, {"status": "ok", "value": cloudpickle.dumps(value)})

@@ -109,4 +109,4 @@ def test_master_addr_is_routable_across_namespaces(
     assert rank0_host != "127.0.0.1"
     # The collectives use each namespace's routable interface, not loopback.
     assert {o["env"]["GLOO_SOCKET_IFNAME"] for o in out} == {"eth0"}
-    wait_no_rank_processes(20)
+    wait_no_rank_processes(sched_addr, 20)

@@ -10,6 +10,7 @@ formatted traceback and the pickled exception.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import pickle
 import signal
@@ -24,13 +25,29 @@ PARENT_POLL_S = 0.5
 
 
 def _watch_parent() -> None:
-    """Kill this rank's process group when its worker dies (then our parent changes)."""
-    parent = os.getppid()
+    """Kill this rank's process group when its worker dies.
+
+    The kernel sends SIGKILL when the supervisor's thread ends (``PR_SET_PDEATHSIG``), and
+    a thread compares the parent with the supervisor's pid the launcher passed: a worker
+    killed before this ran has already made the rank an orphan.
+    """
+    expected = int(os.environ.get("DASK_DDP_SUPERVISOR_PID", os.getppid()))
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+    def orphaned() -> bool:
+        return os.getppid() != expected
+
+    if orphaned():
+        os.killpg(os.getpgrp(), signal.SIGKILL)
 
     def loop() -> None:
         while True:
             time.sleep(PARENT_POLL_S)
-            if os.getppid() != parent:
+            if orphaned():
                 os.killpg(os.getpgrp(), signal.SIGKILL)
 
     threading.Thread(target=loop, name="dask-ddp-parent-watch", daemon=True).start()

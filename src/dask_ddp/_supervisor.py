@@ -141,6 +141,9 @@ class _Supervisor:
             argv = list(spec.command)
             if argv[0] in ("python", "python3"):
                 argv[0] = sys.executable  # the worker's Python, where dask-ddp is installed
+            if sys.platform.startswith("linux"):
+                guard = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_guard.py")
+                argv = [sys.executable, guard, *argv]
         else:
             with open(os.path.join(workdir, "spec.pkl"), "wb") as f:
                 pickle.dump({"payload": spec.payload, "init_kwargs": spec.init_kwargs,
@@ -310,6 +313,7 @@ class _Supervisor:
             "DASK_DDP_RESTART": "0",
             "DASK_DDP_SCHEDULER": spec.scheduler,
             "DASK_DDP_WORKER": spec.worker,
+            "DASK_DDP_SUPERVISOR_PID": str(os.getpid()),
             "PYTHONUNBUFFERED": "1",
         })
         if spec.storage:

@@ -140,19 +140,31 @@ class Job:
         TimeoutError
             ``timeout`` passed first; the job keeps running.
         """
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"job {self.name!r} still running after {timeout} s")
+        monitor_timeout = 30.0 if timeout is None else max(timeout, 1.0)
         try:
-            if not self._done.wait(timeout):
-                raise TimeoutError(f"job {self.name!r} still running after {timeout} s")
             self._wait_output_eof(10.0)
             error = self._root_error()
             if error is not None:
                 raise error
             if self._cancelled:
                 raise concurrent.futures.CancelledError(f"job {self.name!r} was cancelled")
-            return list(self.client.gather(self.futures))
-        finally:
-            if self._done.is_set() and self._monitor is not None:
-                self._monitor.stop(timeout=30.0 if timeout is None else max(timeout, 1.0))
+            values = list(self.client.gather(self.futures))
+        except BaseException:
+            # The job's own error wins over a failure to collect its metrics.
+            try:
+                self._stop_monitor(monitor_timeout)
+            except Exception:
+                logger.exception("collecting the metrics of failed job %r failed", self.name)
+            raise
+        self._stop_monitor(monitor_timeout)
+        return values
+
+    def _stop_monitor(self, timeout: float) -> None:
+        # The monitor stays attached: metrics() reads its records after the job.
+        if self._monitor is not None:
+            self._monitor.stop(timeout=timeout)
 
     def cancel(self) -> None:
         """Stop every rank of the job (their processes are killed) and cancel its futures."""

@@ -34,7 +34,6 @@ from ._plan import RankSpec, worker_host
 
 logger = logging.getLogger(__name__)
 
-POLL_S = 0.1
 ABORT_POLL_S = 0.5
 TERM_GRACE_S = 5.0
 
@@ -182,19 +181,20 @@ class _Supervisor:
 
     # -- watching -----------------------------------------------------------------------
     def _watch(self, proc: subprocess.Popen[bytes]) -> None:
-        next_abort_check = time.monotonic() + ABORT_POLL_S
-        while True:
-            try:
-                proc.wait(timeout=POLL_S)
-                return
-            except subprocess.TimeoutExpired:
-                pass
-            check_abort = time.monotonic() >= next_abort_check
-            if check_abort:
-                next_abort_check = time.monotonic() + ABORT_POLL_S
-            self._check_stop(proc, check_abort)
+        # A thread blocks in wait() so the exit is seen at once, while this loop wakes
+        # only twice a second: the rank's cores are not shared with a polling loop.
+        exited = threading.Event()
 
-    def _check_stop(self, proc: subprocess.Popen[bytes] | None, check_abort: bool = True) -> None:
+        def reap() -> None:
+            proc.wait()
+            exited.set()
+
+        threading.Thread(target=reap, name=f"dask-ddp-reap-{self.spec.rank}",
+                         daemon=True).start()
+        while not exited.wait(ABORT_POLL_S):
+            self._check_stop(proc)
+
+    def _check_stop(self, proc: subprocess.Popen[bytes] | None) -> None:
         """Raise :class:`RankAbortedError` (after killing the rank) if the rank must stop."""
         from distributed.core import Status
 
@@ -204,7 +204,7 @@ class _Supervisor:
             reason = "its task was cancelled"
         elif self.worker.status in (Status.closing, Status.closed, Status.failed):
             reason = "its worker is closing"
-        elif check_abort and self.abort.is_set():
+        elif self.abort.is_set():
             reason = "another rank of the job failed or the job was cancelled"
         if reason is None:
             return

@@ -42,7 +42,7 @@ __all__ = ["Job", "job_of", "run", "run_command", "submit", "GangStartError", "J
            "RankAbortedError", "RankFailedError", "WorkerLostError"]
 
 WATCH_POLL_S = 0.2
-WORKER_CHECK_S = 0.5
+WORKER_CHECK_S = 1.0
 _BACKENDS = ("auto", "gloo", "nccl", "mpi")
 
 

@@ -145,11 +145,19 @@ def test_back_pressure_with_a_tiny_budget(client: Any) -> None:
     with dask.config.set({"dask-ddp.results.budget": budget}):
         job_id, futures = launch(client, code, env={"N": str(n)}, job_id=job_id)
     topic = _channel.metrics_topic(job_id)
-    peak = 0
-    deadline = time.monotonic() + 4
-    while time.monotonic() < deadline:  # nobody reads: the ranks must stall, not drop
+
+    def used() -> int:
         info = client.sync(client.scheduler.dask_ddp_results_info, topic=topic)
-        peak = max(peak, info.get(topic, {}).get("used", 0))
+        return int(info.get(topic, {}).get("used", 0))
+
+    deadline = time.monotonic() + 120
+    while used() == 0:  # the rank processes start (importing torch takes a while)
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    peak = 0
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:  # nobody reads: the ranks must stall, not drop
+        peak = max(peak, used())
         time.sleep(0.05)
     assert not any(f.done() for f in futures), "ranks finished although nobody read"
     assert 0 < peak <= budget

@@ -335,3 +335,16 @@ def test_large_result_goes_through_storage(
     writer.close()
     assert (tmp_path / "out" / "big.bin").read_bytes() == b"x" * 5000
     assert not stored.exists()  # the client removes it once written
+
+
+def test_second_job_in_same_output_dir_replays_only_its_own(client: Any, tmp_path: Path) -> None:
+    counts = []
+    for n in (300, 200):
+        job_id, futures = launch(client, REPORT_N, env={"N": str(n)})
+        job = JobLike(client, job_id, "again", futures, output_dir=tmp_path)
+        job._monitor = results.start_job_monitor(job, progress=False)  # type: ignore[attr-defined]
+        recs = list(results.iter_job_metrics(job))
+        check_exactly_once_in_order(recs, 2, n)
+        counts.append(len(recs))
+    assert counts == [600, 400]
+    assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 1000

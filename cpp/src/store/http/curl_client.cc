@@ -307,9 +307,11 @@ bool Configure(CURL* e, Transfer* t, const ClientConfig& cfg, CURLSH* share) {
     set(CURLOPT_POST, 1L);
     set(CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(r.body.size()));
     set(CURLOPT_POSTFIELDS, r.body.empty() ? "" : r.body.data());
-    // No form encoding, no "Expect: 100-continue" round trip.
+    // Not form-encoded. libcurl adds "Expect: 100-continue" to large bodies; removing it
+    // with an empty "Expect:" entry would put it in the SigV4 signed headers without
+    // sending it (libcurl 7.88), so instead the wait for "100 Continue" is cut short.
     t->headers = curl_slist_append(t->headers, "Content-Type: application/octet-stream");
-    t->headers = curl_slist_append(t->headers, "Expect:");
+    set(CURLOPT_EXPECT_100_TIMEOUT_MS, 1L);
   } else {
     set(CURLOPT_CUSTOMREQUEST, r.method.c_str());
   }

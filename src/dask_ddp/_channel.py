@@ -59,6 +59,9 @@ logger = logging.getLogger(__name__)
 
 ENV_FD = "DASK_DDP_CHANNEL_FD"
 _HEADER = struct.Struct("!QQIH")
+_LEN = struct.Struct("!I")
+#: Consecutive small records of a stream travel packed into entries of about this size.
+_PACK_MAX = 32 * 1024
 #: Writes up to this size are atomic on a pipe (POSIX PIPE_BUF on Linux).
 PIPE_BUF = 4096
 _PLUGIN_NAME = "dask-ddp-results"
@@ -107,7 +110,7 @@ class _Topic:
         freed = False
         while self.entries and self.base < cursor:
             entry = self.entries.popleft()
-            self.used -= len(entry[4]) + _ENTRY_OVERHEAD
+            self.used -= len(entry[5]) + _ENTRY_OVERHEAD
             self.base += 1
             freed = True
         if freed:
@@ -143,7 +146,7 @@ class ResultsExtension:
 
     def _accept(self, t: _Topic, entries: list[list[Any]]) -> int:
         n = 0
-        for source, seq, part, nparts, payload in entries:
+        for source, seq, count, part, nparts, payload in entries:
             key = (int(seq), int(part))
             if key <= t.last.get(source, (-1, -1)):  # a retried put: already stored
                 n += 1
@@ -151,14 +154,14 @@ class ResultsExtension:
             size = len(payload) + _ENTRY_OVERHEAD
             if t.used and t.used + size > t.budget:
                 break
-            t.entries.append([source, key[0], key[1], int(nparts), payload])
+            t.entries.append([source, key[0], int(count), key[1], int(nparts), payload])
             t.used += size
             t.last[source] = key
             n += 1
         return n
 
     async def put(self, topic: str, entries: list[list[Any]], wait: float = 1.0) -> dict[str, int]:
-        """Append ``entries`` (``[source, seq, part, nparts, payload]``).
+        """Append ``entries`` (``[source, seq, count, part, nparts, payload]``).
 
         Returns how many entries from the front were taken (stored or already stored).
         When none fit in the budget, waits up to ``wait`` seconds for the reader to free
@@ -210,7 +213,7 @@ class ResultsExtension:
         while i < len(t.entries) and (not out or size < max_bytes):
             entry = t.entries[i]
             out.append(entry)
-            size += len(entry[4])
+            size += len(entry[5])
             i += 1
         return {"entries": out, "cursor": cursor + len(out)}
 
@@ -422,6 +425,7 @@ class Forwarder:
                 break
             buf += chunk
             batches: dict[str, list[list[Any]]] = {}
+            packs: dict[tuple[str, int], list[Any]] = {}  # (topic, pid) -> open entry
             pos = 0
             while len(buf) - pos >= _HEADER.size:
                 length, seq, pid, tlen = _HEADER.unpack_from(buf, pos)
@@ -430,12 +434,32 @@ class Forwarder:
                     break
                 start = pos + _HEADER.size
                 topic = bytes(buf[start : start + tlen]).decode()
-                payload = bytes(buf[start + tlen : end])
-                batches.setdefault(topic, []).extend(self._parts(pid, seq, payload))
-                seqs[(topic, pid)] = seq + 1
+                payload = buf[start + tlen : end]
+                entries = batches.setdefault(topic, [])
+                key = (topic, pid)
+                pack = packs.get(key)
+                if pack is not None and (
+                    len(payload) > _PACK_MAX
+                    or len(pack[5]) + 4 + len(payload) > _PACK_MAX
+                    or pack[1] + pack[2] != seq
+                ):
+                    entries.append(packs.pop(key))
+                    pack = None
+                if len(payload) > _PACK_MAX:
+                    entries.extend(self._parts(f"{self.source}.{pid}", seq, bytes(payload)))
+                else:
+                    if pack is None:
+                        pack = packs[key] = [f"{self.source}.{pid}", seq, 0, 0, 1, bytearray()]
+                    pack[2] += 1
+                    pack[5] += _LEN.pack(len(payload))
+                    pack[5] += payload
+                seqs[key] = seq + 1
                 self.records += 1
                 pos = end
             del buf[:pos]
+            for (topic, _pid), pack in packs.items():
+                pack[5] = bytes(pack[5])
+                batches[topic].append(pack)
             for topic, entries in batches.items():
                 self._put(topic, entries)
         if buf:
@@ -447,15 +471,15 @@ class Forwarder:
                 len(buf),
             )
         for (topic, pid), nxt in seqs.items():  # end markers: the count of records
-            self._put(topic, [[f"{self.source}.{pid}", nxt, 0, 0, b""]])
+            self._put(topic, [[f"{self.source}.{pid}", nxt, 0, 0, 0, b""]])
 
-    def _parts(self, pid: int, seq: int, payload: bytes) -> list[list[Any]]:
-        if len(payload) <= self._part:
-            return [[f"{self.source}.{pid}", seq, 0, 1, payload]]
-        n = -(-len(payload) // self._part)
+    def _parts(self, source: str, seq: int, payload: bytes) -> list[list[Any]]:
+        """One record cut into parts of at most ``dask-ddp.results.part-size``."""
         p = self._part
-        src = f"{self.source}.{pid}"
-        return [[src, seq, i, n, payload[i * p : (i + 1) * p]] for i in range(n)]
+        if len(payload) <= p:  # a pack of one
+            return [[source, seq, 1, 0, 1, _LEN.pack(len(payload)) + payload]]
+        n = -(-len(payload) // p)
+        return [[source, seq, 1, i, n, payload[i * p : (i + 1) * p]] for i in range(n)]
 
     def _put(self, topic: str, entries: list[list[Any]]) -> None:
         loop = self._worker.loop.asyncio_loop
@@ -464,10 +488,10 @@ class Forwarder:
             batch: list[list[Any]] = []
             size = 0
             for e in entries:
-                if batch and size + len(e[4]) > 4 * self._part:
+                if batch and size + len(e[5]) > 4 * self._part:
                     break
                 batch.append(e)
-                size += len(e[4])
+                size += len(e[5])
             coro = self._worker.scheduler.dask_ddp_results_put(topic=topic, entries=batch)
             try:
                 reply = asyncio.run_coroutine_threadsafe(coro, loop).result(timeout=120)
@@ -540,40 +564,57 @@ class Reader:
         )
         self.cursor = int(reply["cursor"])
         out: list[Record] = []
-        for source, seq, part, nparts, payload in reply["entries"]:
-            rec = self._take(source, int(seq), int(part), int(nparts), payload)
-            if rec is not None:
-                out.append(rec)
+        for source, seq, count, part, nparts, payload in reply["entries"]:
+            self._take(out, source, int(seq), int(count), int(part), int(nparts), payload)
         return out
 
-    def _take(self, source: str, seq: int, part: int, nparts: int, payload: bytes) -> Record | None:
+    def _take(
+        self,
+        out: list[Record],
+        source: str,
+        seq: int,
+        count: int,
+        part: int,
+        nparts: int,
+        payload: bytes,
+    ) -> None:
+        """Entry kinds: ``nparts == 0`` the end marker (``seq``: records in the stream);
+        ``nparts == 1`` a pack of ``count`` length-prefixed records from ``seq`` on;
+        ``nparts > 1`` part ``part`` of the one record ``seq``."""
         expected = self.expected.get(source, 0)
-        if nparts == 0:  # end marker: seq is the number of records the stream carried
+        if nparts == 0:
             self.ended.add(source)
             if seq != expected or source in self.partial:
                 self._gap(f"stream {source} ended after {seq} records, {expected} arrived")
-            return None
+            return
         if seq < expected:
-            return None  # duplicate
+            return  # duplicate
         if seq > expected:
             self._gap(f"stream {source}: records {expected}..{seq - 1} are missing")
             self.partial.pop(source, None)
+        rank = _rank_of(source)
         if nparts == 1:
-            self.expected[source] = seq + 1
-            return Record(source, _rank_of(source), seq, bytes(payload))
+            view = memoryview(payload)
+            pos = 0
+            for i in range(count):
+                (n,) = _LEN.unpack_from(view, pos)
+                out.append(Record(source, rank, seq + i, bytes(view[pos + 4 : pos + 4 + n])))
+                pos += 4 + n
+            self.expected[source] = seq + count
+            return
         parts = self.partial.setdefault(source, [])
         if part != len(parts):
             if part < len(parts):
-                return None  # duplicate part
+                return  # duplicate part
             self._gap(f"stream {source}: record {seq} lost parts {len(parts)}..{part - 1}")
             self.partial.pop(source, None)
-            return None
+            return
         parts.append(bytes(payload))
         if len(parts) < nparts:
-            return None
+            return
         del self.partial[source]
         self.expected[source] = seq + 1
-        return Record(source, _rank_of(source), seq, b"".join(parts))
+        out.append(Record(source, rank, seq, b"".join(parts)))
 
     def unfinished(self) -> list[str]:
         """Streams seen without their end marker (their forwarder or worker died)."""

@@ -238,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     inproc = bench_report_inprocess(n)
     ck = bench_checkpoint(args.checkpoint_mb)
     log = logger.info
-    log("== end to end, 2 ranks x %d records ==", n)
+    log("== end to end, 2 ranks x %d records (load average %.1f) ==", n, os.getloadavg()[0])
     log(
         "dask-ddp channel: %d records in %.2f s = %.0f records/s, lost %d, duplicates %d",
         e2e["records"],
@@ -247,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         e2e["lost"],
         e2e["duplicates"],
     )
+    log("the ranks submitted at %.0f records/s (report() returning)", e2e["rank_send_rate"])
     log(
         "baseline raw pipe -> cat (ceiling): %.0f records/s; channel/raw = %.2f",
         raw["rate"],

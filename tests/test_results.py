@@ -185,6 +185,28 @@ def test_forked_children_are_their_own_streams(client: Any) -> None:
         assert [x["step"] for x in recs if x["child"] is child] == list(range(2000))
 
 
+THREADS = """
+import threading
+import dask_ddp.results as r
+def work(t):
+    for i in range(2000):
+        r.report({"thread": t, "i": i})
+threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+"""
+
+
+def test_threads_of_one_rank_share_its_stream(client: Any) -> None:
+    job_id, futures = launch(client, THREADS, world_size=1)
+    recs = list(results.iter_job_metrics(JobLike(client, job_id, "threads", futures)))
+    assert len(recs) == 8000
+    for t in range(4):
+        assert [x["i"] for x in recs if x["thread"] == t] == list(range(2000))
+
+
 SEED_RESULTS = """
 import json, os, pickle
 from dask_ddp.results import DaskResultsHandler

@@ -304,7 +304,26 @@ class _Writer:
 
 
 _writer: _Writer | None = None
-_writer_pid = -1
+_writer_lock = threading.Lock()
+
+
+def _make_writer() -> _Writer:
+    # Once per process (a forked child makes its own): two writers in one process would
+    # hand out the same sequence numbers twice.
+    global _writer, _writer_lock
+    if _writer is not None and _writer.pid != os.getpid():
+        _writer_lock = threading.Lock()  # a fork may have copied it held
+    with _writer_lock:
+        w = _writer
+        if w is None or w.pid != os.getpid():
+            fd_text = os.environ.get(ENV_FD)
+            if fd_text is None:
+                raise RuntimeError(
+                    f"no results channel: {ENV_FD} is not set; submit_result/report work "
+                    "in a rank started by dask_ddp (dispatch.run or dask_ddp.submit)"
+                )
+            w = _writer = _Writer(int(fd_text))
+        return w
 
 
 def in_rank() -> bool:
@@ -321,17 +340,9 @@ def write(topic: str, payload: bytes) -> None:
         When this process is not a dask-ddp rank (no ``DASK_DDP_CHANNEL_FD``), or the
         channel's reader is gone.
     """
-    global _writer, _writer_pid
     w = _writer
-    if w is None or _writer_pid != os.getpid():
-        fd_text = os.environ.get(ENV_FD)
-        if fd_text is None:
-            raise RuntimeError(
-                f"no results channel: {ENV_FD} is not set; submit_result/report work in "
-                "a rank started by dask_ddp (dispatch.run or dask_ddp.submit)"
-            )
-        w = _writer = _Writer(int(fd_text))
-        _writer_pid = os.getpid()
+    if w is None or w.pid != os.getpid():
+        w = _make_writer()
     try:
         w.write(topic, payload)
     except BrokenPipeError as e:

@@ -19,6 +19,21 @@ Client side
 - :meth:`DaskResultsHandler.process_results` writes the results under a folder.
 - The launcher calls :func:`start_job_monitor` (progress bar, ``metrics.jsonl``) and
   ``Job.metrics()`` returns :func:`iter_job_metrics`.
+
+Configuration (Dask config, e.g. ``DASK_DASK_DDP__RESULTS__BUDGET="16 MiB"``)
+---------------------------------------------------------------------------
+``dask-ddp.results.budget`` (64 MiB)
+    Scheduler memory per topic (a job's metrics, one handler's results); when full, the
+    ranks' ``report``/``submit_result`` wait until the client has read.
+``dask-ddp.results.part-size`` (1 MiB)
+    Large records cross the scheduler in parts of this size.
+``dask-ddp.results.inline-max`` (4 MiB)
+    With a job storage, ``submit_result`` data above this goes through storage.
+
+Limits: one reader per topic (one ``process_results`` per handler at a time); a metric
+record is at most about 4 KiB of JSON (it must reach the pipe in one atomic write, also
+from forked DataLoader workers); results above 4 KiB submitted concurrently from the rank
+and from a process it forked may interleave in the pipe.
 """
 
 from __future__ import annotations

@@ -2,18 +2,19 @@
 
 Records go ``rank process -> pipe -> Forwarder (in the worker) -> scheduler -> client``:
 
-- **Rank side** (:func:`write`): each record is one frame written to the pipe whose write
-  end is ``DASK_DDP_CHANNEL_FD``, in a single locked ``os.write`` loop. Nothing is buffered
-  in the rank's memory, so a record whose ``write`` returned survives ``os._exit`` and
-  ``SIGKILL`` (it is in the kernel's pipe buffer), and a full pipe blocks the rank: the
-  back-pressure of the whole channel ends there. Frame::
+- **Rank side** (:func:`write`): each record is written to the pipe whose write end is
+  ``DASK_DDP_CHANNEL_FD`` before the call returns, as frames of at most ``PIPE_BUF``
+  (4096) bytes: each frame is one atomic ``os.write``, so frames stay whole even when the
+  rank's threads and the processes it forked (DataLoader workers, which inherit the pipe)
+  write at once. Nothing is buffered in the rank's memory, so a record whose ``write``
+  returned survives ``os._exit`` and ``SIGKILL`` (it is in the kernel's pipe buffer), and
+  a full pipe blocks the rank: the back-pressure of the whole channel ends there. Frame::
 
-      !Q payload length | !Q sequence | !I pid | !H topic length | topic (utf-8) | payload
+      !I data length | !Q seq | !I pid | !H topic length | !I fragment | !I fragments
+      | topic (utf-8) | data
 
-  The sequence counts the records of one process on one topic, from 0; the pid tells the
-  rank process from processes it forked (DataLoader workers), which inherit the pipe.
-  Frames of at most ``PIPE_BUF`` (4096) bytes reach the pipe whole even when several
-  processes write at once; larger ones are whole only within one process (a lock).
+  ``seq`` counts the records of one process on one topic, from 0; a record larger than a
+  frame is cut into consecutive fragments (same seq, pid).
 - **Worker side** (:class:`Forwarder`): a thread reads the pipe, cuts frames into parts of
   at most ``dask-ddp.results.part-size`` and puts them into the scheduler's store for the
   topic. A put that does not fit in the topic's budget waits there; the Forwarder stops
@@ -58,7 +59,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 logger = logging.getLogger(__name__)
 
 ENV_FD = "DASK_DDP_CHANNEL_FD"
-_HEADER = struct.Struct("!QQIH")
+_HEADER = struct.Struct("!IQIHII")
 _LEN = struct.Struct("!I")
 #: Consecutive small records of a stream travel packed into entries of about this size.
 _PACK_MAX = 32 * 1024
@@ -290,17 +291,31 @@ class _Writer:
     def write(self, topic: str, payload: bytes) -> None:
         tb = self.topics.get(topic)
         if tb is None:
-            tb = self.topics[topic] = topic.encode()
+            tb = topic.encode()
+            if len(tb) > 1024:
+                raise ValueError(f"results topic too long ({len(tb)} bytes): {topic[:80]!r}...")
+            self.topics[topic] = tb
+        room = PIPE_BUF - _HEADER.size - len(tb)
+        n = len(payload)
         with self.lock:
             seq = self.seqs.get(topic, 0)
-            frame = _HEADER.pack(len(payload), seq, self.pid, len(tb)) + tb + payload
-            n = os.write(self.fd, frame)
-            if n != len(frame):  # large frames: the pipe takes them piecewise
-                view = memoryview(frame)[n:]
-                while view:
-                    n = os.write(self.fd, view)
-                    view = view[n:]
+            if n <= room:
+                self._write(_HEADER.pack(n, seq, self.pid, len(tb), 0, 1) + tb + payload)
+            else:
+                count = -(-n // room)
+                view = memoryview(payload)
+                for i in range(count):
+                    chunk = view[i * room : (i + 1) * room]
+                    self._write(
+                        _HEADER.pack(len(chunk), seq, self.pid, len(tb), i, count) + tb + chunk
+                    )
             self.seqs[topic] = seq + 1
+
+    def _write(self, frame: bytes) -> None:
+        # A blocking write of at most PIPE_BUF bytes to a pipe is all-or-nothing.
+        written = os.write(self.fd, frame)
+        if written != len(frame):
+            raise OSError(f"short write to the results pipe: {written} of {len(frame)} bytes")
 
 
 _writer: _Writer | None = None
@@ -430,6 +445,8 @@ class Forwarder:
     def _forward(self) -> None:
         buf = bytearray()
         seqs: dict[tuple[str, int], int] = {}  # (topic, pid) -> next sequence
+        pieces: dict[tuple[str, int], list[Any]] = {}  # (topic, pid) -> [seq, next, data]
+        topics: dict[bytes, str] = {}
         while True:
             chunk = os.read(self.read_fd, 1 << 20)
             if not chunk:
@@ -439,50 +456,81 @@ class Forwarder:
             packs: dict[tuple[str, int], list[Any]] = {}  # (topic, pid) -> open entry
             pos = 0
             while len(buf) - pos >= _HEADER.size:
-                length, seq, pid, tlen = _HEADER.unpack_from(buf, pos)
-                end = pos + _HEADER.size + tlen + length
+                length, seq, pid, tlen, index, count = _HEADER.unpack_from(buf, pos)
+                start = pos + _HEADER.size
+                end = start + tlen + length
                 if end > len(buf):
                     break
-                start = pos + _HEADER.size
-                topic = bytes(buf[start : start + tlen]).decode()
-                payload = buf[start + tlen : end]
-                entries = batches.setdefault(topic, [])
+                tb = bytes(buf[start : start + tlen])
+                topic = topics.get(tb)
+                if topic is None:
+                    topic = topics[tb] = tb.decode()
+                pos = end
                 key = (topic, pid)
-                pack = packs.get(key)
-                if pack is not None and (
-                    len(payload) > _PACK_MAX
-                    or len(pack[5]) + 4 + len(payload) > _PACK_MAX
-                    or pack[1] + pack[2] != seq
-                ):
-                    entries.append(packs.pop(key))
-                    pack = None
-                if len(payload) > _PACK_MAX:
-                    entries.extend(self._parts(f"{self.source}.{pid}", seq, bytes(payload)))
+                if count != 1:  # a fragment of a large record
+                    piece = pieces.get(key)
+                    if index == 0:
+                        piece = pieces[key] = [seq, 0, bytearray()]
+                    if piece is None or piece[0] != seq or piece[1] != index:
+                        raise RuntimeError(
+                            f"results pipe of job {self.job_id} rank {self.rank}: fragment "
+                            f"{index}/{count} of record {seq} (pid {pid}) out of order"
+                        )
+                    piece[1] += 1
+                    piece[2] += buf[start + tlen : end]
+                    if index + 1 < count:
+                        continue
+                    del pieces[key]
+                    payload: bytes | bytearray = bytes(piece[2])
                 else:
-                    if pack is None:
-                        pack = packs[key] = [f"{self.source}.{pid}", seq, 0, 0, 1, bytearray()]
-                    pack[2] += 1
-                    pack[5] += _LEN.pack(len(payload))
-                    pack[5] += payload
+                    payload = buf[start + tlen : end]
+                self._add(batches.setdefault(topic, []), packs, key, seq, payload)
                 seqs[key] = seq + 1
                 self.records += 1
-                pos = end
             del buf[:pos]
             for (topic, _pid), pack in packs.items():
                 pack[5] = bytes(pack[5])
                 batches[topic].append(pack)
             for topic, entries in batches.items():
                 self._put(topic, entries)
-        if buf:
+        if buf or pieces:
             logger.warning(
                 "job %s rank %s: the rank ended in the middle of writing a record "
                 "(%d bytes); that record was never submitted",
                 self.job_id,
                 self.rank,
-                len(buf),
+                len(buf) + sum(len(p[2]) for p in pieces.values()),
             )
         for (topic, pid), nxt in seqs.items():  # end markers: the count of records
             self._put(topic, [[f"{self.source}.{pid}", nxt, 0, 0, 0, b""]])
+
+    def _add(
+        self,
+        entries: list[list[Any]],
+        packs: dict[tuple[str, int], list[Any]],
+        key: tuple[str, int],
+        seq: int,
+        payload: bytes | bytearray,
+    ) -> None:
+        """Queue one record: packed with its stream's neighbours, or alone in parts."""
+        pack = packs.get(key)
+        if pack is not None and (
+            len(payload) > _PACK_MAX
+            or len(pack[5]) + 4 + len(payload) > _PACK_MAX
+            or pack[1] + pack[2] != seq
+        ):
+            pack[5] = bytes(pack[5])
+            entries.append(packs.pop(key))
+            pack = None
+        source = f"{self.source}.{key[1]}"
+        if len(payload) > _PACK_MAX:
+            entries.extend(self._parts(source, seq, bytes(payload)))
+            return
+        if pack is None:
+            pack = packs[key] = [source, seq, 0, 0, 1, bytearray()]
+        pack[2] += 1
+        pack[5] += _LEN.pack(len(payload))
+        pack[5] += payload
 
     def _parts(self, source: str, seq: int, payload: bytes) -> list[list[Any]]:
         """One record cut into parts of at most ``dask-ddp.results.part-size``."""

@@ -30,10 +30,7 @@ Configuration (Dask config, e.g. ``DASK_DASK_DDP__RESULTS__BUDGET="16 MiB"``)
 ``dask-ddp.results.inline-max`` (4 MiB)
     With a job storage, ``submit_result`` data above this goes through storage.
 
-Limits: one reader per topic (one ``process_results`` per handler at a time); a metric
-record is at most about 4 KiB of JSON (it must reach the pipe in one atomic write, also
-from forked DataLoader workers); results above 4 KiB submitted concurrently from the rank
-and from a process it forked may interleave in the pipe.
+Limits: one reader per topic (one ``process_results`` per handler at a time).
 """
 
 from __future__ import annotations
@@ -86,8 +83,6 @@ class _RankState:
         self.rank = int(os.environ.get("RANK", "0"))
         self.job_id = os.environ.get("DASK_DDP_JOB_ID", "")
         self.topic = _channel.metrics_topic(self.job_id)
-        # One atomic pipe write, also from processes the rank forked (DataLoader workers).
-        self.max_payload = _channel.PIPE_BUF - _channel._HEADER.size - len(self.topic.encode())
 
 
 _state: _RankState | None = None
@@ -173,12 +168,6 @@ def report(metrics: dict[str, Any], step: int | None = None) -> None:
             raise ValueError(f"report(): metric {key!r} is reserved (rank, step, time)")
         rec[key] = value
     payload = _KIND_METRIC + json.dumps(rec).encode()
-    if len(payload) > s.max_payload:
-        raise ValueError(
-            f"report(): a record of {len(payload)} bytes (metrics {sorted(metrics)}) exceeds "
-            f"{s.max_payload} bytes, the size written to the channel in one piece; report "
-            "fewer or shorter metrics per call"
-        )
     if not s.enabled:
         if not _warned_outside:
             _warned_outside = True

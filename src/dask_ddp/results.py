@@ -24,7 +24,8 @@ Configuration (Dask config, e.g. ``DASK_DASK_DDP__RESULTS__BUDGET="16 MiB"``)
 ---------------------------------------------------------------------------
 ``dask-ddp.results.budget`` (64 MiB)
     Scheduler memory per topic (a job's metrics, one handler's results); when full, the
-    ranks' ``report``/``submit_result`` wait until the client has read.
+    ranks' ``report``/``submit_result`` wait until the client has read. (One part of a
+    large record is let into an empty topic even when it is larger than the budget.)
 ``dask-ddp.results.part-size`` (1 MiB)
     Large records cross the scheduler in parts of this size.
 ``dask-ddp.results.inline-max`` (4 MiB)

@@ -301,8 +301,9 @@ def test_process_results_rank_error(client: Any, tmp_path: Path, raise_errors: b
         assert (tmp_path / f"r{r}.txt").read_text() == "before the error\n"
 
 
-def pack(payload: bytes) -> bytes:
-    return _channel._LEN.pack(len(payload)) + payload
+def frame(seq: int, payload: bytes) -> bytes:
+    """A frame as a rank writes it (with an empty topic, as the forwarder may send)."""
+    return _channel._HEADER.pack(len(payload), seq, 0, 0, 0, 1) + payload
 
 
 def test_gaps_are_reported_and_duplicates_dropped(
@@ -312,17 +313,19 @@ def test_gaps_are_reported_and_duplicates_dropped(
     _channel.open_topic(client, topic)
     put = client.scheduler.dask_ddp_results_put
     src = "job/0/abc.1"
-    e = [[src, 0, 1, 0, 1, pack(b"a")], [src, 1, 1, 0, 1, pack(b"b")]]
+    e = [[src, 0, 1, 0, 1, frame(0, b"a")], [src, 1, 1, 0, 1, frame(1, b"b")]]
     assert client.sync(put, topic=topic, entries=e)["accepted"] == 2
     assert client.sync(put, topic=topic, entries=e)["accepted"] == 2  # a retry: no copies
-    client.sync(put, topic=topic, entries=[[src, 3, 1, 0, 1, pack(b"d")], [src, 4, 0, 0, 0, b""]])
+    client.sync(
+        put, topic=topic, entries=[[src, 3, 1, 0, 1, frame(3, b"d")], [src, 4, 0, 0, 0, b""]]
+    )
     gaps: list[Exception] = []
     reader = _channel.Reader(client, topic, on_gap=gaps.append)
     got = reader.fetch(timeout=1) + reader.fetch(timeout=0)
     assert [r.payload for r in got] == [b"a", b"b", b"d"]
     assert len(gaps) == 1 and "records 2..2 are missing" in str(gaps[0])
     other = "job/1/def.2"  # a stream whose worker died: no end marker
-    client.sync(put, topic=topic, entries=[[other, 0, 2, 0, 1, pack(b"x") + pack(b"y")]])
+    client.sync(put, topic=topic, entries=[[other, 0, 2, 0, 1, frame(0, b"x") + frame(1, b"y")]])
     assert [(r.seq, r.payload) for r in reader.fetch(timeout=1)] == [(0, b"x"), (1, b"y")]
     assert reader.unfinished() == [other]
     with caplog.at_level(logging.WARNING, logger="dask_ddp._channel"):
@@ -330,7 +333,7 @@ def test_gaps_are_reported_and_duplicates_dropped(
     assert "job/1/def.2 (rank 1) has no end marker after 2 records" in caplog.text
     strict = _channel.Reader(client, f"results/{uuid.uuid4().hex}")
     client.sync(
-        put, topic=strict.topic, entries=[[src, 0, 1, 0, 1, pack(b"a")], [src, 2, 0, 0, 0, b""]]
+        put, topic=strict.topic, entries=[[src, 0, 1, 0, 1, frame(0, b"a")], [src, 2, 0, 0, 0, b""]]
     )
     with pytest.raises(_channel.GapError, match="ended after 2 records, 1 arrived"):
         strict.fetch(timeout=1)

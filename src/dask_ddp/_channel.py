@@ -60,8 +60,7 @@ logger = logging.getLogger(__name__)
 
 ENV_FD = "DASK_DDP_CHANNEL_FD"
 _HEADER = struct.Struct("!IQIHII")
-_LEN = struct.Struct("!I")
-#: Consecutive small records of a stream travel packed into entries of about this size.
+#: Consecutive frames of a stream travel together in entries of up to this size.
 _PACK_MAX = 32 * 1024
 #: Writes up to this size are atomic on a pipe (POSIX PIPE_BUF on Linux).
 PIPE_BUF = 4096
@@ -446,14 +445,15 @@ class Forwarder:
         buf = bytearray()
         seqs: dict[tuple[str, int], int] = {}  # (topic, pid) -> next sequence
         pieces: dict[tuple[str, int], list[Any]] = {}  # (topic, pid) -> [seq, next, data]
-        topics: dict[bytes, str] = {}
+        last_tb, last_topic = b"", ""
         while True:
             chunk = os.read(self.read_fd, 1 << 20)
             if not chunk:
                 break
             buf += chunk
             batches: dict[str, list[list[Any]]] = {}
-            packs: dict[tuple[str, int], list[Any]] = {}  # (topic, pid) -> open entry
+            # A run: consecutive whole frames of one stream, forwarded as they are.
+            run: list[Any] | None = None  # [topic, pid, seq0, count, start, end]
             pos = 0
             while len(buf) - pos >= _HEADER.size:
                 length, seq, pid, tlen, index, count = _HEADER.unpack_from(buf, pos)
@@ -461,13 +461,29 @@ class Forwarder:
                 end = start + tlen + length
                 if end > len(buf):
                     break
-                tb = bytes(buf[start : start + tlen])
-                topic = topics.get(tb)
-                if topic is None:
-                    topic = topics[tb] = tb.decode()
-                pos = end
-                key = (topic, pid)
-                if count != 1:  # a fragment of a large record
+                if tlen != len(last_tb) or not buf.startswith(last_tb, start):
+                    last_tb = bytes(buf[start : start + tlen])
+                    last_topic = last_tb.decode()
+                topic = last_topic
+                if count == 1:
+                    if (
+                        run is not None
+                        and run[1] == pid
+                        and run[2] + run[3] == seq
+                        and run[0] == topic
+                        and end - run[4] <= _PACK_MAX
+                    ):
+                        run[3] += 1
+                        run[5] = end
+                    else:
+                        if run is not None:
+                            self._flush_run(batches, buf, run)
+                        run = [topic, pid, seq, 1, pos, end]
+                else:  # a fragment of a large record
+                    if run is not None:
+                        self._flush_run(batches, buf, run)
+                        run = None
+                    key = (topic, pid)
                     piece = pieces.get(key)
                     if index == 0:
                         piece = pieces[key] = [seq, 0, bytearray()]
@@ -478,19 +494,17 @@ class Forwarder:
                         )
                     piece[1] += 1
                     piece[2] += buf[start + tlen : end]
-                    if index + 1 < count:
-                        continue
-                    del pieces[key]
-                    payload: bytes | bytearray = bytes(piece[2])
-                else:
-                    payload = buf[start + tlen : end]
-                self._add(batches.setdefault(topic, []), packs, key, seq, payload)
-                seqs[key] = seq + 1
-                self.records += 1
+                    if index + 1 == count:
+                        del pieces[key]
+                        source = f"{self.source}.{pid}"
+                        entries = batches.setdefault(topic, [])
+                        entries.extend(self._parts(source, seq, bytes(piece[2])))
+                        self.records += 1
+                seqs[(topic, pid)] = seq + 1
+                pos = end
+            if run is not None:
+                self._flush_run(batches, buf, run)
             del buf[:pos]
-            for (topic, _pid), pack in packs.items():
-                pack[5] = bytes(pack[5])
-                batches[topic].append(pack)
             for topic, entries in batches.items():
                 self._put(topic, entries)
         if buf or pieces:
@@ -504,39 +518,19 @@ class Forwarder:
         for (topic, pid), nxt in seqs.items():  # end markers: the count of records
             self._put(topic, [[f"{self.source}.{pid}", nxt, 0, 0, 0, b""]])
 
-    def _add(
-        self,
-        entries: list[list[Any]],
-        packs: dict[tuple[str, int], list[Any]],
-        key: tuple[str, int],
-        seq: int,
-        payload: bytes | bytearray,
+    def _flush_run(
+        self, batches: dict[str, list[list[Any]]], buf: bytearray, run: list[Any]
     ) -> None:
-        """Queue one record: packed with its stream's neighbours, or alone in parts."""
-        pack = packs.get(key)
-        if pack is not None and (
-            len(payload) > _PACK_MAX
-            or len(pack[5]) + 4 + len(payload) > _PACK_MAX
-            or pack[1] + pack[2] != seq
-        ):
-            pack[5] = bytes(pack[5])
-            entries.append(packs.pop(key))
-            pack = None
-        source = f"{self.source}.{key[1]}"
-        if len(payload) > _PACK_MAX:
-            entries.extend(self._parts(source, seq, bytes(payload)))
-            return
-        if pack is None:
-            pack = packs[key] = [source, seq, 0, 0, 1, bytearray()]
-        pack[2] += 1
-        pack[5] += _LEN.pack(len(payload))
-        pack[5] += payload
+        topic, pid, seq0, count, start, end = run
+        source = f"{self.source}.{pid}"
+        batches.setdefault(topic, []).append([source, seq0, count, 0, 1, bytes(buf[start:end])])
+        self.records += count
 
     def _parts(self, source: str, seq: int, payload: bytes) -> list[list[Any]]:
-        """One record cut into parts of at most ``dask-ddp.results.part-size``."""
+        """A reassembled large record: one frame, or raw parts of ``part-size``."""
         p = self._part
-        if len(payload) <= p:  # a pack of one
-            return [[source, seq, 1, 0, 1, _LEN.pack(len(payload)) + payload]]
+        if len(payload) <= p:  # a run of one frame (no topic: the entry has it)
+            return [[source, seq, 1, 0, 1, _HEADER.pack(len(payload), seq, 0, 0, 0, 1) + payload]]
         n = -(-len(payload) // p)
         return [[source, seq, 1, i, n, payload[i * p : (i + 1) * p]] for i in range(n)]
 
@@ -638,7 +632,7 @@ class Reader:
         payload: bytes,
     ) -> None:
         """Entry kinds: ``nparts == 0`` the end marker (``seq``: records in the stream);
-        ``nparts == 1`` a pack of ``count`` length-prefixed records from ``seq`` on;
+        ``nparts == 1`` a run of ``count`` whole frames from ``seq`` on;
         ``nparts > 1`` part ``part`` of the one record ``seq``."""
         expected = self.expected.get(source, 0)
         if nparts == 0:
@@ -652,13 +646,18 @@ class Reader:
             self._gap(f"stream {source}: records {expected}..{seq - 1} are missing")
             self.partial.pop(source, None)
         rank = _rank_of(source)
-        if nparts == 1:
+        if nparts == 1:  # a run of whole frames, as the rank wrote them
             view = memoryview(payload)
             pos = 0
+            hsize = _HEADER.size
             for i in range(count):
-                (n,) = _LEN.unpack_from(view, pos)
-                out.append(Record(source, rank, seq + i, bytes(view[pos + 4 : pos + 4 + n])))
-                pos += 4 + n
+                length, fseq, _pid, tlen, _index, _count = _HEADER.unpack_from(view, pos)
+                if fseq != seq + i:
+                    self._gap(f"stream {source}: corrupt run at record {seq + i}")
+                    break
+                start = pos + hsize + tlen
+                out.append(Record(source, rank, fseq, bytes(view[start : start + length])))
+                pos = start + length
             self.expected[source] = seq + count
             return
         parts = self.partial.setdefault(source, [])

@@ -92,7 +92,7 @@ def _upload(url: str, step: int, data: memoryview, keep: int) -> str:
     t0 = time.perf_counter()
     store = _open(url)
     digest = hashlib.sha256(data).hexdigest()
-    store.put(_data_key(step), bytes(data) if not isinstance(data, bytes) else data)
+    store.put(_data_key(step), data)
     manifest = {
         "step": step,
         "size": len(data),

@@ -37,12 +37,16 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))  # the server helpers shared with the tests
 sys.path.insert(0, str(ROOT / "src"))
 
-from storage_servers import ServerProcess, free_port, start_nginx  # noqa: E402
-
 from dask_ddp import storage  # noqa: E402
+from storage_servers import ServerProcess, free_port, start_nginx  # noqa: E402
 
 logger = logging.getLogger("bench_store_get")
 BUCKET = "bench"
+
+
+def report(line: str) -> None:
+    """One line of results (the logging handler set in main() writes it to stdout)."""
+    logger.info(line)
 
 
 def key_of(i: int) -> str:
@@ -74,7 +78,7 @@ def timed(label: str, n: int, size: int, fn: Callable[[], int]) -> float:
     if got != n * size:
         raise RuntimeError(f"{label}: received {got} bytes, expected {n * size}")
     rate = n / dt
-    print(f"  {label:<34} {rate:>9.0f} objects/s  {got / dt / 1e6:>8.0f} MB/s  ({dt:.2f} s)")
+    report(f"  {label:<34} {rate:>9.0f} objects/s  {got / dt / 1e6:>8.0f} MB/s  ({dt:.2f} s)")
     return rate
 
 
@@ -154,7 +158,7 @@ end
 
 
 def bench_nginx(args: argparse.Namespace, data_root: Path) -> dict[str, float]:
-    print(f"== nginx: {args.objects} objects x {args.size} bytes, path-style /{BUCKET}/key ==")
+    report(f"== nginx: {args.objects} objects x {args.size} bytes, path-style /{BUCKET}/key ==")
     keys = make_objects(data_root, args.objects, args.size)
     rates: dict[str, float] = {}
     with start_nginx(data_root, workers=args.nginx_workers) as nginx:
@@ -184,7 +188,7 @@ def bench_nginx(args: argparse.Namespace, data_root: Path) -> dict[str, float]:
                 "s3fs cat (asyncio)", len(keys), args.size, lambda: run_s3fs(ep, keys)
             )
         rates["wrk"] = run_wrk(ep, len(keys), args.in_flight, args.wrk_seconds)
-        print(
+        report(
             f"  {'wrk -t1 -c' + str(args.in_flight) + ' (ceiling)':<34} "
             f"{rates['wrk']:>9.0f} requests/s"
         )
@@ -192,7 +196,7 @@ def bench_nginx(args: argparse.Namespace, data_root: Path) -> dict[str, float]:
 
 
 def bench_moto(args: argparse.Namespace) -> dict[str, float]:
-    print(f"== moto S3 server: {args.moto_objects} objects x {args.size} bytes ==")
+    report(f"== moto S3 server: {args.moto_objects} objects x {args.size} bytes ==")
     port = free_port()
     rates: dict[str, float] = {}
     with ServerProcess(
@@ -233,6 +237,11 @@ def main() -> None:
     p.add_argument("--skip-moto", action="store_true")
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING)
+    out = logging.StreamHandler(sys.stdout)
+    out.setFormatter(logging.Formatter("%(message)s"))
+    logger.addHandler(out)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
     # SIGTERM unwinds like an exception, so the servers started here are stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     # Dummy credentials: nginx ignores signatures, moto accepts any.
@@ -246,13 +255,13 @@ def main() -> None:
         r = bench_nginx(args, data_root)
     finally:
         shutil.rmtree(data_root, ignore_errors=True)
-    print("  ratios: dask-ddp/boto3 = {:.2f}x".format(r["ddp"] / r["boto3"]), end="")
+    line = f"  ratios: dask-ddp/boto3 = {r['ddp'] / r['boto3']:.2f}x"
     if "s3fs" in r:
-        print(", dask-ddp/s3fs = {:.2f}x".format(r["ddp"] / r["s3fs"]), end="")
-    print(", dask-ddp/wrk = {:.2f}".format(r["ddp"] / r["wrk"]))
+        line += f", dask-ddp/s3fs = {r['ddp'] / r['s3fs']:.2f}x"
+    report(line + f", dask-ddp/wrk = {r['ddp'] / r['wrk']:.2f}")
     if not args.skip_moto:
         m = bench_moto(args)
-        print("  ratio: dask-ddp/boto3 = {:.2f}x".format(m["ddp"] / m["boto3"]))
+        report(f"  ratio: dask-ddp/boto3 = {m['ddp'] / m['boto3']:.2f}x")
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from cluster_util import (
     exit_on_rank,
     local_cluster,
     raise_on_rank,
+    rank_processes,
     sleep_in_collectives,
     train_single,
     wait_no_rank_processes,
@@ -111,9 +112,9 @@ def test_rank_exit_code(client: Client) -> None:
 
 
 def test_seed_futures_raise_not_hang(client: Client) -> None:
-    futures = dispatch.run(client, raise_on_rank, 0, "seed-style failure")
-    with pytest.raises(dask_ddp.JobError):
-        client.gather(futures)
+    futures = dispatch.run(client, raise_on_rank, 2, "seed-style failure")
+    with pytest.raises(dask_ddp.JobError, match="seed-style failure"):
+        client.gather(futures)  # rank 0's error comes first and names the root cause
     with pytest.raises(dask_ddp.RankFailedError, match="seed-style failure"):
         dispatch.job_of(futures).result(timeout=60)  # type: ignore[union-attr]
     wait_no_rank_processes(10)
@@ -169,8 +170,6 @@ def test_local_ranks_and_device_rotation(client: Client) -> None:
 def test_cancel_stops_ranks(client: Client) -> None:
     job = dask_ddp.submit(client, sleep_in_collectives, 600.0, n_workers=2)
     deadline = time.monotonic() + 60
-    from cluster_util import rank_processes
-
     while len(rank_processes()) < 2 and time.monotonic() < deadline:
         time.sleep(0.2)
     assert len(rank_processes()) >= 2
@@ -178,3 +177,16 @@ def test_cancel_stops_ranks(client: Client) -> None:
     with pytest.raises(concurrent.futures.CancelledError):
         job.result(timeout=30)
     wait_no_rank_processes(20)
+
+
+def test_client_disconnect_stops_ranks(client: Client) -> None:
+    other = Client(client.scheduler.address)
+    try:
+        dask_ddp.submit(other, sleep_in_collectives, 600.0, n_workers=2)
+        deadline = time.monotonic() + 60
+        while len(rank_processes()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert len(rank_processes()) >= 2
+    finally:
+        other.close()
+    wait_no_rank_processes(30)

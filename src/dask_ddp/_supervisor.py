@@ -54,6 +54,15 @@ def output_topic(job_id: str) -> str:
     return f"dask-ddp-output-{job_id}"
 
 
+def failure_topic(job_id: str) -> str:
+    return f"dask-ddp-failure-{job_id}"
+
+
+# How fundamental a failure is: a lower value is more likely the root cause of the job's end.
+KIND_ORDER = {"lost": 0, "died": 1, "raised-first": 2, "raised": 3, "aborted": 4}
+ROOT_WAIT_S = 3.0
+
+
 def run_rank(spec: RankSpec) -> Any:
     """Start rank ``spec.rank`` of a job in its own process and supervise it.
 
@@ -198,9 +207,11 @@ class _Supervisor:
             return
         if proc is not None:
             _kill_group(proc)
-        raise RankAbortedError(
-            f"rank {self.spec.rank} of job {self.spec.job_name!r} on worker {self.spec.worker} "
-            f"was stopped: {reason}", self.spec.rank, self.spec.worker, kind="aborted")
+        msg = (f"rank {self.spec.rank} of job {self.spec.job_name!r} on worker "
+               f"{self.spec.worker} was stopped: {reason}")
+        if reason.startswith("another rank"):
+            msg += self._root_cause_note("aborted")
+        raise RankAbortedError(msg, self.spec.rank, self.spec.worker, kind="aborted")
 
     def _outcome(self, returncode: int, workdir: str) -> Any:
         spec = self.spec
@@ -242,7 +253,36 @@ class _Supervisor:
         if cause is None and tb:
             cause = RemoteException(tb)
         kind = "died" if died else "raised-first" if claimed else "raised"
+        self._record_failure(kind, msg)
+        if kind == "raised":
+            msg += self._root_cause_note(kind)
         return RankFailedError(msg, spec.rank, spec.worker, tb, cause, kind)
+
+    def _record_failure(self, kind: str, msg: str) -> None:
+        with contextlib.suppress(Exception):
+            self.worker.log_event(failure_topic(self.spec.job_id), {
+                "rank": self.spec.rank, "kind": kind, "message": msg.split("\n\n")[0]})
+
+    def _root_cause_note(self, kind: str) -> str:
+        """Name the failure of another rank that explains ours, if one is reported soon.
+
+        A seed-style ``client.gather(futures)`` raises the first failed future in rank
+        order, so every secondary error says what the root cause was.
+        """
+        deadline = time.monotonic() + ROOT_WAIT_S
+        while True:
+            try:
+                events = self.client.get_events(failure_topic(self.spec.job_id))
+            except Exception:
+                return ""
+            better = [m for _, m in events if m["rank"] != self.spec.rank
+                      and KIND_ORDER.get(m["kind"], 3) < KIND_ORDER[kind]]
+            if better:
+                best = min(better, key=lambda m: (KIND_ORDER.get(m["kind"], 3), m["rank"]))
+                return f"\n(root cause: {best['message']})"
+            if time.monotonic() > deadline:
+                return ""
+            time.sleep(0.2)
 
     # -- process setup ------------------------------------------------------------------
     def _environment(self, port: int) -> dict[str, str]:

@@ -34,7 +34,7 @@ from ._errors import (
     WorkerLostError,
 )
 from ._plan import RankSpec, choose_workers, rank_layout, worker_host
-from ._supervisor import abort_event_name, master_variable_name, output_topic, run_rank
+from ._supervisor import KIND_ORDER, abort_event_name, master_variable_name, output_topic, run_rank
 
 logger = logging.getLogger(__name__)
 
@@ -44,8 +44,6 @@ __all__ = ["Job", "job_of", "run", "run_command", "submit", "GangStartError", "J
 WATCH_POLL_S = 0.2
 WORKER_CHECK_S = 0.5
 _BACKENDS = ("auto", "gloo", "nccl", "mpi")
-# Which error of a failed job is its root cause: lower is more fundamental.
-_KIND_ORDER = {"lost": 0, "died": 1, "raised-first": 2, "raised": 3, "aborted": 4}
 
 
 # Recent jobs by future key, so the Job behind dispatch.run's plain list of futures can be
@@ -180,7 +178,7 @@ class Job:
 
         def order(e: BaseException) -> tuple[int, int]:
             if isinstance(e, JobError):
-                return (_KIND_ORDER.get(e.kind, 3), e.rank)
+                return (KIND_ORDER.get(e.kind, 3), e.rank)
             return (3, len(self.futures))
 
         return min(errors, key=order)

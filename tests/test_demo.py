@@ -1,0 +1,47 @@
+"""The demo (examples/transfer_learning.py) end to end, in its quick form.
+
+A real LocalCluster per world size, real gloo DDP, real image files from scikit-learn's
+digits: it must reach a real accuracy and write its results, plots and summary.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+@pytest.mark.dask
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("api", ["seed", "loader"])
+def test_demo_quick_reaches_accuracy_and_writes_outputs(tmp_path: Path, api: str) -> None:
+    out = tmp_path / "demo"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "transfer_learning.py"), "--quick",
+         "--api", api, "--world-sizes", "1,2", "--out", str(out)],
+        capture_output=True, text=True, timeout=540,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    rows = json.loads((out / "summary.json").read_text())
+    assert [r["world_size"] for r in rows] == [1, 2]
+    for r in rows:
+        assert r["eval_accuracy"] >= 0.90, r
+    # Twice the ranks, half the iterations per rank for the same epochs.
+    assert rows[1]["iterations"] < rows[0]["iterations"]
+    png = out / f"{api}.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    if api == "seed":
+        # The seed's per-iteration JSON files from both ranks, written by process_results.
+        stats = list((out / "seed-ws2" / "worker").glob("*/*.json"))
+        assert {p.parent.name for p in stats} == {"0", "1"}
+        assert len(stats) >= 2 * rows[1]["iterations"]
+    else:
+        metrics = (out / "loader-ws2" / "metrics.jsonl").read_text().splitlines()
+        assert len(metrics) >= 2 * rows[1]["iterations"]
+        assert any((out / "loader-ws2" / "checkpoints").rglob("*"))

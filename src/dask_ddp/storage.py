@@ -1,0 +1,226 @@
+"""Object stores by URL: local files, S3, HTTP(S) and memory, over the C++ engine.
+
+A store is opened on a root URL and addressed by keys relative to it, with ``/`` as
+separator::
+
+    from dask_ddp import storage
+
+    store = storage.open("s3://my-bucket/datasets/flowers")
+    for info in store.list("train/"):
+        print(info.key, info.size)
+    data = store.get("train/daisy/001.jpg")
+    header = store.get_range("train/daisy/001.jpg", 0, 64)
+    store.put("checkpoints/epoch-3.pt", payload)          # atomic for readers
+    for key, data in store.get_many(keys):                # many requests in flight
+        ...
+
+URL schemes
+-----------
+``file:///abs/path`` or a plain path
+    A directory; keys are relative file paths. ``put`` writes a temporary file in the
+    target's directory, fsyncs it and renames it into place (parents are created), so a
+    reader sees the old or the new content, never a partial file.
+``s3://bucket[/prefix]``
+    Amazon S3 or any S3-compatible server. Configuration follows the AWS conventions:
+    ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``,
+    ``AWS_PROFILE`` with the shared credentials file (``~/.aws/credentials`` or
+    ``AWS_SHARED_CREDENTIALS_FILE``), ``AWS_REGION`` / ``AWS_DEFAULT_REGION``, and
+    ``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL`` for custom endpoints (path-style
+    addressing). ``anon=True`` sends unsigned requests (public buckets). Objects above
+    ``multipart_threshold`` bytes are uploaded with multipart upload (aborted on failure).
+``http://host/base`` and ``https://...``
+    Read-only: ``get``, ``get_range``, ``stat`` (HEAD) and ``get_many``. HTTP has no
+    listing, so ``list`` reads a listing file named ``_index.txt`` at the base URL: one
+    key per line (relative to the base), optionally followed by a tab and the size in
+    bytes; blank lines and lines starting with ``#`` are ignored. Without that file
+    ``list`` raises ``NotImplementedError`` saying so. ``put`` and ``delete`` raise
+    ``NotImplementedError``.
+``memory://name[/prefix]``
+    Process-wide named in-memory stores (tests, examples); ``memory://`` alone opens a
+    fresh anonymous one.
+
+Errors
+------
+Engine errors arrive as built-in exceptions whose message names the URL or key and,
+for HTTP back-ends, the HTTP status: ``FileNotFoundError`` (missing object),
+``PermissionError`` (403, bad credentials), ``ValueError`` (bad URL, key or range),
+``ConnectionError`` (server unreachable after retries), ``TimeoutError``, ``OSError``
+(data loss such as a short read), ``NotImplementedError`` (operation not supported by
+the back-end). Throttling, 5xx answers, dropped connections and timeouts are retried
+with jittered exponential back-off (``max_attempts``); 4xx answers never are.
+
+Every call releases the GIL while it waits on storage.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator
+from typing import Any, NamedTuple
+
+from dask_ddp import _core  # type: ignore[attr-defined]
+
+__all__ = ["ObjectInfo", "Store", "open", "LISTING_FILE"]
+
+logger = logging.getLogger(__name__)
+
+#: The listing file an ``http(s)://`` store reads for ``list`` (see the module docstring).
+LISTING_FILE = "_index.txt"
+
+
+class ObjectInfo(NamedTuple):
+    """An object's ``key`` (relative to the store root) and ``size`` in bytes."""
+
+    key: str
+    size: int
+
+
+# Options accepted by open(), with the engine's defaults (cpp/include/ddp/store.h).
+_OPTIONS = {
+    "endpoint_url": "S3 endpoint overriding AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL",
+    "region": "S3 region overriding AWS_REGION / AWS_DEFAULT_REGION",
+    "max_attempts": "total attempts per request, including the first",
+    "initial_backoff": "first retry delay in seconds (jittered, doubling)",
+    "max_backoff": "longest retry delay in seconds",
+    "multipart_threshold": "S3 objects larger than this many bytes use multipart upload",
+    "multipart_part_size": "S3 multipart part size in bytes",
+    "max_in_flight": "requests kept in flight by get_many",
+    "connect_timeout": "seconds to establish a connection",
+    "low_speed_timeout": "seconds a transfer may stall before it is aborted and retried",
+}
+
+
+class Store:
+    """An object store opened on a root URL; use :func:`open` to make one.
+
+    Thread-safe: one store may be shared by many threads, and every method releases
+    the GIL while it waits.
+    """
+
+    def __init__(self, core: Any) -> None:
+        self._core = core
+
+    def __repr__(self) -> str:
+        return f"Store({self.url!r})"
+
+    @property
+    def url(self) -> str:
+        """The root URL, normalised and without credentials."""
+        return str(self._core.url)
+
+    def list(self, prefix: str = "") -> list[ObjectInfo]:
+        """Every object whose key starts with ``prefix`` (all pages), sorted by key.
+
+        Parameters
+        ----------
+        prefix
+            A string prefix of the keys (``"train/"`` lists a folder; ``"train"`` also
+            matches ``"training/..."``).
+        """
+        return [ObjectInfo(o.key, o.size) for o in self._core.list(prefix)]
+
+    def stat(self, key: str) -> ObjectInfo:
+        """The key and size of one object; ``FileNotFoundError`` if it does not exist."""
+        o = self._core.stat(key)
+        return ObjectInfo(o.key, o.size)
+
+    def exists(self, key: str) -> bool:
+        """Whether ``key`` names an object."""
+        try:
+            self._core.stat(key)
+        except FileNotFoundError:
+            return False
+        return True
+
+    def get(self, key: str) -> bytes:
+        """The whole object's bytes."""
+        return bytes(self._core.get(key))
+
+    def get_range(self, key: str, offset: int, length: int | None = None) -> bytes:
+        """``length`` bytes of an object from ``offset`` (``None``: to the end).
+
+        A length reaching past the end is clamped to the end; an offset past the end
+        raises ``ValueError``.
+        """
+        if offset < 0:
+            raise ValueError(f"offset must be >= 0, got {offset} (key {key!r})")
+        if length is not None and length < 0:
+            raise ValueError(f"length must be >= 0 or None, got {length} (key {key!r})")
+        return bytes(self._core.get(key, offset, length))
+
+    def put(self, key: str, data: bytes | bytearray | memoryview) -> None:
+        """Write an object, atomically replacing any previous content."""
+        self._core.put(key, data)
+
+    def delete(self, key: str) -> None:
+        """Delete an object; deleting a missing key is not an error."""
+        self._core.delete(key)
+
+    def get_many(
+        self, keys: Iterable[str], max_in_flight: int | None = None
+    ) -> Iterator[tuple[str, bytes]]:
+        """Fetch many whole objects concurrently, yielding ``(key, data)`` as each completes.
+
+        Requests are kept in flight over reused connections by the engine while the
+        caller consumes results; the order is completion order, not the order of
+        ``keys``. A failed key raises its exception (e.g. ``FileNotFoundError``) when
+        reached, which ends the iteration.
+
+        Parameters
+        ----------
+        keys
+            The keys to fetch.
+        max_in_flight
+            Requests kept in flight at once (default: the store's ``max_in_flight``).
+        """
+        if max_in_flight is not None and max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
+        key_list = [str(k) for k in keys]
+        if not key_list:
+            return iter(())
+        return self._core.get_many(key_list, max_in_flight or 0)
+
+
+def open(url: str, *, anon: bool = False, **options: Any) -> Store:  # noqa: A001
+    """Open the object store for a URL.
+
+    Parameters
+    ----------
+    url
+        ``file:///path`` or a plain path, ``s3://bucket[/prefix]``,
+        ``http(s)://host/base`` (read-only) or ``memory://name``.
+    anon
+        S3 only: send unsigned requests, as for public buckets.
+    **options
+        ``endpoint_url``, ``region``, ``max_attempts``, ``initial_backoff``,
+        ``max_backoff``, ``multipart_threshold``, ``multipart_part_size``,
+        ``max_in_flight``, ``connect_timeout``, ``low_speed_timeout``.
+
+    Returns
+    -------
+    Store
+
+    Raises
+    ------
+    ValueError
+        For a malformed URL or an unsupported scheme.
+    TypeError
+        For an unknown option.
+
+    Examples
+    --------
+    >>> store = open("memory://doc-example")
+    >>> store.put("a/b.txt", b"hello")
+    >>> [(i.key, i.size) for i in store.list("a/")]
+    [('a/b.txt', 5)]
+    """
+    if not isinstance(url, str):
+        raise TypeError(f"url must be a str, not {type(url).__name__}")
+    unknown = sorted(set(options) - set(_OPTIONS))
+    if unknown:
+        raise TypeError(
+            f"unknown store option(s) {', '.join(unknown)} for {url!r}; "
+            f"known: {', '.join(sorted(_OPTIONS))}"
+        )
+    logger.debug("opening store %s", url)
+    return Store(_core.open_store(url, anonymous=anon, **options))

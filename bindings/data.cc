@@ -39,7 +39,7 @@ Status NeedParams(const OpSpec& s, size_t n) {
 }
 
 // Ops as (name, parameters), made by dask_ddp.data.transforms (see each class's _op()).
-Result<image::Pipeline> MakePipeline(const std::vector<OpSpec>& specs) {
+Result<image::Pipeline> MakePipeline(const std::vector<OpSpec>& specs, bool fixed_size = true) {
   std::vector<image::TransformOp> ops;
   for (const OpSpec& s : specs) {
     image::TransformOp op;
@@ -83,7 +83,7 @@ Result<image::Pipeline> MakePipeline(const std::vector<OpSpec>& specs) {
     }
     ops.push_back(op);
   }
-  return image::Pipeline::Create(std::move(ops));
+  return image::Pipeline::Create(std::move(ops), fixed_size);
 }
 
 // A capsule owning a heap copy of `value`; deleting the capsule destroys it.
@@ -204,13 +204,16 @@ void init_data(nb::module_& m) {
       "transform_image",
       [](nb::bytes data, const std::vector<OpSpec>& ops, uint64_t seed, uint64_t epoch, uint64_t index,
          bool scaled_decode, const std::string& url) {
-        image::Pipeline p = ValueOrThrow(MakePipeline(ops));
-        std::vector<uint8_t> out(p.sample_bytes());
+        image::Pipeline p = ValueOrThrow(MakePipeline(ops, /*fixed_size=*/false));
+        std::vector<uint8_t> out;
+        std::array<int, 2> hw{0, 0};
         Status st;
         {
           nb::gil_scoped_release release;
           st = [&]() -> Status {
             DDP_ASSIGN_OR_RETURN(image::ImageInfo info, image::ReadImageInfo(View(data), url));
+            hw = p.OutputSize(info.width, info.height);
+            out.resize(p.sample_bytes(hw[0], hw[1]));
             image::Rng rng = image::Rng::ForSample(seed, epoch, index);
             image::SamplePlan plan =
                 p.Plan(info.width, info.height, rng, scaled_decode && info.format == image::Format::kJpeg);
@@ -220,7 +223,7 @@ void init_data(nb::module_& m) {
           }();
         }
         ThrowIfError(st);
-        const size_t shape[3] = {3, static_cast<size_t>(p.out_height()), static_cast<size_t>(p.out_width())};
+        const size_t shape[3] = {3, static_cast<size_t>(hw[0]), static_cast<size_t>(hw[1])};
         const nb::dlpack::dtype dt = p.float_output() ? nb::dtype<float>() : nb::dtype<uint8_t>();
         uint8_t* ptr = out.data();
         return nb::ndarray<nb::numpy>(ptr, 3, shape, OwnerOf(std::move(out)), nullptr, dt).cast();
@@ -228,6 +231,23 @@ void init_data(nb::module_& m) {
       "data"_a, "ops"_a, "seed"_a = 0, "epoch"_a = 0, "index"_a = 0, "scaled_decode"_a = false, "url"_a = "",
       "Decode one image and apply transform ops, as the loader does for sample `index`; "
       "returns a (3, H, W) numpy array.");
+
+  m.def(
+      "sample_plan",
+      [](int width, int height, const std::vector<OpSpec>& ops, uint64_t seed, uint64_t epoch, uint64_t index,
+         bool scaled_decode) {
+        image::Pipeline p = ValueOrThrow(MakePipeline(ops));
+        image::Rng rng = image::Rng::ForSample(seed, epoch, index);
+        image::SamplePlan plan = p.Plan(width, height, rng, scaled_decode);
+        nb::list boxes;
+        for (const image::Box& b : plan.boxes) boxes.append(nb::make_tuple(b.top, b.left, b.height, b.width));
+        nb::list flips;
+        for (bool f : plan.flips) flips.append(f);
+        return nb::make_tuple(boxes, flips, plan.scale_denom);
+      },
+      "width"_a, "height"_a, "ops"_a, "seed"_a = 0, "epoch"_a = 0, "index"_a = 0, "scaled_decode"_a = false,
+      "The random choices the loader makes for sample `index` of an image of this size: "
+      "(RandomResizedCrop boxes as (top, left, height, width), flips, JPEG scale denominator).");
 
   m.def(
       "rrc_box",

@@ -35,7 +35,7 @@ std::array<int, 2> ResizeShorterSide(int width, int height, int size) {
   return {size, new_long};
 }
 
-Result<Pipeline> Pipeline::Create(std::vector<TransformOp> ops) {
+Result<Pipeline> Pipeline::Create(std::vector<TransformOp> ops, bool fixed_size) {
   Pipeline p;
   bool sized = false, to_tensor = false, pil_to_tensor = false;
   for (const TransformOp& op : ops) {
@@ -85,7 +85,9 @@ Result<Pipeline> Pipeline::Create(std::vector<TransformOp> ops) {
       for (int c = 0; c < 3; ++c) p.mul_[c] = 1.0f / 255.0f;
     }
   }
-  if (!sized) {
+  if (!sized && !fixed_size) {
+    p.out_h_ = p.out_w_ = 0;
+  } else if (!sized) {
     return InvalidArgumentError(
         "the transform's output size depends on the image; end the geometric transforms with "
         "CenterCrop, RandomResizedCrop or Resize((h, w)) so every batch has one shape");
@@ -99,8 +101,26 @@ Result<Pipeline> Pipeline::Create(std::vector<TransformOp> ops) {
   return p;
 }
 
-size_t Pipeline::sample_bytes() const {
-  return static_cast<size_t>(3) * out_h_ * out_w_ * (float_out_ ? sizeof(float) : 1);
+size_t Pipeline::sample_bytes() const { return sample_bytes(out_h_, out_w_); }
+
+size_t Pipeline::sample_bytes(int height, int width) const {
+  return static_cast<size_t>(3) * height * width * (float_out_ ? sizeof(float) : 1);
+}
+
+std::array<int, 2> Pipeline::OutputSize(int src_width, int src_height) const {
+  int w = src_width, h = src_height;
+  for (const TransformOp& op : ops_) {
+    if (!IsGeometric(op.kind)) continue;
+    if (op.kind == OpKind::kResize && op.height == 0) {
+      const auto s = ResizeShorterSide(w, h, op.width);
+      h = s[0];
+      w = s[1];
+    } else {
+      h = op.height;
+      w = op.width;
+    }
+  }
+  return {h, w};
 }
 
 SamplePlan Pipeline::Plan(int src_width, int src_height, Rng& rng, bool allow_scaled_decode) const {
@@ -235,30 +255,31 @@ Status Pipeline::Apply(const Image& img, const SamplePlan& plan, void* out) cons
         break;
     }
   }
-  if (cur.rows != out_h_ || cur.cols != out_w_) {
+  const auto [out_h, out_w] = OutputSize(plan.src_width, plan.src_height);
+  if (cur.rows != out_h || cur.cols != out_w) {
     return InternalError("transform produced " + std::to_string(cur.rows) + "x" +
-                         std::to_string(cur.cols) + ", declared " + std::to_string(out_h_) + "x" +
-                         std::to_string(out_w_));
+                         std::to_string(cur.cols) + ", declared " + std::to_string(out_h) + "x" +
+                         std::to_string(out_w));
   }
-  const size_t plane = static_cast<size_t>(out_h_) * out_w_;
-  for (int y = 0; y < out_h_; ++y) {
+  const size_t plane = static_cast<size_t>(out_h) * out_w;
+  for (int y = 0; y < out_h; ++y) {
     const uint8_t* row = cur.ptr<uint8_t>(y);
     for (int c = 0; c < 3; ++c) {
-      const size_t base = c * plane + static_cast<size_t>(y) * out_w_;
+      const size_t base = c * plane + static_cast<size_t>(y) * out_w;
       if (float_out_) {
         float* o = static_cast<float*>(out) + base;
         const float m = mul_[c], a = add_[c];
         if (flipped) {
-          for (int x = 0; x < out_w_; ++x) o[x] = row[3 * (out_w_ - 1 - x) + c] * m + a;
+          for (int x = 0; x < out_w; ++x) o[x] = row[3 * (out_w - 1 - x) + c] * m + a;
         } else {
-          for (int x = 0; x < out_w_; ++x) o[x] = row[3 * x + c] * m + a;
+          for (int x = 0; x < out_w; ++x) o[x] = row[3 * x + c] * m + a;
         }
       } else {
         uint8_t* o = static_cast<uint8_t*>(out) + base;
         if (flipped) {
-          for (int x = 0; x < out_w_; ++x) o[x] = row[3 * (out_w_ - 1 - x) + c];
+          for (int x = 0; x < out_w; ++x) o[x] = row[3 * (out_w - 1 - x) + c];
         } else {
-          for (int x = 0; x < out_w_; ++x) o[x] = row[3 * x + c];
+          for (int x = 0; x < out_w; ++x) o[x] = row[3 * x + c];
         }
       }
     }

@@ -90,19 +90,26 @@ class Pipeline {
  public:
   // Validates the ops: the output size must not depend on the image (end with a
   // CenterCrop, RandomResizedCrop or Resize((h, w))), Normalize needs ToTensor before it.
-  static Result<Pipeline> Create(std::vector<TransformOp> ops);
+  // `fixed_size=false` allows a size that depends on the image (single images only:
+  // out_height()/out_width() are then 0 and OutputSize() gives the size).
+  static Result<Pipeline> Create(std::vector<TransformOp> ops, bool fixed_size = true);
+
+  // {height, width} of the output for an input of this size.
+  std::array<int, 2> OutputSize(int src_width, int src_height) const;
 
   int out_height() const { return out_h_; }
   int out_width() const { return out_w_; }
   bool float_output() const { return float_out_; }
-  // Bytes of one output sample (3 x H x W, float32 or uint8).
+  // Bytes of one output sample (3 x H x W, float32 or uint8); 0 if not fixed.
   size_t sample_bytes() const;
+  size_t sample_bytes(int height, int width) const;
 
   // Draws the sample's randomness and, if `allow_scaled_decode`, picks the coarsest JPEG
   // DCT scale that still leaves the first resize at least its output size.
   SamplePlan Plan(int src_width, int src_height, Rng& rng, bool allow_scaled_decode) const;
 
-  // Runs the ops on `img` (decoded as planned) and writes 3 x H x W into `out`.
+  // Runs the ops on `img` (decoded as planned) and writes 3 x H x W into `out` (H x W is
+  // OutputSize(plan.src_width, plan.src_height)).
   Status Apply(const Image& img, const SamplePlan& plan, void* out) const;
 
  private:

@@ -9,15 +9,23 @@ from __future__ import annotations
 import io
 import os
 from collections.abc import Callable, Iterable
-from functools import lru_cache
+from functools import cache
 
 import numpy as np
 from PIL import Image
 
-PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "immunohistochemistry", "hubble_deep_field", "retina")
+PHOTOS = (
+    "astronaut",
+    "coffee",
+    "chelsea",
+    "rocket",
+    "immunohistochemistry",
+    "hubble_deep_field",
+    "retina",
+)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _photo(name: str) -> np.ndarray:
     from skimage import data
 

@@ -27,7 +27,12 @@ CLASSES = ("cat", "dog", "eel")
 
 EVAL = T.Compose([T.Resize(40), T.CenterCrop(32), T.ToTensor()])
 TRAIN = T.Compose(
-    [T.RandomResizedCrop(32), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize([0.5] * 3, [0.25] * 3)]
+    [
+        T.RandomResizedCrop(32),
+        T.RandomHorizontalFlip(),
+        T.ToTensor(),
+        T.Normalize([0.5] * 3, [0.25] * 3),
+    ]
 )
 
 
@@ -83,7 +88,9 @@ def test_imagefolder_over_file_and_memory_urls(folder: Path) -> None:
 
 
 def test_imagefolder_pickles_and_feeds_a_torch_dataloader(folder: Path) -> None:
-    ds = ImageFolder(folder, transform=tv.Compose([tv.Resize(36), tv.CenterCrop(32), tv.ToTensor()]))
+    ds = ImageFolder(
+        folder, transform=tv.Compose([tv.Resize(36), tv.CenterCrop(32), tv.ToTensor()])
+    )
     ds[0]  # opens the store; pickling must still work
     clone = pickle.loads(pickle.dumps(ds))
     assert clone.samples == ds.samples
@@ -133,7 +140,7 @@ def test_deterministic_across_thread_counts(folder: Path) -> None:
         runs.append(collect(loader))
     for other in runs[1:]:
         assert len(other) == len(runs[0])
-        for (a, la), (b, lb) in zip(runs[0], other):
+        for (a, la), (b, lb) in zip(runs[0], other, strict=True):
             assert torch.equal(a, b) and torch.equal(la, lb)
 
 
@@ -144,8 +151,8 @@ def test_epochs_reshuffle_and_repeat(folder: Path) -> None:
     again = collect(loader)
     loader.set_epoch(1)
     other = collect(loader)
-    assert all(torch.equal(a[0], b[0]) for a, b in zip(first, again))
-    assert not all(torch.equal(a[1], b[1]) for a, b in zip(first, other))
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(first, again, strict=True))
+    assert not all(torch.equal(a[1], b[1]) for a, b in zip(first, other, strict=True))
 
 
 @pytest.mark.parametrize("world_size", [2, 3, 4])
@@ -159,7 +166,7 @@ def test_shards_cover_every_index_once(folder: Path, world_size: int) -> None:
             loader.set_epoch(epoch)
             assert loader.num_samples == len(ds) // world_size
             for images, labels in loader:
-                for img, label in zip(images, labels):
+                for img, label in zip(images, labels, strict=True):
                     idx = fp[hashlib.sha1(img.numpy().tobytes()).digest()]
                     assert ds.targets[idx] == label.item()
                     seen.append(idx)
@@ -190,7 +197,7 @@ def test_resume_from_state_dict(folder: Path) -> None:
     resumed.load_state_dict(state)
     rest = collect(resumed)
     assert len(rest) == len(want) - 2
-    for (a, la), (b, lb) in zip(rest, want[2:]):
+    for (a, la), (b, lb) in zip(rest, want[2:], strict=True):
         assert torch.equal(a, b) and torch.equal(la, lb)
     with pytest.raises(ValueError, match="seed"):
         Loader(ds, 5, transform=TRAIN, seed=1).load_state_dict(state)
@@ -202,14 +209,16 @@ def test_kept_batches_are_never_overwritten(folder: Path) -> None:
     kept = list(loader)  # holds every batch tensor while the loader keeps producing
     copies = collect(loader)
     assert len(kept) == len(copies) == 12
-    for (a, la), (b, lb) in zip(kept, copies):
+    for (a, la), (b, lb) in zip(kept, copies, strict=True):
         assert torch.equal(a, b) and torch.equal(la, lb)
     del kept  # freeing returns buffers to the pool
     assert len(collect(loader)) == 12
 
 
 def test_uint8_output(folder: Path) -> None:
-    loader = Loader(ImageFolder(folder), 8, transform=T.Compose([T.CenterCrop(16), T.PILToTensor()]))
+    loader = Loader(
+        ImageFolder(folder), 8, transform=T.Compose([T.CenterCrop(16), T.PILToTensor()])
+    )
     images, labels = next(iter(loader))
     assert images.dtype == torch.uint8 and images.shape == (8, 3, 16, 16)
 

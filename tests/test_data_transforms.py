@@ -101,7 +101,12 @@ class FakeTorch(SimpleNamespace):
 
 @pytest.mark.parametrize(
     ("scale", "ratio"),
-    [((0.08, 1.0), (3 / 4, 4 / 3)), ((0.5, 1.0), (0.2, 5.0)), ((0.95, 1.0), (2.5, 6.0)), ((0.1, 0.3), (1.0, 1.0))],
+    [
+        ((0.08, 1.0), (3 / 4, 4 / 3)),
+        ((0.5, 1.0), (0.2, 5.0)),
+        ((0.95, 1.0), (2.5, 6.0)),
+        ((0.1, 0.3), (1.0, 1.0)),
+    ],
 )
 def test_random_resized_crop_box_equals_torchvision(
     monkeypatch: pytest.MonkeyPatch, scale: tuple[float, float], ratio: tuple[float, float]

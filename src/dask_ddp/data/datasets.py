@@ -102,9 +102,13 @@ class ImageFolder(Dataset[tuple[Any, Any]]):
         base = store.url
         local_root = self.url[len("file://") :] if self.url.startswith("file://") else self.url
         if _is_local(self.url):
-            self.samples = [(os.path.join(local_root, k), t) for k, t in zip(keys, self.targets)]
+            self.samples = [
+                (os.path.join(local_root, k), t) for k, t in zip(keys, self.targets, strict=True)
+            ]
         else:
-            self.samples = [(f"{base.rstrip('/')}/{k}", t) for k, t in zip(keys, self.targets)]
+            self.samples = [
+                (f"{base.rstrip('/')}/{k}", t) for k, t in zip(keys, self.targets, strict=True)
+            ]
         self.imgs = self.samples
         logger.debug("%s: %d images in %d classes", self.url, len(keys), len(self.classes))
 
@@ -148,7 +152,9 @@ class ImageFolder(Dataset[tuple[Any, Any]]):
         return img, target
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.url!r}, {len(self)} images, {len(self.classes)} classes)"
+        return (
+            f"{type(self).__name__}({self.url!r}, {len(self)} images, {len(self.classes)} classes)"
+        )
 
 
 class S3ImageFolder(ImageFolder):

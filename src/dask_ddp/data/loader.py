@@ -117,14 +117,13 @@ class Loader:
                 f"Loader reads an ImageFolder or S3ImageFolder, not {type(dataset).__name__}; "
                 "for other datasets use a torch DataLoader"
             )
-        if transform is None:
-            transform = dataset.transform
-            if transform is None:
-                raise ValueError(
-                    "Loader needs a transform with a fixed output size, e.g. "
-                    "transforms.Compose([transforms.RandomResizedCrop(224), transforms.ToTensor()])"
-                )
-        ops = T.to_ops(transform)
+        chosen: object = dataset.transform if transform is None else transform
+        if chosen is None:
+            raise ValueError(
+                "Loader needs a transform with a fixed output size, e.g. "
+                "transforms.Compose([transforms.RandomResizedCrop(224), transforms.ToTensor()])"
+            )
+        ops = T.to_ops(chosen)
         if on_error not in _ON_ERROR:
             raise ValueError(f"on_error must be one of {_ON_ERROR}, got {on_error!r}")
         if batch_size < 1:
@@ -149,7 +148,7 @@ class Loader:
             raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
         self.dataset = dataset
         self.batch_size = int(batch_size)
-        self.transform = transform
+        self.transform = chosen
         self.shuffle = bool(shuffle)
         self.seed = int(seed)
         self.rank = int(rank)

@@ -152,7 +152,9 @@ class RandomResizedCrop(Transform):
     ) -> None:
         self.size = _size_pair(size, "RandomResizedCrop")
         if len(scale) != 2 or len(ratio) != 2:
-            raise ValueError(f"RandomResizedCrop: scale and ratio are pairs, got {scale!r}, {ratio!r}")
+            raise ValueError(
+                f"RandomResizedCrop: scale and ratio are pairs, got {scale!r}, {ratio!r}"
+            )
         if not 0 < scale[0] <= scale[1]:
             raise ValueError(f"RandomResizedCrop: need 0 < scale[0] <= scale[1], got {scale!r}")
         if ratio[0] <= 0 or ratio[1] <= 0:

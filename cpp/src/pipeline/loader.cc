@@ -7,6 +7,18 @@
 
 namespace ddp::pipeline {
 
+namespace {
+
+// What on_error="skip" skips: bad image data (corrupt, truncated, empty, not an image,
+// over the size limit). Storage failures (missing object, denied, unreachable) still
+// raise: they point at a broken dataset or setup, not at one bad file.
+bool IsBadImage(const Status& s) {
+  return s.code() == Code::kDataLoss || s.code() == Code::kInvalidArgument ||
+         s.code() == Code::kResourceExhausted;
+}
+
+}  // namespace
+
 // ---- buffers ------------------------------------------------------------------------
 
 class BufferPool {
@@ -310,7 +322,7 @@ Result<std::optional<Batch>> Loader::Next() {
     int64_t kept = 0, skipped = 0;
     for (size_t s = 0; s < b->samples.size(); ++s) {
       if (!b->status[s].ok()) {
-        if (!opt_.skip_errors) return b->status[s];
+        if (!opt_.skip_errors || !IsBadImage(b->status[s])) return b->status[s];
         ++skipped;
         continue;
       }

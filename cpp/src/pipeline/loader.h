@@ -33,7 +33,8 @@ struct LoaderOptions {
   int num_threads = 0;       // 0: std::thread::hardware_concurrency()
   int prefetch = 4;          // batches in flight (being made or ready, not yet delivered)
   bool drop_last = false;    // drop the last incomplete batch (and the sampler's uneven tail)
-  bool skip_errors = false;  // on_error="skip": leave bad samples out and count them
+  bool skip_errors = false;  // on_error="skip": leave bad images out and count them
+                             // (data errors only; storage errors still fail)
   bool scaled_decode = true; // allow libjpeg-turbo DCT-scaled decode for large crops
   bool batched_fetch = true; // Store::GetMany on a fetch thread; false: Get per sample
   int max_in_flight = 0;     // GetMany requests in flight (0: the store's option)

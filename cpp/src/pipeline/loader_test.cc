@@ -180,6 +180,12 @@ TEST(Loader, MissingObjectIsNotFound) {
   auto b = l->Next();
   ASSERT_FALSE(b.ok());
   EXPECT_EQ(b.status().code(), Code::kNotFound);
+  // on_error="skip" skips bad images, not storage errors.
+  LoaderOptions o;
+  o.skip_errors = true;
+  auto s = Loader::Create(f.store, f.keys, f.labels, TrainPipeline(), o).value();
+  ASSERT_TRUE(s->StartEpoch(0).ok());
+  EXPECT_EQ(s->Next().status().code(), Code::kNotFound);
 }
 
 TEST(Loader, ShardsCoverEveryIndexOnce) {

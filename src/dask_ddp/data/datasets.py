@@ -82,6 +82,7 @@ class ImageFolder(Dataset[tuple[Any, Any]]):
         self.target_transform = target_transform
         self.anon = anon
         self._store: storage.Store | None = None
+        self._store_pid = 0
         store = self._get_store()
         keys: list[str] = []
         class_of: list[str] = []
@@ -114,8 +115,11 @@ class ImageFolder(Dataset[tuple[Any, Any]]):
 
     # -- the store, reopened lazily in each process --------------------------------------
     def _get_store(self) -> storage.Store:
-        if self._store is None:
+        # A forked DataLoader worker inherits the parent's handle but not its threads and
+        # connections: open a fresh store in each process.
+        if self._store is None or self._store_pid != os.getpid():
             self._store = storage.open(self.url, anon=self.anon)
+            self._store_pid = os.getpid()
         return self._store
 
     def __getstate__(self) -> dict[str, Any]:

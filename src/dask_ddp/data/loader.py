@@ -75,9 +75,10 @@ class Loader:
     prefetch
         Batches in flight ahead of the consumer.
     on_error
-        ``"raise"``: a bad image (corrupt, truncated, empty, over ``max_side``, missing)
-        raises an exception naming its URL. ``"skip"``: leave it out of its batch (which
-        is then smaller) and count it in :attr:`skipped`.
+        ``"raise"``: a bad image (corrupt, truncated, empty, not JPEG/PNG, over
+        ``max_side``) raises an exception naming its URL. ``"skip"``: leave it out of its
+        batch (which is then smaller) and count it in :attr:`skipped`. Storage errors
+        (a missing object, access denied, an unreachable server) raise either way.
     pin_memory
         Copy batches to pinned memory (default: when CUDA is available).
     scaled_decode

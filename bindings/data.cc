@@ -105,7 +105,8 @@ class PyLoader {
   PyLoader(const std::string& url, bool anonymous, std::vector<std::string> keys,
            std::vector<int64_t> labels, const std::vector<OpSpec>& ops, int batch_size,
            bool shuffle, uint64_t seed, int rank, int world_size, bool drop_last, int num_threads,
-           int prefetch, bool skip_errors, int max_side, bool scaled_decode, int max_in_flight) {
+           int prefetch, bool skip_errors, int max_side, bool scaled_decode, bool region_decode,
+           int max_in_flight) {
     image::Pipeline pipeline = ValueOrThrow(MakePipeline(ops));
     pipeline::LoaderOptions o;
     o.batch_size = batch_size;
@@ -114,6 +115,7 @@ class PyLoader {
     o.drop_last = drop_last;
     o.skip_errors = skip_errors;
     o.scaled_decode = scaled_decode;
+    o.region_decode = region_decode;
     o.max_in_flight = max_in_flight;
     o.sampler = {shuffle, seed, rank, world_size, drop_last};
     o.decode.max_side = max_side;
@@ -203,7 +205,7 @@ void init_data(nb::module_& m) {
   m.def(
       "transform_image",
       [](nb::bytes data, const std::vector<OpSpec>& ops, uint64_t seed, uint64_t epoch, uint64_t index,
-         bool scaled_decode, const std::string& url) {
+         bool scaled_decode, bool region_decode, const std::string& url) {
         image::Pipeline p = ValueOrThrow(MakePipeline(ops, /*fixed_size=*/false));
         std::vector<uint8_t> out;
         std::array<int, 2> hw{0, 0};
@@ -215,10 +217,12 @@ void init_data(nb::module_& m) {
             hw = p.OutputSize(info.width, info.height);
             out.resize(p.sample_bytes(hw[0], hw[1]));
             image::Rng rng = image::Rng::ForSample(seed, epoch, index);
+            const bool jpeg = info.format == image::Format::kJpeg;
             image::SamplePlan plan =
-                p.Plan(info.width, info.height, rng, scaled_decode && info.format == image::Format::kJpeg);
+                p.Plan(info.width, info.height, rng, scaled_decode && jpeg, region_decode && jpeg);
             image::Image img;
-            DDP_RETURN_IF_ERROR(image::DecodeImage(View(data), url, {}, plan.scale_denom, img));
+            DDP_RETURN_IF_ERROR(image::DecodeImage(View(data), url, {}, plan.scale_denom, img,
+                                                   plan.region ? &*plan.region : nullptr));
             return p.Apply(img, plan, out.data());
           }();
         }
@@ -228,26 +232,33 @@ void init_data(nb::module_& m) {
         uint8_t* ptr = out.data();
         return nb::ndarray<nb::numpy>(ptr, 3, shape, OwnerOf(std::move(out)), nullptr, dt).cast();
       },
-      "data"_a, "ops"_a, "seed"_a = 0, "epoch"_a = 0, "index"_a = 0, "scaled_decode"_a = false, "url"_a = "",
+      "data"_a, "ops"_a, "seed"_a = 0, "epoch"_a = 0, "index"_a = 0, "scaled_decode"_a = false,
+      "region_decode"_a = false, "url"_a = "",
       "Decode one image and apply transform ops, as the loader does for sample `index`; "
       "returns a (3, H, W) numpy array.");
 
   m.def(
       "sample_plan",
       [](int width, int height, const std::vector<OpSpec>& ops, uint64_t seed, uint64_t epoch, uint64_t index,
-         bool scaled_decode) {
+         bool scaled_decode, bool region_decode) {
         image::Pipeline p = ValueOrThrow(MakePipeline(ops));
         image::Rng rng = image::Rng::ForSample(seed, epoch, index);
-        image::SamplePlan plan = p.Plan(width, height, rng, scaled_decode);
+        image::SamplePlan plan = p.Plan(width, height, rng, scaled_decode, region_decode);
         nb::list boxes;
         for (const image::Box& b : plan.boxes) boxes.append(nb::make_tuple(b.top, b.left, b.height, b.width));
         nb::list flips;
         for (bool f : plan.flips) flips.append(f);
-        return nb::make_tuple(boxes, flips, plan.scale_denom);
+        nb::object region = nb::none();
+        if (plan.region) {
+          region = nb::make_tuple(plan.region->top, plan.region->left, plan.region->height, plan.region->width);
+        }
+        return nb::make_tuple(boxes, flips, plan.scale_denom, region);
       },
       "width"_a, "height"_a, "ops"_a, "seed"_a = 0, "epoch"_a = 0, "index"_a = 0, "scaled_decode"_a = false,
+      "region_decode"_a = false,
       "The random choices the loader makes for sample `index` of an image of this size: "
-      "(RandomResizedCrop boxes as (top, left, height, width), flips, JPEG scale denominator).");
+      "(RandomResizedCrop boxes as (top, left, height, width), flips, JPEG scale denominator, "
+      "decoded region as (top, left, height, width) or None).");
 
   m.def(
       "rrc_box",
@@ -287,10 +298,10 @@ void init_data(nb::module_& m) {
   nb::class_<PyLoader>(m, "ImageLoader", "The C++ batch loader (use dask_ddp.data.Loader).")
       .def(nb::init<const std::string&, bool, std::vector<std::string>, std::vector<int64_t>,
                     const std::vector<OpSpec>&, int, bool, uint64_t, int, int, bool, int, int, bool, int,
-                    bool, int>(),
+                    bool, bool, int>(),
            "url"_a, "anonymous"_a, "keys"_a, "labels"_a, "ops"_a, "batch_size"_a, "shuffle"_a, "seed"_a,
            "rank"_a, "world_size"_a, "drop_last"_a, "num_threads"_a, "prefetch"_a, "skip_errors"_a,
-           "max_side"_a, "scaled_decode"_a, "max_in_flight"_a = 0)
+           "max_side"_a, "scaled_decode"_a, "region_decode"_a = true, "max_in_flight"_a = 0)
       .def("start_epoch", &PyLoader::StartEpoch, "epoch"_a, "start_batch"_a = 0,
            "Start (or restart) an epoch at a batch; cancels work in flight.")
       .def("next", &PyLoader::Next, "The next (images, labels, batch_index), or None at the epoch's end.")

@@ -132,7 +132,7 @@ def test_random_resized_crop_pixels_follow_the_planned_box() -> None:
     t = T.Compose([T.RandomResizedCrop(96), T.RandomHorizontalFlip(), T.PILToTensor()])
     for index in range(12):
         data = encode(photo(333, 250, seed=index), "png")
-        boxes, flips, denom = _core.sample_plan(333, 250, t._ops(), 7, 1, index)
+        boxes, flips, denom, _ = _core.sample_plan(333, 250, t._ops(), 7, 1, index)
         assert denom == 1 and len(boxes) == 1 and len(flips) == 1
         with Image.open(io.BytesIO(data)) as img:
             ref = F.resized_crop(img.convert("RGB"), *boxes[0], [96, 96], antialias=True)
@@ -156,7 +156,7 @@ def test_randomness_depends_on_seed_epoch_index_only() -> None:
 def test_scaled_decode_is_chosen_for_large_crops_and_stays_close() -> None:
     t = T.Compose([T.RandomResizedCrop(64, scale=(0.6, 1.0)), T.PILToTensor()])
     data = encode(photo(640, 480, seed=2), "jpeg")
-    _, _, denom = _core.sample_plan(640, 480, t._ops(), 0, 0, 0, scaled_decode=True)
+    _, _, denom, _ = _core.sample_plan(640, 480, t._ops(), 0, 0, 0, scaled_decode=True)
     assert denom in (4, 8)
     fast = run(t, data, scaled_decode=True)
     exact = run(t, data, scaled_decode=False)
@@ -173,7 +173,7 @@ def test_pipeline_validation() -> None:
         plan(T.Compose([T.CenterCrop(8), T.Normalize([0] * 3, [1] * 3), T.ToTensor()]))
     with pytest.raises(ValueError, match="must contain ToTensor"):
         plan(T.CenterCrop(8))
-    assert plan(T.Compose([T.Resize(64), T.CenterCrop(8), T.ToTensor()])) == ([], [], 1)
+    assert plan(T.Compose([T.Resize(64), T.CenterCrop(8), T.ToTensor()])) == ([], [], 1, None)
     with pytest.raises(ValueError, match="scale"):
         T.RandomResizedCrop(8, scale=(0.5, 0.1))
     with pytest.raises(ValueError, match="p must be"):
@@ -194,3 +194,29 @@ def test_uint8_output_is_a_quarter_of_the_bytes() -> None:
     f32 = run(T.Compose([T.CenterCrop(32), T.ToTensor()]), data)
     assert u8.dtype == np.uint8 and f32.dtype == np.float32
     np.testing.assert_allclose(u8 / 255.0, f32, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["jpeg", "jpeg-444", "jpeg-gray", "jpeg-cmyk", "jpeg-progressive"])
+def test_region_decode_gives_the_same_pixels_as_a_full_decode(kind: str) -> None:
+    train = T.Compose([T.RandomResizedCrop(96), T.RandomHorizontalFlip(), T.PILToTensor()])
+    evl = T.Compose([T.CenterCrop(100), T.PILToTensor()])
+    regions = 0
+    for i in range(12):
+        w, h = 200 + 23 * i, 500 - 17 * i
+        data = encode(photo(w, h, seed=i), kind)
+        for t in (train, evl):
+            plan = _core.sample_plan(w, h, t._ops(), 0, 0, i, scaled_decode=True, region_decode=True)
+            regions += plan[3] is not None
+            kw = {"index": i, "scaled_decode": True}
+            full = _core.transform_image(data, t._ops(), region_decode=False, **kw)
+            part = _core.transform_image(data, t._ops(), region_decode=True, **kw)
+            np.testing.assert_array_equal(part, full)
+    assert regions == 24
+
+
+def test_region_decode_still_reports_truncation() -> None:
+    data = encode(photo(300, 400, seed=1), "jpeg")
+    cut = data[: len(data) * 3 // 4]  # the crop may lie entirely in the part that is left
+    t = T.Compose([T.CenterCrop(8), T.PILToTensor()])
+    with pytest.raises(OSError, match="truncated"):
+        _core.transform_image(cut, t._ops(), region_decode=True, url="s3://b/cut.jpg")

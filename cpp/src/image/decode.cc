@@ -3,6 +3,8 @@
 #include <spng.h>
 #include <turbojpeg.h>
 
+#include "image/jpeg_region.h"
+
 #include <cstring>
 #include <memory>
 #include <string>
@@ -174,6 +176,12 @@ Status DecodePng(std::string_view data, std::string_view url, const DecodeOption
   return Status::Ok();
 }
 
+// A complete JPEG ends with the EOI marker; one that does not may be truncated.
+bool EndsWithEoi(std::string_view d) {
+  return d.size() >= 4 && static_cast<uint8_t>(d[d.size() - 2]) == 0xFF &&
+         static_cast<uint8_t>(d[d.size() - 1]) == 0xD9;
+}
+
 Status UnknownFormat(std::string_view data, std::string_view url) {
   if (data.empty()) return InvalidArgumentError(Url(url) + ": empty file (0 bytes), not an image");
   return InvalidArgumentError(Url(url) + ": not a JPEG or PNG image (" + std::to_string(data.size()) +
@@ -192,9 +200,27 @@ Result<ImageInfo> ReadImageInfo(std::string_view data, std::string_view url, con
 }
 
 Status DecodeImage(std::string_view data, std::string_view url, const DecodeOptions& o,
-                   int scale_denom, Image& out) {
-  if (IsJpeg(data)) return DecodeJpeg(data, url, o, scale_denom, out);
-  if (IsPng(data)) return DecodePng(data, url, o, out);
+                   int scale_denom, Image& out, const Region* region) {
+  out.offset_x = out.offset_y = 0;
+  if (IsJpeg(data)) {
+    if (region != nullptr && EndsWithEoi(data)) {
+      if (scale_denom != 1 && scale_denom != 2 && scale_denom != 4 && scale_denom != 8) {
+        return InvalidArgumentError(Url(url) + ": JPEG scale denominator must be 1, 2, 4 or 8, not " +
+                                    std::to_string(scale_denom));
+      }
+      return DecodeJpegRegion(data, url, o, scale_denom, *region, out);
+    }
+    DDP_RETURN_IF_ERROR(DecodeJpeg(data, url, o, scale_denom, out));
+    out.full_width = out.width;
+    out.full_height = out.height;
+    return Status::Ok();
+  }
+  if (IsPng(data)) {
+    DDP_RETURN_IF_ERROR(DecodePng(data, url, o, out));
+    out.full_width = out.width;
+    out.full_height = out.height;
+    return Status::Ok();
+  }
   return UnknownFormat(data, url);
 }
 

@@ -123,15 +123,18 @@ std::array<int, 2> Pipeline::OutputSize(int src_width, int src_height) const {
   return {h, w};
 }
 
-SamplePlan Pipeline::Plan(int src_width, int src_height, Rng& rng, bool allow_scaled_decode) const {
+SamplePlan Pipeline::Plan(int src_width, int src_height, Rng& rng, bool allow_scaled_decode,
+                          bool allow_region_decode) const {
   SamplePlan plan;
   plan.src_width = src_width;
   plan.src_height = src_height;
   int w = src_width, h = src_height;
   bool first = true;
+  bool flip_before = false;
   for (const TransformOp& op : ops_) {
     if (op.kind == OpKind::kHorizontalFlip) {
       plan.flips.push_back(rng.Uniform() < op.p);
+      flip_before = flip_before || first;
       continue;
     }
     if (!IsGeometric(op.kind)) continue;
@@ -146,6 +149,11 @@ SamplePlan Pipeline::Plan(int src_width, int src_height, Rng& rng, bool allow_sc
       plan.boxes.push_back(b);
       region_w = b.width;
       region_h = b.height;
+      // A flip before the crop mirrors the box; keep it simple and decode everything then.
+      if (first && allow_region_decode && !flip_before) plan.region = Region{b.left, b.top, b.width, b.height};
+    } else if (op.kind == OpKind::kCenterCrop && first && allow_region_decode && !flip_before &&
+               nw <= w && nh <= h) {
+      plan.region = Region{RoundHalfEven((w - nw) / 2.0), RoundHalfEven((h - nh) / 2.0), nw, nh};
     }
     if (first && allow_scaled_decode && op.antialias && op.kind != OpKind::kCenterCrop) {
       // The coarsest DCT scale whose decoded region is still no smaller than the output.
@@ -168,11 +176,17 @@ Status Pipeline::Apply(const Image& img, const SamplePlan& plan, void* out) cons
   thread_local cv::Mat buf[2];
   int which = 0;
   cv::Mat cur(img.height, img.width, CV_8UC3, const_cast<uint8_t*>(img.pixels.data()));
-  // Only the first geometric op can see a DCT-scaled image; map its coordinates.
-  double sx = static_cast<double>(img.width) / plan.src_width;
-  double sy = static_cast<double>(img.height) / plan.src_height;
+  // Only the first geometric op can see a DCT-scaled or partial image; map its
+  // full-resolution coordinates into the decoded pixels.
+  const int full_w = img.full_width > 0 ? img.full_width : img.width;
+  const int full_h = img.full_height > 0 ? img.full_height : img.height;
+  double sx = static_cast<double>(full_w) / plan.src_width;
+  double sy = static_cast<double>(full_h) / plan.src_height;
+  int ox = img.offset_x, oy = img.offset_y;
+  const bool partial = img.width != full_w || img.height != full_h;
   int w = plan.src_width, h = plan.src_height;  // planned (full-resolution) size of `cur`
   bool flipped = false;
+  bool first_geom = true;
   size_t box_i = 0, flip_i = 0;
   auto next_buf = [&]() -> cv::Mat& {
     which ^= 1;
@@ -199,12 +213,16 @@ Status Pipeline::Apply(const Image& img, const SamplePlan& plan, void* out) cons
           nh = s[0];
           nw = s[1];
         }
+        // Plan gives no region to a resize-first pipeline.
+        if (partial && first_geom) return InternalError("resize of a partially decoded image");
+        first_geom = false;
         cv::Mat& dst = next_buf();
         ResizeTo(cur, dst, nh, nw, op.antialias);
         cur = dst;
         w = nw;
         h = nh;
         sx = sy = 1.0;
+        ox = oy = 0;
         break;
       }
       case OpKind::kCenterCrop: {
@@ -221,10 +239,15 @@ Status Pipeline::Apply(const Image& img, const SamplePlan& plan, void* out) cons
           w += pl + pr;
           h += pt + pb;
         }
-        const int top = RoundHalfEven((h - th) / 2.0), left = RoundHalfEven((w - tw) / 2.0);
+        const int top = RoundHalfEven((h - th) / 2.0) - oy, left = RoundHalfEven((w - tw) / 2.0) - ox;
+        if (top < 0 || left < 0 || left + tw > cur.cols || top + th > cur.rows) {
+          return InternalError("center crop outside the decoded region");
+        }
         cur = cur(cv::Rect(left, top, tw, th));
+        first_geom = false;
         w = tw;
         h = th;
+        ox = oy = 0;
         break;
       }
       case OpKind::kRandomResizedCrop: {
@@ -232,10 +255,10 @@ Status Pipeline::Apply(const Image& img, const SamplePlan& plan, void* out) cons
         if (box_i >= plan.boxes.size()) return InternalError("transform plan has too few boxes");
         const Box& b = plan.boxes[box_i++];
         // Box in the (possibly DCT-scaled) image: cover the same area, at least 1 pixel.
-        int x0 = static_cast<int>(std::floor(b.left * sx));
-        int y0 = static_cast<int>(std::floor(b.top * sy));
-        int x1 = static_cast<int>(std::ceil((b.left + b.width) * sx));
-        int y1 = static_cast<int>(std::ceil((b.top + b.height) * sy));
+        int x0 = static_cast<int>(std::floor(b.left * sx)) - ox;
+        int y0 = static_cast<int>(std::floor(b.top * sy)) - oy;
+        int x1 = static_cast<int>(std::ceil((b.left + b.width) * sx)) - ox;
+        int y1 = static_cast<int>(std::ceil((b.top + b.height) * sy)) - oy;
         x0 = std::clamp(x0, 0, cur.cols - 1);
         y0 = std::clamp(y0, 0, cur.rows - 1);
         x1 = std::clamp(x1, x0 + 1, cur.cols);
@@ -244,9 +267,11 @@ Status Pipeline::Apply(const Image& img, const SamplePlan& plan, void* out) cons
         cv::Mat& dst = next_buf();
         ResizeTo(roi, dst, op.height, op.width, op.antialias);
         cur = dst;
+        first_geom = false;
         w = op.width;
         h = op.height;
         sx = sy = 1.0;
+        ox = oy = 0;
         break;
       }
       case OpKind::kToTensor:

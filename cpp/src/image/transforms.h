@@ -10,6 +10,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -84,6 +85,9 @@ struct SamplePlan {
   int src_height = 0;
   std::vector<Box> boxes;     // one per RandomResizedCrop, in op order (full-size coords)
   std::vector<bool> flips;    // one per RandomHorizontalFlip, in op order
+  // The part of the image the first geometric op reads (full-resolution coordinates),
+  // when decoding only that part is possible (see DecodeImage's `region`).
+  std::optional<Region> region;
 };
 
 class Pipeline {
@@ -105,10 +109,12 @@ class Pipeline {
   size_t sample_bytes(int height, int width) const;
 
   // Draws the sample's randomness and, if `allow_scaled_decode`, picks the coarsest JPEG
-  // DCT scale that still leaves the first resize at least its output size.
-  SamplePlan Plan(int src_width, int src_height, Rng& rng, bool allow_scaled_decode) const;
+  // DCT scale that still leaves the first resize at least its output size; if
+  // `allow_region_decode`, records the region a crop-first pipeline reads.
+  SamplePlan Plan(int src_width, int src_height, Rng& rng, bool allow_scaled_decode,
+                  bool allow_region_decode = false) const;
 
-  // Runs the ops on `img` (decoded as planned) and writes 3 x H x W into `out` (H x W is
+  // Runs the ops on `img` (decoded as planned, possibly scaled and/or only a region) and writes 3 x H x W into `out` (H x W is
   // OutputSize(plan.src_width, plan.src_height)).
   Status Apply(const Image& img, const SamplePlan& plan, void* out) const;
 

@@ -231,10 +231,12 @@ void Loader::RunTask(Task& t) {
     return;
   }
   image::Rng rng = image::Rng::ForSample(opt_.sampler.seed, b.epoch, static_cast<uint64_t>(idx));
+  const bool jpeg = info->format == image::Format::kJpeg;
   const image::SamplePlan plan =
-      pipeline_.Plan(info->width, info->height, rng, opt_.scaled_decode && info->format == image::Format::kJpeg);
+      pipeline_.Plan(info->width, info->height, rng, opt_.scaled_decode && jpeg, opt_.region_decode && jpeg);
   thread_local image::Image img;
-  Status st = image::DecodeImage(bytes, url, opt_.decode, plan.scale_denom, img);
+  Status st = image::DecodeImage(bytes, url, opt_.decode, plan.scale_denom, img,
+                                 plan.region ? &*plan.region : nullptr);
   if (st.ok()) {
     uint8_t* dst = b.lease->buffer().images.data() + t.slot * pipeline_.sample_bytes();
     st = pipeline_.Apply(img, plan, dst);

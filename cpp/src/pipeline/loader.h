@@ -36,6 +36,7 @@ struct LoaderOptions {
   bool skip_errors = false;  // on_error="skip": leave bad images out and count them
                              // (data errors only; storage errors still fail)
   bool scaled_decode = true; // allow libjpeg-turbo DCT-scaled decode for large crops
+  bool region_decode = true; // decode only the rows/columns a crop-first pipeline reads
   bool batched_fetch = true; // Store::GetMany on a fetch thread; false: Get per sample
   int max_in_flight = 0;     // GetMany requests in flight (0: the store's option)
   SamplerOptions sampler;

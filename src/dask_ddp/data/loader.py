@@ -84,6 +84,9 @@ class Loader:
     scaled_decode
         Let libjpeg-turbo decode large JPEGs at 1/2, 1/4 or 1/8 scale when a crop is
         downscaled at least that much anyway.
+    region_decode
+        For crop-first pipelines (``RandomResizedCrop``, ``CenterCrop``), decode only the
+        JPEG rows and columns the crop reads (pixels identical to a full decode).
     max_side
         Images with a longer side are bad input (guards memory).
 
@@ -111,6 +114,7 @@ class Loader:
         on_error: str = "raise",
         pin_memory: bool | None = None,
         scaled_decode: bool = True,
+        region_decode: bool = True,
         max_side: int = 1 << 14,
     ) -> None:
         if not isinstance(dataset, ImageFolder):
@@ -179,6 +183,7 @@ class Loader:
             skip_errors=on_error == "skip",
             max_side=int(max_side),
             scaled_decode=bool(scaled_decode),
+            region_decode=bool(region_decode),
         )
 
     def __len__(self) -> int:

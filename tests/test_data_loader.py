@@ -128,7 +128,7 @@ def test_torchvision_eval_pipeline_agrees(folder: Path) -> None:
     loader = Loader(ds, 8, transform=EVAL, shuffle=False)
     images = torch.cat([x for x, _ in loader])
     ref = torch.stack([ds[i][0] for i in range(len(ds))])
-    assert (images - ref).abs().mean().item() < 2.5 / 255
+    assert (images - ref).abs().mean().item() < 3.0 / 255  # the documented tolerance
 
 
 def test_deterministic_across_thread_counts(folder: Path) -> None:

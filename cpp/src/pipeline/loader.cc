@@ -29,6 +29,7 @@ class BufferPool {
   std::unique_ptr<BatchBuffer> Take() {
     {
       std::lock_guard<std::mutex> g(mu_);
+      ++outstanding_;
       if (!free_.empty()) {
         auto b = std::move(free_.back());
         free_.pop_back();
@@ -43,12 +44,20 @@ class BufferPool {
 
   void Return(std::unique_ptr<BatchBuffer> b) {
     std::lock_guard<std::mutex> g(mu_);
+    --outstanding_;
     if (free_.size() < max_free_) free_.push_back(std::move(b));
+  }
+
+  // Buffers taken and not yet returned (in flight or held by the caller).
+  size_t outstanding() {
+    std::lock_guard<std::mutex> g(mu_);
+    return outstanding_;
   }
 
  private:
   std::mutex mu_;
   size_t image_bytes_, batch_size_, max_free_;
+  size_t outstanding_ = 0;
   std::vector<std::unique_ptr<BatchBuffer>> free_;
 };
 
@@ -153,7 +162,13 @@ Status Loader::StartEpoch(uint64_t epoch, int64_t start_batch) {
 
 void Loader::ScheduleLocked() {
   const auto bs = static_cast<int64_t>(opt_.batch_size);
-  while (static_cast<int>(inflight_.size()) < opt_.prefetch && next_schedule_ < end_batch_) {
+  const auto prefetch = static_cast<size_t>(opt_.prefetch);
+  while (inflight_.size() < prefetch && next_schedule_ < end_batch_) {
+    // Batches the caller still holds count against `prefetch`, so memory stays near
+    // prefetch x batch bytes; one batch is always in flight, so a caller that keeps many
+    // batches still makes progress (more slowly) instead of deadlocking.
+    const size_t held = pool_->outstanding() - inflight_.size();
+    if (!inflight_.empty() && inflight_.size() + held >= prefetch) break;
     auto b = std::make_shared<BatchState>();
     b->index = next_schedule_++;
     b->epoch = epoch_;

@@ -31,7 +31,7 @@ namespace ddp::pipeline {
 struct LoaderOptions {
   int batch_size = 64;
   int num_threads = 0;       // 0: std::thread::hardware_concurrency()
-  int prefetch = 4;          // batches in flight (being made or ready, not yet delivered)
+  int prefetch = 4;          // batch buffers in use: in flight plus held by the caller
   bool drop_last = false;    // drop the last incomplete batch (and the sampler's uneven tail)
   bool skip_errors = false;  // on_error="skip": leave bad images out and count them
                              // (data errors only; storage errors still fail)

@@ -69,13 +69,35 @@ def make_dataset(root: str, n: int, classes: int = 10, seed: int = 0) -> list[st
     return keys
 
 
-def epoch_rate(batches: Iterable[Any]) -> float:
-    """Images/s of one pass over `batches`."""
+# Processes whose CPU time is not the loader's (the moto server).
+EXCLUDE_PIDS: set[int] = set()
+
+
+def cpu_seconds() -> float:
+    """CPU time of this process (all threads) and its children (DataLoader workers)."""
+    me = psutil.Process()
+    total = sum(me.cpu_times()[:2])
+    for child in me.children(recursive=True):
+        if child.pid in EXCLUDE_PIDS:
+            continue
+        try:
+            total += sum(child.cpu_times()[:2])
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def epoch_rate(batches: Iterable[Any], cpu: list[float] | None = None) -> float:
+    """Images/s (wall clock) of one pass over `batches`; appends CPU ms/image to `cpu`."""
+    c0 = cpu_seconds()
     t0 = time.perf_counter()
     n = 0
     for images, _ in batches:
         n += int(images.shape[0])
-    return n / (time.perf_counter() - t0)
+    rate = n / (time.perf_counter() - t0)
+    if cpu is not None:
+        cpu.append((cpu_seconds() - c0) * 1e3 / n)
+    return rate
 
 
 def tv_transform() -> Any:
@@ -110,9 +132,9 @@ def our_loader(url: str, cores: int, **kw: Any) -> Loader:
     return Loader(ImageFolder(url), BATCH, transform=our_transform(), num_threads=cores, **kw)
 
 
-def loader_epoch(loader: Loader, epoch: int) -> float:
+def loader_epoch(loader: Loader, epoch: int, cpu: list[float] | None = None) -> float:
     loader.set_epoch(epoch)
-    return epoch_rate(loader)
+    return epoch_rate(loader, cpu)
 
 
 def read_blobs(root: str, keys: list[str]) -> list[bytes]:
@@ -123,7 +145,9 @@ def read_blobs(root: str, keys: list[str]) -> list[bytes]:
     return blobs
 
 
-def bench_local(root: str, keys: list[str], cores: int, rounds: int) -> dict[str, list[float]]:
+def bench_local(
+    root: str, keys: list[str], cores: int, rounds: int
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
     """Every configuration once per round, interleaved, so that load from other processes
     on a shared machine hits them alike; callers report the best round of each."""
     blobs = read_blobs(root, keys)
@@ -136,17 +160,21 @@ def bench_local(root: str, keys: list[str], cores: int, rounds: int) -> dict[str
     tv_dl = torchvision_loader(root, cores)
     epoch_rate(tv_dl)  # start the persistent workers (not timed)
     _core.decode_throughput(blobs[:64], cores)
-    rates: dict[str, list[float]] = {k: [] for k in ["ceiling", *loaders, "torchvision"]}
+    names = ["ceiling", *loaders, "torchvision"]
+    rates: dict[str, list[float]] = {k: [] for k in names}
+    cpu: dict[str, list[float]] = {k: [] for k in names}
     for r in range(rounds):
+        c0 = cpu_seconds()
         rates["ceiling"].append(float(_core.decode_throughput(blobs, cores)))
+        cpu["ceiling"].append((cpu_seconds() - c0) * 1e3 / len(blobs))
         for name, loader in loaders.items():
-            rates[name].append(loader_epoch(loader, r))
-        rates["torchvision"].append(epoch_rate(tv_dl))
+            rates[name].append(loader_epoch(loader, r, cpu[name]))
+        rates["torchvision"].append(epoch_rate(tv_dl, cpu["torchvision"]))
         logger.info("round %d: %s", r, {k: round(v[-1], 1) for k, v in rates.items()})
     for loader in loaders.values():
         loader.close()
     del tv_dl
-    return rates
+    return rates, cpu
 
 
 def bench_rss(root: str, cores: int, epochs: int = 10, prefetch: int = 4) -> dict[str, float]:
@@ -249,6 +277,7 @@ def bench_s3(root: str, keys: list[str], cores: int, seed_n: int) -> dict[str, f
     import boto3
 
     proc, endpoint = start_moto()
+    EXCLUDE_PIDS.add(proc.pid)
     try:
         s3 = boto3.client("s3")
         s3.create_bucket(Bucket="bench")
@@ -261,14 +290,23 @@ def bench_s3(root: str, keys: list[str], cores: int, seed_n: int) -> dict[str, f
         )
         epoch_rate(dl)  # start the persistent workers
         loader = our_loader("s3://bench/imagenet", cores)
-        seed_rates, our_rates = [], []
+        seed_rates: list[float] = []
+        our_rates: list[float] = []
+        seed_cpu: list[float] = []
+        our_cpu: list[float] = []
         for r in range(2):
-            seed_rates.append(epoch_rate(dl))
-            our_rates.append(loader_epoch(loader, r))
+            seed_rates.append(epoch_rate(dl, seed_cpu))
+            our_rates.append(loader_epoch(loader, r, our_cpu))
         del dl
         loader.close()
         seed, ours = max(seed_rates), max(our_rates)
-        return {"seed": seed, "ours": ours, "ratio": ours / seed}
+        return {
+            "seed": seed,
+            "ours": ours,
+            "ratio": ours / seed,
+            "seed_cpu": min(seed_cpu),
+            "ours_cpu": min(our_cpu),
+        }
     finally:
         proc.terminate()
         proc.wait(timeout=10)
@@ -282,7 +320,8 @@ def main() -> None:
     ap.add_argument("--skip-s3", action="store_true")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds; best is reported")
     args = ap.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    logger.setLevel(logging.INFO)
     cores = os.cpu_count() or 1
     tmp = None
     root = args.data
@@ -301,16 +340,22 @@ def main() -> None:
     keys = keys[: args.n]
     logger.info("%d images, %d cores, batch %d", len(keys), cores, BATCH)
 
-    rates = bench_local(root, keys, cores, args.rounds)
+    rates, cpu = bench_local(root, keys, cores, args.rounds)
     best = {k: max(v) for k, v in rates.items()}
-    logger.info("best of %d rounds (images/s):", args.rounds)
+    cost = {k: min(v) for k, v in cpu.items()}
+    logger.info("best of %d rounds: images/s (wall), CPU ms per image (all processes)", args.rounds)
     for k, v in best.items():
-        logger.info("  %-18s %8.1f   (median %.1f)", k, v, float(np.median(rates[k])))
+        logger.info("  %-18s %8.1f img/s  %6.2f CPU-ms/img", k, v, cost[k])
     logger.info(
-        "Loader / torchvision = %.2fx (target >= 5); "
-        "Loader / decode ceiling = %.2f (target >= 0.8)",
+        "wall: Loader / torchvision = %.2fx (target >= 5); Loader / decode ceiling = %.2f "
+        "(target >= 0.8)",
         best["ours"] / best["torchvision"],
         best["ours"] / best["ceiling"],
+    )
+    logger.info(
+        "CPU cost: Loader / torchvision = %.2fx; Loader / decode ceiling = %.2f",
+        cost["torchvision"] / cost["ours"],
+        cost["ceiling"] / cost["ours"],
     )
     rss = bench_rss(root, cores)
     logger.info(
@@ -323,11 +368,13 @@ def main() -> None:
     if not args.skip_s3:
         s3 = bench_s3(root, keys, cores, args.s3_seed_n)
         logger.info(
-            "S3 (moto): seed S3ImageFolder %.1f img/s (%d images), Loader over s3:// %.1f img/s "
-            "-> %.1fx (target >= 10)",
+            "S3 (moto): seed S3ImageFolder %.1f img/s (%d images, %.2f CPU-ms/img), Loader over "
+            "s3:// %.1f img/s (%.2f CPU-ms/img) -> %.1fx (target >= 10)",
             s3["seed"],
             min(args.s3_seed_n, len(keys)),
+            s3["seed_cpu"],
             s3["ours"],
+            s3["ours_cpu"],
             s3["ratio"],
         )
     if tmp is not None:

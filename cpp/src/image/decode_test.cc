@@ -114,6 +114,42 @@ TEST(Decode, BadInputsNameTheUrl) {
   EXPECT_FALSE(s.ok());
 }
 
+TEST(Decode, RegionDecodeEqualsFullDecodeInsideTheRegion) {
+  const int W = 257, H = 191;
+  for (bool progressive : {false, true}) {
+    std::string jpg = EncodeJpeg(Pattern(W, H), W, H, 3, 90, progressive);
+    Image full, part;
+    ASSERT_TRUE(DecodeImage(jpg, "f", {}, 1, full).ok());
+    for (Region r : {Region{60, 70, 100, 50}, Region{0, 0, 30, 20}, Region{200, 150, 57, 41}}) {
+      ASSERT_TRUE(DecodeImage(jpg, "r", {}, 1, part, &r).ok());
+      EXPECT_EQ(part.full_width, W);
+      EXPECT_EQ(part.full_height, H);
+      ASSERT_LE(part.offset_x, r.left);
+      ASSERT_LE(part.offset_y, r.top);
+      ASSERT_GE(part.offset_x + part.width, r.left + r.width);
+      ASSERT_GE(part.offset_y + part.height, r.top + r.height);
+      EXPECT_LT(part.height, H - 10);  // rows below were not decoded
+      for (int y = r.top; y < r.top + r.height; ++y) {
+        for (int x = r.left; x < r.left + r.width; ++x) {
+          for (int c = 0; c < 3; ++c) {
+            const auto a = full.pixels[(static_cast<size_t>(y) * W + x) * 3 + c];
+            const auto b = part.pixels[(static_cast<size_t>(y - part.offset_y) * part.width +
+                                        (x - part.offset_x)) * 3 + c];
+            ASSERT_EQ(a, b) << "progressive=" << progressive << " at " << x << "," << y;
+          }
+        }
+      }
+    }
+  }
+  // Without an EOI marker (maybe truncated) the region path is not taken: full decode
+  // reports the truncation even when the region itself is intact.
+  std::string jpg = EncodeJpeg(Pattern(W, H), W, H, 3, 90);
+  Region top{0, 0, 10, 10};
+  Image img;
+  EXPECT_EQ(DecodeImage(std::string_view(jpg).substr(0, jpg.size() * 3 / 4), "cut", {}, 1, img, &top).code(),
+            Code::kDataLoss);
+}
+
 TEST(Decode, DimensionLimit) {
   DecodeOptions o;
   o.max_side = 50;

@@ -205,7 +205,9 @@ def test_region_decode_gives_the_same_pixels_as_a_full_decode(kind: str) -> None
         w, h = 200 + 23 * i, 500 - 17 * i
         data = encode(photo(w, h, seed=i), kind)
         for t in (train, evl):
-            plan = _core.sample_plan(w, h, t._ops(), 0, 0, i, scaled_decode=True, region_decode=True)
+            plan = _core.sample_plan(
+                w, h, t._ops(), 0, 0, i, scaled_decode=True, region_decode=True
+            )
             regions += plan[3] is not None
             kw = {"index": i, "scaled_decode": True}
             full = _core.transform_image(data, t._ops(), region_decode=False, **kw)

@@ -290,3 +290,32 @@ def test_rank_and_world_size_from_the_process_group(folder: Path, tmp_path: Path
         assert Loader(ImageFolder(folder), 4, transform=EVAL, world_size=2).world_size == 2
     finally:
         dist.destroy_process_group()
+
+
+def test_imagefolder_and_loader_over_http(folder: Path, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from conftest import free_port, wait_for_port
+
+    local = ImageFolder(folder)
+    keys = [os.path.relpath(p, folder) for p, _ in local.samples]
+    (folder / storage.LISTING_FILE).write_text("".join(f"{k}\n" for k in keys))
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "http.server", "-b", "127.0.0.1", "-d", str(folder), str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for_port(port, server)
+        remote = ImageFolder(f"http://127.0.0.1:{port}")
+        assert remote.targets == local.targets and remote.classes == local.classes
+        a = collect(Loader(remote, 6, transform=TRAIN, seed=4))
+        b = collect(Loader(local, 6, transform=TRAIN, seed=4))
+        for (xa, ya), (xb, yb) in zip(a, b, strict=True):
+            assert torch.equal(xa, xb) and torch.equal(ya, yb)
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+        (folder / storage.LISTING_FILE).unlink()

@@ -100,7 +100,7 @@ def test_blocking_calls_release_the_gil(store: storage.Store) -> None:
 
 
 def test_file_put_is_atomic_and_creates_parents(tmp_path: Path) -> None:
-    store = storage.open(str(tmp_path))
+    store = storage.open(tmp_path)  # a path object works too
     store.put("deep/er/ckpt.pt", b"1" * 1000)
     store.put("deep/er/ckpt.pt", b"2" * 10)
     assert (tmp_path / "deep/er/ckpt.pt").read_bytes() == b"2" * 10

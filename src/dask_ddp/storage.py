@@ -55,6 +55,7 @@ Every call releases the GIL while it waits on storage.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
@@ -181,13 +182,13 @@ class Store:
         return self._core.get_many(key_list, max_in_flight or 0)
 
 
-def open(url: str, *, anon: bool = False, **options: Any) -> Store:  # noqa: A001
+def open(url: str | os.PathLike[str], *, anon: bool = False, **options: Any) -> Store:  # noqa: A001
     """Open the object store for a URL.
 
     Parameters
     ----------
     url
-        ``file:///path`` or a plain path, ``s3://bucket[/prefix]``,
+        ``file:///path`` or a plain path (``str`` or ``os.PathLike``), ``s3://bucket[/prefix]``,
         ``http(s)://host/base`` (read-only) or ``memory://name``.
     anon
         S3 only: send unsigned requests, as for public buckets.
@@ -214,8 +215,10 @@ def open(url: str, *, anon: bool = False, **options: Any) -> Store:  # noqa: A00
     >>> [(i.key, i.size) for i in store.list("a/")]
     [('a/b.txt', 5)]
     """
+    if isinstance(url, os.PathLike):
+        url = os.fspath(url)
     if not isinstance(url, str):
-        raise TypeError(f"url must be a str, not {type(url).__name__}")
+        raise TypeError(f"url must be a str or a path, not {type(url).__name__}")
     unknown = sorted(set(options) - set(_OPTIONS))
     if unknown:
         raise TypeError(

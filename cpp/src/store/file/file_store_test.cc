@@ -62,6 +62,10 @@ TEST(FileStoreTest, RejectsKeysThatEscapeTheRoot) {
     EXPECT_NE(g.status().message().find(key), std::string::npos) << g.status().ToString();
   }
   EXPECT_FALSE(fs::exists(TempRoot() / "outside"));
+  for (std::string prefix : {"../", "a/../../", "/etc/"}) {
+    auto l = (*s)->List(prefix);
+    EXPECT_EQ(l.status().code(), Code::kInvalidArgument) << prefix;
+  }
 }
 
 TEST(FileStoreTest, PutCreatesParentsAndLeavesNoTemporaryFiles) {

@@ -95,11 +95,16 @@ class Store:
     """An object store opened on a root URL; use :func:`open` to make one.
 
     Thread-safe: one store may be shared by many threads, and every method releases
-    the GIL while it waits.
+    the GIL while it waits. A store pickles as its URL and options (Dask can send it to
+    workers); credentials are read again from the environment where it is unpickled.
     """
 
-    def __init__(self, core: Any) -> None:
+    def __init__(self, core: Any, opened_with: tuple[str, bool, dict[str, Any]]) -> None:
         self._core = core
+        self._opened_with = opened_with
+
+    def __reduce__(self) -> tuple[Any, tuple[str, bool, dict[str, Any]]]:
+        return (_reopen, self._opened_with)
 
     def __repr__(self) -> str:
         return f"Store({self.url!r})"
@@ -226,4 +231,9 @@ def open(url: str | os.PathLike[str], *, anon: bool = False, **options: Any) -> 
             f"known: {', '.join(sorted(_OPTIONS))}"
         )
     logger.debug("opening store %s", url)
-    return Store(_core.open_store(url, anonymous=anon, **options))
+    return Store(_core.open_store(url, anonymous=anon, **options), (url, anon, dict(options)))
+
+
+def _reopen(url: str, anon: bool, options: dict[str, Any]) -> Store:
+    """Unpickle a Store: open it again from its URL and options."""
+    return open(url, anon=anon, **options)

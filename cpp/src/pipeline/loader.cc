@@ -134,6 +134,7 @@ int64_t Loader::num_batches() const {
 
 void Loader::CancelLocked(std::unique_lock<std::mutex>& lock) {
   for (auto& [i, b] : inflight_) b->cancelled = true;
+  fetch_cancel_ = true;
   tasks_.clear();
   fetch_queue_.clear();
   done_cv_.notify_all();
@@ -271,6 +272,7 @@ void Loader::FetchLoop() {
       // overlap instead of draining at every batch boundary.
       batches.assign(fetch_queue_.begin(), fetch_queue_.end());
       fetch_queue_.clear();
+      fetch_cancel_ = false;  // under mu_: a cancellation clears the queue first
       ++busy_;
     }
     std::vector<std::string> keys;
@@ -282,7 +284,7 @@ void Loader::FetchLoop() {
       }
     }
     std::vector<bool> called(keys.size(), false);
-    Status st = store_->GetMany(
+    Status st = store_->GetManyCancellable(
         keys,
         [&](size_t i, Result<std::string> r) {
           if (i >= where.size() || called[i]) return;
@@ -302,7 +304,7 @@ void Loader::FetchLoop() {
             work_cv_.notify_one();
           }
         },
-        opt_.max_in_flight);
+        opt_.max_in_flight, fetch_cancel_);
     for (size_t i = 0; i < keys.size(); ++i) {
       if (called[i]) continue;
       Status missing = st.ok() ? InternalError(store_->KeyUrl(keys[i]) + ": GetMany returned without it") : st;

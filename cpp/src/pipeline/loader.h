@@ -132,6 +132,7 @@ class Loader {
   std::deque<Task> tasks_;
   std::deque<std::shared_ptr<BatchState>> fetch_queue_;
   int busy_ = 0;                      // tasks running plus fetch calls running
+  std::atomic<bool> fetch_cancel_{false};  // aborts a running GetMany on restart/destroy
   std::atomic<int64_t> skipped_{0};
   std::vector<std::thread> threads_;
 };

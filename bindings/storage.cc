@@ -61,7 +61,7 @@ class GetManyIterator {
     state_->capacity = std::max<size_t>(16, static_cast<size_t>(std::max(max_in_flight, 1)) * 2);
     std::shared_ptr<State> st = state_;
     thread_ = std::thread([st, store = std::move(store), max_in_flight] {
-      Status batch = store->GetMany(
+      Status batch = store->GetManyCancellable(
           st->keys,
           [&st](size_t index, Result<std::string> data) {
             std::unique_lock<std::mutex> lock(st->mu);
@@ -70,7 +70,7 @@ class GetManyIterator {
             st->queue.emplace_back(index, std::move(data));
             st->cv.notify_all();
           },
-          max_in_flight);
+          max_in_flight, st->cancel);
       std::lock_guard<std::mutex> lock(st->mu);
       st->batch_status = std::move(batch);
       st->finished = true;
@@ -82,6 +82,7 @@ class GetManyIterator {
     {
       std::lock_guard<std::mutex> lock(state_->mu);
       state_->cancelled = true;
+      state_->cancel = true;  // stops the fetch itself, not just the hand-off
       state_->cv.notify_all();
     }
     // The worker never takes the GIL, but release it anyway while waiting for it: the
@@ -126,6 +127,7 @@ class GetManyIterator {
     std::deque<std::pair<size_t, Result<std::string>>> queue;
     size_t capacity = 16;
     bool cancelled = false;
+    std::atomic<bool> cancel{false};
     bool finished = false;
     Status batch_status;
   };

@@ -6,6 +6,7 @@
 // hold the Python GIL release it first.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -83,6 +84,13 @@ class Store {
   // the batch itself.
   virtual Status GetMany(std::span<const std::string> keys, const GetCallback& cb,
                          int max_in_flight = 0);
+
+  // As GetMany, but stops early once `cancel` becomes true (set from any thread): no new
+  // request starts, those in flight are abandoned, every key not delivered yet gets
+  // kCancelled through `cb`, and the call returns kCancelled. GetMany calls this with a
+  // flag that never becomes true; back-ends override this one.
+  virtual Status GetManyCancellable(std::span<const std::string> keys, const GetCallback& cb,
+                                    int max_in_flight, const std::atomic<bool>& cancel);
 
   // A full URL for `key` (root + '/' + key), for error messages and listings.
   std::string KeyUrl(std::string_view key) const;

@@ -406,7 +406,7 @@ Result<HttpResponse> CurlClient::Perform(const HttpRequest& request) {
 }
 
 Status CurlClient::PerformMany(std::span<const HttpRequest> requests, int max_in_flight,
-                               const DoneCallback& done) {
+                               const DoneCallback& done, const std::atomic<bool>* cancel) {
   if (requests.empty()) return Status::Ok();
   max_in_flight = std::max(1, max_in_flight);
   Impl::MultiContext ctx = impl_->TakeMulti();
@@ -453,6 +453,11 @@ Status CurlClient::PerformMany(std::span<const HttpRequest> requests, int max_in
   };
 
   while (remaining > 0) {
+    if (cancel != nullptr && cancel->load(std::memory_order_relaxed)) {
+      batch = CancelledError("batched request of " + std::to_string(requests.size()) +
+                             " objects cancelled");
+      break;
+    }
     Clock::time_point now = Clock::now();
     while (!delayed.empty() && delayed.top().first <= now) {
       ready.push_back(delayed.top().second);
@@ -513,22 +518,32 @@ Status CurlClient::PerformMany(std::span<const HttpRequest> requests, int max_in
     }
   }
   if (!batch.ok()) {
-    // A failure of the multi interface itself (out of memory, a broken poll): every key
-    // not yet delivered gets the batch error, and this multi context is dropped instead
-    // of pooled since its handles are in an unknown state.
+    // Cancelled, or a failure of the multi interface itself (out of memory, a broken
+    // poll): every request not done yet gets the batch error. After a failure the multi
+    // context is dropped instead of pooled, its handles being in an unknown state.
+    bool cancelled = batch.code() == Code::kCancelled;
     for (std::unique_ptr<Transfer>& t : active) {
       curl_multi_remove_handle(ctx.multi, t->easy);
-      curl_easy_cleanup(t->easy);
-      finish(t->index, batch);
+      if (cancelled) {
+        idle.push_back(t->easy);
+      } else {
+        curl_easy_cleanup(t->easy);
+      }
+      finish(t->index, Status(batch.code(), t->request->what + ": " + batch.message()));
     }
-    for (size_t index : ready) finish(index, batch);
+    for (size_t index : ready) {
+      finish(index, Status(batch.code(), requests[index].what + ": " + batch.message()));
+    }
     while (!delayed.empty()) {
-      finish(delayed.top().second, batch);
+      size_t index = delayed.top().second;
+      finish(index, Status(batch.code(), requests[index].what + ": " + batch.message()));
       delayed.pop();
     }
-    for (CURL* e : idle) curl_easy_cleanup(e);
-    curl_multi_cleanup(ctx.multi);
-    return batch;
+    if (!cancelled) {
+      for (CURL* e : idle) curl_easy_cleanup(e);
+      curl_multi_cleanup(ctx.multi);
+      return batch;
+    }
   }
   ctx.easies = std::move(idle);
   impl_->ReturnMulti(std::move(ctx));

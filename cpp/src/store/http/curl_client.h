@@ -8,6 +8,7 @@
 // jittered exponential back-off; other answers are returned to the caller.
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <span>
@@ -74,10 +75,11 @@ class CurlClient {
 
   // Many requests, up to `max_in_flight` at once, each retried on its own. `done` is
   // called once per request in completion order, on the calling thread, never
-  // concurrently. Returns when all are done.
+  // concurrently. Returns when all are done, or, once `*cancel` is true, after calling
+  // `done` with kCancelled for every request not done yet (returning kCancelled).
   using DoneCallback = std::function<void(size_t index, Result<HttpResponse> response)>;
   Status PerformMany(std::span<const HttpRequest> requests, int max_in_flight,
-                     const DoneCallback& done);
+                     const DoneCallback& done, const std::atomic<bool>* cancel = nullptr);
 
   // The Status for a non-2xx answer (config.http_error or the default).
   Status ErrorFor(const HttpRequest& request, const HttpResponse& response) const;

@@ -96,8 +96,8 @@ class HttpStore final : public Store {
     return UnimplementedError(KeyUrl(key) + ": http(s) stores are read-only (delete)");
   }
 
-  Status GetMany(std::span<const std::string> keys, const GetCallback& cb,
-                 int max_in_flight) override {
+  Status GetManyCancellable(std::span<const std::string> keys, const GetCallback& cb,
+                            int max_in_flight, const std::atomic<bool>& cancel) override {
     std::vector<HttpRequest> requests;
     requests.reserve(keys.size());
     std::vector<Status> invalid(keys.size());
@@ -121,7 +121,8 @@ class HttpStore final : public Store {
         [&](size_t j, Result<HttpResponse> r) {
           if (!r.ok()) return cb(index_of[j], r.status());
           cb(index_of[j], BodyForRange(*client_, valid[j], std::move(r).value(), ByteRange{}));
-        });
+        },
+        &cancel);
   }
 
  private:

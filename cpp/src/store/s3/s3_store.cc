@@ -116,8 +116,8 @@ class S3Store final : public Store {
     return s;
   }
 
-  Status GetMany(std::span<const std::string> keys, const GetCallback& cb,
-                 int max_in_flight) override {
+  Status GetManyCancellable(std::span<const std::string> keys, const GetCallback& cb,
+                            int max_in_flight, const std::atomic<bool>& cancel) override {
     std::vector<HttpRequest> requests;
     std::vector<size_t> index_of;
     requests.reserve(keys.size());
@@ -137,7 +137,8 @@ class S3Store final : public Store {
           if (!r.ok()) return cb(index_of[j], r.status());
           cb(index_of[j],
              BodyForRange(*client_, requests[j], std::move(r).value(), ByteRange{}));
-        });
+        },
+        &cancel);
   }
 
  private:

@@ -219,8 +219,8 @@ def run_with_loader(data_url: str, train_pct: float, batch_size: int, n_epochs: 
     dataset = data.ImageFolder(data_url)
     train_idx, test_idx = split_indices(len(dataset), train_pct)
     tf = T.Compose([T.Resize(32), T.CenterCrop(32), T.ToTensor(), T.Normalize(MEAN, STD)])
-    train = Loader(dataset.subset(train_idx), batch_size, transform=tf, shuffle=True)
-    val = Loader(dataset.subset(test_idx), batch_size, transform=tf, shuffle=False)
+    train = Loader(Subset(dataset, train_idx), batch_size, transform=tf, shuffle=True)
+    val = Loader(Subset(dataset, test_idx), batch_size, transform=tf, shuffle=False)
 
     state = dask_ddp.load_checkpoint()
     start_epoch = 0

@@ -319,3 +319,23 @@ def test_imagefolder_and_loader_over_http(folder: Path, tmp_path: Path) -> None:
         server.terminate()
         server.wait(timeout=10)
         (folder / storage.LISTING_FILE).unlink()
+
+
+def test_subset_of_a_folder_reads_just_its_indices(folder: Path) -> None:
+    ds = ImageFolder(folder)
+    picked = [5, 2, 17, 3, 11, 22, 8]
+    inner = torch.utils.data.Subset(ds, list(range(2, 24)))  # nested subsets compose
+    nested = torch.utils.data.Subset(inner, [i - 2 for i in picked])
+    for subset in (torch.utils.data.Subset(ds, picked), nested):
+        loader = Loader(subset, 3, transform=EVAL, shuffle=False, num_threads=2)
+        images = torch.cat([x for x, _ in loader])
+        labels = torch.cat([y for _, y in loader])
+        assert labels.tolist() == [ds.targets[i] for i in picked]
+        for k, i in enumerate(picked):
+            want = _core.transform_image(Path(ds.samples[i][0]).read_bytes(), EVAL._ops(),
+                                         scaled_decode=True)
+            np.testing.assert_array_equal(images[k].numpy(), want)
+    with pytest.raises(IndexError, match="Subset index 24"):
+        Loader(torch.utils.data.Subset(ds, [0, 24]), 3, transform=EVAL)
+    with pytest.raises(TypeError, match="list"):
+        Loader([1, 2], 3, transform=EVAL)  # type: ignore[arg-type]

@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+from torch.utils.data import Subset
 
 from dask_ddp import _core  # type: ignore[attr-defined]
 from dask_ddp.data import transforms as T
@@ -46,14 +47,38 @@ def _process_group() -> tuple[int, int] | None:
     return None
 
 
+def _resolve_dataset(dataset: object) -> tuple[ImageFolder, list[int] | None]:
+    """The image folder behind ``dataset`` and the indices of it to read (None: all).
+
+    A ``torch.utils.data.Subset`` of an image folder (a train/eval split) reads just its
+    indices; nested subsets compose.
+    """
+    if isinstance(dataset, ImageFolder):
+        return dataset, None
+    if isinstance(dataset, Subset):
+        folder, inner = _resolve_dataset(dataset.dataset)
+        n = len(folder) if inner is None else len(inner)
+        picked = [int(i) for i in dataset.indices]
+        bad = [i for i in picked if not -n <= i < n]
+        if bad:
+            raise IndexError(f"Subset index {bad[0]} out of range for a dataset of {n} samples")
+        picked = [i % n for i in picked]
+        return folder, picked if inner is None else [inner[i] for i in picked]
+    raise TypeError(
+        f"Loader reads an ImageFolder or S3ImageFolder (or a torch Subset of one), not "
+        f"{type(dataset).__name__}; for other datasets use a torch DataLoader"
+    )
+
+
 class Loader:
     """Iterate over an image dataset in batches, with the work done in C++ threads.
 
     Parameters
     ----------
     dataset
-        An :class:`~dask_ddp.data.ImageFolder` or :class:`~dask_ddp.data.S3ImageFolder`;
-        its ``samples`` are read through its store. Its own (torchvision) transform is not
+        An :class:`~dask_ddp.data.ImageFolder` or :class:`~dask_ddp.data.S3ImageFolder`,
+        or a ``torch.utils.data.Subset`` of one (e.g. a train/eval split); its ``samples``
+        are read through its store. Its own (torchvision) transform is not
         used: ``transform`` replaces it.
     batch_size
         Samples per batch.
@@ -117,12 +142,8 @@ class Loader:
         region_decode: bool = True,
         max_side: int = 1 << 14,
     ) -> None:
-        if not isinstance(dataset, ImageFolder):
-            raise TypeError(
-                f"Loader reads an ImageFolder or S3ImageFolder, not {type(dataset).__name__}; "
-                "for other datasets use a torch DataLoader"
-            )
-        chosen: object = dataset.transform if transform is None else transform
+        folder, indices = _resolve_dataset(dataset)
+        chosen: object = folder.transform if transform is None else transform
         if chosen is None:
             raise ValueError(
                 "Loader needs a transform with a fixed output size, e.g. "
@@ -166,11 +187,15 @@ class Loader:
         self.epoch = 0
         self._start_batch = 0
         self._position = 0
+        keys, targets = folder._keys, folder.targets
+        if indices is not None:
+            keys = [keys[i] for i in indices]
+            targets = [targets[i] for i in indices]
         self._core = _core.ImageLoader(
-            dataset.url,
-            dataset.anon,
-            dataset._keys,
-            dataset.targets,
+            folder.url,
+            folder.anon,
+            keys,
+            targets,
             ops,
             batch_size=self.batch_size,
             shuffle=self.shuffle,

@@ -153,7 +153,9 @@ void init_storage(nb::module_& m) {
       .def_rw("key", &ObjectInfo::key, "The key, relative to the store root.")
       .def_rw("size", &ObjectInfo::size, "Size in bytes.")
       .def("__eq__",
-           [](const ObjectInfo& a, const ObjectInfo& b) { return a.key == b.key && a.size == b.size; })
+           [](const ObjectInfo& a, const ObjectInfo& b) {
+             return a.key == b.key && a.size == b.size;
+           })
       .def("__repr__", [](const ObjectInfo& o) -> std::string {
         std::string key_repr = nb::repr(nb::str(o.key.c_str(), o.key.size())).c_str();
         return "ObjectInfo(key=" + key_repr + ", size=" + std::to_string(o.size) + ")";

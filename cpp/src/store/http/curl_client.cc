@@ -276,7 +276,9 @@ bool Configure(CURL* e, Transfer* t, const ClientConfig& cfg, CURLSH* share) {
   const HttpRequest& r = *t->request;
   curl_easy_reset(e);
   bool ok = true;
-  auto set = [&](CURLoption opt, auto value) { ok = ok && curl_easy_setopt(e, opt, value) == CURLE_OK; };
+  auto set = [&](CURLoption opt, auto value) {
+    ok = ok && curl_easy_setopt(e, opt, value) == CURLE_OK;
+  };
   set(CURLOPT_URL, r.url.c_str());
   set(CURLOPT_NOSIGNAL, 1L);
   set(CURLOPT_SHARE, share);
@@ -296,7 +298,9 @@ bool Configure(CURL* e, Transfer* t, const ClientConfig& cfg, CURLSH* share) {
   set(CURLOPT_PATH_AS_IS, 1L);  // keys may hold "..", which must not be squashed
   set(CURLOPT_PROTOCOLS_STR, "http,https");
 
-  for (const std::string& h : cfg.extra_headers) t->headers = curl_slist_append(t->headers, h.c_str());
+  for (const std::string& h : cfg.extra_headers) {
+    t->headers = curl_slist_append(t->headers, h.c_str());
+  }
   for (const std::string& h : r.headers) t->headers = curl_slist_append(t->headers, h.c_str());
   if (r.method == "HEAD") {
     set(CURLOPT_NOBODY, 1L);
@@ -411,8 +415,12 @@ Status CurlClient::PerformMany(std::span<const HttpRequest> requests, int max_in
   max_in_flight = std::max(1, max_in_flight);
   Impl::MultiContext ctx = impl_->TakeMulti();
   if (ctx.multi == nullptr) return ResourceExhaustedError("curl_multi_init failed");
-  CURLMcode mc = curl_multi_setopt(ctx.multi, CURLMOPT_MAXCONNECTS, static_cast<long>(max_in_flight));
-  if (mc != CURLM_OK) return InternalError(std::string("curl_multi_setopt: ") + curl_multi_strerror(mc));
+  CURLMcode mc =
+      curl_multi_setopt(ctx.multi, CURLMOPT_MAXCONNECTS, static_cast<long>(max_in_flight));
+  if (mc != CURLM_OK) {
+    impl_->ReturnMulti(std::move(ctx));
+    return InternalError(std::string("curl_multi_setopt: ") + curl_multi_strerror(mc));
+  }
 
   std::vector<int> attempts(requests.size(), 0);
   std::deque<size_t> ready;

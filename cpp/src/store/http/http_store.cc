@@ -146,7 +146,7 @@ class HttpStore final : public Store {
     std::vector<HttpRequest> heads;
     for (size_t i : which) heads.push_back(Request("HEAD", (*infos)[i].key));
     Status first_error;
-    Status batch = client_->PerformMany(heads, max_in_flight_, [&](size_t j, Result<HttpResponse> r) {
+    auto on_head = [&](size_t j, Result<HttpResponse> r) {
       if (!first_error.ok()) return;
       if (!r.ok()) {
         first_error = r.status();
@@ -160,7 +160,8 @@ class HttpStore final : public Store {
           first_error = size.status();
         }
       }
-    });
+    };
+    Status batch = client_->PerformMany(heads, max_in_flight_, on_head);
     DDP_RETURN_IF_ERROR(batch);
     return first_error.WithContext("listing " + display_ + " (sizes by HEAD)");
   }

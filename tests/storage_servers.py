@@ -155,10 +155,62 @@ def start_http_server(root: Path) -> ServerProcess:
     )
 
 
-def start_fault_server() -> ServerProcess:
-    """The fault-injecting server (this file as a script)."""
+def start_fault_server(tls: tuple[Path, Path] | None = None) -> ServerProcess:
+    """The fault-injecting server (this file as a script); over https with ``tls``.
+
+    ``tls`` is (certificate, private key), PEM files, e.g. from
+    :func:`make_self_signed_cert`.
+    """
     port = free_port()
-    return ServerProcess([sys.executable, os.path.abspath(__file__), "fault", str(port)], port)
+    args = [sys.executable, os.path.abspath(__file__), "fault", str(port)]
+    if tls is not None:
+        args += [str(tls[0]), str(tls[1])]
+    server = ServerProcess(args, port)
+    if tls is not None:
+        server.url = f"https://127.0.0.1:{port}"
+    return server
+
+
+def make_self_signed_cert(folder: Path) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 and localhost; returns (cert, key) paths."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "dask-ddp test server")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName(
+                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+            ),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = folder / "cert.pem", folder / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return cert_path, key_path
 
 
 def start_moto_auth_server() -> tuple[ServerProcess, str, str]:
@@ -398,8 +450,15 @@ def _serve(server: http.server.HTTPServer) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "fault":
-        _serve(_Server(("127.0.0.1", int(sys.argv[2])), FaultHandler))
+    if len(sys.argv) in (3, 5) and sys.argv[1] == "fault":
+        fault = _Server(("127.0.0.1", int(sys.argv[2])), FaultHandler)
+        if len(sys.argv) == 5:
+            import ssl
+
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain(sys.argv[3], sys.argv[4])
+            fault.socket = ctx.wrap_socket(fault.socket, server_side=True)
+        _serve(fault)
     elif len(sys.argv) == 4 and sys.argv[1] == "static":
         root = sys.argv[3]
 
@@ -409,4 +468,4 @@ if __name__ == "__main__":
 
         _serve(_Server(("127.0.0.1", int(sys.argv[2])), _Handler))
     else:
-        sys.exit(f"usage: {sys.argv[0]} fault PORT | static PORT ROOT")
+        sys.exit(f"usage: {sys.argv[0]} fault PORT [CERT KEY] | static PORT ROOT")

@@ -6,6 +6,7 @@
 #include <array>
 #include <cctype>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <mutex>
@@ -249,6 +250,9 @@ CurlClient::~CurlClient() = default;
 Result<std::unique_ptr<CurlClient>> CurlClient::Create(ClientConfig config) {
   DDP_RETURN_IF_ERROR(GlobalInit());
   DDP_RETURN_IF_ERROR(ValidateRetryOptions(config.retry));
+  if (config.ca_bundle.empty()) {
+    if (const char* env = std::getenv("AWS_CA_BUNDLE"); env != nullptr) config.ca_bundle = env;
+  }
   std::unique_ptr<CurlClient> c(new CurlClient(std::move(config)));
   Impl* impl = c->impl_.get();
   impl->share = curl_share_init();
@@ -297,6 +301,7 @@ bool Configure(CURL* e, Transfer* t, const ClientConfig& cfg, CURLSH* share) {
   set(CURLOPT_FOLLOWLOCATION, 0L);
   set(CURLOPT_PATH_AS_IS, 1L);  // keys may hold "..", which must not be squashed
   set(CURLOPT_PROTOCOLS_STR, "http,https");
+  if (!cfg.ca_bundle.empty()) set(CURLOPT_CAINFO, cfg.ca_bundle.c_str());
 
   for (const std::string& h : cfg.extra_headers) {
     t->headers = curl_slist_append(t->headers, h.c_str());

@@ -31,7 +31,7 @@ import time
 import urllib.request
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, NamedTuple
 
 #: Size of every object the fault server serves.
 FAULT_OBJECT_SIZE = 300_000
@@ -213,12 +213,22 @@ def make_self_signed_cert(folder: Path) -> tuple[Path, Path]:
     return cert_path, key_path
 
 
-def start_moto_auth_server() -> tuple[ServerProcess, str, str]:
-    """moto's S3 server with authentication on; returns it and a valid key pair.
+class AuthServer(NamedTuple):
+    """A signature-checking moto server and credentials it accepts."""
+
+    server: ServerProcess
+    key: str  # an IAM user's access key id ...
+    secret: str  # ... and secret
+    session: tuple[str, str, str]  # temporary (key, secret, session token) of a role
+
+
+def start_moto_auth_server() -> AuthServer:
+    """moto's S3 server with authentication on, and credentials it accepts.
 
     The first three requests are allowed unauthenticated: they create an IAM user with
-    an allow-all S3 policy and its access key. After that every request's SigV4
-    signature is checked against that key.
+    an allow-all policy and its access key. After that every request's SigV4 signature
+    is checked (and a temporary key's session token): with the user's key, a role is
+    created and assumed for temporary credentials.
     """
     import boto3
 
@@ -236,18 +246,43 @@ def start_moto_auth_server() -> tuple[ServerProcess, str, str]:
             aws_secret_access_key="bootstrap",
         )
         iam.create_user(UserName="tester")
-        policy = {
-            "Version": "2012-10-17",
-            "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}],
-        }
-        iam.put_user_policy(
-            UserName="tester", PolicyName="s3-all", PolicyDocument=json.dumps(policy)
+        policy = json.dumps(
+            {
+                "Version": "2012-10-17",
+                "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}],
+            }
         )
+        iam.put_user_policy(UserName="tester", PolicyName="all", PolicyDocument=policy)
         key = iam.create_access_key(UserName="tester")["AccessKey"]
+        signed = {
+            "endpoint_url": server.url,
+            "region_name": "us-east-1",
+            "aws_access_key_id": key["AccessKeyId"],
+            "aws_secret_access_key": key["SecretAccessKey"],
+        }
+        iam = boto3.client("iam", **signed)
+        trust = json.dumps(
+            {
+                "Version": "2012-10-17",
+                "Statement": [
+                    {"Effect": "Allow", "Principal": {"AWS": "*"}, "Action": "sts:AssumeRole"}
+                ],
+            }
+        )
+        role = iam.create_role(RoleName="trainer", AssumeRolePolicyDocument=trust)["Role"]
+        iam.put_role_policy(RoleName="trainer", PolicyName="all", PolicyDocument=policy)
+        creds = boto3.client("sts", **signed).assume_role(
+            RoleArn=role["Arn"], RoleSessionName="test"
+        )["Credentials"]
     except BaseException:
         server.close()
         raise
-    return server, str(key["AccessKeyId"]), str(key["SecretAccessKey"])
+    session = (
+        str(creds["AccessKeyId"]),
+        str(creds["SecretAccessKey"]),
+        str(creds["SessionToken"]),
+    )
+    return AuthServer(server, str(key["AccessKeyId"]), str(key["SecretAccessKey"]), session)
 
 
 def start_nginx(root: Path, *, workers: int = 1) -> ServerProcess:

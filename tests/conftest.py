@@ -126,10 +126,10 @@ def http_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str,
 
 
 @pytest.fixture(scope="session")
-def s3_auth_server() -> Iterator[tuple[str, str, str]]:
-    """moto's S3 server checking SigV4 signatures; yields (endpoint, key id, secret)."""
+def s3_auth_server() -> Iterator[Any]:
+    """moto's S3 server checking SigV4 signatures: a storage_servers.AuthServer."""
     from storage_servers import start_moto_auth_server
 
-    server, key, secret = start_moto_auth_server()
-    with server:
-        yield server.url, key, secret
+    auth = start_moto_auth_server()
+    with auth.server:
+        yield auth

@@ -31,7 +31,7 @@ import time
 import urllib.request
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, NamedTuple
 
 #: Size of every object the fault server serves.
 FAULT_OBJECT_SIZE = 300_000
@@ -155,18 +155,80 @@ def start_http_server(root: Path) -> ServerProcess:
     )
 
 
-def start_fault_server() -> ServerProcess:
-    """The fault-injecting server (this file as a script)."""
+def start_fault_server(tls: tuple[Path, Path] | None = None) -> ServerProcess:
+    """The fault-injecting server (this file as a script); over https with ``tls``.
+
+    ``tls`` is (certificate, private key), PEM files, e.g. from
+    :func:`make_self_signed_cert`.
+    """
     port = free_port()
-    return ServerProcess([sys.executable, os.path.abspath(__file__), "fault", str(port)], port)
+    args = [sys.executable, os.path.abspath(__file__), "fault", str(port)]
+    if tls is not None:
+        args += [str(tls[0]), str(tls[1])]
+    server = ServerProcess(args, port)
+    if tls is not None:
+        server.url = f"https://127.0.0.1:{port}"
+    return server
 
 
-def start_moto_auth_server() -> tuple[ServerProcess, str, str]:
-    """moto's S3 server with authentication on; returns it and a valid key pair.
+def make_self_signed_cert(folder: Path) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 and localhost; returns (cert, key) paths."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "dask-ddp test server")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName(
+                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+            ),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = folder / "cert.pem", folder / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return cert_path, key_path
+
+
+class AuthServer(NamedTuple):
+    """A signature-checking moto server and credentials it accepts."""
+
+    server: ServerProcess
+    key: str  # an IAM user's access key id ...
+    secret: str  # ... and secret
+    session: tuple[str, str, str]  # temporary (key, secret, session token) of a role
+
+
+def start_moto_auth_server() -> AuthServer:
+    """moto's S3 server with authentication on, and credentials it accepts.
 
     The first three requests are allowed unauthenticated: they create an IAM user with
-    an allow-all S3 policy and its access key. After that every request's SigV4
-    signature is checked against that key.
+    an allow-all policy and its access key. After that every request's SigV4 signature
+    is checked (and a temporary key's session token): with the user's key, a role is
+    created and assumed for temporary credentials.
     """
     import boto3
 
@@ -184,18 +246,43 @@ def start_moto_auth_server() -> tuple[ServerProcess, str, str]:
             aws_secret_access_key="bootstrap",
         )
         iam.create_user(UserName="tester")
-        policy = {
-            "Version": "2012-10-17",
-            "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}],
-        }
-        iam.put_user_policy(
-            UserName="tester", PolicyName="s3-all", PolicyDocument=json.dumps(policy)
+        policy = json.dumps(
+            {
+                "Version": "2012-10-17",
+                "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}],
+            }
         )
+        iam.put_user_policy(UserName="tester", PolicyName="all", PolicyDocument=policy)
         key = iam.create_access_key(UserName="tester")["AccessKey"]
+        signed = {
+            "endpoint_url": server.url,
+            "region_name": "us-east-1",
+            "aws_access_key_id": key["AccessKeyId"],
+            "aws_secret_access_key": key["SecretAccessKey"],
+        }
+        iam = boto3.client("iam", **signed)
+        trust = json.dumps(
+            {
+                "Version": "2012-10-17",
+                "Statement": [
+                    {"Effect": "Allow", "Principal": {"AWS": "*"}, "Action": "sts:AssumeRole"}
+                ],
+            }
+        )
+        role = iam.create_role(RoleName="trainer", AssumeRolePolicyDocument=trust)["Role"]
+        iam.put_role_policy(RoleName="trainer", PolicyName="all", PolicyDocument=policy)
+        creds = boto3.client("sts", **signed).assume_role(
+            RoleArn=role["Arn"], RoleSessionName="test"
+        )["Credentials"]
     except BaseException:
         server.close()
         raise
-    return server, str(key["AccessKeyId"]), str(key["SecretAccessKey"])
+    session = (
+        str(creds["AccessKeyId"]),
+        str(creds["SecretAccessKey"]),
+        str(creds["SessionToken"]),
+    )
+    return AuthServer(server, str(key["AccessKeyId"]), str(key["SecretAccessKey"]), session)
 
 
 def start_nginx(root: Path, *, workers: int = 1) -> ServerProcess:
@@ -398,8 +485,15 @@ def _serve(server: http.server.HTTPServer) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "fault":
-        _serve(_Server(("127.0.0.1", int(sys.argv[2])), FaultHandler))
+    if len(sys.argv) in (3, 5) and sys.argv[1] == "fault":
+        fault = _Server(("127.0.0.1", int(sys.argv[2])), FaultHandler)
+        if len(sys.argv) == 5:
+            import ssl
+
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain(sys.argv[3], sys.argv[4])
+            fault.socket = ctx.wrap_socket(fault.socket, server_side=True)
+        _serve(fault)
     elif len(sys.argv) == 4 and sys.argv[1] == "static":
         root = sys.argv[3]
 
@@ -409,4 +503,4 @@ if __name__ == "__main__":
 
         _serve(_Server(("127.0.0.1", int(sys.argv[2])), _Handler))
     else:
-        sys.exit(f"usage: {sys.argv[0]} fault PORT | static PORT ROOT")
+        sys.exit(f"usage: {sys.argv[0]} fault PORT [CERT KEY] | static PORT ROOT")

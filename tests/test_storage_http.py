@@ -10,7 +10,13 @@ from typing import Any
 import pytest
 
 from dask_ddp import storage
-from storage_servers import FAULT_OBJECT_SIZE, object_bytes, start_http_server
+from storage_servers import (
+    FAULT_OBJECT_SIZE,
+    make_self_signed_cert,
+    object_bytes,
+    start_fault_server,
+    start_http_server,
+)
 from storage_testutil import run_cpp_conformance
 
 
@@ -207,3 +213,22 @@ def test_abandoned_get_many_stops_fetching(fault_server: Any) -> None:
     del it  # cancels the batch: the rest is never requested
     fetched = sum(n for k, n in fault_server.counts().items() if k.startswith(f"GET /ok/{prefix}/"))
     assert fetched < 100, fetched
+
+
+def test_https_with_a_private_ca(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cert, key = make_self_signed_cert(tmp_path)
+    with start_fault_server(tls=(cert, key)) as tls:
+        assert tls.url.startswith("https://")
+        untrusted = storage.open(f"{tls.url}/ok", max_attempts=3)
+        with pytest.raises(ConnectionError, match=rf"{tls.url}/ok/k.*(certificate|SSL)") as info:
+            untrusted.get("k")
+        assert "attempts" not in str(info.value)  # a certificate problem is not retried
+        store = storage.open(f"{tls.url}/drop-1", ca_bundle=str(cert), initial_backoff=0.01)
+        assert store.get("k") == object_bytes("/drop-1/k")  # retried over a new TLS session
+        assert store.get_range("k", 10, 5) == object_bytes("/drop-1/k")[10:15]
+        keys = [f"m{i}" for i in range(20)]
+        assert dict(store.get_many(keys)) == {k: object_bytes(f"/drop-1/{k}") for k in keys}
+        # S3 over https, trusting the CA through the AWS convention.
+        monkeypatch.setenv("AWS_CA_BUNDLE", str(cert))
+        s3 = storage.open("s3://ok", endpoint_url=tls.url, anon=True)
+        assert s3.get("x") == object_bytes("/ok/x")

@@ -7,6 +7,7 @@ import os
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import boto3
 import pytest
@@ -122,11 +123,9 @@ def test_cpp_conformance_suite(s3_bucket: str, s3_server: str) -> None:
 
 
 @pytest.fixture
-def auth_bucket(
-    s3_auth_server: tuple[str, str, str], monkeypatch: pytest.MonkeyPatch
-) -> tuple[str, str, str]:
+def auth_bucket(s3_auth_server: Any, monkeypatch: pytest.MonkeyPatch) -> tuple[str, str, str]:
     """A bucket on the signature-checking server, with its valid credentials in the env."""
-    endpoint, key, secret = s3_auth_server
+    endpoint, key, secret = s3_auth_server.server.url, s3_auth_server.key, s3_auth_server.secret
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", endpoint)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", key)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
@@ -205,3 +204,20 @@ def test_cpp_conformance_suite_with_signature_checks(auth_bucket: tuple[str, str
         "S3/*",
         {"DDP_TEST_S3_ENDPOINT": os.environ["AWS_ENDPOINT_URL_S3"], "DDP_TEST_S3_BUCKET": bucket},
     )
+
+
+def test_temporary_credentials_send_the_session_token(
+    auth_bucket: tuple[str, str, str], s3_auth_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bucket, _, _ = auth_bucket
+    key, secret, token = s3_auth_server.session
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", key)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
+    monkeypatch.setenv("AWS_SESSION_TOKEN", token)
+    store = storage.open(f"s3://{bucket}")
+    store.put("temp.txt", b"t")
+    assert store.get("temp.txt") == b"t"
+    monkeypatch.setenv("AWS_SESSION_TOKEN", token[:-4] + "AAAA")
+    with pytest.raises(PermissionError, match=r"temp\.txt: HTTP 400 InvalidToken") as info:
+        storage.open(f"s3://{bucket}").get("temp.txt")
+    assert token[:-4] not in str(info.value)  # the token never appears in messages

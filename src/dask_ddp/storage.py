@@ -34,7 +34,9 @@ URL schemes
     key per line (relative to the base), optionally followed by a tab and the size in
     bytes; blank lines and lines starting with ``#`` are ignored. Without that file
     ``list`` raises ``NotImplementedError`` saying so. ``put`` and ``delete`` raise
-    ``NotImplementedError``.
+    ``NotImplementedError``. For https (here and for S3), ``ca_bundle=`` or
+    ``AWS_CA_BUNDLE`` names a PEM file of CA certificates to trust instead of the
+    system's.
 ``memory://name[/prefix]``
     Process-wide named in-memory stores (tests, examples); ``memory://`` alone opens a
     fresh anonymous one.
@@ -80,6 +82,7 @@ class ObjectInfo(NamedTuple):
 _OPTIONS = {
     "endpoint_url": "S3 endpoint overriding AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL",
     "region": "S3 region overriding AWS_REGION / AWS_DEFAULT_REGION",
+    "ca_bundle": "https: PEM file of CA certificates to trust (default: AWS_CA_BUNDLE)",
     "max_attempts": "total attempts per request, including the first",
     "initial_backoff": "first retry delay in seconds (jittered, doubling)",
     "max_backoff": "longest retry delay in seconds",
@@ -198,7 +201,7 @@ def open(url: str | os.PathLike[str], *, anon: bool = False, **options: Any) -> 
     anon
         S3 only: send unsigned requests, as for public buckets.
     **options
-        ``endpoint_url``, ``region``, ``max_attempts``, ``initial_backoff``,
+        ``endpoint_url``, ``region``, ``ca_bundle``, ``max_attempts``, ``initial_backoff``,
         ``max_backoff``, ``multipart_threshold``, ``multipart_part_size``,
         ``max_in_flight``, ``connect_timeout``, ``low_speed_timeout``.
 

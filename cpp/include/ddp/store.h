@@ -45,6 +45,9 @@ struct StoreOptions {
   // Overrides of the AWS environment conventions; empty means "from the environment".
   std::string endpoint_url;
   std::string region;
+  // https: a PEM file of CA certificates to trust instead of the system's; empty means
+  // AWS_CA_BUNDLE from the environment if set, else the system store.
+  std::string ca_bundle;
   // Objects larger than this are uploaded with S3 multipart upload.
   uint64_t multipart_threshold = 16ull << 20;
   uint64_t multipart_part_size = 8ull << 20;

@@ -43,7 +43,7 @@ std::string UniqueName() {
 void StoreConformanceTest::SetUp() {
   Result<StorePair> r = GetParam().open(UniqueName());
   if (!r.ok() && r.status().code() == Code::kFailedPrecondition) {
-    GTEST_SKIP() << r.status().ToString();
+    GTEST_SKIP() << r.status().message();
   }
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   pair_ = std::move(r).value();

@@ -25,7 +25,9 @@ Status Store::GetManyCancellable(std::span<const std::string> keys, const GetCal
   // Generic fallback: one request at a time. Network stores override this.
   for (size_t i = 0; i < keys.size(); ++i) {
     if (cancel.load(std::memory_order_relaxed)) {
-      for (size_t j = i; j < keys.size(); ++j) cb(j, CancelledError(KeyUrl(keys[j]) + ": cancelled"));
+      for (size_t j = i; j < keys.size(); ++j) {
+        cb(j, CancelledError(KeyUrl(keys[j]) + ": cancelled"));
+      }
       return CancelledError("batched get from " + url() + " cancelled");
     }
     cb(i, Get(keys[i]));

@@ -6,6 +6,7 @@
 #include <array>
 #include <cctype>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <mutex>
@@ -249,6 +250,9 @@ CurlClient::~CurlClient() = default;
 Result<std::unique_ptr<CurlClient>> CurlClient::Create(ClientConfig config) {
   DDP_RETURN_IF_ERROR(GlobalInit());
   DDP_RETURN_IF_ERROR(ValidateRetryOptions(config.retry));
+  if (config.ca_bundle.empty()) {
+    if (const char* env = std::getenv("AWS_CA_BUNDLE"); env != nullptr) config.ca_bundle = env;
+  }
   std::unique_ptr<CurlClient> c(new CurlClient(std::move(config)));
   Impl* impl = c->impl_.get();
   impl->share = curl_share_init();
@@ -276,7 +280,9 @@ bool Configure(CURL* e, Transfer* t, const ClientConfig& cfg, CURLSH* share) {
   const HttpRequest& r = *t->request;
   curl_easy_reset(e);
   bool ok = true;
-  auto set = [&](CURLoption opt, auto value) { ok = ok && curl_easy_setopt(e, opt, value) == CURLE_OK; };
+  auto set = [&](CURLoption opt, auto value) {
+    ok = ok && curl_easy_setopt(e, opt, value) == CURLE_OK;
+  };
   set(CURLOPT_URL, r.url.c_str());
   set(CURLOPT_NOSIGNAL, 1L);
   set(CURLOPT_SHARE, share);
@@ -295,8 +301,11 @@ bool Configure(CURL* e, Transfer* t, const ClientConfig& cfg, CURLSH* share) {
   set(CURLOPT_FOLLOWLOCATION, 0L);
   set(CURLOPT_PATH_AS_IS, 1L);  // keys may hold "..", which must not be squashed
   set(CURLOPT_PROTOCOLS_STR, "http,https");
+  if (!cfg.ca_bundle.empty()) set(CURLOPT_CAINFO, cfg.ca_bundle.c_str());
 
-  for (const std::string& h : cfg.extra_headers) t->headers = curl_slist_append(t->headers, h.c_str());
+  for (const std::string& h : cfg.extra_headers) {
+    t->headers = curl_slist_append(t->headers, h.c_str());
+  }
   for (const std::string& h : r.headers) t->headers = curl_slist_append(t->headers, h.c_str());
   if (r.method == "HEAD") {
     set(CURLOPT_NOBODY, 1L);
@@ -411,8 +420,12 @@ Status CurlClient::PerformMany(std::span<const HttpRequest> requests, int max_in
   max_in_flight = std::max(1, max_in_flight);
   Impl::MultiContext ctx = impl_->TakeMulti();
   if (ctx.multi == nullptr) return ResourceExhaustedError("curl_multi_init failed");
-  CURLMcode mc = curl_multi_setopt(ctx.multi, CURLMOPT_MAXCONNECTS, static_cast<long>(max_in_flight));
-  if (mc != CURLM_OK) return InternalError(std::string("curl_multi_setopt: ") + curl_multi_strerror(mc));
+  CURLMcode mc =
+      curl_multi_setopt(ctx.multi, CURLMOPT_MAXCONNECTS, static_cast<long>(max_in_flight));
+  if (mc != CURLM_OK) {
+    impl_->ReturnMulti(std::move(ctx));
+    return InternalError(std::string("curl_multi_setopt: ") + curl_multi_strerror(mc));
+  }
 
   std::vector<int> attempts(requests.size(), 0);
   std::deque<size_t> ready;

@@ -46,6 +46,7 @@ struct ClientConfig {
   std::string access_key;  // with sigv4; never appears in messages
   std::string secret_key;
   std::vector<std::string> extra_headers;  // added to every request (session token)
+  std::string ca_bundle;                   // CURLOPT_CAINFO when not empty
   // Builds the Status for a non-2xx answer; the default names request.what, the HTTP
   // status and the method. S3 replaces it to add the error code from the XML body.
   std::function<Status(const HttpRequest&, const HttpResponse&)> http_error;
@@ -64,6 +65,7 @@ std::string RedactUrl(std::string_view url);
 
 class CurlClient {
  public:
+  // A client for `config`; an empty config.ca_bundle is taken from AWS_CA_BUNDLE.
   static Result<std::unique_ptr<CurlClient>> Create(ClientConfig config);
   ~CurlClient();
   CurlClient(const CurlClient&) = delete;

@@ -146,7 +146,7 @@ class HttpStore final : public Store {
     std::vector<HttpRequest> heads;
     for (size_t i : which) heads.push_back(Request("HEAD", (*infos)[i].key));
     Status first_error;
-    Status batch = client_->PerformMany(heads, max_in_flight_, [&](size_t j, Result<HttpResponse> r) {
+    auto on_head = [&](size_t j, Result<HttpResponse> r) {
       if (!first_error.ok()) return;
       if (!r.ok()) {
         first_error = r.status();
@@ -160,7 +160,8 @@ class HttpStore final : public Store {
           first_error = size.status();
         }
       }
-    });
+    };
+    Status batch = client_->PerformMany(heads, max_in_flight_, on_head);
     DDP_RETURN_IF_ERROR(batch);
     return first_error.WithContext("listing " + display_ + " (sizes by HEAD)");
   }
@@ -191,6 +192,7 @@ Result<std::unique_ptr<Store>> OpenHttpStore(std::string_view url, const StoreOp
   cfg.retry = options.retry;
   cfg.connect_timeout_s = options.connect_timeout_s;
   cfg.low_speed_timeout_s = options.low_speed_timeout_s;
+  cfg.ca_bundle = options.ca_bundle;
   DDP_ASSIGN_OR_RETURN(auto client, CurlClient::Create(std::move(cfg)));
   return std::unique_ptr<Store>(
       new HttpStore(std::move(base), std::move(client), std::max(1, options.max_in_flight)));

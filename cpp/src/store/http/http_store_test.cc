@@ -58,7 +58,8 @@ Result<StorePair> OpenLiveHttp(const std::string& unique) {
   const char* url = std::getenv("DDP_TEST_HTTP_URL");
   const char* root = std::getenv("DDP_TEST_HTTP_ROOT");
   if (url == nullptr || root == nullptr) {
-    return FailedPreconditionError("DDP_TEST_HTTP_URL / DDP_TEST_HTTP_ROOT not set");
+    return FailedPreconditionError(
+        "no live server: set DDP_TEST_HTTP_URL and DDP_TEST_HTTP_ROOT to run these");
   }
   StoreOptions o;
   o.retry.initial_backoff_s = 0.01;

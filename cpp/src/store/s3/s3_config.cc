@@ -64,8 +64,8 @@ Result<std::optional<S3Credentials>> ProfileCredentials(const EnvLookup& env,
   }
   if (!conf_file.empty()) {
     // The config file names sections "[profile x]", except "[default]".
-    DDP_ASSIGN_OR_RETURN(auto sec,
-                         ReadIniSection(conf_file, profile == "default" ? profile : "profile " + profile));
+    std::string section = profile == "default" ? profile : "profile " + profile;
+    DDP_ASSIGN_OR_RETURN(auto sec, ReadIniSection(conf_file, section));
     if (sec) take(*sec, conf_file);
   }
   return creds;
@@ -155,10 +155,10 @@ Result<S3Config> ResolveS3Config(std::string_view url, const StoreOptions& optio
       }
     } else if (!key.empty() || !secret.empty()) {
       if (key.empty() || secret.empty()) {
-        return UnauthenticatedError(std::string(key.empty() ? "AWS_ACCESS_KEY_ID" : "AWS_SECRET_ACCESS_KEY") +
-                                    " is not set but " +
-                                    (key.empty() ? "AWS_SECRET_ACCESS_KEY" : "AWS_ACCESS_KEY_ID") +
-                                    " is, for " + std::string(url));
+        std::string unset = key.empty() ? "AWS_ACCESS_KEY_ID" : "AWS_SECRET_ACCESS_KEY";
+        std::string set = key.empty() ? "AWS_SECRET_ACCESS_KEY" : "AWS_ACCESS_KEY_ID";
+        return UnauthenticatedError(unset + " is not set but " + set + " is, for " +
+                                    std::string(url));
       }
       c.credentials = S3Credentials{key, secret, Get(env, "AWS_SESSION_TOKEN"), "environment"};
     } else {

@@ -248,6 +248,7 @@ Result<std::unique_ptr<Store>> OpenS3Store(std::string_view url, const StoreOpti
   cfg.retry = options.retry;
   cfg.connect_timeout_s = options.connect_timeout_s;
   cfg.low_speed_timeout_s = options.low_speed_timeout_s;
+  cfg.ca_bundle = options.ca_bundle;
   cfg.http_error = &S3Error;
   if (config.credentials) {
     cfg.sigv4 = "aws:amz:" + config.region + ":s3";

@@ -25,7 +25,8 @@ Result<StorePair> OpenLiveS3(const std::string& unique) {
   const char* endpoint = std::getenv("DDP_TEST_S3_ENDPOINT");
   const char* bucket = std::getenv("DDP_TEST_S3_BUCKET");
   if (endpoint == nullptr || bucket == nullptr) {
-    return FailedPreconditionError("DDP_TEST_S3_ENDPOINT / DDP_TEST_S3_BUCKET not set");
+    return FailedPreconditionError(
+        "no live server: set DDP_TEST_S3_ENDPOINT and DDP_TEST_S3_BUCKET to run these");
   }
   StoreOptions o;
   o.endpoint_url = endpoint;

@@ -25,11 +25,11 @@ TEST(S3XmlTest, ParsesAListPageWithContinuation) {
 }
 
 TEST(S3XmlTest, RejectsMalformedListingsNamingTheRequest) {
-  for (std::string_view xml : {"not xml <", "<Other/>",
-                               "<ListBucketResult><Contents><Key>k</Key></Contents></ListBucketResult>",
-                               "<ListBucketResult><IsTruncated>true</IsTruncated></ListBucketResult>",
-                               "<ListBucketResult><Contents><Key>k</Key><Size>1x</Size></Contents>"
-                               "</ListBucketResult>"}) {
+  for (std::string_view xml :
+       {"not xml <", "<Other/>",
+        "<ListBucketResult><Contents><Key>k</Key></Contents></ListBucketResult>",
+        "<ListBucketResult><IsTruncated>true</IsTruncated></ListBucketResult>",
+        "<ListBucketResult><Contents><Key>k</Key><Size>1x</Size></Contents></ListBucketResult>"}) {
     auto page = ParseListObjectsV2(xml, "s3://bucket/list");
     ASSERT_FALSE(page.ok()) << xml;
     EXPECT_EQ(page.status().code(), Code::kDataLoss);

@@ -14,7 +14,7 @@ CMAKE_FLAGS ?=
 # The package is imported from the source tree; the C++ module is built beside it.
 export PYTHONPATH := $(ROOT)/src$(if $(PYTHONPATH),:$(PYTHONPATH))
 
-.PHONY: help setup apt venv build test test-cpp test-py asan lint demo bench fuzz clean
+.PHONY: help setup apt venv build develop test test-cpp test-py asan lint demo bench fuzz clean
 
 help:
 	@echo "make demo   - set up, then train on a local Dask cluster (the embedded default)"
@@ -23,7 +23,7 @@ help:
 	@echo "make lint   - ruff and mypy"
 	@echo "make bench  - run the benchmarks (see BENCHMARKS.md)"
 
-setup: apt venv build
+setup: apt venv build develop
 
 apt:
 	@bash tools/setup_apt.sh
@@ -35,6 +35,15 @@ build: venv
 	@$(CMAKE) -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 	  -DPython_EXECUTABLE=$(PY) -DDDP_BUILD_TESTS=ON $(CMAKE_FLAGS) >/dev/null
 	@$(CMAKE) --build $(BUILD) -j $(JOBS)
+
+# Make this checkout the package the environment imports (a .pth to src/) and install the
+# `dask-ddp` command, as `pip install -e .` would; the last checkout set up wins.
+develop: venv
+	@site=$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \
+	  echo "$(ROOT)/src" > "$$site/dask_ddp_dev.pth"
+	@printf '#!%s\nimport sys\nfrom dask_ddp.cli import main\nsys.exit(main())\n' \
+	  "$$(readlink -f .venv)/bin/python" \
+	  > .venv/bin/dask-ddp && chmod +x .venv/bin/dask-ddp
 
 test: setup test-cpp test-py
 

@@ -1,10 +1,319 @@
-// Bindings of the image pipeline (decode, transforms, Loader).
+// Bindings of the image pipeline: dask_ddp._core.ImageLoader (the threaded batch loader),
+// decode_image / transform_image (one image, for tests and tools), rrc_box (torchvision's
+// RandomResizedCrop parameters from given draws) and decode_throughput (the benchmark's
+// decode-only ceiling).
+//
+// Batches cross to Python as torch tensors through DLPack without a copy: the tensor's
+// owner is a capsule holding the batch buffer's lease, so the engine reuses the buffer
+// only after torch frees the tensor.
 #include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/array.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <thread>
+
+#include "ddp/store.h"
+#include "errors.h"
+#include "image/decode.h"
+#include "image/transforms.h"
+#include "pipeline/loader.h"
+#include "pipeline/throughput.h"
 
 namespace nb = nanobind;
+using namespace nb::literals;
 
 namespace ddp::py {
+namespace {
 
-void init_data(nb::module_& m) { (void)m; }
+using OpSpec = std::pair<std::string, std::vector<double>>;
+
+Status NeedParams(const OpSpec& s, size_t n) {
+  if (s.second.size() != n) {
+    return InvalidArgumentError("transform op '" + s.first + "' takes " + std::to_string(n) +
+                                " parameters, got " + std::to_string(s.second.size()));
+  }
+  return Status::Ok();
+}
+
+// Ops as (name, parameters), made by dask_ddp.data.transforms (see each class's _op()).
+Result<image::Pipeline> MakePipeline(const std::vector<OpSpec>& specs, bool fixed_size = true) {
+  std::vector<image::TransformOp> ops;
+  for (const OpSpec& s : specs) {
+    image::TransformOp op;
+    const std::vector<double>& p = s.second;
+    if (s.first == "resize") {
+      DDP_RETURN_IF_ERROR(NeedParams(s, 3));
+      op.kind = image::OpKind::kResize;
+      op.height = static_cast<int>(p[0]);
+      op.width = static_cast<int>(p[1]);
+      op.antialias = p[2] != 0;
+    } else if (s.first == "center_crop") {
+      DDP_RETURN_IF_ERROR(NeedParams(s, 2));
+      op.kind = image::OpKind::kCenterCrop;
+      op.height = static_cast<int>(p[0]);
+      op.width = static_cast<int>(p[1]);
+    } else if (s.first == "random_resized_crop") {
+      DDP_RETURN_IF_ERROR(NeedParams(s, 7));
+      op.kind = image::OpKind::kRandomResizedCrop;
+      op.height = static_cast<int>(p[0]);
+      op.width = static_cast<int>(p[1]);
+      op.scale = {p[2], p[3]};
+      op.ratio = {p[4], p[5]};
+      op.antialias = p[6] != 0;
+    } else if (s.first == "hflip") {
+      DDP_RETURN_IF_ERROR(NeedParams(s, 1));
+      op.kind = image::OpKind::kHorizontalFlip;
+      op.p = p[0];
+    } else if (s.first == "to_tensor") {
+      DDP_RETURN_IF_ERROR(NeedParams(s, 0));
+      op.kind = image::OpKind::kToTensor;
+    } else if (s.first == "pil_to_tensor") {
+      DDP_RETURN_IF_ERROR(NeedParams(s, 0));
+      op.kind = image::OpKind::kPILToTensor;
+    } else if (s.first == "normalize") {
+      DDP_RETURN_IF_ERROR(NeedParams(s, 6));
+      op.kind = image::OpKind::kNormalize;
+      op.mean = {p[0], p[1], p[2]};
+      op.std = {p[3], p[4], p[5]};
+    } else {
+      return InvalidArgumentError("unknown transform op '" + s.first + "'");
+    }
+    ops.push_back(op);
+  }
+  return image::Pipeline::Create(std::move(ops), fixed_size);
+}
+
+// A capsule owning a heap copy of `value`; deleting the capsule destroys it.
+template <typename T>
+nb::capsule OwnerOf(T value) {
+  return nb::capsule(new T(std::move(value)), [](void* p) noexcept { delete static_cast<T*>(p); });
+}
+
+nb::object ImagesTensor(void* data, size_t n, const image::Pipeline& p, nb::handle owner) {
+  const size_t shape[4] = {n, 3, static_cast<size_t>(p.out_height()), static_cast<size_t>(p.out_width())};
+  const nb::dlpack::dtype dt = p.float_output() ? nb::dtype<float>() : nb::dtype<uint8_t>();
+  return nb::ndarray<nb::pytorch>(data, 4, shape, owner, nullptr, dt).cast();
+}
+
+std::string_view View(const nb::bytes& b) { return {b.c_str(), b.size()}; }
+
+class PyLoader {
+ public:
+  PyLoader(const std::string& url, bool anonymous, std::vector<std::string> keys,
+           std::vector<int64_t> labels, const std::vector<OpSpec>& ops, int batch_size,
+           bool shuffle, uint64_t seed, int rank, int world_size, bool drop_last, int num_threads,
+           int prefetch, bool skip_errors, int max_side, bool scaled_decode, bool region_decode,
+           int max_in_flight) {
+    image::Pipeline pipeline = ValueOrThrow(MakePipeline(ops));
+    pipeline::LoaderOptions o;
+    o.batch_size = batch_size;
+    o.num_threads = num_threads;
+    o.prefetch = prefetch;
+    o.drop_last = drop_last;
+    o.skip_errors = skip_errors;
+    o.scaled_decode = scaled_decode;
+    o.region_decode = region_decode;
+    o.max_in_flight = max_in_flight;
+    o.sampler = {shuffle, seed, rank, world_size, drop_last};
+    o.decode.max_side = max_side;
+    // Local files: each worker reads its own file (parallel reads, no extra thread).
+    // Remote stores: one fetch thread keeps many requests in flight with GetMany.
+    o.batched_fetch = !(url.starts_with("file://") || url.starts_with("/") || url.find("://") == std::string::npos);
+    nb::gil_scoped_release release;
+    StoreOptions so;
+    so.anonymous = anonymous;
+    std::shared_ptr<Store> store(ValueOrThrow(OpenStore(url, so)));
+    loader_ = ValueOrThrow(pipeline::Loader::Create(std::move(store), std::move(keys), std::move(labels),
+                                                    std::move(pipeline), o));
+  }
+
+  void StartEpoch(uint64_t epoch, int64_t start_batch) {
+    Status st;
+    {
+      nb::gil_scoped_release release;
+      st = checked().StartEpoch(epoch, start_batch);
+    }
+    ThrowIfError(st);
+  }
+
+  nb::object Next() {
+    pipeline::Loader& loader = checked();
+    Result<std::optional<pipeline::Batch>> r = [&] {
+      nb::gil_scoped_release release;
+      return loader.Next();
+    }();
+    std::optional<pipeline::Batch> b = ValueOrThrow(std::move(r));
+    if (!b) return nb::none();
+    const size_t n = static_cast<size_t>(b->size);
+    nb::object images = ImagesTensor(b->images, n, loader_->pipeline(), OwnerOf(b->lease));
+    const size_t lshape[1] = {n};
+    nb::object labels = nb::ndarray<nb::pytorch, int64_t>(b->labels, 1, lshape, OwnerOf(b->lease)).cast();
+    return nb::make_tuple(images, labels, b->index);
+  }
+
+  void Close() {
+    nb::gil_scoped_release release;
+    loader_.reset();
+  }
+
+  pipeline::Loader& checked() {
+    if (!loader_) throw nb::value_error("the loader is closed");
+    return *loader_;
+  }
+
+ private:
+  std::unique_ptr<pipeline::Loader> loader_;
+};
+
+}  // namespace
+
+void init_data(nb::module_& m) {
+  const image::DecodeOptions dd;
+
+  m.def(
+      "decode_image",
+      [](nb::bytes data, const std::string& url, int max_side, int scale_denom) {
+        image::DecodeOptions o;
+        o.max_side = max_side;
+        image::Image img;
+        Status st;
+        {
+          nb::gil_scoped_release release;
+          st = image::DecodeImage(View(data), url, o, scale_denom, img);
+        }
+        ThrowIfError(st);
+        const size_t shape[3] = {static_cast<size_t>(img.height), static_cast<size_t>(img.width), 3};
+        uint8_t* px = img.pixels.data();
+        return nb::ndarray<nb::numpy, uint8_t>(px, 3, shape, OwnerOf(std::move(img.pixels))).cast();
+      },
+      "data"_a, "url"_a = "", "max_side"_a = dd.max_side, "scale_denom"_a = 1,
+      "Decode JPEG or PNG bytes to an RGB uint8 array (H, W, 3). `url` names the data in errors.");
+
+  m.def(
+      "image_info",
+      [](nb::bytes data, const std::string& url, int max_side) {
+        image::DecodeOptions o;
+        o.max_side = max_side;
+        image::ImageInfo info = ValueOrThrow(image::ReadImageInfo(View(data), url, o));
+        return nb::make_tuple(info.width, info.height, info.format == image::Format::kJpeg ? "jpeg" : "png");
+      },
+      "data"_a, "url"_a = "", "max_side"_a = dd.max_side, "(width, height, format) from the header.");
+
+  m.def(
+      "transform_image",
+      [](nb::bytes data, const std::vector<OpSpec>& ops, uint64_t seed, uint64_t epoch, uint64_t index,
+         bool scaled_decode, bool region_decode, const std::string& url) {
+        image::Pipeline p = ValueOrThrow(MakePipeline(ops, /*fixed_size=*/false));
+        std::vector<uint8_t> out;
+        std::array<int, 2> hw{0, 0};
+        Status st;
+        {
+          nb::gil_scoped_release release;
+          st = [&]() -> Status {
+            DDP_ASSIGN_OR_RETURN(image::ImageInfo info, image::ReadImageInfo(View(data), url));
+            hw = p.OutputSize(info.width, info.height);
+            out.resize(p.sample_bytes(hw[0], hw[1]));
+            image::Rng rng = image::Rng::ForSample(seed, epoch, index);
+            const bool jpeg = info.format == image::Format::kJpeg;
+            image::SamplePlan plan =
+                p.Plan(info.width, info.height, rng, scaled_decode && jpeg, region_decode && jpeg);
+            image::Image img;
+            DDP_RETURN_IF_ERROR(image::DecodeImage(View(data), url, {}, plan.scale_denom, img,
+                                                   plan.region ? &*plan.region : nullptr));
+            return p.Apply(img, plan, out.data());
+          }();
+        }
+        ThrowIfError(st);
+        const size_t shape[3] = {3, static_cast<size_t>(hw[0]), static_cast<size_t>(hw[1])};
+        const nb::dlpack::dtype dt = p.float_output() ? nb::dtype<float>() : nb::dtype<uint8_t>();
+        uint8_t* ptr = out.data();
+        return nb::ndarray<nb::numpy>(ptr, 3, shape, OwnerOf(std::move(out)), nullptr, dt).cast();
+      },
+      "data"_a, "ops"_a, "seed"_a = 0, "epoch"_a = 0, "index"_a = 0, "scaled_decode"_a = false,
+      "region_decode"_a = false, "url"_a = "",
+      "Decode one image and apply transform ops, as the loader does for sample `index`; "
+      "returns a (3, H, W) numpy array.");
+
+  m.def(
+      "sample_plan",
+      [](int width, int height, const std::vector<OpSpec>& ops, uint64_t seed, uint64_t epoch, uint64_t index,
+         bool scaled_decode, bool region_decode) {
+        image::Pipeline p = ValueOrThrow(MakePipeline(ops));
+        image::Rng rng = image::Rng::ForSample(seed, epoch, index);
+        image::SamplePlan plan = p.Plan(width, height, rng, scaled_decode, region_decode);
+        nb::list boxes;
+        for (const image::Box& b : plan.boxes) boxes.append(nb::make_tuple(b.top, b.left, b.height, b.width));
+        nb::list flips;
+        for (bool f : plan.flips) flips.append(f);
+        nb::object region = nb::none();
+        if (plan.region) {
+          region = nb::make_tuple(plan.region->top, plan.region->left, plan.region->height, plan.region->width);
+        }
+        return nb::make_tuple(boxes, flips, plan.scale_denom, region);
+      },
+      "width"_a, "height"_a, "ops"_a, "seed"_a = 0, "epoch"_a = 0, "index"_a = 0, "scaled_decode"_a = false,
+      "region_decode"_a = false,
+      "The random choices the loader makes for sample `index` of an image of this size: "
+      "(RandomResizedCrop boxes as (top, left, height, width), flips, JPEG scale denominator, "
+      "decoded region as (top, left, height, width) or None).");
+
+  m.def(
+      "rrc_box",
+      [](int width, int height, std::array<double, 2> scale, std::array<double, 2> ratio,
+         const std::vector<double>& draws) {
+        size_t used = 0;
+        bool exhausted = false;
+        image::Box b = image::RandomResizedCropBox(width, height, scale, ratio, [&] {
+          if (used >= draws.size()) {
+            exhausted = true;
+            return 0.0;
+          }
+          return draws[used++];
+        });
+        if (exhausted) throw nb::value_error("rrc_box: not enough draws");
+        return nb::make_tuple(b.top, b.left, b.height, b.width, used);
+      },
+      "width"_a, "height"_a, "scale"_a, "ratio"_a, "draws"_a,
+      "RandomResizedCrop's (top, left, height, width) for an image, using `draws` (uniform "
+      "[0, 1) values) where torchvision draws random numbers; also returns how many were used.");
+
+  m.def(
+      "decode_throughput",
+      [](const std::vector<nb::bytes>& blobs, int num_threads, int rounds, int scale_denom) {
+        std::vector<std::string> copies;
+        copies.reserve(blobs.size());
+        for (const nb::bytes& b : blobs) copies.emplace_back(View(b));
+        Result<double> r = [&] {
+          nb::gil_scoped_release release;
+          return pipeline::DecodeThroughput(copies, num_threads, rounds, scale_denom);
+        }();
+        return ValueOrThrow(std::move(r));
+      },
+      "blobs"_a, "num_threads"_a, "rounds"_a = 1, "scale_denom"_a = 1,
+      "Images per second of full-size decode only (no fetch, no transform) on N threads.");
+
+  nb::class_<PyLoader>(m, "ImageLoader", "The C++ batch loader (use dask_ddp.data.Loader).")
+      .def(nb::init<const std::string&, bool, std::vector<std::string>, std::vector<int64_t>,
+                    const std::vector<OpSpec>&, int, bool, uint64_t, int, int, bool, int, int, bool, int,
+                    bool, bool, int>(),
+           "url"_a, "anonymous"_a, "keys"_a, "labels"_a, "ops"_a, "batch_size"_a, "shuffle"_a, "seed"_a,
+           "rank"_a, "world_size"_a, "drop_last"_a, "num_threads"_a, "prefetch"_a, "skip_errors"_a,
+           "max_side"_a, "scaled_decode"_a, "region_decode"_a = true, "max_in_flight"_a = 0)
+      .def("start_epoch", &PyLoader::StartEpoch, "epoch"_a, "start_batch"_a = 0,
+           "Start (or restart) an epoch at a batch; cancels work in flight.")
+      .def("next", &PyLoader::Next, "The next (images, labels, batch_index), or None at the epoch's end.")
+      .def("close", &PyLoader::Close, "Stop the threads and free the buffers not held by tensors.")
+      .def_prop_ro("num_batches", [](PyLoader& l) { return l.checked().num_batches(); })
+      .def_prop_ro("num_samples", [](PyLoader& l) { return l.checked().num_samples(); })
+      .def_prop_ro("skipped", [](PyLoader& l) { return l.checked().skipped(); })
+      .def_prop_ro("sample_shape", [](PyLoader& l) {
+        const auto& p = l.checked().pipeline();
+        return nb::make_tuple(3, p.out_height(), p.out_width());
+      })
+      .def_prop_ro("float_output", [](PyLoader& l) { return l.checked().pipeline().float_output(); });
+}
 
 }  // namespace ddp::py

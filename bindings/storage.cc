@@ -61,7 +61,7 @@ class GetManyIterator {
     state_->capacity = std::max<size_t>(16, static_cast<size_t>(std::max(max_in_flight, 1)) * 2);
     std::shared_ptr<State> st = state_;
     thread_ = std::thread([st, store = std::move(store), max_in_flight] {
-      Status batch = store->GetMany(
+      Status batch = store->GetManyCancellable(
           st->keys,
           [&st](size_t index, Result<std::string> data) {
             std::unique_lock<std::mutex> lock(st->mu);
@@ -70,7 +70,7 @@ class GetManyIterator {
             st->queue.emplace_back(index, std::move(data));
             st->cv.notify_all();
           },
-          max_in_flight);
+          max_in_flight, st->cancel);
       std::lock_guard<std::mutex> lock(st->mu);
       st->batch_status = std::move(batch);
       st->finished = true;
@@ -82,6 +82,7 @@ class GetManyIterator {
     {
       std::lock_guard<std::mutex> lock(state_->mu);
       state_->cancelled = true;
+      state_->cancel = true;  // stops the fetch itself, not just the hand-off
       state_->cv.notify_all();
     }
     // The worker never takes the GIL, but release it anyway while waiting for it: the
@@ -126,6 +127,7 @@ class GetManyIterator {
     std::deque<std::pair<size_t, Result<std::string>>> queue;
     size_t capacity = 16;
     bool cancelled = false;
+    std::atomic<bool> cancel{false};
     bool finished = false;
     Status batch_status;
   };
@@ -151,7 +153,9 @@ void init_storage(nb::module_& m) {
       .def_rw("key", &ObjectInfo::key, "The key, relative to the store root.")
       .def_rw("size", &ObjectInfo::size, "Size in bytes.")
       .def("__eq__",
-           [](const ObjectInfo& a, const ObjectInfo& b) { return a.key == b.key && a.size == b.size; })
+           [](const ObjectInfo& a, const ObjectInfo& b) {
+             return a.key == b.key && a.size == b.size;
+           })
       .def("__repr__", [](const ObjectInfo& o) -> std::string {
         std::string key_repr = nb::repr(nb::str(o.key.c_str(), o.key.size())).c_str();
         return "ObjectInfo(key=" + key_repr + ", size=" + std::to_string(o.size) + ")";
@@ -232,13 +236,14 @@ void init_storage(nb::module_& m) {
   m.def(
       "open_store",
       [](const std::string& url, bool anonymous, const std::string& endpoint_url,
-         const std::string& region, int max_attempts, double initial_backoff,
+         const std::string& region, const std::string& ca_bundle, int max_attempts, double initial_backoff,
          double max_backoff, uint64_t multipart_threshold, uint64_t multipart_part_size,
          int max_in_flight, double connect_timeout, double low_speed_timeout) {
         StoreOptions o;
         o.anonymous = anonymous;
         o.endpoint_url = endpoint_url;
         o.region = region;
+        o.ca_bundle = ca_bundle;
         o.retry.max_attempts = max_attempts;
         o.retry.initial_backoff_s = initial_backoff;
         o.retry.max_backoff_s = max_backoff;
@@ -254,7 +259,7 @@ void init_storage(nb::module_& m) {
         return PyStore{std::shared_ptr<Store>(ValueOrThrow(std::move(r)))};
       },
       "url"_a, nb::kw_only(), "anonymous"_a = defaults.anonymous, "endpoint_url"_a = "",
-      "region"_a = "", "max_attempts"_a = defaults.retry.max_attempts,
+      "region"_a = "", "ca_bundle"_a = "", "max_attempts"_a = defaults.retry.max_attempts,
       "initial_backoff"_a = defaults.retry.initial_backoff_s,
       "max_backoff"_a = defaults.retry.max_backoff_s,
       "multipart_threshold"_a = defaults.multipart_threshold,

@@ -219,8 +219,8 @@ def run_with_loader(data_url: str, train_pct: float, batch_size: int, n_epochs: 
     dataset = data.ImageFolder(data_url)
     train_idx, test_idx = split_indices(len(dataset), train_pct)
     tf = T.Compose([T.Resize(32), T.CenterCrop(32), T.ToTensor(), T.Normalize(MEAN, STD)])
-    train = Loader(dataset.subset(train_idx), batch_size, transform=tf, shuffle=True)
-    val = Loader(dataset.subset(test_idx), batch_size, transform=tf, shuffle=False)
+    train = Loader(Subset(dataset, train_idx), batch_size, transform=tf, shuffle=True)
+    val = Loader(Subset(dataset, test_idx), batch_size, transform=tf, shuffle=False)
 
     state = dask_ddp.load_checkpoint()
     start_epoch = 0
@@ -281,7 +281,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--model", default="cnn", help="cnn (fast) or a torchvision resnet name")
     p.add_argument("--pretrained", action="store_true",
                    help="load the ResNet's pretrained weights (must be on the machine)")
-    p.add_argument("--quick", action="store_true", help="2 epochs (CI)")
+    p.add_argument("--quick", action="store_true", help="3 epochs (CI)")
     p.add_argument("--out", default="out/demo", help="where results, plots, checkpoints go")
     return p.parse_args(argv)
 
@@ -316,7 +316,7 @@ def train_world_size(args: argparse.Namespace, api: str, world_size: int, data_u
     import dask_ddp
 
     kwargs = dict(data_url=data_url, train_pct=args.train_pct, batch_size=args.batch_size,
-                  n_epochs=2 if args.quick else args.epochs, base_lr=args.base_lr,
+                  n_epochs=3 if args.quick else args.epochs, base_lr=args.base_lr,
                   model_name=args.model, pretrained=args.pretrained,
                   num_workers=0 if args.quick else 2)
     cluster = None

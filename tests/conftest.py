@@ -98,3 +98,38 @@ def s3_bucket(s3_server: str) -> str:
     name = f"test-{uuid.uuid4().hex[:12]}"
     boto3.client("s3", endpoint_url=s3_server).create_bucket(Bucket=name)
     return name
+
+
+# ---- storage servers (tests/storage_servers.py) -----------------------------------------
+
+from pathlib import Path  # noqa: E402 - kept with the fixtures that use it
+from typing import Any  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def fault_server() -> Iterator[Any]:
+    """The fault-injecting HTTP/S3 look-alike of tests/storage_servers.py."""
+    from storage_servers import start_fault_server
+
+    with start_fault_server() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def http_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    """Python's http.server on a fresh directory; yields (base URL, directory)."""
+    from storage_servers import start_http_server
+
+    root = tmp_path_factory.mktemp("http-root")
+    with start_http_server(root) as server:
+        yield server.url, root
+
+
+@pytest.fixture(scope="session")
+def s3_auth_server() -> Iterator[Any]:
+    """moto's S3 server checking SigV4 signatures: a storage_servers.AuthServer."""
+    from storage_servers import start_moto_auth_server
+
+    auth = start_moto_auth_server()
+    with auth.server:
+        yield auth

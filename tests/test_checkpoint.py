@@ -100,7 +100,7 @@ while True:
 """
 
 
-def kill_writers_mid_write(url: str, rounds: int = 4) -> None:
+def kill_writers_mid_write(url: str, rounds: int = 3) -> None:
     """Start a writer, load concurrently, SIGKILL it at varying times; repeat."""
     start = 0
     for i in range(rounds):

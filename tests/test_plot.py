@@ -89,6 +89,14 @@ def test_load_run_reads_seed_records(tmp_path: Path) -> None:
     assert len(run.curves[("eval", "accuracy")][0].y) == 10
     assert run.accuracy_label == "correct per batch"
     assert load_run(report_run(tmp_path / "m")).accuracy_label == "accuracy"
+    sized = tmp_path / "sized"
+    sized.mkdir()
+    (sized / "metrics.jsonl").write_text(
+        json.dumps({"rank": 0, "step": 1, "loss": 1.0, "correct": 12, "size": 16}) + "\n"
+    )
+    run = load_run(sized)
+    assert run.curves[("train", "accuracy")][0].y == [0.75]
+    assert run.accuracy_label == "accuracy"
 
 
 def test_plot_errors(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

@@ -128,15 +128,16 @@ def reporting_training(steps: int, big: int) -> int:
 
     rank = dist.get_rank()
     model = torch.nn.Linear(4, 1)
+    rh = results.DaskResultsHandler(os.environ["KEY"])
+    if big:  # above dask-ddp.results.inline-max: goes through the job's storage
+        rh.submit_result(f"big-{rank}.bin", bytes([rank]) * big)
     for step in range(steps):
         t = torch.tensor([float(step)])
         dist.all_reduce(t)
         dask_ddp.report({"loss": 1.0 / (step + 1), "sum": t.item(), "epoch": step // 50}, step)
-        if step % 100 == 99:
-            dask_ddp.save_checkpoint({"model": model.state_dict(), "step": step}, step)
-    rh = results.DaskResultsHandler(os.environ["KEY"])
-    if big:  # above dask-ddp.results.inline-max: goes through the job's storage
-        rh.submit_result(f"big-{rank}.bin", bytes([rank]) * big)
+        if step % 100 == 99:  # the last one (40 MB) is the rank's very last action
+            big = torch.ones(10_000_000) if step == steps - 1 else torch.ones(1)
+            dask_ddp.save_checkpoint({"model": model.state_dict(), "step": step, "big": big}, step)
     return rank
 
 
@@ -168,6 +169,7 @@ def test_job_metrics_jsonl_and_checkpoints(client: Client, tmp_path: Path) -> No
     )
     ckpt = load_checkpoint(url)
     assert ckpt["step"] == 299 and set(ckpt["model"]) == {"weight", "bias"}
+    assert ckpt["big"].numel() == 10_000_000
     from dask_ddp import storage
 
     assert not storage.open(url).list("_results/")  # stored results are cleaned up

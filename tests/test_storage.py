@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pickle
 import threading
 import uuid
 from pathlib import Path
@@ -100,7 +101,7 @@ def test_blocking_calls_release_the_gil(store: storage.Store) -> None:
 
 
 def test_file_put_is_atomic_and_creates_parents(tmp_path: Path) -> None:
-    store = storage.open(str(tmp_path))
+    store = storage.open(tmp_path)  # a path object works too
     store.put("deep/er/ckpt.pt", b"1" * 1000)
     store.put("deep/er/ckpt.pt", b"2" * 10)
     assert (tmp_path / "deep/er/ckpt.pt").read_bytes() == b"2" * 10
@@ -137,3 +138,13 @@ def test_permission_error(tmp_path: Path) -> None:
     (tmp_path / "ro").mkdir(mode=0o500)
     with pytest.raises(PermissionError, match="ro"):
         storage.open(str(tmp_path / "ro")).put("k", b"v")
+
+
+def test_store_pickles_as_url_and_options(tmp_path: Path) -> None:
+    store = storage.open(tmp_path / "p", max_attempts=2)
+    store.put("k", b"v")
+    clone = pickle.loads(pickle.dumps(store))
+    assert clone.url == store.url and clone.get("k") == b"v"
+    mem = storage.open("memory://pickle-test")
+    mem.put("k", b"m")
+    assert pickle.loads(pickle.dumps(mem)).get("k") == b"m"  # same process: same objects

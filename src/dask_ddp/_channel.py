@@ -2,18 +2,19 @@
 
 Records go ``rank process -> pipe -> Forwarder (in the worker) -> scheduler -> client``:
 
-- **Rank side** (:func:`write`): each record is one frame written to the pipe whose write
-  end is ``DASK_DDP_CHANNEL_FD``, in a single locked ``os.write`` loop. Nothing is buffered
-  in the rank's memory, so a record whose ``write`` returned survives ``os._exit`` and
-  ``SIGKILL`` (it is in the kernel's pipe buffer), and a full pipe blocks the rank: the
-  back-pressure of the whole channel ends there. Frame::
+- **Rank side** (:func:`write`): each record is written to the pipe whose write end is
+  ``DASK_DDP_CHANNEL_FD`` before the call returns, as frames of at most ``PIPE_BUF``
+  (4096) bytes: each frame is one atomic ``os.write``, so frames stay whole even when the
+  rank's threads and the processes it forked (DataLoader workers, which inherit the pipe)
+  write at once. Nothing is buffered in the rank's memory, so a record whose ``write``
+  returned survives ``os._exit`` and ``SIGKILL`` (it is in the kernel's pipe buffer), and
+  a full pipe blocks the rank: the back-pressure of the whole channel ends there. Frame::
 
-      !Q payload length | !Q sequence | !I pid | !H topic length | topic (utf-8) | payload
+      !I data length | !Q seq | !I pid | !H topic length | !I fragment | !I fragments
+      | topic (utf-8) | data
 
-  The sequence counts the records of one process on one topic, from 0; the pid tells the
-  rank process from processes it forked (DataLoader workers), which inherit the pipe.
-  Frames of at most ``PIPE_BUF`` (4096) bytes reach the pipe whole even when several
-  processes write at once; larger ones are whole only within one process (a lock).
+  ``seq`` counts the records of one process on one topic, from 0; a record larger than a
+  frame is cut into consecutive fragments (same seq, pid).
 - **Worker side** (:class:`Forwarder`): a thread reads the pipe, cuts frames into parts of
   at most ``dask-ddp.results.part-size`` and puts them into the scheduler's store for the
   topic. A put that does not fit in the topic's budget waits there; the Forwarder stops
@@ -58,7 +59,9 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 logger = logging.getLogger(__name__)
 
 ENV_FD = "DASK_DDP_CHANNEL_FD"
-_HEADER = struct.Struct("!QQIH")
+_HEADER = struct.Struct("!IQIHII")
+#: Consecutive frames of a stream travel together in entries of up to this size.
+_PACK_MAX = 32 * 1024
 #: Writes up to this size are atomic on a pipe (POSIX PIPE_BUF on Linux).
 PIPE_BUF = 4096
 _PLUGIN_NAME = "dask-ddp-results"
@@ -107,7 +110,7 @@ class _Topic:
         freed = False
         while self.entries and self.base < cursor:
             entry = self.entries.popleft()
-            self.used -= len(entry[4]) + _ENTRY_OVERHEAD
+            self.used -= len(entry[5]) + _ENTRY_OVERHEAD
             self.base += 1
             freed = True
         if freed:
@@ -143,7 +146,7 @@ class ResultsExtension:
 
     def _accept(self, t: _Topic, entries: list[list[Any]]) -> int:
         n = 0
-        for source, seq, part, nparts, payload in entries:
+        for source, seq, count, part, nparts, payload in entries:
             key = (int(seq), int(part))
             if key <= t.last.get(source, (-1, -1)):  # a retried put: already stored
                 n += 1
@@ -151,14 +154,14 @@ class ResultsExtension:
             size = len(payload) + _ENTRY_OVERHEAD
             if t.used and t.used + size > t.budget:
                 break
-            t.entries.append([source, key[0], key[1], int(nparts), payload])
+            t.entries.append([source, key[0], int(count), key[1], int(nparts), payload])
             t.used += size
             t.last[source] = key
             n += 1
         return n
 
     async def put(self, topic: str, entries: list[list[Any]], wait: float = 1.0) -> dict[str, int]:
-        """Append ``entries`` (``[source, seq, part, nparts, payload]``).
+        """Append ``entries`` (``[source, seq, count, part, nparts, payload]``).
 
         Returns how many entries from the front were taken (stored or already stored).
         When none fit in the budget, waits up to ``wait`` seconds for the reader to free
@@ -210,7 +213,7 @@ class ResultsExtension:
         while i < len(t.entries) and (not out or size < max_bytes):
             entry = t.entries[i]
             out.append(entry)
-            size += len(entry[4])
+            size += len(entry[5])
             i += 1
         return {"entries": out, "cursor": cursor + len(out)}
 
@@ -287,21 +290,54 @@ class _Writer:
     def write(self, topic: str, payload: bytes) -> None:
         tb = self.topics.get(topic)
         if tb is None:
-            tb = self.topics[topic] = topic.encode()
+            tb = topic.encode()
+            if len(tb) > 1024:
+                raise ValueError(f"results topic too long ({len(tb)} bytes): {topic[:80]!r}...")
+            self.topics[topic] = tb
+        room = PIPE_BUF - _HEADER.size - len(tb)
+        n = len(payload)
         with self.lock:
             seq = self.seqs.get(topic, 0)
-            frame = _HEADER.pack(len(payload), seq, self.pid, len(tb)) + tb + payload
-            n = os.write(self.fd, frame)
-            if n != len(frame):  # large frames: the pipe takes them piecewise
-                view = memoryview(frame)[n:]
-                while view:
-                    n = os.write(self.fd, view)
-                    view = view[n:]
+            if n <= room:
+                self._write(_HEADER.pack(n, seq, self.pid, len(tb), 0, 1) + tb + payload)
+            else:
+                count = -(-n // room)
+                view = memoryview(payload)
+                for i in range(count):
+                    chunk = view[i * room : (i + 1) * room]
+                    self._write(
+                        _HEADER.pack(len(chunk), seq, self.pid, len(tb), i, count) + tb + chunk
+                    )
             self.seqs[topic] = seq + 1
+
+    def _write(self, frame: bytes) -> None:
+        # A blocking write of at most PIPE_BUF bytes to a pipe is all-or-nothing.
+        written = os.write(self.fd, frame)
+        if written != len(frame):
+            raise OSError(f"short write to the results pipe: {written} of {len(frame)} bytes")
 
 
 _writer: _Writer | None = None
-_writer_pid = -1
+_writer_lock = threading.Lock()
+
+
+def _make_writer() -> _Writer:
+    # Once per process (a forked child makes its own): two writers in one process would
+    # hand out the same sequence numbers twice.
+    global _writer, _writer_lock
+    if _writer is not None and _writer.pid != os.getpid():
+        _writer_lock = threading.Lock()  # a fork may have copied it held
+    with _writer_lock:
+        w = _writer
+        if w is None or w.pid != os.getpid():
+            fd_text = os.environ.get(ENV_FD)
+            if fd_text is None:
+                raise RuntimeError(
+                    f"no results channel: {ENV_FD} is not set; submit_result/report work "
+                    "in a rank started by dask_ddp (dispatch.run or dask_ddp.submit)"
+                )
+            w = _writer = _Writer(int(fd_text))
+        return w
 
 
 def in_rank() -> bool:
@@ -318,17 +354,9 @@ def write(topic: str, payload: bytes) -> None:
         When this process is not a dask-ddp rank (no ``DASK_DDP_CHANNEL_FD``), or the
         channel's reader is gone.
     """
-    global _writer, _writer_pid
     w = _writer
-    if w is None or _writer_pid != os.getpid():
-        fd_text = os.environ.get(ENV_FD)
-        if fd_text is None:
-            raise RuntimeError(
-                f"no results channel: {ENV_FD} is not set; submit_result/report work in "
-                "a rank started by dask_ddp (dispatch.run or dask_ddp.submit)"
-            )
-        w = _writer = _Writer(int(fd_text))
-        _writer_pid = os.getpid()
+    if w is None or w.pid != os.getpid():
+        w = _make_writer()
     try:
         w.write(topic, payload)
     except BrokenPipeError as e:
@@ -416,46 +444,95 @@ class Forwarder:
     def _forward(self) -> None:
         buf = bytearray()
         seqs: dict[tuple[str, int], int] = {}  # (topic, pid) -> next sequence
+        pieces: dict[tuple[str, int], list[Any]] = {}  # (topic, pid) -> [seq, next, data]
+        last_tb, last_topic = b"", ""
         while True:
             chunk = os.read(self.read_fd, 1 << 20)
             if not chunk:
                 break
             buf += chunk
             batches: dict[str, list[list[Any]]] = {}
+            # A run: consecutive whole frames of one stream, forwarded as they are.
+            run: list[Any] | None = None  # [topic, pid, seq0, count, start, end]
             pos = 0
             while len(buf) - pos >= _HEADER.size:
-                length, seq, pid, tlen = _HEADER.unpack_from(buf, pos)
-                end = pos + _HEADER.size + tlen + length
+                length, seq, pid, tlen, index, count = _HEADER.unpack_from(buf, pos)
+                start = pos + _HEADER.size
+                end = start + tlen + length
                 if end > len(buf):
                     break
-                start = pos + _HEADER.size
-                topic = bytes(buf[start : start + tlen]).decode()
-                payload = bytes(buf[start + tlen : end])
-                batches.setdefault(topic, []).extend(self._parts(pid, seq, payload))
+                if tlen != len(last_tb) or not buf.startswith(last_tb, start):
+                    last_tb = bytes(buf[start : start + tlen])
+                    last_topic = last_tb.decode()
+                topic = last_topic
+                if count == 1:
+                    if (
+                        run is not None
+                        and run[1] == pid
+                        and run[2] + run[3] == seq
+                        and run[0] == topic
+                        and end - run[4] <= _PACK_MAX
+                    ):
+                        run[3] += 1
+                        run[5] = end
+                    else:
+                        if run is not None:
+                            self._flush_run(batches, buf, run)
+                        run = [topic, pid, seq, 1, pos, end]
+                else:  # a fragment of a large record
+                    if run is not None:
+                        self._flush_run(batches, buf, run)
+                        run = None
+                    key = (topic, pid)
+                    piece = pieces.get(key)
+                    if index == 0:
+                        piece = pieces[key] = [seq, 0, bytearray()]
+                    if piece is None or piece[0] != seq or piece[1] != index:
+                        raise RuntimeError(
+                            f"results pipe of job {self.job_id} rank {self.rank}: fragment "
+                            f"{index}/{count} of record {seq} (pid {pid}) out of order"
+                        )
+                    piece[1] += 1
+                    piece[2] += buf[start + tlen : end]
+                    if index + 1 == count:
+                        del pieces[key]
+                        source = f"{self.source}.{pid}"
+                        entries = batches.setdefault(topic, [])
+                        entries.extend(self._parts(source, seq, bytes(piece[2])))
+                        self.records += 1
                 seqs[(topic, pid)] = seq + 1
-                self.records += 1
                 pos = end
+            if run is not None:
+                self._flush_run(batches, buf, run)
             del buf[:pos]
             for topic, entries in batches.items():
                 self._put(topic, entries)
-        if buf:
+        if buf or pieces:
             logger.warning(
                 "job %s rank %s: the rank ended in the middle of writing a record "
                 "(%d bytes); that record was never submitted",
                 self.job_id,
                 self.rank,
-                len(buf),
+                len(buf) + sum(len(p[2]) for p in pieces.values()),
             )
         for (topic, pid), nxt in seqs.items():  # end markers: the count of records
-            self._put(topic, [[f"{self.source}.{pid}", nxt, 0, 0, b""]])
+            self._put(topic, [[f"{self.source}.{pid}", nxt, 0, 0, 0, b""]])
 
-    def _parts(self, pid: int, seq: int, payload: bytes) -> list[list[Any]]:
-        if len(payload) <= self._part:
-            return [[f"{self.source}.{pid}", seq, 0, 1, payload]]
-        n = -(-len(payload) // self._part)
+    def _flush_run(
+        self, batches: dict[str, list[list[Any]]], buf: bytearray, run: list[Any]
+    ) -> None:
+        topic, pid, seq0, count, start, end = run
+        source = f"{self.source}.{pid}"
+        batches.setdefault(topic, []).append([source, seq0, count, 0, 1, bytes(buf[start:end])])
+        self.records += count
+
+    def _parts(self, source: str, seq: int, payload: bytes) -> list[list[Any]]:
+        """A reassembled large record: one frame, or raw parts of ``part-size``."""
         p = self._part
-        src = f"{self.source}.{pid}"
-        return [[src, seq, i, n, payload[i * p : (i + 1) * p]] for i in range(n)]
+        if len(payload) <= p:  # a run of one frame (no topic: the entry has it)
+            return [[source, seq, 1, 0, 1, _HEADER.pack(len(payload), seq, 0, 0, 0, 1) + payload]]
+        n = -(-len(payload) // p)
+        return [[source, seq, 1, i, n, payload[i * p : (i + 1) * p]] for i in range(n)]
 
     def _put(self, topic: str, entries: list[list[Any]]) -> None:
         loop = self._worker.loop.asyncio_loop
@@ -464,10 +541,10 @@ class Forwarder:
             batch: list[list[Any]] = []
             size = 0
             for e in entries:
-                if batch and size + len(e[4]) > 4 * self._part:
+                if batch and size + len(e[5]) > 4 * self._part:
                     break
                 batch.append(e)
-                size += len(e[4])
+                size += len(e[5])
             coro = self._worker.scheduler.dask_ddp_results_put(topic=topic, entries=batch)
             try:
                 reply = asyncio.run_coroutine_threadsafe(coro, loop).result(timeout=120)
@@ -540,40 +617,62 @@ class Reader:
         )
         self.cursor = int(reply["cursor"])
         out: list[Record] = []
-        for source, seq, part, nparts, payload in reply["entries"]:
-            rec = self._take(source, int(seq), int(part), int(nparts), payload)
-            if rec is not None:
-                out.append(rec)
+        for source, seq, count, part, nparts, payload in reply["entries"]:
+            self._take(out, source, int(seq), int(count), int(part), int(nparts), payload)
         return out
 
-    def _take(self, source: str, seq: int, part: int, nparts: int, payload: bytes) -> Record | None:
+    def _take(
+        self,
+        out: list[Record],
+        source: str,
+        seq: int,
+        count: int,
+        part: int,
+        nparts: int,
+        payload: bytes,
+    ) -> None:
+        """Entry kinds: ``nparts == 0`` the end marker (``seq``: records in the stream);
+        ``nparts == 1`` a run of ``count`` whole frames from ``seq`` on;
+        ``nparts > 1`` part ``part`` of the one record ``seq``."""
         expected = self.expected.get(source, 0)
-        if nparts == 0:  # end marker: seq is the number of records the stream carried
+        if nparts == 0:
             self.ended.add(source)
             if seq != expected or source in self.partial:
                 self._gap(f"stream {source} ended after {seq} records, {expected} arrived")
-            return None
+            return
         if seq < expected:
-            return None  # duplicate
+            return  # duplicate
         if seq > expected:
             self._gap(f"stream {source}: records {expected}..{seq - 1} are missing")
             self.partial.pop(source, None)
-        if nparts == 1:
-            self.expected[source] = seq + 1
-            return Record(source, _rank_of(source), seq, bytes(payload))
+        rank = _rank_of(source)
+        if nparts == 1:  # a run of whole frames, as the rank wrote them
+            view = memoryview(payload)
+            pos = 0
+            hsize = _HEADER.size
+            for i in range(count):
+                length, fseq, _pid, tlen, _index, _count = _HEADER.unpack_from(view, pos)
+                if fseq != seq + i:
+                    self._gap(f"stream {source}: corrupt run at record {seq + i}")
+                    break
+                start = pos + hsize + tlen
+                out.append(Record(source, rank, fseq, bytes(view[start : start + length])))
+                pos = start + length
+            self.expected[source] = seq + count
+            return
         parts = self.partial.setdefault(source, [])
         if part != len(parts):
             if part < len(parts):
-                return None  # duplicate part
+                return  # duplicate part
             self._gap(f"stream {source}: record {seq} lost parts {len(parts)}..{part - 1}")
             self.partial.pop(source, None)
-            return None
+            return
         parts.append(bytes(payload))
         if len(parts) < nparts:
-            return None
+            return
         del self.partial[source]
         self.expected[source] = seq + 1
-        return Record(source, _rank_of(source), seq, b"".join(parts))
+        out.append(Record(source, rank, seq, b"".join(parts)))
 
     def unfinished(self) -> list[str]:
         """Streams seen without their end marker (their forwarder or worker died)."""

@@ -14,6 +14,7 @@ otherwise). Checkpoints never travel through the Dask scheduler.
 
 from __future__ import annotations
 
+import atexit
 import collections
 import concurrent.futures
 import hashlib
@@ -91,7 +92,7 @@ def _upload(url: str, step: int, data: memoryview, keep: int) -> str:
     t0 = time.perf_counter()
     store = _open(url)
     digest = hashlib.sha256(data).hexdigest()
-    store.put(_data_key(step), bytes(data) if not isinstance(data, bytes) else data)
+    store.put(_data_key(step), data)
     manifest = {
         "step": step,
         "size": len(data),
@@ -178,6 +179,9 @@ def save_checkpoint(
             _executor = concurrent.futures.ThreadPoolExecutor(
                 max_workers=1, thread_name_prefix="dask-ddp-checkpoint"
             )
+            # The rank process ends with atexit handlers then os._exit (no thread joins):
+            # finish the uploads there, so a checkpoint saved last is not lost.
+            atexit.register(_finish_at_exit)
         fut = _executor.submit(_upload, url, step, data, keep)
         _pending.append(fut)
     return fut
@@ -187,6 +191,13 @@ def _log_failure(fut: concurrent.futures.Future[str]) -> None:
     exc = fut.exception()
     if exc is not None:
         logger.error("checkpoint upload failed: %r", exc)
+
+
+def _finish_at_exit() -> None:
+    try:
+        wait_checkpoints()
+    except Exception:  # noqa: BLE001 - at exit: log, do not mask the exit code
+        logger.exception("a checkpoint upload failed at exit")
 
 
 def wait_checkpoints(timeout: float | None = None) -> None:

@@ -9,8 +9,8 @@ seed's ``worker/<rank>.json`` written by ``DaskResultsHandler.process_results``.
 Records are read as the seed writes them: ``loss``, ``correct`` (right answers in the
 batch), ``count`` (iteration), ``worker``, ``sample`` (``train``/``eval``), and as
 ``report()`` writes them: ``rank``, ``step``, ``loss``, ``accuracy``. Accuracy is
-``accuracy`` when present, else ``correct / batch_size`` (or ``/ total``) when one of them
-is recorded, else the raw ``correct`` count.
+``accuracy`` when present, else ``correct / size`` (or ``/ batch_size``, ``/ total``) when
+one of them is recorded, else the raw ``correct`` count.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 _X_KEYS = ("count", "step", "iteration", "t_count")
+_TOTAL_KEYS = ("size", "batch_size", "total")
 _EVAL_NAMES = {"eval", "val", "valid", "validation", "test"}
 
 
@@ -99,7 +100,7 @@ def load_run(run_dir: Path) -> Run:
             loss = _number(rec.get("loss"))
             acc = _number(rec.get("accuracy"))
             if acc is None and _number(rec.get("correct")) is not None:
-                total = _number(rec.get("batch_size", rec.get("total")))
+                total = next((_number(rec[k]) for k in _TOTAL_KEYS if _number(rec.get(k))), None)
                 acc = _number(rec["correct"])
                 if total:
                     acc = acc / total if acc is not None else None

@@ -19,6 +19,19 @@ Client side
 - :meth:`DaskResultsHandler.process_results` writes the results under a folder.
 - The launcher calls :func:`start_job_monitor` (progress bar, ``metrics.jsonl``) and
   ``Job.metrics()`` returns :func:`iter_job_metrics`.
+
+Configuration (Dask config, e.g. ``DASK_DASK_DDP__RESULTS__BUDGET="16 MiB"``)
+---------------------------------------------------------------------------
+``dask-ddp.results.budget`` (64 MiB)
+    Scheduler memory per topic (a job's metrics, one handler's results); when full, the
+    ranks' ``report``/``submit_result`` wait until the client has read. (One part of a
+    large record is let into an empty topic even when it is larger than the budget.)
+``dask-ddp.results.part-size`` (1 MiB)
+    Large records cross the scheduler in parts of this size.
+``dask-ddp.results.inline-max`` (4 MiB)
+    With a job storage, ``submit_result`` data above this goes through storage.
+
+Limits: one reader per topic (one ``process_results`` per handler at a time).
 """
 
 from __future__ import annotations
@@ -71,8 +84,6 @@ class _RankState:
         self.rank = int(os.environ.get("RANK", "0"))
         self.job_id = os.environ.get("DASK_DDP_JOB_ID", "")
         self.topic = _channel.metrics_topic(self.job_id)
-        # One atomic pipe write, also from processes the rank forked (DataLoader workers).
-        self.max_payload = _channel.PIPE_BUF - _channel._HEADER.size - len(self.topic.encode())
 
 
 _state: _RankState | None = None
@@ -158,12 +169,6 @@ def report(metrics: dict[str, Any], step: int | None = None) -> None:
             raise ValueError(f"report(): metric {key!r} is reserved (rank, step, time)")
         rec[key] = value
     payload = _KIND_METRIC + json.dumps(rec).encode()
-    if len(payload) > s.max_payload:
-        raise ValueError(
-            f"report(): a record of {len(payload)} bytes (metrics {sorted(metrics)}) exceeds "
-            f"{s.max_payload} bytes, the size written to the channel in one piece; report "
-            "fewer or shorter metrics per call"
-        )
     if not s.enabled:
         if not _warned_outside:
             _warned_outside = True
@@ -403,14 +408,16 @@ class _ResultWriter:
 class JobMonitor:
     """Consumes a job's metric records on the client, in a thread.
 
-    Keeps every record (for :meth:`iter`), appends them to ``output_dir/metrics.jsonl``
-    and drives a tqdm progress bar. Ends by itself once the job's futures are done and
-    every record was read.
+    Appends the records to ``output_dir/metrics.jsonl`` and drives a tqdm progress bar.
+    :meth:`iter` replays them from the first: from that file when the job has an output
+    folder (the client's memory stays flat however long the job), else from memory. Ends
+    by itself once the job's futures are done and every record was read.
     """
 
     def __init__(self, job: Any, progress: bool = True) -> None:
         self.job = job
-        self.records: list[dict[str, Any]] = []
+        self.records: list[dict[str, Any]] = []  # only without an output folder
+        self.count = 0
         self.gaps: list[_channel.GapError] = []
         self.error: BaseException | None = None
         self.finished = False
@@ -421,6 +428,12 @@ class JobMonitor:
         )
         out = getattr(job, "output_dir", None)
         self.path = Path(out) / "metrics.jsonl" if out is not None else None
+        self._offset = 0  # where this job's records start in metrics.jsonl
+        self._file = None
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(self.path, "ab")  # noqa: SIM115 - closed by the thread
+            self._offset = self._file.tell()
         self._thread = threading.Thread(
             target=self._run, name=f"dask-ddp-metrics-{job.id}", daemon=True
         )
@@ -432,11 +445,8 @@ class JobMonitor:
 
     def _run(self) -> None:
         bar = None
-        f = None
+        f = self._file
         try:
-            if self.path is not None:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                f = open(self.path, "ab")  # noqa: SIM115 - closed in finally
             while True:
                 done = all(fut.done() for fut in self.job.futures)
                 recs = self._reader.fetch(timeout=0 if done else 0.5)
@@ -445,11 +455,13 @@ class JobMonitor:
                     if rec.payload[:1] != _KIND_METRIC:
                         logger.error("unexpected record kind on the metrics topic")
                         continue
+                    body = rec.payload[1:]
                     if f is not None:
-                        f.write(rec.payload[1:])
+                        f.write(body)
                         f.write(b"\n")
-                    batch.append(json.loads(rec.payload[1:]))
-                if f is not None and batch:
+                    if f is None or self._progress:
+                        batch.append(json.loads(body))
+                if f is not None and recs:
                     f.flush()
                 if self._progress and batch:
                     if bar is None:  # first record: no bar for jobs that never report()
@@ -457,9 +469,11 @@ class JobMonitor:
 
                         bar = tqdm(desc=str(getattr(self.job, "name", self.job.id)), unit="step")
                     _update_bar(bar, batch)
-                if batch:
+                if recs:
                     with self._cond:
-                        self.records.extend(batch)
+                        if f is None:
+                            self.records.extend(batch)
+                        self.count += len(recs)
                         self._cond.notify_all()
                 if done and not recs:
                     break
@@ -496,6 +510,9 @@ class JobMonitor:
 
     def iter(self) -> Iterator[dict[str, Any]]:
         """Every record from the first, live: blocks for new ones until the job ends."""
+        if self.path is not None:
+            yield from self._iter_file(self.path)
+            return
         i = 0
         while True:
             with self._cond:
@@ -507,6 +524,30 @@ class JobMonitor:
             i += len(batch)
             if finished and i >= len(self.records):
                 return
+
+    def _iter_file(self, path: Path) -> Iterator[dict[str, Any]]:
+        pending = b""
+        with open(path, "rb") as f:
+            f.seek(self._offset)
+            seen = 0
+            while True:
+                with self._cond:
+                    finished = self.finished  # before reading: then the read gets it all
+                    count = self.count
+                chunk = f.read()
+                if chunk:
+                    lines = (pending + chunk).split(b"\n")
+                    pending = lines.pop()
+                    for line in lines:
+                        if line:
+                            seen += 1
+                            yield json.loads(line)
+                    continue
+                if finished:
+                    return
+                with self._cond:
+                    if self.count == count and not self.finished:
+                        self._cond.wait(1.0)
 
 
 def _update_bar(bar: Any, batch: list[dict[str, Any]]) -> None:

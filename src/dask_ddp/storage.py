@@ -34,7 +34,9 @@ URL schemes
     key per line (relative to the base), optionally followed by a tab and the size in
     bytes; blank lines and lines starting with ``#`` are ignored. Without that file
     ``list`` raises ``NotImplementedError`` saying so. ``put`` and ``delete`` raise
-    ``NotImplementedError``.
+    ``NotImplementedError``. For https (here and for S3), ``ca_bundle=`` or
+    ``AWS_CA_BUNDLE`` names a PEM file of CA certificates to trust instead of the
+    system's.
 ``memory://name[/prefix]``
     Process-wide named in-memory stores (tests, examples); ``memory://`` alone opens a
     fresh anonymous one.
@@ -55,6 +57,7 @@ Every call releases the GIL while it waits on storage.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
@@ -79,6 +82,7 @@ class ObjectInfo(NamedTuple):
 _OPTIONS = {
     "endpoint_url": "S3 endpoint overriding AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL",
     "region": "S3 region overriding AWS_REGION / AWS_DEFAULT_REGION",
+    "ca_bundle": "https: PEM file of CA certificates to trust (default: AWS_CA_BUNDLE)",
     "max_attempts": "total attempts per request, including the first",
     "initial_backoff": "first retry delay in seconds (jittered, doubling)",
     "max_backoff": "longest retry delay in seconds",
@@ -94,11 +98,16 @@ class Store:
     """An object store opened on a root URL; use :func:`open` to make one.
 
     Thread-safe: one store may be shared by many threads, and every method releases
-    the GIL while it waits.
+    the GIL while it waits. A store pickles as its URL and options (Dask can send it to
+    workers); credentials are read again from the environment where it is unpickled.
     """
 
-    def __init__(self, core: Any) -> None:
+    def __init__(self, core: Any, opened_with: tuple[str, bool, dict[str, Any]]) -> None:
         self._core = core
+        self._opened_with = opened_with
+
+    def __reduce__(self) -> tuple[Any, tuple[str, bool, dict[str, Any]]]:
+        return (_reopen, self._opened_with)
 
     def __repr__(self) -> str:
         return f"Store({self.url!r})"
@@ -181,18 +190,18 @@ class Store:
         return self._core.get_many(key_list, max_in_flight or 0)
 
 
-def open(url: str, *, anon: bool = False, **options: Any) -> Store:  # noqa: A001
+def open(url: str | os.PathLike[str], *, anon: bool = False, **options: Any) -> Store:  # noqa: A001
     """Open the object store for a URL.
 
     Parameters
     ----------
     url
-        ``file:///path`` or a plain path, ``s3://bucket[/prefix]``,
+        ``file:///path`` or a plain path (``str`` or ``os.PathLike``), ``s3://bucket[/prefix]``,
         ``http(s)://host/base`` (read-only) or ``memory://name``.
     anon
         S3 only: send unsigned requests, as for public buckets.
     **options
-        ``endpoint_url``, ``region``, ``max_attempts``, ``initial_backoff``,
+        ``endpoint_url``, ``region``, ``ca_bundle``, ``max_attempts``, ``initial_backoff``,
         ``max_backoff``, ``multipart_threshold``, ``multipart_part_size``,
         ``max_in_flight``, ``connect_timeout``, ``low_speed_timeout``.
 
@@ -214,8 +223,10 @@ def open(url: str, *, anon: bool = False, **options: Any) -> Store:  # noqa: A00
     >>> [(i.key, i.size) for i in store.list("a/")]
     [('a/b.txt', 5)]
     """
+    if isinstance(url, os.PathLike):
+        url = os.fspath(url)
     if not isinstance(url, str):
-        raise TypeError(f"url must be a str, not {type(url).__name__}")
+        raise TypeError(f"url must be a str or a path, not {type(url).__name__}")
     unknown = sorted(set(options) - set(_OPTIONS))
     if unknown:
         raise TypeError(
@@ -223,4 +234,9 @@ def open(url: str, *, anon: bool = False, **options: Any) -> Store:  # noqa: A00
             f"known: {', '.join(sorted(_OPTIONS))}"
         )
     logger.debug("opening store %s", url)
-    return Store(_core.open_store(url, anonymous=anon, **options))
+    return Store(_core.open_store(url, anonymous=anon, **options), (url, anon, dict(options)))
+
+
+def _reopen(url: str, anon: bool, options: dict[str, Any]) -> Store:
+    """Unpickle a Store: open it again from its URL and options."""
+    return open(url, anon=anon, **options)

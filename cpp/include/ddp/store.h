@@ -6,6 +6,7 @@
 // hold the Python GIL release it first.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -44,6 +45,9 @@ struct StoreOptions {
   // Overrides of the AWS environment conventions; empty means "from the environment".
   std::string endpoint_url;
   std::string region;
+  // https: a PEM file of CA certificates to trust instead of the system's; empty means
+  // AWS_CA_BUNDLE from the environment if set, else the system store.
+  std::string ca_bundle;
   // Objects larger than this are uploaded with S3 multipart upload.
   uint64_t multipart_threshold = 16ull << 20;
   uint64_t multipart_part_size = 8ull << 20;
@@ -83,6 +87,13 @@ class Store {
   // the batch itself.
   virtual Status GetMany(std::span<const std::string> keys, const GetCallback& cb,
                          int max_in_flight = 0);
+
+  // As GetMany, but stops early once `cancel` becomes true (set from any thread): no new
+  // request starts, those in flight are abandoned, every key not delivered yet gets
+  // kCancelled through `cb`, and the call returns kCancelled. GetMany calls this with a
+  // flag that never becomes true; back-ends override this one.
+  virtual Status GetManyCancellable(std::span<const std::string> keys, const GetCallback& cb,
+                                    int max_in_flight, const std::atomic<bool>& cancel);
 
   // A full URL for `key` (root + '/' + key), for error messages and listings.
   std::string KeyUrl(std::string_view key) const;

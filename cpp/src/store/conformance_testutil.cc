@@ -43,7 +43,7 @@ std::string UniqueName() {
 void StoreConformanceTest::SetUp() {
   Result<StorePair> r = GetParam().open(UniqueName());
   if (!r.ok() && r.status().code() == Code::kFailedPrecondition) {
-    GTEST_SKIP() << r.status().ToString();
+    GTEST_SKIP() << r.status().message();
   }
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   pair_ = std::move(r).value();
@@ -247,6 +247,40 @@ TEST_P(StoreConformanceTest, GetManyDeliversEveryKeyOnceWithErrorsPerKey) {
   ASSERT_TRUE(s.ok()) << s.ToString();
   EXPECT_FALSE(overlapped) << "callbacks ran concurrently";
   for (size_t i = 0; i < kN; ++i) EXPECT_EQ(calls[i], 1) << "key " << keys[i];
+}
+
+TEST_P(StoreConformanceTest, GetManyStopsWhenCancelled) {
+  std::vector<std::string> keys;
+  for (int i = 0; i < 60; ++i) {
+    keys.push_back("c/" + std::to_string(i));
+    ASSERT_NO_FATAL_FAILURE(MustPut(keys.back(), "v" + std::to_string(i)));
+  }
+  std::atomic<bool> cancel{false};
+  int delivered = 0, cancelled = 0;
+  std::vector<int> calls(keys.size(), 0);
+  Status s = store().GetManyCancellable(
+      keys,
+      [&](size_t index, Result<std::string> data) {
+        calls[index]++;
+        if (data.ok()) {
+          ++delivered;
+          cancel = true;  // stop after the first object
+        } else {
+          EXPECT_EQ(data.status().code(), Code::kCancelled) << data.status().ToString();
+          EXPECT_NE(data.status().message().find(keys[index]), std::string::npos);
+          ++cancelled;
+        }
+      },
+      2, cancel);
+  EXPECT_EQ(s.code(), Code::kCancelled) << s.ToString();
+  EXPECT_GE(delivered, 1);
+  EXPECT_LE(delivered, 3);  // at most what was already in flight
+  EXPECT_EQ(delivered + cancelled, static_cast<int>(keys.size()));
+  for (size_t i = 0; i < keys.size(); ++i) EXPECT_EQ(calls[i], 1) << keys[i];
+  // The store stays usable after a cancelled batch.
+  int after = 0;
+  ASSERT_TRUE(store().GetMany(keys, [&](size_t, Result<std::string> d) { after += d.ok(); }).ok());
+  EXPECT_EQ(after, static_cast<int>(keys.size()));
 }
 
 TEST_P(StoreConformanceTest, GetManyOfNothingReturnsAtOnce) {

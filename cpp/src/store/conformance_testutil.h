@@ -15,6 +15,7 @@
 
 #include <functional>
 #include <memory>
+#include <ostream>
 #include <string>
 
 #include "ddp/store.h"
@@ -38,6 +39,9 @@ struct StoreFactory {
   // False when the back-end cannot list (checked to fail with kUnimplemented).
   bool lists = true;
 };
+
+// gtest prints a parameter by its name.
+inline void PrintTo(const StoreFactory& f, std::ostream* os) { *os << f.name; }
 
 // For INSTANTIATE_TEST_SUITE_P's name generator.
 std::string StoreFactoryName(const ::testing::TestParamInfo<StoreFactory>& info);

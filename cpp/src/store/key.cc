@@ -31,7 +31,8 @@ Status ValidateKey(std::string_view key, std::string_view store_url, bool strict
   return Status::Ok();
 }
 
-Result<ResolvedRange> ResolveRange(const ByteRange& range, uint64_t size, std::string_view key_url) {
+Result<ResolvedRange> ResolveRange(const ByteRange& range, uint64_t size,
+                                   std::string_view key_url) {
   if (range.offset > size) {
     return OutOfRangeError(std::string(key_url) + ": byte range " + DescribeRange(range) +
                            " starts past the end of the object (size " + std::to_string(size) +

@@ -16,8 +16,22 @@ std::string Store::KeyUrl(std::string_view key) const {
 }
 
 Status Store::GetMany(std::span<const std::string> keys, const GetCallback& cb, int max_in_flight) {
+  static const std::atomic<bool> never{false};
+  return GetManyCancellable(keys, cb, max_in_flight, never);
+}
+
+Status Store::GetManyCancellable(std::span<const std::string> keys, const GetCallback& cb,
+                                 int max_in_flight, const std::atomic<bool>& cancel) {
   // Generic fallback: one request at a time. Network stores override this.
-  for (size_t i = 0; i < keys.size(); ++i) cb(i, Get(keys[i]));
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (cancel.load(std::memory_order_relaxed)) {
+      for (size_t j = i; j < keys.size(); ++j) {
+        cb(j, CancelledError(KeyUrl(keys[j]) + ": cancelled"));
+      }
+      return CancelledError("batched get from " + url() + " cancelled");
+    }
+    cb(i, Get(keys[i]));
+  }
   return Status::Ok();
 }
 

@@ -81,10 +81,18 @@ class FileStore final : public Store {
   Result<std::vector<ObjectInfo>> List(std::string_view prefix) override {
     std::vector<ObjectInfo> out;
     // Walk only the deepest directory the prefix names, then filter by the full prefix.
-    std::string dir_part(prefix.substr(0, prefix.rfind('/') == std::string_view::npos
-                                              ? 0
-                                              : prefix.rfind('/') + 1));
-    fs::path start = dir_part.empty() ? root_ : root_ / dir_part;
+    size_t last_slash = prefix.rfind('/');
+    std::string_view dir_part =
+        last_slash == std::string_view::npos ? std::string_view() : prefix.substr(0, last_slash);
+    if (!dir_part.empty()) {
+      // The prefix's folders become a path: they must stay inside the root.
+      DDP_RETURN_IF_ERROR(ValidateKey(dir_part, url(), /*strict=*/true)
+                              .WithContext("invalid list prefix '" + std::string(prefix) + "'"));
+    } else if (last_slash != std::string_view::npos) {
+      return InvalidArgumentError(url() + ": invalid list prefix '" + std::string(prefix) +
+                                  "' (starts with '/'; keys are relative to the store root)");
+    }
+    fs::path start = dir_part.empty() ? root_ : root_ / std::string(dir_part);
     std::error_code ec;
     if (!fs::is_directory(start, ec)) return out;  // nothing there: an empty listing, as S3
     fs::recursive_directory_iterator it(start, fs::directory_options::skip_permission_denied, ec);

@@ -16,19 +16,23 @@ using ::ddp::testing::StoreConformanceTest;
 using ::ddp::testing::StoreFactory;
 using ::ddp::testing::StorePair;
 
-// A temporary directory removed at exit of the test binary.
+// A temporary directory removed at exit of the test binary. The path lives on the heap:
+// a static fs::path would be destroyed before the atexit handler that needs it runs.
 const fs::path& TempRoot() {
-  static const fs::path root = [] {
+  static const fs::path* const root = [] {
     std::string tmpl = (fs::temp_directory_path() / "ddp-file-store-XXXXXX").string();
     char* made = ::mkdtemp(tmpl.data());
     if (made == nullptr) std::abort();
-    std::atexit([] {
-      std::error_code ec;
-      fs::remove_all(TempRoot(), ec);
-    });
-    return fs::path(made);
+    return new fs::path(made);
   }();
-  return root;
+  static const bool registered = [] {
+    return std::atexit([] {
+      std::error_code ec;
+      fs::remove_all(*root, ec);
+    }) == 0;
+  }();
+  (void)registered;
+  return *root;
 }
 
 Result<StorePair> OpenPlainPath(const std::string& unique) {
@@ -62,6 +66,10 @@ TEST(FileStoreTest, RejectsKeysThatEscapeTheRoot) {
     EXPECT_NE(g.status().message().find(key), std::string::npos) << g.status().ToString();
   }
   EXPECT_FALSE(fs::exists(TempRoot() / "outside"));
+  for (std::string prefix : {"../", "a/../../", "/etc/"}) {
+    auto l = (*s)->List(prefix);
+    EXPECT_EQ(l.status().code(), Code::kInvalidArgument) << prefix;
+  }
 }
 
 TEST(FileStoreTest, PutCreatesParentsAndLeavesNoTemporaryFiles) {

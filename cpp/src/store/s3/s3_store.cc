@@ -1,9 +1,265 @@
+// s3://bucket[/prefix]: Amazon S3 and compatible servers over libcurl, signed with
+// libcurl's own SigV4 (CURLOPT_AWS_SIGV4), configured by the AWS conventions (see
+// s3_config.h).
+//
+// Query strings are written already in canonical form (parameters sorted, values
+// URI-encoded) so the signature is right whatever libcurl version canonicalises them.
+#include <algorithm>
+#include <atomic>
+
 #include "store/backends.h"
+#include "store/http/curl_client.h"
+#include "store/http/object_get.h"
+#include "store/key.h"
+#include "store/s3/s3_config.h"
+#include "store/s3/s3_xml.h"
 
 namespace ddp::store_internal {
+namespace {
+
+constexpr uint64_t kMinPartSize = 5ull << 20;  // S3's minimum for all parts but the last
+constexpr uint64_t kMaxParts = 10000;
+
+// Maps an S3 error answer to a Status naming the object, the HTTP status and the S3
+// error code and message from the XML body.
+Status S3Error(const HttpRequest& request, const HttpResponse& response) {
+  std::string code, message;
+  std::string detail;
+  if (ParseS3Error(response.body, &code, &message)) {
+    detail = code;
+    if (!message.empty()) detail += ": " + message;
+  }
+  Status s = HttpStatusError(request, response.status, detail);
+  if (code == "NoSuchKey" || code == "NoSuchBucket" || code == "NoSuchUpload") {
+    return {Code::kNotFound, s.message()};
+  }
+  if (code == "AccessDenied" || code == "InvalidAccessKeyId" || code == "SignatureDoesNotMatch" ||
+      code == "ExpiredToken" || code == "InvalidToken" || code == "AllAccessDisabled") {
+    return {Code::kPermissionDenied, s.message()};
+  }
+  if (code == "SlowDown" || code == "InternalError" || code == "ServiceUnavailable") {
+    return {Code::kUnavailable, s.message()};
+  }
+  return s;
+}
+
+class S3Store final : public Store {
+ public:
+  S3Store(S3Config config, std::unique_ptr<CurlClient> client, const StoreOptions& options)
+      : config_(std::move(config)),
+        bucket_url_(config_.BucketUrl()),
+        url_("s3://" + config_.bucket + (config_.prefix.empty() ? "" : "/" + config_.prefix)),
+        root_(config_.prefix.empty() ? "" : config_.prefix + "/"),
+        client_(std::move(client)),
+        options_(options) {}
+
+  std::string url() const override { return url_; }
+
+  Result<std::vector<ObjectInfo>> List(std::string_view prefix) override {
+    std::vector<ObjectInfo> out;
+    std::string full = root_ + std::string(prefix);
+    std::string token;
+    do {
+      // Parameters in canonical (sorted) order.
+      std::string query = "?";
+      if (!token.empty()) query += "continuation-token=" + UriEncode(token, false) + "&";
+      query += "list-type=2&prefix=" + UriEncode(full, false);
+      HttpRequest req;
+      req.url = bucket_url_ + "/" + query;
+      req.what = "listing " + KeyUrl(prefix);
+      DDP_ASSIGN_OR_RETURN(HttpResponse resp, client_->Perform(req));
+      if (resp.status / 100 != 2) return client_->ErrorFor(req, resp);
+      DDP_ASSIGN_OR_RETURN(ListPage page, ParseListObjectsV2(resp.body, req.what));
+      for (ObjectInfo& o : page.objects) {
+        if (!o.key.starts_with(root_)) continue;  // never, unless the server misbehaves
+        o.key.erase(0, root_.size());
+        out.push_back(std::move(o));
+      }
+      token = page.truncated ? page.next_token : std::string();
+    } while (!token.empty());
+    std::sort(out.begin(), out.end(),
+              [](const ObjectInfo& a, const ObjectInfo& b) { return a.key < b.key; });
+    return out;
+  }
+
+  Result<ObjectInfo> Stat(std::string_view key) override {
+    DDP_RETURN_IF_ERROR(ValidateKey(key, url_, /*strict=*/false));
+    DDP_ASSIGN_OR_RETURN(uint64_t size, SizeOf(key));
+    return ObjectInfo{std::string(key), size};
+  }
+
+  Result<std::string> Get(std::string_view key, ByteRange range) override {
+    DDP_RETURN_IF_ERROR(ValidateKey(key, url_, /*strict=*/false));
+    return GetObjectRange(*client_, ObjectRequest("GET", key), range, [&] { return SizeOf(key); });
+  }
+
+  Status Put(std::string_view key, std::string_view data) override {
+    DDP_RETURN_IF_ERROR(ValidateKey(key, url_, /*strict=*/false));
+    if (data.size() > options_.multipart_threshold) return PutMultipart(key, data);
+    HttpRequest req = ObjectRequest("PUT", key);
+    req.body = data;
+    DDP_ASSIGN_OR_RETURN(HttpResponse resp, client_->Perform(req));
+    if (resp.status / 100 != 2) return client_->ErrorFor(req, resp);
+    return Status::Ok();
+  }
+
+  Status Delete(std::string_view key) override {
+    DDP_RETURN_IF_ERROR(ValidateKey(key, url_, /*strict=*/false));
+    HttpRequest req = ObjectRequest("DELETE", key);
+    DDP_ASSIGN_OR_RETURN(HttpResponse resp, client_->Perform(req));
+    if (resp.status / 100 == 2) return Status::Ok();
+    Status s = client_->ErrorFor(req, resp);
+    // A missing key is fine (S3 itself answers 204); a missing bucket is not.
+    if (resp.status == 404 && s.message().find("NoSuchBucket") == std::string::npos) {
+      return Status::Ok();
+    }
+    return s;
+  }
+
+  Status GetManyCancellable(std::span<const std::string> keys, const GetCallback& cb,
+                            int max_in_flight, const std::atomic<bool>& cancel) override {
+    std::vector<HttpRequest> requests;
+    std::vector<size_t> index_of;
+    requests.reserve(keys.size());
+    index_of.reserve(keys.size());
+    for (size_t i = 0; i < keys.size(); ++i) {
+      Status valid = ValidateKey(keys[i], url_, /*strict=*/false);
+      if (!valid.ok()) {
+        cb(i, valid);
+        continue;
+      }
+      requests.push_back(ObjectRequest("GET", keys[i]));
+      index_of.push_back(i);
+    }
+    return client_->PerformMany(
+        requests, max_in_flight > 0 ? max_in_flight : options_.max_in_flight,
+        [&](size_t j, Result<HttpResponse> r) {
+          if (!r.ok()) return cb(index_of[j], r.status());
+          cb(index_of[j],
+             BodyForRange(*client_, requests[j], std::move(r).value(), ByteRange{}));
+        },
+        &cancel);
+  }
+
+ private:
+  HttpRequest ObjectRequest(std::string method, std::string_view key,
+                            std::string_view query = "") const {
+    HttpRequest r;
+    r.method = std::move(method);
+    r.url = bucket_url_ + "/" + UriEncode(root_, true) + UriEncode(key, true);
+    if (!query.empty()) {
+      r.url += "?";
+      r.url += query;
+    }
+    r.what = KeyUrl(key);
+    return r;
+  }
+
+  Result<uint64_t> SizeOf(std::string_view key) {
+    HttpRequest req = ObjectRequest("HEAD", key);
+    DDP_ASSIGN_OR_RETURN(HttpResponse resp, client_->Perform(req));
+    if (resp.status / 100 != 2) return client_->ErrorFor(req, resp);
+    return ContentLength(req, resp);
+  }
+
+  // Checks a 2xx answer that may still carry an <Error> (CompleteMultipartUpload).
+  Status CheckAnswer(const HttpRequest& req, const HttpResponse& resp) const {
+    std::string code, message;
+    if (resp.status / 100 != 2 || ParseS3Error(resp.body, &code, &message)) {
+      return client_->ErrorFor(req, resp);
+    }
+    return Status::Ok();
+  }
+
+  Status PutMultipart(std::string_view key, std::string_view data) {
+    uint64_t part = std::max<uint64_t>(options_.multipart_part_size, kMinPartSize);
+    part = std::max<uint64_t>(part, (data.size() + kMaxParts - 1) / kMaxParts);
+    size_t n_parts = static_cast<size_t>((data.size() + part - 1) / part);
+
+    HttpRequest init = ObjectRequest("POST", key, "uploads=");
+    init.what = KeyUrl(key) + " (initiating multipart upload)";
+    DDP_ASSIGN_OR_RETURN(HttpResponse init_resp, client_->Perform(init));
+    DDP_RETURN_IF_ERROR(CheckAnswer(init, init_resp));
+    DDP_ASSIGN_OR_RETURN(std::string upload_id, ParseUploadId(init_resp.body, init.what));
+    std::string id_q = "uploadId=" + UriEncode(upload_id, false);
+
+    std::vector<HttpRequest> parts(n_parts);
+    for (size_t i = 0; i < n_parts; ++i) {
+      parts[i] = ObjectRequest("PUT", key, "partNumber=" + std::to_string(i + 1) + "&" + id_q);
+      parts[i].what = KeyUrl(key) + " (part " + std::to_string(i + 1) + " of " +
+                      std::to_string(n_parts) + ")";
+      size_t off = i * part;
+      parts[i].body = data.substr(off, std::min<uint64_t>(part, data.size() - off));
+    }
+    std::vector<std::pair<int, std::string>> etags(n_parts);
+    Status failed;
+    Status batch = client_->PerformMany(
+        parts, std::min<int>(8, std::max(1, options_.max_in_flight)),
+        [&](size_t i, Result<HttpResponse> r) {
+          if (!failed.ok()) return;
+          if (!r.ok()) {
+            failed = r.status();
+            return;
+          }
+          if (Status s = CheckAnswer(parts[i], *r); !s.ok()) {
+            failed = s;
+            return;
+          }
+          const std::string* etag = r->Header("etag");
+          if (etag == nullptr) {
+            failed = DataLossError(parts[i].what + ": the answer has no ETag");
+            return;
+          }
+          etags[i] = {static_cast<int>(i + 1), *etag};
+        });
+    if (!batch.ok() && failed.ok()) failed = batch;
+    if (failed.ok()) {
+      std::string body = CompleteMultipartXml(etags);
+      HttpRequest complete = ObjectRequest("POST", key, id_q);
+      complete.what = KeyUrl(key) + " (completing multipart upload)";
+      complete.body = body;
+      Result<HttpResponse> resp = client_->Perform(complete);
+      failed = resp.ok() ? CheckAnswer(complete, *resp) : resp.status();
+      if (failed.ok()) return Status::Ok();
+    }
+    // Abort so the parts stop costing storage; the upload's own error is what matters.
+    HttpRequest abort = ObjectRequest("DELETE", key, id_q);
+    abort.what = KeyUrl(key) + " (aborting multipart upload)";
+    client_->Perform(abort).status().IgnoreError();
+    return failed;
+  }
+
+  S3Config config_;
+  std::string bucket_url_;
+  std::string url_;
+  std::string root_;  // "" or "prefix/"
+  std::unique_ptr<CurlClient> client_;
+  StoreOptions options_;
+};
+
+}  // namespace
 
 Result<std::unique_ptr<Store>> OpenS3Store(std::string_view url, const StoreOptions& options) {
-  return UnimplementedError("s3 store not built yet: '" + std::string(url) + "'");
+  DDP_ASSIGN_OR_RETURN(S3Config config, ResolveS3Config(url, options, ProcessEnv()));
+  if (options.multipart_part_size == 0) {
+    return InvalidArgumentError("multipart_part_size must be > 0 for " + std::string(url));
+  }
+  ClientConfig cfg;
+  cfg.retry = options.retry;
+  cfg.connect_timeout_s = options.connect_timeout_s;
+  cfg.low_speed_timeout_s = options.low_speed_timeout_s;
+  cfg.ca_bundle = options.ca_bundle;
+  cfg.http_error = &S3Error;
+  if (config.credentials) {
+    cfg.sigv4 = "aws:amz:" + config.region + ":s3";
+    cfg.access_key = config.credentials->access_key;
+    cfg.secret_key = config.credentials->secret_key;
+    if (!config.credentials->session_token.empty()) {
+      cfg.extra_headers.push_back("x-amz-security-token: " + config.credentials->session_token);
+    }
+  }
+  DDP_ASSIGN_OR_RETURN(auto client, CurlClient::Create(std::move(cfg)));
+  return std::unique_ptr<Store>(new S3Store(std::move(config), std::move(client), options));
 }
 
 }  // namespace ddp::store_internal

@@ -1,0 +1,20 @@
+// Test helpers: real JPEG and PNG files made by the real encoders.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ddp::image::testing {
+
+// A smooth, non-trivial RGB8 pattern (gradients plus a diagonal), w x h.
+std::vector<uint8_t> Pattern(int w, int h, int channels = 3);
+
+// JPEG via TurboJPEG. channels: 1 (gray), 3 (RGB) or 4 (CMYK).
+std::string EncodeJpeg(const std::vector<uint8_t>& px, int w, int h, int channels, int quality = 95,
+                       bool progressive = false);
+
+// PNG via libspng. color_type: 0 gray, 2 RGB, 6 RGBA (8-bit).
+std::string EncodePng(const std::vector<uint8_t>& px, int w, int h, int color_type);
+
+}  // namespace ddp::image::testing

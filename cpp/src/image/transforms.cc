@@ -1,0 +1,329 @@
+#include "image/transforms.h"
+
+#include <algorithm>
+#include <opencv2/core.hpp>
+#include <opencv2/imgproc.hpp>
+
+namespace ddp::image {
+namespace {
+
+bool IsGeometric(OpKind k) {
+  return k == OpKind::kResize || k == OpKind::kCenterCrop || k == OpKind::kRandomResizedCrop;
+}
+
+// Python's int(round(x)) for the small values here: round half to even.
+int RoundHalfEven(double x) { return static_cast<int>(std::nearbyint(x)); }
+
+// cv::resize standing in for torchvision's (PIL) antialiased bilinear resize; upscaling
+// and antialias=False are plain bilinear.
+// Antialiased shrinking by 2x or more uses OpenCV's area filter (closest to PIL's widened
+// bilinear filter, but its non-integer path costs ~3x a bilinear resize); below 2x a
+// bilinear kernel already touches every source pixel a destination pixel covers, and the
+// difference from PIL is ~1-3 levels (measured in tests/test_data_transforms.py).
+constexpr double kAreaFromFactor = 2.0;
+
+void ResizeTo(const cv::Mat& src, cv::Mat& dst, int h, int w, bool antialias) {
+  if (src.rows == h && src.cols == w) {
+    src.copyTo(dst);
+    return;
+  }
+  const bool down = w <= src.cols && h <= src.rows;
+  const double factor = std::max(static_cast<double>(src.cols) / w, static_cast<double>(src.rows) / h);
+  const bool area = antialias && down && factor >= kAreaFromFactor;
+  cv::resize(src, dst, cv::Size(w, h), 0, 0, area ? cv::INTER_AREA : cv::INTER_LINEAR);
+}
+
+}  // namespace
+
+std::array<int, 2> ResizeShorterSide(int width, int height, int size) {
+  const int short_side = std::min(width, height), long_side = std::max(width, height);
+  const int new_long = static_cast<int>(static_cast<double>(size) * long_side / short_side);
+  if (width <= height) return {new_long, size};
+  return {size, new_long};
+}
+
+Result<Pipeline> Pipeline::Create(std::vector<TransformOp> ops, bool fixed_size) {
+  Pipeline p;
+  bool sized = false, to_tensor = false, pil_to_tensor = false;
+  for (const TransformOp& op : ops) {
+    switch (op.kind) {
+      case OpKind::kResize:
+        if (op.width <= 0 || op.height < 0) {
+          return InvalidArgumentError("Resize: size must be positive, got " +
+                                      std::to_string(op.height) + "x" + std::to_string(op.width));
+        }
+        sized = op.height > 0;
+        p.out_h_ = op.height;
+        p.out_w_ = op.width;
+        break;
+      case OpKind::kCenterCrop:
+      case OpKind::kRandomResizedCrop:
+        if (op.width <= 0 || op.height <= 0) {
+          return InvalidArgumentError("crop size must be positive, got " + std::to_string(op.height) +
+                                      "x" + std::to_string(op.width));
+        }
+        if (op.kind == OpKind::kRandomResizedCrop &&
+            (op.scale[0] <= 0 || op.scale[0] > op.scale[1] || op.ratio[0] <= 0 || op.ratio[1] <= 0)) {
+          return InvalidArgumentError("RandomResizedCrop: need 0 < scale[0] <= scale[1] and ratio > 0");
+        }
+        sized = true;
+        p.out_h_ = op.height;
+        p.out_w_ = op.width;
+        break;
+      case OpKind::kHorizontalFlip:
+        if (op.p < 0 || op.p > 1) return InvalidArgumentError("RandomHorizontalFlip: p must be in [0, 1]");
+        break;
+      case OpKind::kToTensor:
+      case OpKind::kPILToTensor:
+        if (to_tensor || pil_to_tensor) return InvalidArgumentError("ToTensor/PILToTensor given twice");
+        (op.kind == OpKind::kToTensor ? to_tensor : pil_to_tensor) = true;
+        break;
+      case OpKind::kNormalize:
+        if (!to_tensor) return InvalidArgumentError("Normalize needs ToTensor() before it (float input)");
+        for (int c = 0; c < 3; ++c) {
+          if (op.std[c] == 0) return InvalidArgumentError("Normalize: std must not be 0");
+          // Compose with what came before: x -> (x - mean) / std.
+          p.mul_[c] = static_cast<float>(p.mul_[c] / op.std[c]);
+          p.add_[c] = static_cast<float>((p.add_[c] - op.mean[c]) / op.std[c]);
+        }
+        break;
+    }
+    if (op.kind == OpKind::kToTensor) {
+      for (int c = 0; c < 3; ++c) p.mul_[c] = 1.0f / 255.0f;
+    }
+  }
+  if (!sized && !fixed_size) {
+    p.out_h_ = p.out_w_ = 0;
+  } else if (!sized) {
+    return InvalidArgumentError(
+        "the transform's output size depends on the image; end the geometric transforms with "
+        "CenterCrop, RandomResizedCrop or Resize((h, w)) so every batch has one shape");
+  }
+  if (!to_tensor && !pil_to_tensor) {
+    return InvalidArgumentError(
+        "the transform must contain ToTensor() (float32 output) or PILToTensor() (uint8 output)");
+  }
+  p.float_out_ = to_tensor;
+  p.ops_ = std::move(ops);
+  return p;
+}
+
+size_t Pipeline::sample_bytes() const { return sample_bytes(out_h_, out_w_); }
+
+size_t Pipeline::sample_bytes(int height, int width) const {
+  return static_cast<size_t>(3) * height * width * (float_out_ ? sizeof(float) : 1);
+}
+
+std::array<int, 2> Pipeline::OutputSize(int src_width, int src_height) const {
+  int w = src_width, h = src_height;
+  for (const TransformOp& op : ops_) {
+    if (!IsGeometric(op.kind)) continue;
+    if (op.kind == OpKind::kResize && op.height == 0) {
+      const auto s = ResizeShorterSide(w, h, op.width);
+      h = s[0];
+      w = s[1];
+    } else {
+      h = op.height;
+      w = op.width;
+    }
+  }
+  return {h, w};
+}
+
+SamplePlan Pipeline::Plan(int src_width, int src_height, Rng& rng, bool allow_scaled_decode,
+                          bool allow_region_decode) const {
+  SamplePlan plan;
+  plan.src_width = src_width;
+  plan.src_height = src_height;
+  int w = src_width, h = src_height;
+  bool first = true;
+  bool flip_before = false;
+  for (const TransformOp& op : ops_) {
+    if (op.kind == OpKind::kHorizontalFlip) {
+      plan.flips.push_back(rng.Uniform() < op.p);
+      flip_before = flip_before || first;
+      continue;
+    }
+    if (!IsGeometric(op.kind)) continue;
+    int nh = op.height, nw = op.width;
+    double region_w = w, region_h = h;
+    if (op.kind == OpKind::kResize && op.height == 0) {
+      const auto s = ResizeShorterSide(w, h, op.width);
+      nh = s[0];
+      nw = s[1];
+    } else if (op.kind == OpKind::kRandomResizedCrop) {
+      const Box b = RandomResizedCropBox(w, h, op.scale, op.ratio, [&rng] { return rng.Uniform(); });
+      plan.boxes.push_back(b);
+      region_w = b.width;
+      region_h = b.height;
+      // A flip before the crop mirrors the box; keep it simple and decode everything then.
+      if (first && allow_region_decode && !flip_before) plan.region = Region{b.left, b.top, b.width, b.height};
+    } else if (op.kind == OpKind::kCenterCrop && first && allow_region_decode && !flip_before &&
+               nw <= w && nh <= h) {
+      plan.region = Region{RoundHalfEven((w - nw) / 2.0), RoundHalfEven((h - nh) / 2.0), nw, nh};
+    }
+    if (first && allow_scaled_decode && op.antialias && op.kind != OpKind::kCenterCrop) {
+      // The coarsest DCT scale whose decoded region is still no smaller than the output.
+      const double f = std::min(region_w / nw, region_h / nh);
+      for (int d : {8, 4, 2}) {
+        if (f >= d) {
+          plan.scale_denom = d;
+          break;
+        }
+      }
+    }
+    first = false;
+    w = nw;
+    h = nh;
+  }
+  return plan;
+}
+
+Status Pipeline::Apply(const Image& img, const SamplePlan& plan, void* out) const {
+  // The loader already runs one sample per core; OpenCV's own parallel_for inside each
+  // resize would only oversubscribe the cores (process-wide setting, made once).
+  static const bool serial_opencv = [] {
+    cv::setNumThreads(0);
+    return true;
+  }();
+  (void)serial_opencv;
+  thread_local cv::Mat buf[2];
+  int which = 0;
+  cv::Mat cur(img.height, img.width, CV_8UC3, const_cast<uint8_t*>(img.pixels.data()));
+  // Only the first geometric op can see a DCT-scaled or partial image; map its
+  // full-resolution coordinates into the decoded pixels.
+  const int full_w = img.full_width > 0 ? img.full_width : img.width;
+  const int full_h = img.full_height > 0 ? img.full_height : img.height;
+  double sx = static_cast<double>(full_w) / plan.src_width;
+  double sy = static_cast<double>(full_h) / plan.src_height;
+  int ox = img.offset_x, oy = img.offset_y;
+  const bool partial = img.width != full_w || img.height != full_h;
+  int w = plan.src_width, h = plan.src_height;  // planned (full-resolution) size of `cur`
+  bool flipped = false;
+  bool first_geom = true;
+  size_t box_i = 0, flip_i = 0;
+  auto next_buf = [&]() -> cv::Mat& {
+    which ^= 1;
+    return buf[which];
+  };
+  auto materialize_flip = [&] {
+    if (!flipped) return;
+    cv::Mat& dst = next_buf();
+    cv::flip(cur, dst, 1);
+    cur = dst;
+    flipped = false;
+  };
+  for (const TransformOp& op : ops_) {
+    switch (op.kind) {
+      case OpKind::kHorizontalFlip:
+        if (flip_i >= plan.flips.size()) return InternalError("transform plan has too few flips");
+        if (plan.flips[flip_i++]) flipped = !flipped;
+        break;
+      case OpKind::kResize: {
+        // Bilinear/area resizing is mirror-symmetric, so a pending flip can wait.
+        int nh = op.height, nw = op.width;
+        if (nh == 0) {
+          const auto s = ResizeShorterSide(w, h, op.width);
+          nh = s[0];
+          nw = s[1];
+        }
+        // Plan gives no region to a resize-first pipeline.
+        if (partial && first_geom) return InternalError("resize of a partially decoded image");
+        first_geom = false;
+        cv::Mat& dst = next_buf();
+        ResizeTo(cur, dst, nh, nw, op.antialias);
+        cur = dst;
+        w = nw;
+        h = nh;
+        sx = sy = 1.0;
+        ox = oy = 0;
+        break;
+      }
+      case OpKind::kCenterCrop: {
+        materialize_flip();
+        if (sx != 1.0 || sy != 1.0) return InternalError("scaled decode before CenterCrop");
+        const int th = op.height, tw = op.width;
+        if (tw > w || th > h) {
+          // torchvision pads with zeros (left/top get the smaller half), then crops.
+          const int pl = tw > w ? (tw - w) / 2 : 0, pt = th > h ? (th - h) / 2 : 0;
+          const int pr = tw > w ? (tw - w + 1) / 2 : 0, pb = th > h ? (th - h + 1) / 2 : 0;
+          cv::Mat& dst = next_buf();
+          cv::copyMakeBorder(cur, dst, pt, pb, pl, pr, cv::BORDER_CONSTANT, cv::Scalar(0, 0, 0));
+          cur = dst;
+          w += pl + pr;
+          h += pt + pb;
+        }
+        const int top = RoundHalfEven((h - th) / 2.0) - oy, left = RoundHalfEven((w - tw) / 2.0) - ox;
+        if (top < 0 || left < 0 || left + tw > cur.cols || top + th > cur.rows) {
+          return InternalError("center crop outside the decoded region");
+        }
+        cur = cur(cv::Rect(left, top, tw, th));
+        first_geom = false;
+        w = tw;
+        h = th;
+        ox = oy = 0;
+        break;
+      }
+      case OpKind::kRandomResizedCrop: {
+        materialize_flip();
+        if (box_i >= plan.boxes.size()) return InternalError("transform plan has too few boxes");
+        const Box& b = plan.boxes[box_i++];
+        // Box in the (possibly DCT-scaled) image: cover the same area, at least 1 pixel.
+        int x0 = static_cast<int>(std::floor(b.left * sx)) - ox;
+        int y0 = static_cast<int>(std::floor(b.top * sy)) - oy;
+        int x1 = static_cast<int>(std::ceil((b.left + b.width) * sx)) - ox;
+        int y1 = static_cast<int>(std::ceil((b.top + b.height) * sy)) - oy;
+        x0 = std::clamp(x0, 0, cur.cols - 1);
+        y0 = std::clamp(y0, 0, cur.rows - 1);
+        x1 = std::clamp(x1, x0 + 1, cur.cols);
+        y1 = std::clamp(y1, y0 + 1, cur.rows);
+        cv::Mat roi = cur(cv::Rect(x0, y0, x1 - x0, y1 - y0));
+        cv::Mat& dst = next_buf();
+        ResizeTo(roi, dst, op.height, op.width, op.antialias);
+        cur = dst;
+        first_geom = false;
+        w = op.width;
+        h = op.height;
+        sx = sy = 1.0;
+        ox = oy = 0;
+        break;
+      }
+      case OpKind::kToTensor:
+      case OpKind::kPILToTensor:
+      case OpKind::kNormalize:
+        break;
+    }
+  }
+  const auto [out_h, out_w] = OutputSize(plan.src_width, plan.src_height);
+  if (cur.rows != out_h || cur.cols != out_w) {
+    return InternalError("transform produced " + std::to_string(cur.rows) + "x" +
+                         std::to_string(cur.cols) + ", declared " + std::to_string(out_h) + "x" +
+                         std::to_string(out_w));
+  }
+  const size_t plane = static_cast<size_t>(out_h) * out_w;
+  for (int y = 0; y < out_h; ++y) {
+    const uint8_t* row = cur.ptr<uint8_t>(y);
+    for (int c = 0; c < 3; ++c) {
+      const size_t base = c * plane + static_cast<size_t>(y) * out_w;
+      if (float_out_) {
+        float* o = static_cast<float*>(out) + base;
+        const float m = mul_[c], a = add_[c];
+        if (flipped) {
+          for (int x = 0; x < out_w; ++x) o[x] = row[3 * (out_w - 1 - x) + c] * m + a;
+        } else {
+          for (int x = 0; x < out_w; ++x) o[x] = row[3 * x + c] * m + a;
+        }
+      } else {
+        uint8_t* o = static_cast<uint8_t*>(out) + base;
+        if (flipped) {
+          for (int x = 0; x < out_w; ++x) o[x] = row[3 * (out_w - 1 - x) + c];
+        } else {
+          for (int x = 0; x < out_w; ++x) o[x] = row[3 * x + c];
+        }
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace ddp::image

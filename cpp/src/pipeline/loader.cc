@@ -1,0 +1,370 @@
+#include "pipeline/loader.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "image/rng.h"
+
+namespace ddp::pipeline {
+
+namespace {
+
+// What on_error="skip" skips: bad image data (corrupt, truncated, empty, not an image,
+// over the size limit). Storage failures (missing object, denied, unreachable) still
+// raise: they point at a broken dataset or setup, not at one bad file.
+bool IsBadImage(const Status& s) {
+  return s.code() == Code::kDataLoss || s.code() == Code::kInvalidArgument ||
+         s.code() == Code::kResourceExhausted;
+}
+
+}  // namespace
+
+// ---- buffers ------------------------------------------------------------------------
+
+class BufferPool {
+ public:
+  BufferPool(size_t image_bytes, size_t batch_size, size_t max_free)
+      : image_bytes_(image_bytes), batch_size_(batch_size), max_free_(max_free) {}
+
+  std::unique_ptr<BatchBuffer> Take() {
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      ++outstanding_;
+      if (!free_.empty()) {
+        auto b = std::move(free_.back());
+        free_.pop_back();
+        return b;
+      }
+    }
+    auto b = std::make_unique<BatchBuffer>();
+    b->images.resize(image_bytes_);
+    b->labels.resize(batch_size_);
+    return b;
+  }
+
+  void Return(std::unique_ptr<BatchBuffer> b) {
+    std::lock_guard<std::mutex> g(mu_);
+    --outstanding_;
+    if (free_.size() < max_free_) free_.push_back(std::move(b));
+  }
+
+  // Buffers taken and not yet returned (in flight or held by the caller).
+  size_t outstanding() {
+    std::lock_guard<std::mutex> g(mu_);
+    return outstanding_;
+  }
+
+ private:
+  std::mutex mu_;
+  size_t image_bytes_, batch_size_, max_free_;
+  size_t outstanding_ = 0;
+  std::vector<std::unique_ptr<BatchBuffer>> free_;
+};
+
+BufferLease::BufferLease(std::shared_ptr<BufferPool> pool, std::unique_ptr<BatchBuffer> buf)
+    : pool_(std::move(pool)), buf_(std::move(buf)) {}
+
+BufferLease::~BufferLease() { pool_->Return(std::move(buf_)); }
+
+// ---- state ----------------------------------------------------------------------------
+
+struct Loader::BatchState {
+  int64_t index = 0;
+  uint64_t epoch = 0;
+  std::shared_ptr<BufferLease> lease;
+  std::vector<int64_t> samples;  // dataset indices, one per slot
+  std::vector<Status> status;    // per slot, written by the worker that owns the slot
+  std::atomic<int64_t> remaining{0};
+  std::atomic<bool> cancelled{false};
+};
+
+struct Loader::Task {
+  std::shared_ptr<BatchState> batch;
+  size_t slot = 0;
+  std::optional<std::string> bytes;  // already fetched (batched fetch) or not
+};
+
+Result<std::unique_ptr<Loader>> Loader::Create(std::shared_ptr<Store> store, std::vector<std::string> keys,
+                                               std::vector<int64_t> labels, image::Pipeline pipeline,
+                                               const LoaderOptions& options) {
+  if (!store) return InvalidArgumentError("Loader: no store");
+  if (keys.size() != labels.size()) {
+    return InvalidArgumentError("Loader: " + std::to_string(keys.size()) + " keys but " +
+                                std::to_string(labels.size()) + " labels");
+  }
+  if (options.batch_size < 1) return InvalidArgumentError("batch_size must be >= 1, got " + std::to_string(options.batch_size));
+  if (options.prefetch < 1) return InvalidArgumentError("prefetch must be >= 1, got " + std::to_string(options.prefetch));
+  if (options.num_threads < 0) return InvalidArgumentError("num_threads must be >= 0");
+  DDP_ASSIGN_OR_RETURN(DistributedSampler sampler,
+                       DistributedSampler::Create(static_cast<int64_t>(keys.size()), options.sampler));
+  return std::unique_ptr<Loader>(new Loader(std::move(store), std::move(keys), std::move(labels),
+                                            std::move(pipeline), options, std::move(sampler)));
+}
+
+Loader::Loader(std::shared_ptr<Store> store, std::vector<std::string> keys, std::vector<int64_t> labels,
+               image::Pipeline pipeline, const LoaderOptions& options, DistributedSampler sampler)
+    : store_(std::move(store)), keys_(std::move(keys)), labels_(std::move(labels)),
+      pipeline_(std::move(pipeline)), opt_(options), sampler_(std::move(sampler)) {
+  pool_ = std::make_shared<BufferPool>(pipeline_.sample_bytes() * static_cast<size_t>(opt_.batch_size),
+                                       static_cast<size_t>(opt_.batch_size), static_cast<size_t>(opt_.prefetch));
+  int n = opt_.num_threads > 0 ? opt_.num_threads : static_cast<int>(std::thread::hardware_concurrency());
+  n = std::max(n, 1);
+  for (int i = 0; i < n; ++i) threads_.emplace_back([this] { WorkerLoop(); });
+  if (opt_.batched_fetch) threads_.emplace_back([this] { FetchLoop(); });
+}
+
+Loader::~Loader() {
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    CancelLocked(lock);
+    stop_ = true;
+  }
+  work_cv_.notify_all();
+  fetch_cv_.notify_all();
+  done_cv_.notify_all();
+  for (auto& t : threads_) t.join();
+}
+
+int64_t Loader::num_batches() const {
+  const int64_t n = sampler_.num_samples(), bs = opt_.batch_size;
+  return opt_.drop_last ? n / bs : (n + bs - 1) / bs;
+}
+
+// ---- control --------------------------------------------------------------------------
+
+void Loader::CancelLocked(std::unique_lock<std::mutex>& lock) {
+  for (auto& [i, b] : inflight_) b->cancelled = true;
+  fetch_cancel_ = true;
+  tasks_.clear();
+  fetch_queue_.clear();
+  done_cv_.notify_all();
+  // Running tasks still write into their batch's buffer (kept alive by the task); wait
+  // for them so no work of the old epoch overlaps the new one.
+  done_cv_.wait(lock, [this] { return busy_ == 0; });
+  inflight_.clear();
+}
+
+Status Loader::StartEpoch(uint64_t epoch, int64_t start_batch) {
+  std::unique_lock<std::mutex> lock(mu_);
+  const int64_t nb = num_batches();
+  if (start_batch < 0 || start_batch > nb) {
+    return OutOfRangeError("start batch " + std::to_string(start_batch) + " is outside [0, " +
+                           std::to_string(nb) + "] for this epoch");
+  }
+  CancelLocked(lock);
+  ++generation_;
+  epoch_ = epoch;
+  order_ = sampler_.Indices(epoch);
+  next_schedule_ = next_deliver_ = start_batch;
+  end_batch_ = nb;
+  ScheduleLocked();
+  return Status::Ok();
+}
+
+void Loader::ScheduleLocked() {
+  const auto bs = static_cast<int64_t>(opt_.batch_size);
+  const auto prefetch = static_cast<size_t>(opt_.prefetch);
+  while (inflight_.size() < prefetch && next_schedule_ < end_batch_) {
+    // Batches the caller still holds count against `prefetch`, so memory stays near
+    // prefetch x batch bytes; one batch is always in flight, so a caller that keeps many
+    // batches still makes progress (more slowly) instead of deadlocking.
+    const size_t held = pool_->outstanding() - inflight_.size();
+    if (!inflight_.empty() && inflight_.size() + held >= prefetch) break;
+    auto b = std::make_shared<BatchState>();
+    b->index = next_schedule_++;
+    b->epoch = epoch_;
+    const int64_t start = b->index * bs;
+    const int64_t n = std::min<int64_t>(bs, static_cast<int64_t>(order_.size()) - start);
+    b->samples.assign(order_.begin() + start, order_.begin() + start + n);
+    b->status.resize(static_cast<size_t>(n));
+    b->remaining = n;
+    b->lease = std::make_shared<BufferLease>(pool_, pool_->Take());
+    inflight_[b->index] = b;
+    if (opt_.batched_fetch) {
+      fetch_queue_.push_back(b);
+      fetch_cv_.notify_one();
+    } else {
+      for (size_t s = 0; s < b->samples.size(); ++s) tasks_.push_back(Task{b, s, std::nullopt});
+      work_cv_.notify_all();
+    }
+  }
+}
+
+// ---- workers --------------------------------------------------------------------------
+
+void Loader::FinishSample(BatchState& b, size_t slot, Status st) {
+  b.status[slot] = std::move(st);
+  if (b.remaining.fetch_sub(1) == 1) {
+    std::lock_guard<std::mutex> g(mu_);  // pairs with the waiter's predicate check
+    done_cv_.notify_all();
+  }
+}
+
+void Loader::WorkerLoop() {
+  for (;;) {
+    Task t;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      work_cv_.wait(lock, [this] { return stop_ || !tasks_.empty(); });
+      if (stop_) return;
+      t = std::move(tasks_.front());
+      tasks_.pop_front();
+      ++busy_;
+    }
+    RunTask(t);
+    t.batch.reset();
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      --busy_;
+    }
+    done_cv_.notify_all();
+  }
+}
+
+void Loader::RunTask(Task& t) {
+  BatchState& b = *t.batch;
+  if (b.cancelled) {
+    FinishSample(b, t.slot, CancelledError("epoch restarted"));
+    return;
+  }
+  const int64_t idx = b.samples[t.slot];
+  const std::string& key = keys_[static_cast<size_t>(idx)];
+  std::string bytes;
+  if (t.bytes.has_value()) {
+    bytes = std::move(*t.bytes);
+  } else {
+    Result<std::string> r = store_->Get(key);
+    if (!r.ok()) {
+      FinishSample(b, t.slot, r.status());
+      return;
+    }
+    bytes = std::move(r).value();
+  }
+  const std::string url = store_->KeyUrl(key);
+  Result<image::ImageInfo> info = image::ReadImageInfo(bytes, url, opt_.decode);
+  if (!info.ok()) {
+    FinishSample(b, t.slot, info.status());
+    return;
+  }
+  image::Rng rng = image::Rng::ForSample(opt_.sampler.seed, b.epoch, static_cast<uint64_t>(idx));
+  const bool jpeg = info->format == image::Format::kJpeg;
+  const image::SamplePlan plan =
+      pipeline_.Plan(info->width, info->height, rng, opt_.scaled_decode && jpeg, opt_.region_decode && jpeg);
+  thread_local image::Image img;
+  Status st = image::DecodeImage(bytes, url, opt_.decode, plan.scale_denom, img,
+                                 plan.region ? &*plan.region : nullptr);
+  if (st.ok()) {
+    uint8_t* dst = b.lease->buffer().images.data() + t.slot * pipeline_.sample_bytes();
+    st = pipeline_.Apply(img, plan, dst);
+    if (!st.ok()) st = st.WithContext(url);
+  }
+  FinishSample(b, t.slot, std::move(st));
+}
+
+void Loader::FetchLoop() {
+  for (;;) {
+    std::vector<std::shared_ptr<BatchState>> batches;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      fetch_cv_.wait(lock, [this] { return stop_ || !fetch_queue_.empty(); });
+      if (stop_) return;
+      // Everything queued goes out in one GetMany, so requests of consecutive batches
+      // overlap instead of draining at every batch boundary.
+      batches.assign(fetch_queue_.begin(), fetch_queue_.end());
+      fetch_queue_.clear();
+      fetch_cancel_ = false;  // under mu_: a cancellation clears the queue first
+      ++busy_;
+    }
+    std::vector<std::string> keys;
+    std::vector<std::pair<BatchState*, size_t>> where;
+    for (auto& b : batches) {
+      for (size_t s = 0; s < b->samples.size(); ++s) {
+        keys.push_back(keys_[static_cast<size_t>(b->samples[s])]);
+        where.emplace_back(b.get(), s);
+      }
+    }
+    std::vector<bool> called(keys.size(), false);
+    Status st = store_->GetManyCancellable(
+        keys,
+        [&](size_t i, Result<std::string> r) {
+          if (i >= where.size() || called[i]) return;
+          called[i] = true;
+          auto [b, slot] = where[i];
+          if (b->cancelled) {
+            FinishSample(*b, slot, CancelledError("epoch restarted"));
+          } else if (!r.ok()) {
+            FinishSample(*b, slot, r.status());
+          } else {
+            std::shared_ptr<BatchState> owner;
+            for (auto& sp : batches) {
+              if (sp.get() == b) owner = sp;
+            }
+            std::lock_guard<std::mutex> g(mu_);
+            tasks_.push_back(Task{std::move(owner), slot, std::move(r).value()});
+            work_cv_.notify_one();
+          }
+        },
+        opt_.max_in_flight, fetch_cancel_);
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (called[i]) continue;
+      Status missing = st.ok() ? InternalError(store_->KeyUrl(keys[i]) + ": GetMany returned without it") : st;
+      FinishSample(*where[i].first, where[i].second, std::move(missing));
+    }
+    batches.clear();
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      --busy_;
+    }
+    done_cv_.notify_all();
+  }
+}
+
+// ---- delivery -------------------------------------------------------------------------
+
+Result<std::optional<Batch>> Loader::Next() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    if (next_deliver_ >= end_batch_) return std::optional<Batch>();
+    ScheduleLocked();
+    auto it = inflight_.find(next_deliver_);
+    if (it == inflight_.end()) return InternalError("loader: batch " + std::to_string(next_deliver_) + " was never scheduled");
+    std::shared_ptr<BatchState> b = it->second;
+    done_cv_.wait(lock, [&] { return b->remaining.load() == 0 || b->cancelled.load() || stop_; });
+    if (b->cancelled || stop_) return CancelledError("loader: epoch restarted while waiting for a batch");
+    inflight_.erase(b->index);
+    ++next_deliver_;
+    ScheduleLocked();
+    lock.unlock();
+
+    BatchBuffer& buf = b->lease->buffer();
+    const size_t sb = pipeline_.sample_bytes();
+    int64_t kept = 0, skipped = 0;
+    for (size_t s = 0; s < b->samples.size(); ++s) {
+      if (!b->status[s].ok()) {
+        if (!opt_.skip_errors || !IsBadImage(b->status[s])) return b->status[s];
+        ++skipped;
+        continue;
+      }
+      if (static_cast<int64_t>(s) != kept) {
+        std::memmove(buf.images.data() + kept * sb, buf.images.data() + s * sb, sb);
+      }
+      buf.labels[static_cast<size_t>(kept)] = labels_[static_cast<size_t>(b->samples[s])];
+      ++kept;
+    }
+    skipped_ += skipped;
+    if (kept == 0) {
+      lock.lock();
+      continue;  // every sample failed and was skipped
+    }
+    Batch out;
+    out.lease = b->lease;
+    out.images = buf.images.data();
+    out.labels = buf.labels.data();
+    out.size = kept;
+    out.index = b->index;
+    out.skipped = skipped;
+    return std::optional<Batch>(std::move(out));
+  }
+}
+
+}  // namespace ddp::pipeline

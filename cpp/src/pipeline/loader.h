@@ -1,0 +1,140 @@
+// The batch loader: a thread pool that fetches images from a Store, decodes and transforms
+// them straight into reused batch buffers, and delivers batches in order with at most
+// `prefetch` batches in flight.
+//
+// Buffer lifetime: a delivered Batch owns its buffer (a lease). The buffer returns to the
+// loader's free list only when the lease is destroyed (for Python: when torch frees the
+// tensor), so a batch the caller keeps is never overwritten; if the caller keeps many, the
+// loader allocates new buffers rather than wait. The free list holds at most `prefetch`.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ddp/status.h"
+#include "ddp/store.h"
+#include "image/decode.h"
+#include "image/transforms.h"
+#include "pipeline/sampler.h"
+
+namespace ddp::pipeline {
+
+struct LoaderOptions {
+  int batch_size = 64;
+  int num_threads = 0;       // 0: std::thread::hardware_concurrency()
+  int prefetch = 4;          // batch buffers in use: in flight plus held by the caller
+  bool drop_last = false;    // drop the last incomplete batch (and the sampler's uneven tail)
+  bool skip_errors = false;  // on_error="skip": leave bad images out and count them
+                             // (data errors only; storage errors still fail)
+  bool scaled_decode = true; // allow libjpeg-turbo DCT-scaled decode for large crops
+  bool region_decode = true; // decode only the rows/columns a crop-first pipeline reads
+  bool batched_fetch = true; // Store::GetMany on a fetch thread; false: Get per sample
+  int max_in_flight = 0;     // GetMany requests in flight (0: the store's option)
+  SamplerOptions sampler;
+  image::DecodeOptions decode;
+};
+
+class BufferPool;
+
+// One batch buffer: images (3 x H x W per sample, float32 or uint8) and int64 labels.
+struct BatchBuffer {
+  std::vector<uint8_t> images;
+  std::vector<int64_t> labels;
+};
+
+// Owns a buffer while the caller uses it; returns it to the pool when destroyed.
+class BufferLease {
+ public:
+  BufferLease(std::shared_ptr<BufferPool> pool, std::unique_ptr<BatchBuffer> buf);
+  ~BufferLease();
+  BufferLease(const BufferLease&) = delete;
+  BufferLease& operator=(const BufferLease&) = delete;
+  BatchBuffer& buffer() { return *buf_; }
+
+ private:
+  std::shared_ptr<BufferPool> pool_;
+  std::unique_ptr<BatchBuffer> buf_;
+};
+
+struct Batch {
+  std::shared_ptr<BufferLease> lease;
+  void* images = nullptr;   // size x 3 x H x W, contiguous
+  int64_t* labels = nullptr;
+  int64_t size = 0;         // samples in this batch (fewer when last or when skipping)
+  int64_t index = 0;        // batch number within the epoch
+  int64_t skipped = 0;      // samples of this batch left out (on_error="skip")
+};
+
+class Loader {
+ public:
+  // `keys` are relative to `store`; labels[i] belongs to keys[i].
+  static Result<std::unique_ptr<Loader>> Create(std::shared_ptr<Store> store, std::vector<std::string> keys,
+                                                std::vector<int64_t> labels, image::Pipeline pipeline,
+                                                const LoaderOptions& options);
+  ~Loader();
+  Loader(const Loader&) = delete;
+  Loader& operator=(const Loader&) = delete;
+
+  const image::Pipeline& pipeline() const { return pipeline_; }
+  int64_t num_samples() const { return sampler_.num_samples(); }
+  int64_t num_batches() const;
+  // Samples skipped since the loader was made (on_error="skip").
+  int64_t skipped() const { return skipped_.load(); }
+
+  // Starts (or restarts) iteration over `epoch` at batch `start_batch`; cancels work
+  // in flight for the previous epoch.
+  Status StartEpoch(uint64_t epoch, int64_t start_batch = 0);
+  // The next batch in order; nullopt at the end of the epoch. Blocks. One consumer at a
+  // time (the Python side serialises calls); a concurrent StartEpoch makes it kCancelled.
+  Result<std::optional<Batch>> Next();
+
+ private:
+  struct BatchState;
+  struct Task;
+  Loader(std::shared_ptr<Store> store, std::vector<std::string> keys, std::vector<int64_t> labels,
+         image::Pipeline pipeline, const LoaderOptions& options, DistributedSampler sampler);
+  void ScheduleLocked();
+  void WorkerLoop();
+  void FetchLoop();
+  void RunTask(Task& t);
+  void FinishSample(BatchState& b, size_t slot, Status st);
+  void CancelLocked(std::unique_lock<std::mutex>& lock);
+
+  std::shared_ptr<Store> store_;
+  std::vector<std::string> keys_;
+  std::vector<int64_t> labels_;
+  image::Pipeline pipeline_;
+  LoaderOptions opt_;
+  DistributedSampler sampler_;
+  std::shared_ptr<BufferPool> pool_;
+
+  std::mutex mu_;
+  std::condition_variable work_cv_;   // workers wait here for tasks
+  std::condition_variable fetch_cv_;  // the fetch thread waits here for batches
+  std::condition_variable done_cv_;   // Next() and cancellation wait here
+  bool stop_ = false;
+  uint64_t generation_ = 0;
+  uint64_t epoch_ = 0;
+  std::vector<int64_t> order_;        // this rank's indices for the epoch
+  int64_t next_schedule_ = 0;
+  int64_t next_deliver_ = 0;
+  int64_t end_batch_ = 0;
+  std::map<int64_t, std::shared_ptr<BatchState>> inflight_;
+  std::deque<Task> tasks_;
+  std::deque<std::shared_ptr<BatchState>> fetch_queue_;
+  int busy_ = 0;                      // tasks running plus fetch calls running
+  std::atomic<bool> fetch_cancel_{false};  // aborts a running GetMany on restart/destroy
+  std::atomic<int64_t> skipped_{0};
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace ddp::pipeline

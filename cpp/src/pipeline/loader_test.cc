@@ -1,0 +1,224 @@
+#include "pipeline/loader.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <set>
+
+#include "image/image_testutil.h"
+
+namespace ddp::pipeline {
+namespace {
+
+// A small in-memory Store for the engine's unit tests (real bytes, real Store contract).
+class MapStore : public Store {
+ public:
+  explicit MapStore(std::map<std::string, std::string> objects) : objects_(std::move(objects)) {}
+  std::string url() const override { return "test://images"; }
+  Result<std::vector<ObjectInfo>> List(std::string_view prefix) override {
+    std::vector<ObjectInfo> out;
+    for (auto& [k, v] : objects_) {
+      if (k.starts_with(prefix)) out.push_back({k, v.size()});
+    }
+    return out;
+  }
+  Result<ObjectInfo> Stat(std::string_view key) override {
+    auto it = objects_.find(std::string(key));
+    if (it == objects_.end()) return NotFoundError(KeyUrl(key) + ": not found");
+    return ObjectInfo{it->first, it->second.size()};
+  }
+  Result<std::string> Get(std::string_view key, ByteRange) override {
+    auto it = objects_.find(std::string(key));
+    if (it == objects_.end()) return NotFoundError(KeyUrl(key) + ": not found");
+    return it->second;
+  }
+  Status Put(std::string_view, std::string_view) override { return UnimplementedError("read-only"); }
+  Status Delete(std::string_view) override { return UnimplementedError("read-only"); }
+
+ private:
+  std::map<std::string, std::string> objects_;
+};
+
+struct Fixture {
+  std::shared_ptr<Store> store;
+  std::vector<std::string> keys;
+  std::vector<int64_t> labels;
+};
+
+Fixture MakeImages(int n, std::set<int> bad = {}) {
+  std::map<std::string, std::string> objects;
+  Fixture f;
+  for (int i = 0; i < n; ++i) {
+    const int w = 40 + 7 * (i % 5), h = 30 + 5 * (i % 3);
+    std::string key = "c" + std::to_string(i % 3) + "/" + std::to_string(i) + ".jpg";
+    std::string bytes = image::testing::EncodeJpeg(image::testing::Pattern(w, h), w, h, 3, 90);
+    if (bad.count(i)) bytes.resize(bytes.size() / 3);
+    objects[key] = bytes;
+    f.keys.push_back(key);
+    f.labels.push_back(i % 3);
+  }
+  f.store = std::make_shared<MapStore>(std::move(objects));
+  return f;
+}
+
+image::Pipeline TrainPipeline() {
+  image::TransformOp rrc;
+  rrc.kind = image::OpKind::kRandomResizedCrop;
+  rrc.height = rrc.width = 16;
+  image::TransformOp flip;
+  flip.kind = image::OpKind::kHorizontalFlip;
+  image::TransformOp tt;
+  tt.kind = image::OpKind::kToTensor;
+  return image::Pipeline::Create({rrc, flip, tt}).value();
+}
+
+using Epoch = std::vector<std::pair<std::vector<float>, std::vector<int64_t>>>;
+
+Epoch RunEpoch(Loader& l, uint64_t epoch, int64_t start = 0) {
+  Epoch out;
+  EXPECT_TRUE(l.StartEpoch(epoch, start).ok());
+  for (;;) {
+    auto b = l.Next();
+    EXPECT_TRUE(b.ok()) << b.status().ToString();
+    if (!b.ok() || !b->has_value()) break;
+    const Batch& batch = **b;
+    const size_t per = 3 * 16 * 16;
+    const float* px = static_cast<const float*>(batch.images);
+    out.emplace_back(std::vector<float>(px, px + per * batch.size),
+                     std::vector<int64_t>(batch.labels, batch.labels + batch.size));
+  }
+  return out;
+}
+
+TEST(Loader, DeterministicAcrossThreadCountsAndFetchModes) {
+  Fixture f = MakeImages(23);
+  LoaderOptions o;
+  o.batch_size = 5;
+  o.sampler.seed = 9;
+  std::vector<Epoch> runs;
+  for (int threads : {1, 3}) {
+    for (bool batched : {false, true}) {
+      o.num_threads = threads;
+      o.batched_fetch = batched;
+      auto l = Loader::Create(f.store, f.keys, f.labels, TrainPipeline(), o);
+      ASSERT_TRUE(l.ok());
+      EXPECT_EQ((*l)->num_batches(), 5);
+      runs.push_back(RunEpoch(**l, 1));
+    }
+  }
+  ASSERT_EQ(runs[0].size(), 5u);
+  EXPECT_EQ(runs[0].back().second.size(), 3u);
+  for (size_t i = 1; i < runs.size(); ++i) EXPECT_EQ(runs[i], runs[0]) << "run " << i;
+}
+
+TEST(Loader, ResumeContinuesWithIdenticalBatchesAndEpochsDiffer) {
+  Fixture f = MakeImages(20);
+  LoaderOptions o;
+  o.batch_size = 4;
+  o.num_threads = 2;
+  auto l = Loader::Create(f.store, f.keys, f.labels, TrainPipeline(), o).value();
+  Epoch full = RunEpoch(*l, 3);
+  Epoch tail = RunEpoch(*l, 3, 2);
+  ASSERT_EQ(tail.size(), 3u);
+  for (size_t i = 0; i < tail.size(); ++i) EXPECT_EQ(tail[i], full[i + 2]);
+  EXPECT_NE(RunEpoch(*l, 4), full);
+}
+
+TEST(Loader, KeptBatchIsNeverOverwritten) {
+  Fixture f = MakeImages(30);
+  LoaderOptions o;
+  o.batch_size = 2;
+  o.prefetch = 2;
+  o.num_threads = 2;
+  auto l = Loader::Create(f.store, f.keys, f.labels, TrainPipeline(), o).value();
+  ASSERT_TRUE(l->StartEpoch(0).ok());
+  std::vector<Batch> kept;
+  std::vector<std::vector<float>> copies;
+  for (;;) {
+    auto b = l->Next();
+    ASSERT_TRUE(b.ok());
+    if (!b->has_value()) break;
+    const float* p = static_cast<const float*>((*b)->images);
+    copies.emplace_back(p, p + (*b)->size * 3 * 16 * 16);
+    kept.push_back(std::move(**b));
+  }
+  ASSERT_EQ(kept.size(), 15u);
+  for (size_t i = 0; i < kept.size(); ++i) {
+    const float* p = static_cast<const float*>(kept[i].images);
+    EXPECT_EQ(std::vector<float>(p, p + copies[i].size()), copies[i]);
+  }
+}
+
+TEST(Loader, ErrorsRaiseOrSkip) {
+  Fixture f = MakeImages(12, {4, 7});
+  LoaderOptions o;
+  o.batch_size = 4;
+  o.sampler.shuffle = false;
+  auto l = Loader::Create(f.store, f.keys, f.labels, TrainPipeline(), o).value();
+  ASSERT_TRUE(l->StartEpoch(0).ok());
+  ASSERT_TRUE(l->Next().ok());
+  auto b = l->Next();
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(b.status().code(), Code::kDataLoss);
+  EXPECT_NE(b.status().message().find("test://images/c1/4.jpg"), std::string::npos) << b.status().ToString();
+
+  o.skip_errors = true;
+  auto s = Loader::Create(f.store, f.keys, f.labels, TrainPipeline(), o).value();
+  Epoch e = RunEpoch(*s, 0);
+  ASSERT_EQ(e.size(), 3u);
+  EXPECT_EQ(e[1].second.size(), 2u);
+  EXPECT_EQ(s->skipped(), 2);
+  // labels follow the kept samples (5 and 6 -> classes 2 and 0)
+  EXPECT_EQ(e[1].second, (std::vector<int64_t>{2, 0}));
+}
+
+TEST(Loader, MissingObjectIsNotFound) {
+  Fixture f = MakeImages(3);
+  f.keys[1] = "nope.jpg";
+  auto l = Loader::Create(f.store, f.keys, f.labels, TrainPipeline(), LoaderOptions{}).value();
+  ASSERT_TRUE(l->StartEpoch(0).ok());
+  auto b = l->Next();
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(b.status().code(), Code::kNotFound);
+  // on_error="skip" skips bad images, not storage errors.
+  LoaderOptions o;
+  o.skip_errors = true;
+  auto s = Loader::Create(f.store, f.keys, f.labels, TrainPipeline(), o).value();
+  ASSERT_TRUE(s->StartEpoch(0).ok());
+  EXPECT_EQ(s->Next().status().code(), Code::kNotFound);
+}
+
+TEST(Loader, ShardsCoverEveryIndexOnce) {
+  Fixture f = MakeImages(12);
+  std::multiset<int64_t> labels_seen;
+  int64_t total = 0;
+  for (int r = 0; r < 3; ++r) {
+    LoaderOptions o;
+    o.batch_size = 3;
+    o.sampler.rank = r;
+    o.sampler.world_size = 3;
+    auto l = Loader::Create(f.store, f.keys, f.labels, TrainPipeline(), o).value();
+    for (auto& [px, lab] : RunEpoch(*l, 0)) {
+      total += static_cast<int64_t>(lab.size());
+      labels_seen.insert(lab.begin(), lab.end());
+    }
+  }
+  EXPECT_EQ(total, 12);
+  for (int c = 0; c < 3; ++c) EXPECT_EQ(labels_seen.count(c), 4u);
+}
+
+TEST(Loader, RestartMidEpochAndDestroyWithWorkInFlight) {
+  Fixture f = MakeImages(40);
+  LoaderOptions o;
+  o.batch_size = 4;
+  o.num_threads = 2;
+  auto l = Loader::Create(f.store, f.keys, f.labels, TrainPipeline(), o).value();
+  ASSERT_TRUE(l->StartEpoch(0).ok());
+  ASSERT_TRUE(l->Next().ok());
+  ASSERT_TRUE(l->StartEpoch(1).ok());
+  ASSERT_TRUE(l->Next().ok());
+  EXPECT_EQ(l->StartEpoch(0, 11).code(), Code::kOutOfRange);
+}
+
+}  // namespace
+}  // namespace ddp::pipeline

@@ -1,0 +1,98 @@
+// A libcurl client shared by the network back-ends (s3://, http(s)://).
+//
+// One CurlClient per store. Single requests run on pooled easy handles (each keeps its
+// connections alive between requests); batches run on pooled multi handles, many
+// transfers in flight over reused connections. DNS and TLS sessions are shared through
+// one CURLSH. Every request is retried under the store's RetryOptions on transport
+// failures (reset, timeout, refused, truncated body) and on 5xx/429 answers, with
+// jittered exponential back-off; other answers are returned to the caller.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "ddp/store.h"
+
+namespace ddp::store_internal {
+
+struct HttpRequest {
+  std::string method = "GET";  // GET, HEAD, PUT, POST, DELETE
+  std::string url;             // full URL; never carries credentials (see ClientConfig)
+  std::string what;            // what messages name, e.g. "s3://bucket/key"
+  std::vector<std::string> headers;  // "Name: value"
+  std::string_view body;             // PUT/POST payload; must outlive the request
+};
+
+struct HttpResponse {
+  long status = 0;
+  std::string body;
+  std::vector<std::pair<std::string, std::string>> headers;  // names lower-cased
+  // The value of a header (lower-case name), or nullptr.
+  const std::string* Header(std::string_view lower_name) const;
+};
+
+struct ClientConfig {
+  RetryOptions retry;
+  double connect_timeout_s = 10.0;
+  double low_speed_timeout_s = 30.0;
+  // AWS signature v4 (CURLOPT_AWS_SIGV4), e.g. "aws:amz:us-east-1:s3"; empty: unsigned.
+  std::string sigv4;
+  std::string access_key;  // with sigv4; never appears in messages
+  std::string secret_key;
+  std::vector<std::string> extra_headers;  // added to every request (session token)
+  std::string ca_bundle;                   // CURLOPT_CAINFO when not empty
+  // Builds the Status for a non-2xx answer; the default names request.what, the HTTP
+  // status and the method. S3 replaces it to add the error code from the XML body.
+  std::function<Status(const HttpRequest&, const HttpResponse&)> http_error;
+};
+
+// The Status code for an HTTP status (404 -> kNotFound, 403 -> kPermissionDenied, ...).
+Code CodeForHttpStatus(long status);
+// "<what>: HTTP 404 (GET http://host/x)" with `detail` appended when not empty.
+Status HttpStatusError(const HttpRequest& request, long status, std::string_view detail);
+
+// Percent-encodes `s` as AWS and RFC 3986 want: unreserved characters kept, everything
+// else %XX (upper-case hex); '/' kept when `keep_slash`.
+std::string UriEncode(std::string_view s, bool keep_slash);
+// The URL with any "user:password@" removed, for messages.
+std::string RedactUrl(std::string_view url);
+
+class CurlClient {
+ public:
+  // A client for `config`; an empty config.ca_bundle is taken from AWS_CA_BUNDLE.
+  static Result<std::unique_ptr<CurlClient>> Create(ClientConfig config);
+  ~CurlClient();
+  CurlClient(const CurlClient&) = delete;
+  CurlClient& operator=(const CurlClient&) = delete;
+
+  // One request, retried as described above. An error means a transport failure or a
+  // retryable answer that persisted; any other answer is returned, whatever its status.
+  Result<HttpResponse> Perform(const HttpRequest& request);
+
+  // Many requests, up to `max_in_flight` at once, each retried on its own. `done` is
+  // called once per request in completion order, on the calling thread, never
+  // concurrently. Returns when all are done, or, once `*cancel` is true, after calling
+  // `done` with kCancelled for every request not done yet (returning kCancelled).
+  using DoneCallback = std::function<void(size_t index, Result<HttpResponse> response)>;
+  Status PerformMany(std::span<const HttpRequest> requests, int max_in_flight,
+                     const DoneCallback& done, const std::atomic<bool>* cancel = nullptr);
+
+  // The Status for a non-2xx answer (config.http_error or the default).
+  Status ErrorFor(const HttpRequest& request, const HttpResponse& response) const;
+
+  const ClientConfig& config() const { return config_; }
+
+ private:
+  struct Impl;
+  explicit CurlClient(ClientConfig config);
+  ClientConfig config_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ddp::store_internal

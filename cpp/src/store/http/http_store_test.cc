@@ -1,0 +1,154 @@
+// The http(s):// back-end: the conformance suite against a live server when
+// DDP_TEST_HTTP_URL (the server's base URL) and DDP_TEST_HTTP_ROOT (the directory it
+// serves) are set, e.g. by tests/test_storage_http.py; server-less tests otherwise.
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+
+#include "ddp/store.h"
+#include "store/conformance_testutil.h"
+#include "store/http/curl_client.h"
+
+namespace ddp {
+namespace {
+
+using ::ddp::testing::StoreConformanceTest;
+using ::ddp::testing::StoreFactory;
+using ::ddp::testing::StorePair;
+
+// Writes through a file store in the served directory and keeps its "_index.txt"
+// listing current, as a site publishing a dataset over HTTP would.
+class IndexingWriter final : public Store {
+ public:
+  explicit IndexingWriter(std::unique_ptr<Store> files) : files_(std::move(files)) {}
+  std::string url() const override { return files_->url(); }
+  Result<std::vector<ObjectInfo>> List(std::string_view p) override { return files_->List(p); }
+  Result<ObjectInfo> Stat(std::string_view k) override { return files_->Stat(k); }
+  Result<std::string> Get(std::string_view k, ByteRange r) override { return files_->Get(k, r); }
+  Status Put(std::string_view key, std::string_view data) override {
+    DDP_RETURN_IF_ERROR(files_->Put(key, data));
+    return Reindex();
+  }
+  Status Delete(std::string_view key) override {
+    DDP_RETURN_IF_ERROR(files_->Delete(key));
+    return Reindex();
+  }
+
+ private:
+  Status Reindex() {
+    DDP_ASSIGN_OR_RETURN(auto all, files_->List(""));
+    std::string index;
+    int n = 0;
+    for (const ObjectInfo& o : all) {
+      if (o.key == "_index.txt") continue;
+      // Every other entry without its size, so List's HEAD path is exercised too.
+      index += o.key;
+      if (n++ % 2 == 0) index += "\t" + std::to_string(o.size);
+      index += "\n";
+    }
+    return files_->Put("_index.txt", index);
+  }
+  std::unique_ptr<Store> files_;
+};
+
+Result<StorePair> OpenLiveHttp(const std::string& unique) {
+  const char* url = std::getenv("DDP_TEST_HTTP_URL");
+  const char* root = std::getenv("DDP_TEST_HTTP_ROOT");
+  if (url == nullptr || root == nullptr) {
+    return FailedPreconditionError(
+        "no live server: set DDP_TEST_HTTP_URL and DDP_TEST_HTTP_ROOT to run these");
+  }
+  StoreOptions o;
+  o.retry.initial_backoff_s = 0.01;
+  DDP_ASSIGN_OR_RETURN(auto reader, OpenStore(std::string(url) + "/" + unique, o));
+  DDP_ASSIGN_OR_RETURN(auto files, OpenStore(std::string(root) + "/" + unique));
+  DDP_RETURN_IF_ERROR(files->Put("_index.txt", "# no objects yet\n"));
+  return StorePair{std::move(reader), std::make_unique<IndexingWriter>(std::move(files))};
+}
+
+INSTANTIATE_TEST_SUITE_P(Http, StoreConformanceTest,
+                         ::testing::Values(StoreFactory{"live", OpenLiveHttp, /*writable=*/false}),
+                         ::ddp::testing::StoreFactoryName);
+
+// A port nothing listens on (bound, then closed).
+int ClosedPort() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    std::abort();
+  }
+  int port = ntohs(a.sin_port);
+  ::close(fd);
+  return port;
+}
+
+TEST(HttpStoreTest, RefusedConnectionIsRetriedThenUnavailable) {
+  StoreOptions o;
+  o.retry.max_attempts = 3;
+  o.retry.initial_backoff_s = 0.05;
+  std::string base = "http://127.0.0.1:" + std::to_string(ClosedPort()) + "/data";
+  auto s = OpenStore(base, o);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  auto t0 = std::chrono::steady_clock::now();
+  auto got = (*s)->Get("a/b.jpg");
+  ASSERT_FALSE(got.ok());
+  EXPECT_EQ(got.status().code(), Code::kUnavailable) << got.status().ToString();
+  EXPECT_NE(got.status().message().find(base + "/a/b.jpg"), std::string::npos)
+      << got.status().ToString();
+  EXPECT_NE(got.status().message().find("after 3 attempts"), std::string::npos)
+      << got.status().ToString();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+
+  std::vector<std::string> keys = {"x", "y", "z"};
+  int calls = 0;
+  Status batch = (*s)->GetMany(keys, [&](size_t i, Result<std::string> r) {
+    ++calls;
+    EXPECT_EQ(r.status().code(), Code::kUnavailable) << r.status().ToString();
+    EXPECT_NE(r.status().message().find("/data/" + keys[i]), std::string::npos);
+  });
+  EXPECT_TRUE(batch.ok()) << batch.ToString();
+  EXPECT_EQ(calls, 3);
+}
+
+TEST(HttpStoreTest, IsReadOnlyAndRejectsBadUrls) {
+  auto s = OpenStore("http://127.0.0.1:1/x");
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ((*s)->Put("k", "v").code(), Code::kUnimplemented);
+  EXPECT_EQ((*s)->Delete("k").code(), Code::kUnimplemented);
+  for (std::string bad : {"http://", "https:///path", "http://host/x?q=1"}) {
+    auto r = OpenStore(bad);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.status().code(), Code::kInvalidArgument) << r.status().ToString();
+  }
+}
+
+TEST(HttpStoreTest, CredentialsInTheUrlNeverReachMessages) {
+  StoreOptions o;
+  o.retry.max_attempts = 1;
+  auto s = OpenStore("http://user:s3cret@127.0.0.1:" + std::to_string(ClosedPort()) + "/d", o);
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ((*s)->url().find("s3cret"), std::string::npos) << (*s)->url();
+  auto got = (*s)->Get("k");
+  ASSERT_FALSE(got.ok());
+  EXPECT_EQ(got.status().message().find("s3cret"), std::string::npos) << got.status().ToString();
+}
+
+TEST(CurlClientTest, UriEncodeAndRedact) {
+  using store_internal::RedactUrl;
+  using store_internal::UriEncode;
+  EXPECT_EQ(UriEncode("a b/c+d~e_f.g-h", true), "a%20b/c%2Bd~e_f.g-h");
+  EXPECT_EQ(UriEncode("a/b", false), "a%2Fb");
+  EXPECT_EQ(UriEncode("\xc3\xa9", true), "%C3%A9");
+  EXPECT_EQ(RedactUrl("https://u:p@host:1/x@y"), "https://host:1/x@y");
+  EXPECT_EQ(RedactUrl("https://host/x@y"), "https://host/x@y");
+}
+
+}  // namespace
+}  // namespace ddp

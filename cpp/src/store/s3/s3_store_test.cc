@@ -1,0 +1,170 @@
+// The s3:// back-end: the conformance suite against a live S3 server when
+// DDP_TEST_S3_ENDPOINT and DDP_TEST_S3_BUCKET are set (tests/test_storage_s3.py runs
+// this binary against moto), plus server-less tests of the configuration.
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include "ddp/store.h"
+#include "store/conformance_testutil.h"
+#include "store/s3/s3_config.h"
+
+namespace ddp {
+namespace {
+
+using ::ddp::testing::StoreConformanceTest;
+using ::ddp::testing::StoreFactory;
+using ::ddp::testing::StorePair;
+using store_internal::EnvLookup;
+using store_internal::ResolveS3Config;
+
+Result<StorePair> OpenLiveS3(const std::string& unique) {
+  const char* endpoint = std::getenv("DDP_TEST_S3_ENDPOINT");
+  const char* bucket = std::getenv("DDP_TEST_S3_BUCKET");
+  if (endpoint == nullptr || bucket == nullptr) {
+    return FailedPreconditionError(
+        "no live server: set DDP_TEST_S3_ENDPOINT and DDP_TEST_S3_BUCKET to run these");
+  }
+  StoreOptions o;
+  o.endpoint_url = endpoint;
+  o.retry.initial_backoff_s = 0.01;
+  o.multipart_threshold = 5 << 20;  // LargeObjectRoundTrips (6 MiB) goes multipart
+  o.multipart_part_size = 5 << 20;
+  DDP_ASSIGN_OR_RETURN(auto s, OpenStore("s3://" + std::string(bucket) + "/" + unique, o));
+  return StorePair{std::move(s), nullptr};
+}
+
+INSTANTIATE_TEST_SUITE_P(S3, StoreConformanceTest,
+                         ::testing::Values(StoreFactory{"live", OpenLiveS3}),
+                         ::ddp::testing::StoreFactoryName);
+
+EnvLookup FakeEnv(std::map<std::string, std::string> vars) {
+  return [vars = std::move(vars)](const char* name) -> std::optional<std::string> {
+    auto it = vars.find(name);
+    if (it == vars.end()) return std::nullopt;
+    return it->second;
+  };
+}
+
+std::string TempFile(const std::string& content) {
+  std::string tmpl = (std::filesystem::temp_directory_path() / "ddp-aws-XXXXXX").string();
+  int fd = ::mkstemp(tmpl.data());
+  if (fd < 0) std::abort();
+  ::close(fd);
+  std::ofstream(tmpl) << content;
+  return tmpl;
+}
+
+TEST(S3ConfigTest, EnvironmentCredentialsRegionAndEndpoint) {
+  auto c = ResolveS3Config("s3://my-bucket/some/prefix/", {},
+                           FakeEnv({{"AWS_ACCESS_KEY_ID", "AK"},
+                                    {"AWS_SECRET_ACCESS_KEY", "SK"},
+                                    {"AWS_SESSION_TOKEN", "TOK"},
+                                    {"AWS_DEFAULT_REGION", "eu-west-3"},
+                                    {"AWS_ENDPOINT_URL", "http://127.0.0.1:9000/"}}));
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->bucket, "my-bucket");
+  EXPECT_EQ(c->prefix, "some/prefix");
+  EXPECT_EQ(c->region, "eu-west-3");
+  ASSERT_TRUE(c->credentials.has_value());
+  EXPECT_EQ(c->credentials->access_key, "AK");
+  EXPECT_EQ(c->credentials->session_token, "TOK");
+  EXPECT_EQ(c->BucketUrl(), "http://127.0.0.1:9000/my-bucket");
+}
+
+TEST(S3ConfigTest, ServiceSpecificEndpointAndOptionsWin) {
+  StoreOptions o;
+  o.region = "ap-south-1";
+  auto env = FakeEnv({{"AWS_ACCESS_KEY_ID", "AK"}, {"AWS_SECRET_ACCESS_KEY", "SK"},
+                      {"AWS_REGION", "us-west-2"}, {"AWS_ENDPOINT_URL", "http://general:1"},
+                      {"AWS_ENDPOINT_URL_S3", "http://s3only:2"}});
+  auto c = ResolveS3Config("s3://b", o, env);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->region, "ap-south-1");
+  EXPECT_EQ(c->BucketUrl(), "http://s3only:2/b");
+  o.endpoint_url = "https://explicit:3";
+  EXPECT_EQ(ResolveS3Config("s3://b", o, env)->BucketUrl(), "https://explicit:3/b");
+}
+
+TEST(S3ConfigTest, AwsDefaultsToVirtualHostedStyle) {
+  auto env = FakeEnv({{"AWS_ACCESS_KEY_ID", "AK"}, {"AWS_SECRET_ACCESS_KEY", "SK"}});
+  auto c = ResolveS3Config("s3://bucket", {}, env);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->region, "us-east-1");
+  EXPECT_EQ(c->BucketUrl(), "https://bucket.s3.us-east-1.amazonaws.com");
+  auto dotted = ResolveS3Config("s3://my.bucket", {}, env);
+  ASSERT_TRUE(dotted.ok());
+  EXPECT_EQ(dotted->BucketUrl(), "https://s3.us-east-1.amazonaws.com/my.bucket");
+}
+
+TEST(S3ConfigTest, ProfilesFromTheSharedFiles) {
+  std::string creds = TempFile(
+      "[default]\naws_access_key_id = DEFKEY\naws_secret_access_key = DEFSECRET\n\n"
+      "# comment\n[work]\naws_access_key_id=WORKKEY\naws_secret_access_key=WORKSECRET\n"
+      "aws_session_token = WORKTOKEN\n");
+  std::string config = TempFile("[profile work]\nregion = eu-central-1\n");
+  auto c = ResolveS3Config("s3://b", {},
+                           FakeEnv({{"AWS_PROFILE", "work"},
+                                    {"AWS_SHARED_CREDENTIALS_FILE", creds},
+                                    {"AWS_CONFIG_FILE", config},
+                                    {"AWS_ACCESS_KEY_ID", "ENVKEY"},
+                                    {"AWS_SECRET_ACCESS_KEY", "ENVSECRET"}}));
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->credentials->access_key, "WORKKEY");
+  EXPECT_EQ(c->credentials->session_token, "WORKTOKEN");
+  EXPECT_EQ(c->region, "eu-central-1");
+
+  auto d = ResolveS3Config("s3://b", {}, FakeEnv({{"AWS_SHARED_CREDENTIALS_FILE", creds}}));
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->credentials->access_key, "DEFKEY");
+
+  auto missing = ResolveS3Config("s3://b", {},
+                                 FakeEnv({{"AWS_PROFILE", "nope"},
+                                          {"AWS_SHARED_CREDENTIALS_FILE", creds},
+                                          {"AWS_CONFIG_FILE", config}}));
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.status().code(), Code::kUnauthenticated);
+  EXPECT_NE(missing.status().message().find("'nope'"), std::string::npos);
+  EXPECT_EQ(missing.status().message().find("SECRET"), std::string::npos);
+  std::filesystem::remove(creds);
+  std::filesystem::remove(config);
+}
+
+TEST(S3ConfigTest, MissingCredentialsIsAClearErrorUnlessAnonymous) {
+  auto env = FakeEnv({{"HOME", "/nonexistent-home"}});
+  auto c = ResolveS3Config("s3://b/p", {}, env);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), Code::kUnauthenticated);
+  EXPECT_NE(c.status().message().find("AWS_ACCESS_KEY_ID"), std::string::npos);
+  EXPECT_NE(c.status().message().find("s3://b/p"), std::string::npos);
+  EXPECT_NE(c.status().message().find("anon"), std::string::npos);
+
+  StoreOptions anon;
+  anon.anonymous = true;
+  auto a = ResolveS3Config("s3://b/p", anon, env);
+  ASSERT_TRUE(a.ok());
+  EXPECT_FALSE(a->credentials.has_value());
+
+  auto half = ResolveS3Config("s3://b", {}, FakeEnv({{"AWS_ACCESS_KEY_ID", "AK"}}));
+  ASSERT_FALSE(half.ok());
+  EXPECT_NE(half.status().message().find("AWS_SECRET_ACCESS_KEY is not set"), std::string::npos);
+}
+
+TEST(S3ConfigTest, RejectsBadUrls) {
+  auto env = FakeEnv({{"AWS_ACCESS_KEY_ID", "AK"}, {"AWS_SECRET_ACCESS_KEY", "SK"}});
+  for (std::string bad : {"s3://", "s3:///key", "s3://bad bucket/x", "s3://b/p\\0"}) {
+    if (bad.ends_with("\\0")) bad = std::string("s3://b/p\0x", 10);
+    auto c = ResolveS3Config(bad, {}, env);
+    EXPECT_FALSE(c.ok()) << bad;
+    EXPECT_EQ(c.status().code(), Code::kInvalidArgument) << c.status().ToString();
+  }
+  StoreOptions o;
+  o.endpoint_url = "ftp://x";
+  EXPECT_EQ(ResolveS3Config("s3://b", o, env).status().code(), Code::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace ddp

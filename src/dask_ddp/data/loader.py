@@ -1,0 +1,285 @@
+"""The fast path: batches decoded and transformed by C++ threads, handed over as tensors.
+
+::
+
+    from dask_ddp.data import ImageFolder, Loader, transforms as T
+
+    ds = ImageFolder("s3://bucket/train")
+    loader = Loader(ds, batch_size=64, transform=T.Compose([
+        T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(),
+        T.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])]))
+    for epoch in range(epochs):
+        loader.set_epoch(epoch)
+        for images, labels in loader:   # [B, 3, 224, 224] float32, [B] int64
+            ...
+
+Sampling has ``torch.utils.data.DistributedSampler`` semantics (rank and world size from
+the process group when not given). Batches arrive in order; a batch tensor is a view of an
+engine buffer that is reused only after torch frees the tensor, so keeping one is safe.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import Subset
+
+from dask_ddp import _core  # type: ignore[attr-defined]
+from dask_ddp.data import transforms as T
+from dask_ddp.data.datasets import ImageFolder
+
+__all__ = ["Loader"]
+
+logger = logging.getLogger(__name__)
+
+_ON_ERROR = ("raise", "skip")
+
+
+def _process_group() -> tuple[int, int] | None:
+    """(rank, world_size) of the default process group, or None when there is none."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return None
+
+
+def _resolve_dataset(dataset: object) -> tuple[ImageFolder, list[int] | None]:
+    """The image folder behind ``dataset`` and the indices of it to read (None: all).
+
+    A ``torch.utils.data.Subset`` of an image folder (a train/eval split) reads just its
+    indices; nested subsets compose.
+    """
+    if isinstance(dataset, ImageFolder):
+        return dataset, None
+    if isinstance(dataset, Subset):
+        folder, inner = _resolve_dataset(dataset.dataset)
+        n = len(folder) if inner is None else len(inner)
+        picked = [int(i) for i in dataset.indices]
+        bad = [i for i in picked if not -n <= i < n]
+        if bad:
+            raise IndexError(f"Subset index {bad[0]} out of range for a dataset of {n} samples")
+        picked = [i % n for i in picked]
+        return folder, picked if inner is None else [inner[i] for i in picked]
+    raise TypeError(
+        f"Loader reads an ImageFolder or S3ImageFolder (or a torch Subset of one), not "
+        f"{type(dataset).__name__}; for other datasets use a torch DataLoader"
+    )
+
+
+class Loader:
+    """Iterate over an image dataset in batches, with the work done in C++ threads.
+
+    Parameters
+    ----------
+    dataset
+        An :class:`~dask_ddp.data.ImageFolder` or :class:`~dask_ddp.data.S3ImageFolder`,
+        or a ``torch.utils.data.Subset`` of one (e.g. a train/eval split); its ``samples``
+        are read through its store. Its own (torchvision) transform is not
+        used: ``transform`` replaces it.
+    batch_size
+        Samples per batch.
+    transform
+        Built from :mod:`dask_ddp.data.transforms`; must end with a fixed size and contain
+        ``ToTensor`` (float32) or ``PILToTensor`` (uint8). Default: the dataset's transform
+        if it is one of these. A torchvision transform raises ``TypeError``.
+    shuffle, seed
+        Shuffle each epoch by (seed, epoch); each sample's random crop and flip depend
+        only on (seed, epoch, index).
+    rank, world_size
+        This process's shard, ``DistributedSampler``-style. Default: from the initialised
+        ``torch.distributed`` process group, else 0 and 1.
+    drop_last
+        Drop the uneven tail across ranks (else pad by repeating, as torch does) and the
+        last incomplete batch.
+    num_threads
+        Decode threads (default ``os.cpu_count()``).
+    prefetch
+        Batches in flight ahead of the consumer.
+    on_error
+        ``"raise"``: a bad image (corrupt, truncated, empty, not JPEG/PNG, over
+        ``max_side``) raises an exception naming its URL. ``"skip"``: leave it out of its
+        batch (which is then smaller) and count it in :attr:`skipped`. Storage errors
+        (a missing object, access denied, an unreachable server) raise either way.
+    pin_memory
+        Copy batches to pinned memory (default: when CUDA is available).
+    scaled_decode
+        Let libjpeg-turbo decode large JPEGs at 1/2, 1/4 or 1/8 scale when a crop is
+        downscaled at least that much anyway.
+    region_decode
+        For crop-first pipelines (``RandomResizedCrop``, ``CenterCrop``), decode only the
+        JPEG rows and columns the crop reads (pixels identical to a full decode).
+    max_side
+        Images with a longer side are bad input (guards memory).
+
+    Raises
+    ------
+    TypeError
+        For a torchvision (or other non-engine) transform, or an unsupported dataset.
+    ValueError
+        For inconsistent arguments.
+    """
+
+    def __init__(
+        self,
+        dataset: ImageFolder,
+        batch_size: int,
+        *,
+        transform: T.Transform | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        rank: int | None = None,
+        world_size: int | None = None,
+        drop_last: bool = False,
+        num_threads: int | None = None,
+        prefetch: int = 4,
+        on_error: str = "raise",
+        pin_memory: bool | None = None,
+        scaled_decode: bool = True,
+        region_decode: bool = True,
+        max_side: int = 1 << 14,
+    ) -> None:
+        folder, indices = _resolve_dataset(dataset)
+        chosen: object = folder.transform if transform is None else transform
+        if chosen is None:
+            raise ValueError(
+                "Loader needs a transform with a fixed output size, e.g. "
+                "transforms.Compose([transforms.RandomResizedCrop(224), transforms.ToTensor()])"
+            )
+        ops = T.to_ops(chosen)
+        if on_error not in _ON_ERROR:
+            raise ValueError(f"on_error must be one of {_ON_ERROR}, got {on_error!r}")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if prefetch < 1:
+            raise ValueError(f"prefetch must be >= 1, got {prefetch}")
+        if num_threads is not None and num_threads < 1:
+            raise ValueError(f"num_threads must be >= 1, got {num_threads}")
+        group = _process_group()
+        if rank is None or world_size is None:
+            if group is not None:
+                rank = group[0] if rank is None else rank
+                world_size = group[1] if world_size is None else world_size
+            elif rank is None and world_size is None:
+                rank, world_size = 0, 1
+            else:
+                raise ValueError(
+                    "give both rank and world_size, or neither (then they come from the "
+                    f"torch.distributed process group); got rank={rank}, world_size={world_size}"
+                )
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
+        self.dataset = dataset
+        self.batch_size = int(batch_size)
+        self.transform = chosen
+        self.shuffle = bool(shuffle)
+        self.seed = int(seed)
+        self.rank = int(rank)
+        self.world_size = int(world_size)
+        self.drop_last = bool(drop_last)
+        self.num_threads = int(num_threads or os.cpu_count() or 1)
+        self.prefetch = int(prefetch)
+        self.on_error = on_error
+        self.pin_memory = torch.cuda.is_available() if pin_memory is None else bool(pin_memory)
+        self.epoch = 0
+        self._start_batch = 0
+        self._position = 0
+        keys, targets = folder._keys, folder.targets
+        if indices is not None:
+            keys = [keys[i] for i in indices]
+            targets = [targets[i] for i in indices]
+        self._core = _core.ImageLoader(
+            folder.url,
+            folder.anon,
+            keys,
+            targets,
+            ops,
+            batch_size=self.batch_size,
+            shuffle=self.shuffle,
+            seed=self.seed,
+            rank=self.rank,
+            world_size=self.world_size,
+            drop_last=self.drop_last,
+            num_threads=self.num_threads,
+            prefetch=self.prefetch,
+            skip_errors=on_error == "skip",
+            max_side=int(max_side),
+            scaled_decode=bool(scaled_decode),
+            region_decode=bool(region_decode),
+        )
+
+    def __len__(self) -> int:
+        """Batches per epoch for this rank."""
+        return int(self._core.num_batches)
+
+    @property
+    def num_samples(self) -> int:
+        """Samples per epoch for this rank (padding included)."""
+        return int(self._core.num_samples)
+
+    @property
+    def skipped(self) -> int:
+        """Samples left out so far because they failed (``on_error="skip"``)."""
+        return int(self._core.skipped)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch's shuffle and augmentation (as ``DistributedSampler.set_epoch``)."""
+        if epoch < 0:
+            raise ValueError(f"epoch must be >= 0, got {epoch}")
+        self.epoch = int(epoch)
+        self._start_batch = 0
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        start, self._start_batch = self._start_batch, 0
+        core = self._core
+        core.start_epoch(self.epoch, start)
+        self._position = start
+        while True:
+            item = core.next()  # releases the GIL while it waits
+            if item is None:
+                return
+            images, labels, index = item
+            self._position = int(index) + 1
+            if self.pin_memory:
+                images, labels = images.pin_memory(), labels.pin_memory()
+            yield images, labels
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position in the epoch: resuming from it yields the remaining batches,
+        identical to those an uninterrupted run would have yielded."""
+        return {
+            "epoch": self.epoch,
+            "batch": self._position,
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "world_size": self.world_size,
+            "num_batches": len(self),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from :meth:`state_dict`'s position on the next iteration."""
+        for key in ("seed", "shuffle", "world_size", "num_batches"):
+            mine = self.state_dict()[key]
+            if key in state and state[key] != mine:
+                raise ValueError(
+                    f"state_dict was saved with {key}={state[key]!r} but this loader has {mine!r}"
+                )
+        batch = int(state["batch"])
+        if not 0 <= batch <= len(self):
+            raise ValueError(f"state_dict batch {batch} is outside [0, {len(self)}]")
+        self.epoch = int(state["epoch"])
+        self._start_batch = batch
+        self._position = batch
+
+    def close(self) -> None:
+        """Stop the engine's threads (batches already handed out stay valid)."""
+        self._core.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"Loader({self.dataset!r}, batch_size={self.batch_size}, rank={self.rank}/"
+            f"{self.world_size}, num_threads={self.num_threads}, prefetch={self.prefetch})"
+        )

@@ -1,0 +1,506 @@
+"""Real servers for the storage tests and benchmarks, each a subprocess on 127.0.0.1.
+
+- :func:`start_http_server`: Python's ``http.server`` serving a directory (no Range
+  support, so stores must cut ranges out of whole answers themselves).
+- :func:`start_fault_server`: this file run as a script; a small HTTP/S3 look-alike
+  whose first path segment picks a misbehaviour (see :class:`FaultHandler`), and which
+  counts the requests it saw so tests can check retries happened or did not.
+- :func:`start_moto_auth_server`: moto's S3 server with IAM authentication on, which
+  checks SigV4 signatures and answers 403 to wrong credentials.
+- :func:`start_nginx`: nginx (Debian's nginx-light) as our own process with a generated
+  configuration, serving a directory; path-style ``/bucket/key`` are plain files.
+
+Every server is a :class:`ServerProcess`; ``close()`` (or leaving its ``with`` block)
+terminates it and waits for it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from types import TracebackType
+from typing import Any, NamedTuple
+
+#: Size of every object the fault server serves.
+FAULT_OBJECT_SIZE = 300_000
+
+
+def free_port() -> int:
+    """Return a TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def object_bytes(name: str, size: int = FAULT_OBJECT_SIZE) -> bytes:
+    """Deterministic content for ``name``: what the fault server serves for a path."""
+    block = hashlib.sha256(name.encode()).digest() * 64  # 2 KiB
+    return (block * (size // len(block) + 1))[:size]
+
+
+class ServerProcess:
+    """A server subprocess listening on 127.0.0.1:``port``; ``url`` is its base URL."""
+
+    def __init__(
+        self,
+        args: list[str],
+        port: int,
+        *,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+        cleanup: str | None = None,
+    ) -> None:
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        self._cleanup = cleanup
+        # stderr goes to a file, not a pipe: a chatty server (http.server logs every
+        # request) would block once a pipe nobody reads is full.
+        self._log = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(
+            args,
+            stdout=subprocess.DEVNULL,
+            stderr=self._log,
+            env=env,
+            cwd=cwd,
+        )
+        try:
+            self._wait_listening(30.0)
+        except BaseException:
+            self.close()
+            raise
+
+    def _wait_listening(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"server {self.proc.args!r} exited with {self.proc.returncode}: "
+                    f"{self.log()[-2000:]}"
+                )
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                    return
+            except OSError:
+                time.sleep(0.05)
+        raise TimeoutError(f"nothing listened on 127.0.0.1:{self.port} within {timeout}s")
+
+    def log(self) -> str:
+        """What the server wrote to stderr so far."""
+        self._log.seek(0)
+        return self._log.read().decode(errors="replace")
+
+    def kill(self) -> None:
+        """Kill the server abruptly (SIGKILL), as a crash would."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def close(self) -> None:
+        """Stop the server and wait for it."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        if self._cleanup:
+            shutil.rmtree(self._cleanup, ignore_errors=True)
+
+    def __enter__(self) -> ServerProcess:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # Fault server only -------------------------------------------------------------
+    def counts(self) -> dict[str, int]:
+        """Requests seen per "METHOD path?query" (fault server)."""
+        with urllib.request.urlopen(f"{self.url}/_stats", timeout=10) as r:
+            return dict(json.loads(r.read()))
+
+    def reset(self) -> None:
+        """Forget the counts and per-path state (fault server)."""
+        with urllib.request.urlopen(f"{self.url}/_reset", timeout=10) as r:
+            r.read()
+
+
+def start_http_server(root: Path) -> ServerProcess:
+    """Python's threading ``http.server`` serving ``root`` (this file as a script).
+
+    Not ``python -m http.server``: its listen backlog of 5 drops connection attempts
+    beyond that, and the kernel then retries them only after a second.
+    """
+    port = free_port()
+    return ServerProcess(
+        [sys.executable, os.path.abspath(__file__), "static", str(port), str(root)], port
+    )
+
+
+def start_fault_server(tls: tuple[Path, Path] | None = None) -> ServerProcess:
+    """The fault-injecting server (this file as a script); over https with ``tls``.
+
+    ``tls`` is (certificate, private key), PEM files, e.g. from
+    :func:`make_self_signed_cert`.
+    """
+    port = free_port()
+    args = [sys.executable, os.path.abspath(__file__), "fault", str(port)]
+    if tls is not None:
+        args += [str(tls[0]), str(tls[1])]
+    server = ServerProcess(args, port)
+    if tls is not None:
+        server.url = f"https://127.0.0.1:{port}"
+    return server
+
+
+def make_self_signed_cert(folder: Path) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 and localhost; returns (cert, key) paths."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "dask-ddp test server")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName(
+                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+            ),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = folder / "cert.pem", folder / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return cert_path, key_path
+
+
+class AuthServer(NamedTuple):
+    """A signature-checking moto server and credentials it accepts."""
+
+    server: ServerProcess
+    key: str  # an IAM user's access key id ...
+    secret: str  # ... and secret
+    session: tuple[str, str, str]  # temporary (key, secret, session token) of a role
+
+
+def start_moto_auth_server() -> AuthServer:
+    """moto's S3 server with authentication on, and credentials it accepts.
+
+    The first three requests are allowed unauthenticated: they create an IAM user with
+    an allow-all policy and its access key. After that every request's SigV4 signature
+    is checked (and a temporary key's session token): with the user's key, a role is
+    created and assumed for temporary credentials.
+    """
+    import boto3
+
+    port = free_port()
+    env = dict(os.environ, INITIAL_NO_AUTH_ACTION_COUNT="3")
+    server = ServerProcess(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)], port, env=env
+    )
+    try:
+        iam = boto3.client(
+            "iam",
+            endpoint_url=server.url,
+            region_name="us-east-1",
+            aws_access_key_id="bootstrap",
+            aws_secret_access_key="bootstrap",
+        )
+        iam.create_user(UserName="tester")
+        policy = json.dumps(
+            {
+                "Version": "2012-10-17",
+                "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}],
+            }
+        )
+        iam.put_user_policy(UserName="tester", PolicyName="all", PolicyDocument=policy)
+        key = iam.create_access_key(UserName="tester")["AccessKey"]
+        signed = {
+            "endpoint_url": server.url,
+            "region_name": "us-east-1",
+            "aws_access_key_id": key["AccessKeyId"],
+            "aws_secret_access_key": key["SecretAccessKey"],
+        }
+        iam = boto3.client("iam", **signed)
+        trust = json.dumps(
+            {
+                "Version": "2012-10-17",
+                "Statement": [
+                    {"Effect": "Allow", "Principal": {"AWS": "*"}, "Action": "sts:AssumeRole"}
+                ],
+            }
+        )
+        role = iam.create_role(RoleName="trainer", AssumeRolePolicyDocument=trust)["Role"]
+        iam.put_role_policy(RoleName="trainer", PolicyName="all", PolicyDocument=policy)
+        creds = boto3.client("sts", **signed).assume_role(
+            RoleArn=role["Arn"], RoleSessionName="test"
+        )["Credentials"]
+    except BaseException:
+        server.close()
+        raise
+    session = (
+        str(creds["AccessKeyId"]),
+        str(creds["SecretAccessKey"]),
+        str(creds["SessionToken"]),
+    )
+    return AuthServer(server, str(key["AccessKeyId"]), str(key["SecretAccessKey"]), session)
+
+
+def start_nginx(root: Path, *, workers: int = 1) -> ServerProcess:
+    """nginx serving ``root`` as static files, run as our own (non-daemon) process."""
+    nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+    if not os.path.exists(nginx):
+        raise FileNotFoundError("nginx is not installed (Debian package nginx-light)")
+    port = free_port()
+    conf_dir = tempfile.mkdtemp(prefix="ddp-nginx-")
+    user = "user root;" if os.geteuid() == 0 else ""  # workers must read root's temp files
+    conf = f"""
+{user}
+worker_processes {workers};
+daemon off;
+master_process on;
+pid {conf_dir}/nginx.pid;
+error_log {conf_dir}/error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+  access_log off;
+  sendfile on;
+  tcp_nopush on;
+  keepalive_requests 1000000;
+  keepalive_timeout 120s;
+  default_type application/octet-stream;
+  client_body_temp_path {conf_dir}/body;
+  proxy_temp_path {conf_dir}/proxy;
+  fastcgi_temp_path {conf_dir}/fastcgi;
+  uwsgi_temp_path {conf_dir}/uwsgi;
+  scgi_temp_path {conf_dir}/scgi;
+  server {{
+    listen 127.0.0.1:{port} backlog=4096;
+    root {root};
+    location / {{ }}
+  }}
+}}
+"""
+    conf_path = Path(conf_dir) / "nginx.conf"
+    conf_path.write_text(conf)
+    return ServerProcess(
+        [nginx, "-c", str(conf_path), "-p", conf_dir, "-e", "stderr"], port, cleanup=conf_dir
+    )
+
+
+# ---- the fault server (runs in its own process) ----------------------------------------
+
+
+def _error_xml(code: str, message: str, key: str) -> bytes:
+    return (
+        f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}</Code>'
+        f"<Message>{message}</Message><Key>{key}</Key></Error>"
+    ).encode()
+
+
+class FaultHandler(http.server.BaseHTTPRequestHandler):
+    """Serves ``object_bytes(path)`` for any path, misbehaving by its first segment.
+
+    - ``/ok/...``: always answers.
+    - ``/slowdown-N/...``: the first N requests per path get ``503 SlowDown``.
+    - ``/drop-N/...``: the first N GETs per path announce the whole body, send half of
+      it and close the connection.
+    - ``/drop-always/...``: every GET is cut short that way.
+    - ``/status-NNN/...``: always answers HTTP NNN with an S3-style XML error body.
+    - ``/mpu-fail/...``: S3 multipart upload whose part uploads fail with 400.
+    - ``/_stats``: JSON of request counts per ``"METHOD path"``; ``/_reset`` clears them.
+    """
+
+    protocol_version = "HTTP/1.1"
+    counts: dict[str, int] = {}
+    lock = threading.Lock()
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+        pass  # quiet: the counts are the record
+
+    def _count(self) -> int:
+        with self.lock:
+            k = f"{self.command} {self.path}"
+            self.counts[k] = self.counts.get(k, 0) + 1
+            # Per-path count across methods and queries, for the "first N" modes.
+            p = f"path {self.path.split('?')[0]}"
+            self.counts[p] = self.counts.get(p, 0) + 1
+            return self.counts[p]
+
+    def _send(self, status: int, body: bytes, headers: dict[str, str] | None = None) -> None:
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def _drain_body(self) -> None:
+        n = int(self.headers.get("Content-Length") or 0)
+        while n > 0:
+            chunk = self.rfile.read(min(n, 1 << 20))
+            if not chunk:
+                break
+            n -= len(chunk)
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        self._handle()
+
+    def do_HEAD(self) -> None:  # noqa: N802
+        self._handle()
+
+    def do_PUT(self) -> None:  # noqa: N802
+        self._drain_body()
+        self._handle()
+
+    def do_POST(self) -> None:  # noqa: N802
+        self._drain_body()
+        self._handle()
+
+    def do_DELETE(self) -> None:  # noqa: N802
+        self._handle()
+
+    def _handle(self) -> None:
+        path, _, query = self.path.partition("?")
+        if path == "/_stats":
+            self._send(200, json.dumps(self.counts).encode())
+            return
+        if path == "/_reset":
+            with self.lock:
+                self.counts.clear()
+            self._send(200, b"")
+            return
+        n = self._count()
+        mode = path.lstrip("/").split("/", 1)[0]
+        body = object_bytes(path)
+        if mode.startswith("slowdown-") and n <= int(mode.split("-")[1]):
+            self._send(503, _error_xml("SlowDown", "Please reduce your request rate.", path))
+            return
+        if mode.startswith("status-"):
+            status = int(mode.split("-")[1])
+            code = {403: "AccessDenied", 404: "NoSuchKey", 500: "InternalError"}.get(
+                status, "Error"
+            )
+            self._send(status, _error_xml(code, f"injected {status}", path))
+            return
+        if mode == "mpu-fail":
+            if self.command == "POST" and "uploads" in query:
+                self._send(
+                    200,
+                    b"<InitiateMultipartUploadResult><UploadId>up-1</UploadId>"
+                    b"</InitiateMultipartUploadResult>",
+                )
+            elif self.command == "PUT" and "partNumber" in query:
+                self._send(400, _error_xml("InvalidRequest", "injected part failure", path))
+            elif self.command == "DELETE":
+                self._send(204, b"")
+            else:
+                self._send(400, _error_xml("InvalidRequest", "unexpected", path))
+            return
+        drop = mode == "drop-always" or (
+            mode.startswith("drop-") and mode != "drop-always" and n <= int(mode.split("-")[1])
+        )
+        if drop and self.command == "GET":
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body[: len(body) // 2])
+            self.wfile.flush()
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
+            return
+        if self.command in ("PUT", "DELETE"):
+            self._send(200 if self.command == "PUT" else 204, b"", {"ETag": '"etag"'})
+            return
+        rng = self.headers.get("Range")
+        if rng and rng.startswith("bytes=") and self.command == "GET":
+            first_s, _, last_s = rng[6:].partition("-")
+            first = int(first_s)
+            last = min(int(last_s), len(body) - 1) if last_s else len(body) - 1
+            if first >= len(body):
+                self._send(416, b"", {"Content-Range": f"bytes */{len(body)}"})
+                return
+            self._send(
+                206, body[first : last + 1], {"Content-Range": f"bytes {first}-{last}/{len(body)}"}
+            )
+            return
+        self._send(200, body)
+
+
+class _Server(http.server.ThreadingHTTPServer):
+    request_queue_size = 1024  # the default (5) drops bursts of connection attempts
+    daemon_threads = True
+
+
+class _StaticHandler(http.server.SimpleHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep connections alive, as real servers do
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+        pass
+
+
+def _serve(server: http.server.HTTPServer) -> None:
+    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    if len(sys.argv) in (3, 5) and sys.argv[1] == "fault":
+        fault = _Server(("127.0.0.1", int(sys.argv[2])), FaultHandler)
+        if len(sys.argv) == 5:
+            import ssl
+
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain(sys.argv[3], sys.argv[4])
+            fault.socket = ctx.wrap_socket(fault.socket, server_side=True)
+        _serve(fault)
+    elif len(sys.argv) == 4 and sys.argv[1] == "static":
+        root = sys.argv[3]
+
+        class _Handler(_StaticHandler):
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                super().__init__(*args, directory=root, **kwargs)
+
+        _serve(_Server(("127.0.0.1", int(sys.argv[2])), _Handler))
+    else:
+        sys.exit(f"usage: {sys.argv[0]} fault PORT [CERT KEY] | static PORT ROOT")

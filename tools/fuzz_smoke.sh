@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets (clang, ASan+UBSan, coverage-instrumented engine) in their
+# own build directory and runs the image decode+transform target for N seconds
+# (default 60) from a seed corpus of real JPEG/PNG files. Exit status is libFuzzer's:
+# non-zero on any crash, sanitizer report, leak or timeout.
+#
+#   tools/fuzz_smoke.sh [seconds] [build-dir]
+set -euo pipefail
+
+seconds="${1:-60}"
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+build="${2:-$root/build/fuzz}"
+cmake_bin="$root/.venv/bin/cmake"
+[ -x "$cmake_bin" ] || cmake_bin="$(command -v cmake)"
+py="$root/.venv/bin/python"
+[ -x "$py" ] || py="$(command -v python3)"
+
+CC=clang CXX=clang++ "$cmake_bin" -S "$root" -B "$build" -G Ninja \
+  -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDDP_FUZZ=ON -DDDP_BUILD_TESTS=OFF -DDDP_BUILD_PYTHON=OFF \
+  -DCMAKE_CXX_FLAGS="-fsanitize=fuzzer-no-link,address,undefined -fno-omit-frame-pointer" \
+  -DCMAKE_C_FLAGS="-fsanitize=fuzzer-no-link,address,undefined" >/dev/null
+"$cmake_bin" --build "$build" -j "${JOBS:-2}" --target decode_fuzz
+
+corpus="$build/corpus/decode"
+mkdir -p "$corpus"
+if [ -z "$(ls -A "$corpus")" ]; then
+  # Seeds: small real images of every variant the loader reads (PIL writes them).
+  "$py" - "$corpus" <<'PY' || echo "fuzz_smoke: no PIL, starting from an empty corpus" >&2
+import io, sys
+from PIL import Image
+out = sys.argv[1]
+img = Image.linear_gradient("L").resize((48, 40)).convert("RGB")
+variants = {
+    "rgb.jpg": lambda b: img.save(b, "JPEG", quality=80),
+    "prog.jpg": lambda b: img.save(b, "JPEG", quality=80, progressive=True),
+    "gray.jpg": lambda b: img.convert("L").save(b, "JPEG"),
+    "cmyk.jpg": lambda b: img.convert("CMYK").save(b, "JPEG"),
+    "444.jpg": lambda b: img.save(b, "JPEG", subsampling=0),
+    "rgb.png": lambda b: img.save(b, "PNG"),
+    "gray.png": lambda b: img.convert("L").save(b, "PNG"),
+    "pal.png": lambda b: img.convert("P").save(b, "PNG"),
+    "rgba.png": lambda b: img.convert("RGBA").save(b, "PNG"),
+}
+for name, save in variants.items():
+    buf = io.BytesIO()
+    save(buf)
+    open(f"{out}/{name}", "wb").write(buf.getvalue())
+PY
+fi
+
+export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1}"
+export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
+"$build/decode_fuzz" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
+  -max_len=65536 -print_final_stats=1 "$corpus"

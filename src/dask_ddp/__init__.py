@@ -14,17 +14,19 @@ from __future__ import annotations
 from . import dispatch
 from ._env import RankInfo, rank_info
 from ._errors import GangStartError, JobError, RankAbortedError, RankFailedError, WorkerLostError
-from .dispatch import Job, run_command, submit
+from .dispatch import ElasticJob, Job, Restart, run_command, submit
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "ElasticJob",
     "GangStartError",
     "Job",
     "JobError",
     "RankAbortedError",
     "RankFailedError",
     "RankInfo",
+    "Restart",
     "WorkerLostError",
     "__version__",
     "dispatch",
@@ -38,3 +40,8 @@ from .checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
 from .results import report  # noqa: E402
 
 __all__ += ["load_checkpoint", "report", "save_checkpoint"]
+
+# -- fault tolerance: exact resume (owned by the elastic issue) -------------------------
+from .elastic import Checkpointer, restore_training_state, training_state  # noqa: E402
+
+__all__ += ["Checkpointer", "restore_training_state", "training_state"]

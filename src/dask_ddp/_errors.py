@@ -33,6 +33,9 @@ class JobError(RuntimeError):
         self.worker = worker
         self.remote_traceback = remote_traceback
         self.kind = kind
+        #: Earlier attempts of an elastic job (see :class:`dask_ddp.dispatch.Restart`),
+        #: set when its restarts ran out.
+        self.attempts: list[Any] = []
         if cause is not None:
             self.__cause__ = cause
 

@@ -40,6 +40,7 @@ class RankSpec:
     output_dir: str | None
     rendezvous_timeout: float
     cwd: str | None = None
+    restart: int = 0
 
 
 def worker_host(address: str) -> str:

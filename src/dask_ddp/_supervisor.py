@@ -310,7 +310,7 @@ class _Supervisor:
             "TORCHELASTIC_USE_AGENT_STORE": "True",
             "DASK_DDP_JOB_ID": spec.job_id,
             "DASK_DDP_JOB_NAME": spec.job_name,
-            "DASK_DDP_RESTART": "0",
+            "DASK_DDP_RESTART": str(spec.restart),
             "DASK_DDP_SCHEDULER": spec.scheduler,
             "DASK_DDP_WORKER": spec.worker,
             "DASK_DDP_SUPERVISOR_PID": str(os.getpid()),

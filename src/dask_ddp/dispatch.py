@@ -13,6 +13,7 @@ import asyncio
 import collections
 import concurrent.futures
 import contextlib
+import dataclasses
 import logging
 import os
 import sys
@@ -38,7 +39,7 @@ from ._supervisor import KIND_ORDER, abort_event_name, master_variable_name, out
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Job", "job_of", "run", "run_command", "submit", "GangStartError", "JobError",
+__all__ = ["ElasticJob", "Job", "Restart", "job_of", "run", "run_command", "submit", "GangStartError", "JobError",
            "RankAbortedError", "RankFailedError", "WorkerLostError"]
 
 WATCH_POLL_S = 0.2
@@ -296,8 +297,12 @@ def submit(
     storage: str | None = None,
     rendezvous_timeout: float = 300.0,
     stream_output: bool = False,
+    max_restarts: int = 0,
+    min_workers: int | None = None,
+    max_workers: int | None = None,
+    elastic_timeout: float = 60.0,
     **kwargs: Any,
-) -> Job:
+) -> Job | ElasticJob:
     """Run ``fn(*args, **kwargs)`` as a DDP job: one process per rank, on Dask workers.
 
     Each rank's process has the torchrun environment (``RANK``, ``LOCAL_RANK``,
@@ -340,10 +345,25 @@ def submit(
     stream_output : bool
         Print each rank's stdout and stderr here, prefixed with ``[rank N]``, as they
         come (default: they go to the worker's own stdout and stderr).
+    max_restarts : int
+        How many times the job starts again when a rank fails or its worker leaves: every
+        rank is stopped, and ``fn`` is called again in fresh rank processes (new
+        rendezvous) on the workers available then; :func:`dask_ddp.rank_info` ``.restart``
+        is the attempt number. ``fn`` resumes from its last checkpoint (see
+        :class:`dask_ddp.Checkpointer`).
+    min_workers, max_workers : int, optional
+        Elastic bounds: each attempt uses as many qualifying workers as are available,
+        at most ``max_workers``, waiting up to ``elastic_timeout`` seconds for
+        ``min_workers``. Without them an attempt needs as many workers as the first one.
+    elastic_timeout : float
+        Seconds an attempt waits for enough workers before failing with
+        :class:`GangStartError`.
 
     Returns
     -------
-    Job
+    Job or ElasticJob
+        An :class:`ElasticJob` (same API, plus ``restarts``) when ``max_restarts``,
+        ``min_workers`` or ``max_workers`` is given.
 
     Raises
     ------
@@ -357,6 +377,16 @@ def submit(
     """
     payload = cloudpickle.dumps((fn, args, kwargs))
     job_name = name or getattr(fn, "__name__", None) or "dask-ddp"
+    if max_restarts != 0 or min_workers is not None or max_workers is not None:
+        return ElasticJob(
+            client, max_restarts=max_restarts, min_workers=min_workers,
+            max_workers=max_workers, elastic_timeout=elastic_timeout, n_workers=n_workers,
+            workers=workers, resources=resources, launch=dict(
+                payload=payload, command=None, name=job_name,
+                nprocs_per_worker=nprocs_per_worker, resources=resources, backend=backend,
+                init_kwargs=init_kwargs, env=env, pass_local_rank=pass_local_rank,
+                progress=progress, output_dir=output_dir, storage=storage,
+                stream_output=stream_output, rendezvous_timeout=rendezvous_timeout))
     return _launch(client, payload=payload, command=None, name=job_name, n_workers=n_workers,
                    workers=workers, nprocs_per_worker=nprocs_per_worker, resources=resources,
                    backend=backend, init_kwargs=init_kwargs, env=env,
@@ -447,7 +477,8 @@ def _launch(client: Any, *, payload: bytes | None, command: tuple[str, ...] | No
             nprocs_per_worker: int, resources: Mapping[str, float] | None, backend: str,
             init_kwargs: Mapping[str, Any] | None, env: Mapping[str, str] | None,
             pass_local_rank: bool, progress: bool, output_dir: str | os.PathLike[str] | None,
-            storage: str | None, stream_output: bool, rendezvous_timeout: float) -> Job:
+            storage: str | None, stream_output: bool, rendezvous_timeout: float,
+            restart: int = 0) -> Job:
     if client.asynchronous:
         raise TypeError("dask-ddp needs a synchronous distributed.Client "
                         "(got one created with asynchronous=True)")
@@ -477,7 +508,7 @@ def _launch(client: Any, *, payload: bytes | None, command: tuple[str, ...] | No
             pass_local_rank=pass_local_rank, stream_output=stream_output,
             scheduler=client.scheduler.address, storage=storage,
             output_dir=str(out_dir) if out_dir is not None else None,
-            rendezvous_timeout=rendezvous_timeout, cwd=os.getcwd())
+            rendezvous_timeout=rendezvous_timeout, cwd=os.getcwd(), restart=restart)
         # Pinned, never moved, never retried: a rank belongs to its worker; if that worker
         # goes, the job fails (the watcher notices) instead of the task waiting forever.
         futures.append(client.submit(
@@ -492,3 +523,297 @@ def _launch(client: Any, *, payload: bytes | None, command: tuple[str, ...] | No
     job._monitor = results.start_job_monitor(job, progress=progress)
     logger.info("job %r (%s): %d ranks on %s", name, job_id, len(layout), ", ".join(chosen))
     return job
+
+
+# -- restarts and elastic jobs -----------------------------------------------------------
+
+#: After a failure, seconds a new attempt waits for as many workers as the last one had
+#: (a nanny brings a killed worker back under a new address within a few seconds) before
+#: it goes on with fewer (elastic jobs only: fixed-size jobs wait ``elastic_timeout``).
+RESTART_GRACE_S = 10.0
+_WAIT_POLL_S = 0.25
+_GONE = ("closing", "closing_gracefully", "closed", "failed")
+
+
+@dataclasses.dataclass(frozen=True)
+class Restart:
+    """One failed attempt of an :class:`ElasticJob`.
+
+    Attributes
+    ----------
+    attempt : int
+        The attempt that failed (0 is the first).
+    time : float
+        When its failure was seen (``time.time()``).
+    rank : int
+        The rank the failure is about (-1 when no rank is known).
+    worker : str
+        That rank's worker ("" when unknown).
+    kind : str
+        The failure's kind (see :class:`JobError`), or the exception's class name.
+    reason : str
+        The error message.
+    """
+
+    attempt: int
+    time: float
+    rank: int
+    worker: str
+    kind: str
+    reason: str
+
+    def __str__(self) -> str:
+        stamp = time.strftime("%H:%M:%S", time.localtime(self.time))
+        return f"attempt {self.attempt} at {stamp}: {self.reason}"
+
+
+def _available_workers(client: Any, resources: Mapping[str, float] | None,
+                       preferred: Sequence[str]) -> list[str]:
+    info = dict(client.scheduler_info(n_workers=-1))
+    info["workers"] = {a: w for a, w in info.get("workers", {}).items()
+                       if w.get("status", "running") not in _GONE}
+    try:
+        fit = choose_workers(info, None, None, resources)
+    except GangStartError:
+        return []
+    first = [w for w in preferred if w in fit]
+    return first + [w for w in fit if w not in first]
+
+
+class ElasticJob:
+    """A job that starts again when a rank fails or its worker leaves (see :func:`submit`).
+
+    It has the API of :class:`Job`; ``futures``, ``workers``, ``world_size`` and ``id``
+    are the current attempt's. Each attempt is a :class:`Job` of its own (fresh rank
+    processes and rendezvous); :meth:`result` returns the last attempt's results.
+
+    Attributes
+    ----------
+    restarts : list of Restart
+        The failed attempts so far, oldest first.
+    attempts : list of Job
+        Every attempt started so far; the last is the current one.
+    max_restarts : int
+    """
+
+    def __init__(self, client: Any, *, max_restarts: int, min_workers: int | None,
+                 max_workers: int | None, elastic_timeout: float, n_workers: int | None,
+                 workers: Sequence[str] | None, resources: Mapping[str, float] | None,
+                 launch: dict[str, Any]) -> None:
+        if not isinstance(max_restarts, int) or max_restarts < 0:
+            raise ValueError(f"max_restarts must be an int >= 0, got {max_restarts!r}")
+        for arg, v in (("min_workers", min_workers), ("max_workers", max_workers)):
+            if v is not None and (not isinstance(v, int) or v < 1):
+                raise ValueError(f"{arg} must be an int >= 1, got {v!r}")
+        if min_workers is not None and max_workers is not None and min_workers > max_workers:
+            raise ValueError(f"min_workers={min_workers} is more than max_workers={max_workers}")
+        elastic = min_workers is not None or max_workers is not None
+        if elastic and (n_workers is not None or workers is not None):
+            raise ValueError("give either n_workers/workers or min_workers/max_workers, "
+                             f"not both (n_workers={n_workers}, workers={workers}, "
+                             f"min_workers={min_workers}, max_workers={max_workers})")
+        if elastic_timeout < 0:
+            raise ValueError(f"elastic_timeout must be >= 0, got {elastic_timeout}")
+        if client.asynchronous:
+            raise TypeError("dask-ddp needs a synchronous distributed.Client "
+                            "(got one created with asynchronous=True)")
+        self.client = client
+        self.name: str = launch["name"]
+        self.storage: str | None = launch["storage"]
+        out = launch["output_dir"]
+        self.output_dir = Path(out) if out is not None else None
+        self.max_restarts = max_restarts
+        self.restarts: list[Restart] = []
+        self.attempts: list[Job] = []
+        self._launch_args = launch
+        self._resources = resources
+        self._elastic = elastic
+        self._min = min_workers if elastic else None
+        self._max = max_workers
+        self._timeout = float(elastic_timeout)
+        self._preferred = list(workers or [])
+        self._cancelled = False
+        self._done = threading.Event()
+        self._changed = threading.Condition()
+        self._values: list[Any] | None = None
+        self._error: BaseException | None = None
+        if elastic:
+            chosen = self._wait_for_workers(minimum=min_workers or 1,
+                                            target=max_workers, grace=0.0)
+            first = self._start(chosen)
+        else:
+            first = self._start(workers, n_workers)
+        self._size = len(set(first.workers))
+        self._driver = threading.Thread(target=self._drive, daemon=True,
+                                        name=f"dask-ddp-elastic-{self.name}")
+        self._driver.start()
+
+    def __repr__(self) -> str:
+        state = "done" if self._done.is_set() else "running"
+        return (f"<ElasticJob {self.name!r} attempt={len(self.attempts) - 1} "
+                f"world_size={self.world_size} restarts={len(self.restarts)} {state}>")
+
+    # -- the current attempt ----------------------------------------------------------
+    @property
+    def current(self) -> Job:
+        """The attempt running now (or the last one)."""
+        return self.attempts[-1]
+
+    @property
+    def futures(self) -> list[Any]:
+        return self.current.futures
+
+    @property
+    def workers(self) -> list[str]:
+        return self.current.workers
+
+    @property
+    def world_size(self) -> int:
+        return self.current.world_size
+
+    @property
+    def id(self) -> str:
+        return self.current.id
+
+    # -- public API ---------------------------------------------------------------------
+    def done(self) -> bool:
+        """True once the job finished, failed for good or was cancelled."""
+        return self._done.is_set()
+
+    def result(self, timeout: float | None = None) -> list[Any]:
+        """Wait for the job; each rank's return value of the last attempt, in rank order.
+
+        Raises
+        ------
+        JobError
+            The last attempt's root cause once the restarts ran out; ``err.attempts``
+            lists every attempt's failure (:class:`Restart`), and the message tells them.
+        GangStartError
+            A new attempt found too few workers within ``elastic_timeout``.
+        concurrent.futures.CancelledError
+            The job was cancelled.
+        TimeoutError
+            ``timeout`` passed first; the job keeps running.
+        """
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"job {self.name!r} still running after {timeout} s")
+        if self._error is not None:
+            raise self._error
+        if self._cancelled or self._values is None:
+            raise concurrent.futures.CancelledError(f"job {self.name!r} was cancelled")
+        return list(self._values)
+
+    def cancel(self) -> None:
+        """Stop the current attempt's ranks and start no other."""
+        with self._changed:
+            self._cancelled = True
+            current = self.current
+        current.cancel()
+
+    def metrics(self) -> Iterator[dict[str, Any]]:
+        """Every attempt's metric records, attempt after attempt, live until the job ends."""
+        i = 0
+        while True:
+            with self._changed:
+                while i >= len(self.attempts) and not self._done.is_set():
+                    self._changed.wait(1.0)
+                if i >= len(self.attempts):
+                    return
+                attempt = self.attempts[i]
+            yield from attempt.metrics()
+            i += 1
+
+    # -- attempts ---------------------------------------------------------------------
+    def _start(self, workers: Sequence[str] | None, n_workers: int | None = None) -> Job:
+        job = _launch(self.client, n_workers=n_workers, workers=workers,
+                      restart=len(self.attempts), **self._launch_args)
+        with self._changed:
+            self.attempts.append(job)
+            self._changed.notify_all()
+        return job
+
+    def _wait_for_workers(self, minimum: int, target: int | None, grace: float) -> list[str]:
+        """Workers for an attempt: ``target`` of them if they come within ``grace`` seconds,
+        else at least ``minimum`` within ``elastic_timeout``, else GangStartError."""
+        t0 = time.monotonic()
+        while True:
+            fit = _available_workers(self.client, self._resources, self._preferred)
+            waited = time.monotonic() - t0
+            if target is not None and len(fit) >= target:
+                return fit[:target]
+            if len(fit) >= minimum and (target is None or waited >= grace):
+                return fit
+            if self._cancelled:
+                raise concurrent.futures.CancelledError(f"job {self.name!r} was cancelled")
+            if waited >= self._timeout:
+                raise GangStartError(
+                    f"job {self.name!r} needs at least {minimum} workers"
+                    + (f" with resources {dict(self._resources)}" if self._resources else "")
+                    + f"; {len(fit)} were available after waiting {self._timeout:g} s")
+            time.sleep(_WAIT_POLL_S)
+
+    def _record(self, attempt: int, err: BaseException) -> Restart:
+        if isinstance(err, JobError):
+            return Restart(attempt, time.time(), err.rank, err.worker, err.kind, str(err))
+        return Restart(attempt, time.time(), -1, "", type(err).__name__, str(err))
+
+    def _history(self) -> str:
+        return "\n".join(f"  {r}" for r in self.restarts)
+
+    def _drive(self) -> None:
+        try:
+            while True:
+                attempt = self.current
+                try:
+                    self._values = attempt.result()
+                    return
+                except concurrent.futures.CancelledError:
+                    self._cancelled = True
+                    return
+                except JobError as err:
+                    record = self._record(len(self.attempts) - 1, err)
+                    if self._cancelled:
+                        self._error = err
+                        return
+                    if len(self.restarts) >= self.max_restarts:
+                        self._fail(err, record)
+                        return
+                    self.restarts.append(record)
+                    logger.warning("job %r: attempt %d failed (%s); restarting (%d of %d)",
+                                   self.name, record.attempt, err, len(self.restarts),
+                                   self.max_restarts)
+                try:
+                    if self._elastic:
+                        target = self._max if self._max is not None else self._size
+                        minimum = self._min or 1
+                    else:
+                        target = minimum = self._size
+                    chosen = self._wait_for_workers(minimum, target, RESTART_GRACE_S)
+                    with self._changed:
+                        if self._cancelled:
+                            return
+                    self._start(chosen)
+                    self._size = len(chosen)
+                except concurrent.futures.CancelledError:
+                    return
+                except GangStartError as exc:
+                    exc.attempts = list(self.restarts)  # type: ignore[attr-defined]
+                    exc.args = (f"{exc}\nearlier attempts of job {self.name!r}:\n"
+                                f"{self._history()}",)
+                    self._error = exc
+                    return
+        except BaseException as exc:  # noqa: BLE001 - handed to result()
+            logger.exception("restarting job %r failed", self.name)
+            self._error = exc
+        finally:
+            with self._changed:
+                self._done.set()
+                self._changed.notify_all()
+
+    def _fail(self, err: JobError, record: Restart) -> None:
+        if self.restarts:
+            err.args = (f"{err}\n(attempt {record.attempt}, after {len(self.restarts)} "
+                        f"restart(s); earlier attempts of job {self.name!r}:\n"
+                        f"{self._history()})",)
+        err.attempts = [*self.restarts, record]
+        self._error = err

@@ -226,11 +226,16 @@ class Loader:
         return int(self._core.skipped)
 
     def set_epoch(self, epoch: int) -> None:
-        """Select the epoch's shuffle and augmentation (as ``DistributedSampler.set_epoch``)."""
+        """Select the epoch's shuffle and augmentation (as ``DistributedSampler.set_epoch``).
+
+        After :meth:`load_state_dict`, setting the restored epoch keeps the restored
+        position (so a training loop calling ``set_epoch`` every epoch resumes mid-epoch).
+        """
         if epoch < 0:
             raise ValueError(f"epoch must be >= 0, got {epoch}")
+        if int(epoch) != self.epoch:
+            self._start_batch = 0
         self.epoch = int(epoch)
-        self._start_batch = 0
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         start, self._start_batch = self._start_batch, 0

@@ -1,0 +1,294 @@
+"""Exact resume after a restart: checkpoints of the whole training state.
+
+A job started with ``dask_ddp.submit(..., max_restarts=N)`` calls its function again after
+a failure; the function picks up where the last checkpoint left off. For the resumed job
+to end with the same weights (bitwise, on CPU) as one never interrupted, a checkpoint must
+hold more than the model: the optimizer, the LR scheduler, every rank's random number
+generators (torch, numpy, Python's ``random``) and every rank's position in its data
+(:meth:`dask_ddp.data.Loader.state_dict`). :func:`training_state` collects all that (a
+collective call: every rank's RNG and loader state is gathered to each rank), and
+:func:`restore_training_state` puts it back; :class:`Checkpointer` pairs them with
+:func:`dask_ddp.save_checkpoint` / :func:`dask_ddp.load_checkpoint`, and makes every
+rank load the same step.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from typing import Any
+
+from .checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Checkpointer", "restore_training_state", "training_state"]
+
+_FORMAT = 1
+
+
+def _group() -> tuple[int, int] | None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return None
+
+
+def _unwrap(model: Any) -> Any:
+    # DistributedDataParallel (and DataParallel) keep the real model in .module.
+    from torch import nn
+
+    if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+        return model.module
+    return model
+
+
+def _rng_state() -> dict[str, Any]:
+    import numpy as np
+    import torch
+
+    kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)  # type: ignore[misc]
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        # Plain tensors and numbers: loadable with torch.load(weights_only=True).
+        "numpy": {"kind": str(kind), "keys": torch.from_numpy(np.asarray(keys, np.int64)),
+                  "pos": int(pos), "has_gauss": int(has_gauss), "cached": float(cached)},
+        "python": random.getstate(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    import numpy as np
+    import torch
+
+    torch.set_rng_state(state["torch"])
+    n = state["numpy"]
+    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"],
+                         n["has_gauss"], n["cached"]))
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def training_state(model: Any, optimizer: Any = None, scheduler: Any = None,
+                   loader: Any = None, **extra: Any) -> dict[str, Any]:
+    """Everything needed to continue training exactly, as one ``torch.save``-able dict.
+
+    In a job (an initialised process group) this is a collective call: every rank must
+    call it, at the same step; each rank's RNG states and loader position are gathered
+    into the result (on every rank), so rank 0 alone can save it.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The model (a ``DistributedDataParallel`` wrapper is unwrapped).
+    optimizer, scheduler : optional
+        Objects with ``state_dict()``/``load_state_dict()``.
+    loader : dask_ddp.data.Loader, optional
+        Its position in the epoch (``state_dict()``); any object with ``state_dict``.
+    **extra
+        More values to keep (step, epoch, best metric...): tensors, numbers, strings,
+        lists and dicts of them.
+
+    Returns
+    -------
+    dict
+        Give it to :func:`dask_ddp.save_checkpoint`; restore with
+        :func:`restore_training_state`.
+
+    Examples
+    --------
+    >>> state = dask_ddp.training_state(model, opt, loader=loader, step=step)  # doctest: +SKIP
+    >>> dask_ddp.save_checkpoint(state, step)  # doctest: +SKIP
+    """
+    mine = {"rng": _rng_state(),
+            "loader": loader.state_dict() if loader is not None else None}
+    group = _group()
+    if group is None:
+        ranks = [mine]
+    else:
+        import torch.distributed as dist
+
+        gathered: list[Any] = [None] * group[1]
+        dist.all_gather_object(gathered, mine)
+        ranks = gathered
+    return {
+        "format": _FORMAT,
+        "world_size": len(ranks),
+        "model": _unwrap(model).state_dict(),
+        "optimizer": optimizer.state_dict() if optimizer is not None else None,
+        "scheduler": scheduler.state_dict() if scheduler is not None else None,
+        "ranks": ranks,
+        "extra": dict(extra),
+    }
+
+
+def _resized_loader_state(saved: dict[str, Any], loader: Any) -> dict[str, Any]:
+    """A loader position saved with another world size, mapped onto this loader: the same
+    epoch, at the same fraction of it (an exact replay is impossible: shards differ)."""
+    mine = loader.state_dict()
+    total = max(int(saved.get("num_batches", 0)), 1)
+    batch = int(saved["batch"]) * int(mine["num_batches"]) // total
+    return {**saved, "world_size": mine["world_size"], "num_batches": mine["num_batches"],
+            "batch": min(batch, int(mine["num_batches"]))}
+
+
+def restore_training_state(state: dict[str, Any], model: Any, optimizer: Any = None,
+                           scheduler: Any = None, loader: Any = None) -> dict[str, Any]:
+    """Put back what :func:`training_state` saved; return its ``**extra`` values.
+
+    With the world size the state was saved with, each rank gets its own RNG states and
+    loader position back, so training continues exactly as if never interrupted. With
+    another world size (an elastic restart), the model, optimizer and scheduler are
+    restored exactly; each rank takes the RNG states of the rank with its number (or
+    rank 0's) and the loader continues the same epoch at the same fraction of it.
+
+    Parameters
+    ----------
+    state : dict
+        From :func:`training_state` (e.g. via :func:`dask_ddp.load_checkpoint`).
+    model, optimizer, scheduler, loader
+        As given to :func:`training_state`.
+
+    Returns
+    -------
+    dict
+        The ``**extra`` values given to :func:`training_state`.
+
+    Raises
+    ------
+    ValueError
+        ``state`` is not a training state.
+    """
+    if not isinstance(state, dict) or state.get("format") != _FORMAT:
+        raise ValueError("restore_training_state() needs a dict made by training_state(), "
+                         f"got {type(state).__name__}")
+    group = _group()
+    rank, world = group if group is not None else (0, 1)
+    _unwrap(model).load_state_dict(state["model"])
+    if optimizer is not None and state["optimizer"] is not None:
+        optimizer.load_state_dict(state["optimizer"])
+    if scheduler is not None and state["scheduler"] is not None:
+        scheduler.load_state_dict(state["scheduler"])
+    ranks = state["ranks"]
+    same = len(ranks) == world
+    if not same:
+        logger.warning("resuming a state saved with world size %d at world size %d: the "
+                       "data order and random streams differ from an uninterrupted run",
+                       len(ranks), world)
+    own = ranks[rank] if rank < len(ranks) else ranks[0]
+    _set_rng_state(own["rng"])
+    if loader is not None and own["loader"] is not None:
+        saved = own["loader"]
+        loader.load_state_dict(saved if same else _resized_loader_state(saved, loader))
+    return dict(state["extra"])
+
+
+class Checkpointer:
+    """Saves and restores the whole training state of a job, for exact resume.
+
+    Every rank makes one, with its own objects, and calls :meth:`save` and
+    :meth:`restore` at the same points (both are collective calls). Rank 0 writes the
+    checkpoints (asynchronously, see :func:`dask_ddp.save_checkpoint`); :meth:`restore`
+    makes every rank load the same, newest complete checkpoint.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+    optimizer, scheduler : optional
+    loader : dask_ddp.data.Loader, optional
+    storage : str, optional
+        The checkpoints' store URL; default: the job's storage (``DASK_DDP_STORAGE``).
+    keep : int
+        How many checkpoints to keep (0: all).
+
+    Examples
+    --------
+    A training function resuming after a restart (``submit(..., max_restarts=2)``):
+
+    >>> def train(steps):  # doctest: +SKIP
+    ...     model = DDP(make_model())
+    ...     opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ...     loader = Loader(ImageFolder(url), 32, transform=tf)
+    ...     ckpt = dask_ddp.Checkpointer(model, opt, loader=loader)
+    ...     step = ckpt.restore().get("step", 0)
+    ...     while step < steps:
+    ...         loader.set_epoch(loader.epoch)  # keeps a restored position
+    ...         for x, y in loader:
+    ...             ...  # one training step
+    ...             step += 1
+    ...             if step % 100 == 0:
+    ...                 ckpt.save(step)
+    ...             if step == steps:
+    ...                 break
+    ...         else:
+    ...             loader.set_epoch(loader.epoch + 1)
+    """
+
+    def __init__(self, model: Any, optimizer: Any = None, scheduler: Any = None,
+                 loader: Any = None, *, storage: str | None = None, keep: int = 3) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.loader = loader
+        self.storage = storage
+        self.keep = keep
+        #: The step restored by the last :meth:`restore` (None: nothing to restore).
+        self.restored_step: int | None = None
+
+    def save(self, step: int, /, **extra: Any) -> Any:
+        """Checkpoint the training state as ``step`` (collective: call on every rank).
+
+        ``step`` and the ``**extra`` values come back from :meth:`restore`. Returns rank
+        0's upload future (see :func:`dask_ddp.save_checkpoint`), ``None`` on the other
+        ranks.
+        """
+        state = training_state(self.model, self.optimizer, self.scheduler, self.loader,
+                               **{"step": step, **extra})
+        return save_checkpoint(state, step, storage=self.storage, rank=0, keep=self.keep)
+
+    def restore(self) -> dict[str, Any]:
+        """Load the newest complete checkpoint into the objects (collective).
+
+        Rank 0 picks the step and tells the others, so every rank loads the same one.
+
+        Returns
+        -------
+        dict
+            ``step`` and the ``**extra`` values given to :meth:`save`; empty when there
+            is no checkpoint yet (a fresh start).
+        """
+        group = _group()
+        step = self._newest() if group is None or group[0] == 0 else None
+        if group is not None:
+            import torch.distributed as dist
+
+            box = [step]
+            dist.broadcast_object_list(box, src=0)
+            step = box[0]
+        self.restored_step = step
+        if step is None:
+            return {}
+        state = load_checkpoint(self.storage, step=step)
+        if state is None:
+            raise RuntimeError(f"checkpoint step {step} in {self.storage or 'the job storage'} "
+                               "vanished while restoring it")
+        logger.info("restoring checkpoint step %d", step)
+        return restore_training_state(state, self.model, self.optimizer, self.scheduler,
+                                      self.loader)
+
+    def _newest(self) -> int | None:
+        # The newest step whose data matches its manifest (load_checkpoint's choice).
+        from .checkpoint import _open, _read_verified, _storage_url
+
+        url = _storage_url(self.storage)
+        store = _open(url)
+        for s in reversed(list_checkpoints(url)):
+            if _read_verified(store, url, s) is not None:
+                return s
+        return None

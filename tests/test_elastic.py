@@ -58,6 +58,10 @@ def test_arguments_are_validated() -> None:
                              ({"max_restarts": 1, "elastic_timeout": -1}, "elastic_timeout")):
             with pytest.raises(ValueError, match=name):
                 dask_ddp.submit(client, raise_with_attempt, **kwargs)  # type: ignore[arg-type]
+        t0 = time.monotonic()
+        with pytest.raises(dask_ddp.GangStartError, match="at least 2 workers"):
+            dask_ddp.submit(client, raise_with_attempt, min_workers=2, elastic_timeout=0.5)
+        assert time.monotonic() - t0 < 10
 
 
 def test_training_state_round_trip_restores_every_rng(tmp_path: Path) -> None:

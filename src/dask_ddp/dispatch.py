@@ -39,8 +39,9 @@ from ._supervisor import KIND_ORDER, abort_event_name, master_variable_name, out
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ElasticJob", "Job", "Restart", "job_of", "run", "run_command", "submit", "GangStartError", "JobError",
-           "RankAbortedError", "RankFailedError", "WorkerLostError"]
+__all__ = ["ElasticJob", "Job", "Restart", "job_of", "run", "run_command", "submit",
+           "GangStartError", "JobError", "RankAbortedError", "RankFailedError",
+           "WorkerLostError"]
 
 WATCH_POLL_S = 0.2
 WORKER_CHECK_S = 1.0

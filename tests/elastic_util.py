@@ -98,6 +98,8 @@ def collectives_until(first_seconds: float, later_seconds: float, restart_from: 
 
     info = dask_ddp.rank_info()
     mark(marks, f"start-a{info.restart}-r{info.rank}")
+    if info.rank == 0:
+        dask_ddp.report({"attempt": info.restart, "world": info.world_size})
     seconds = first_seconds if info.restart < restart_from else later_seconds
     t = torch.ones(1)
     deadline = time.monotonic() + seconds

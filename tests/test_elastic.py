@@ -180,7 +180,7 @@ def test_repeated_kills_leave_nothing_behind(tmp_path: Path) -> None:
     marks.mkdir()
     with local_cluster(n_workers=2) as cluster, Client(cluster) as client:
         job = dask_ddp.submit(client, collectives_until, 600.0, 0.5, 2, str(marks),
-                              progress=False, max_restarts=3)
+                              progress=False, max_restarts=3, output_dir=tmp_path / "out")
         for attempt in (0, 1):
             wait_marks(marks, [f"start-a{attempt}-r0", f"start-a{attempt}-r1"])
             kill_worker(client, job.workers[attempt % 2])
@@ -188,6 +188,11 @@ def test_repeated_kills_leave_nothing_behind(tmp_path: Path) -> None:
         assert [o["restart"] for o in out] == [2, 2]
         assert [r.attempt for r in job.restarts] == [0, 1]
         assert all(r.kind == "lost" for r in job.restarts)
+        # Every attempt's metric records, each once, through one metrics.jsonl.
+        records = list(job.metrics())
+        assert [r["attempt"] for r in records] == [0, 1, 2]
+        lines = (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()
+        assert len(lines) == 3
         assert_settled(client, job)
         # A cancelled elastic job starts no new attempt and leaves nothing either.
         marks2 = tmp_path / "marks2"

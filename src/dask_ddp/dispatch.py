@@ -113,6 +113,8 @@ class Job:
         self._stream_output = stream_output
         self._eof: set[int] = set()
         self._eof_cond = threading.Condition()
+        #: Failed attempts: always empty here (see :class:`ElasticJob`).
+        self.restarts: list[Restart] = []
 
     def __repr__(self) -> str:
         state = "done" if self._done.is_set() else "running"
@@ -721,7 +723,15 @@ class ElasticJob:
                 if i >= len(self.attempts):
                     return
                 attempt = self.attempts[i]
-            yield from attempt.metrics()
+            # With an output folder the attempts append to one metrics.jsonl: stop at the
+            # records this attempt's monitor wrote (the next attempt starts only after it
+            # finished, so a record read before then is this attempt's).
+            monitor, n = attempt._monitor, 0
+            for record in attempt.metrics():
+                if monitor is not None and monitor.finished and n >= monitor.count:
+                    break
+                yield record
+                n += 1
             i += 1
 
     # -- attempts ---------------------------------------------------------------------

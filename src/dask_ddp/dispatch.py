@@ -35,7 +35,14 @@ from ._errors import (
     WorkerLostError,
 )
 from ._plan import RankSpec, choose_workers, rank_layout, worker_host
-from ._supervisor import KIND_ORDER, abort_event_name, master_variable_name, output_topic, run_rank
+from ._supervisor import (
+    KIND_ORDER,
+    abort_event_name,
+    failure_topic,
+    master_variable_name,
+    output_topic,
+    run_rank,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -238,6 +245,13 @@ class Job:
             self._lost[r] = WorkerLostError(
                 f"rank {r} of job {self.name!r}: its worker {w} left the cluster while the "
                 "rank ran (the worker process died or was killed)", r, w, kind="lost")
+        for r in lost:
+            # Tell the other ranks' supervisors the root cause: a rank that failed because
+            # its peer vanished then reports it at once instead of waiting for one.
+            with contextlib.suppress(Exception):
+                await self.client.scheduler.log_event(
+                    topic=failure_topic(self.id),
+                    msg={"rank": r, "kind": "lost", "message": str(self._lost[r])})
         if lost:
             await self.client.cancel([self.futures[r] for r in lost], asynchronous=True,
                                      reason="dask-ddp worker lost",

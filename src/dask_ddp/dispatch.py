@@ -797,8 +797,7 @@ class ElasticJob:
                     return
                 except JobError as err:
                     record = self._record(len(self.attempts) - 1, err)
-                    if self._cancelled:
-                        self._error = err
+                    if self._cancelled:  # ranks stopped by cancel(): result() says so
                         return
                     if len(self.restarts) >= self.max_restarts:
                         self._fail(err, record)

@@ -20,29 +20,48 @@ def local_cluster(n_workers: int, threads_per_worker: int = 1) -> LocalCluster:
                         processes=True, dashboard_address=":0", scheduler_port=0)
 
 
-def rank_processes(marker: str = "dask_ddp._rank") -> list[psutil.Process]:
-    """Live processes whose command line contains ``marker`` (rank processes by default)."""
+def rank_processes(scheduler: str, marker: str = "dask_ddp._rank") -> list[psutil.Process]:
+    """Live rank processes of jobs on the cluster at ``scheduler``.
+
+    Matched by ``marker`` in the command line and the ``DASK_DDP_SCHEDULER`` the launcher
+    sets, so other clusters' ranks on the same machine do not count (orphans included).
+    """
     found = []
     for proc in psutil.process_iter(["cmdline", "pid"]):
         try:
             cmd = " ".join(proc.info["cmdline"] or [])
+            if marker not in cmd or proc.pid == os.getpid():
+                continue
+            if proc.environ().get("DASK_DDP_SCHEDULER") != scheduler:
+                continue
+            if proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
-        if marker in cmd and proc.pid != os.getpid() and proc.status() != psutil.STATUS_ZOMBIE:
-            found.append(proc)
     return found
 
 
-def wait_no_rank_processes(timeout: float = 30.0, marker: str = "dask_ddp._rank") -> None:
-    """Fail unless every rank process is gone within ``timeout`` seconds."""
+def wait_no_rank_processes(scheduler: str, timeout: float = 30.0,
+                           marker: str = "dask_ddp._rank") -> None:
+    """Fail unless every rank process of the cluster is gone within ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while True:
-        left = rank_processes(marker)
+        left = rank_processes(scheduler, marker)
         if not left:
             return
         if time.monotonic() > deadline:
             raise AssertionError(f"rank processes still running after {timeout}s: "
                                  f"{[(p.pid, p.cmdline()) for p in left]}")
+        time.sleep(0.2)
+
+
+def wait_rank_processes(scheduler: str, n: int, timeout: float = 60.0,
+                        marker: str = "dask_ddp._rank") -> None:
+    """Wait until at least ``n`` rank processes of the cluster run."""
+    deadline = time.monotonic() + timeout
+    while len(rank_processes(scheduler, marker)) < n:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"fewer than {n} rank processes after {timeout}s")
         time.sleep(0.2)
 
 
@@ -63,7 +82,7 @@ def all_reduce_rank(offset: float) -> dict[str, Any]:
                 k: os.environ.get(k) for k in (
                     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
                     "MASTER_PORT", "CUDA_VISIBLE_DEVICES", "DASK_DDP_JOB_NAME",
-                    "DASK_DDP_WORKER")}}
+                    "GLOO_SOCKET_IFNAME", "DASK_DDP_WORKER")}}
 
 
 def raise_on_rank(bad_rank: int, message: str) -> int:
@@ -97,6 +116,19 @@ def sleep_in_collectives(seconds: float) -> int:
         dist.all_reduce(t)
         time.sleep(0.05)
     return dist.get_rank()
+
+
+def print_rank() -> None:
+    import dask_ddp
+
+    info = dask_ddp.rank_info()
+    print(f"hello from {info.rank} of {info.world_size}")  # noqa: T201 - the output under test
+
+
+def sleep_only(seconds: float) -> int:
+    """Sleep outside any collective: gloo cannot notice a dead peer, only the launcher can."""
+    time.sleep(seconds)
+    return 0
 
 
 def with_local_rank(local_rank: int) -> int:

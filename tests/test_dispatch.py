@@ -6,6 +6,7 @@ import concurrent.futures
 import time
 from collections.abc import Iterator
 
+import psutil
 import pytest
 import torch
 from distributed import Client
@@ -17,11 +18,12 @@ from cluster_util import (
     ddp_train,
     exit_on_rank,
     local_cluster,
+    print_rank,
     raise_on_rank,
-    rank_processes,
     sleep_in_collectives,
     train_single,
     wait_no_rank_processes,
+    wait_rank_processes,
     with_local_rank,
 )
 from dask_ddp import dispatch
@@ -33,7 +35,8 @@ pytestmark = [pytest.mark.dask, pytest.mark.timeout(180)]
 def client() -> Iterator[Client]:
     with local_cluster(n_workers=4, threads_per_worker=2) as cluster, Client(cluster) as c:
         yield c
-    wait_no_rank_processes(10)
+        addr = c.scheduler.address
+    wait_no_rank_processes(addr, 10)
 
 
 @pytest.mark.parametrize("n", [2, 4])
@@ -50,9 +53,20 @@ def test_all_reduce_sums(client: Client, n: int) -> None:
     ports = {o["env"]["MASTER_PORT"] for o in out}
     assert len(ports) == 1 and ports != {"23456"}
     assert {o["env"]["MASTER_ADDR"] for o in out} == {"127.0.0.1"}
+    assert {o["env"]["GLOO_SOCKET_IFNAME"] for o in out} == {"lo"}
+    # Rank 0's rendezvous server is gone with the job: no port left bound.
+    listening = {c.laddr.port for c in psutil.net_connections("tcp")
+                 if c.status == psutil.CONN_LISTEN}
+    assert int(ports.pop()) not in listening
     # Each rank ran on its own worker, in its own process.
     assert [o["env"]["DASK_DDP_WORKER"] for o in out] == job.workers
     assert len({o["pid"] for o in out}) == n
+
+
+def test_stream_output(client: Client, capsys: pytest.CaptureFixture[str]) -> None:
+    dask_ddp.submit(client, print_rank, n_workers=2, stream_output=True).result(timeout=120)
+    out = capsys.readouterr().out
+    assert "[rank 0] hello from 0 of 2" in out and "[rank 1] hello from 1 of 2" in out
 
 
 def test_seed_run_returns_plain_futures(client: Client) -> None:
@@ -98,7 +112,7 @@ def test_rank_raising_fails_job_with_root_cause(client: Client) -> None:
     assert str(err.__cause__) == "boom from rank one"
     # The other ranks were stopped, none left behind.
     assert all(f.status == "error" for f in job.futures)
-    wait_no_rank_processes(10)
+    wait_no_rank_processes(client.scheduler.address, 10)
 
 
 def test_rank_exit_code(client: Client) -> None:
@@ -108,7 +122,7 @@ def test_rank_exit_code(client: Client) -> None:
         job.result(timeout=60)
     assert time.monotonic() - t0 < 30
     assert info.value.rank == 0 and info.value.kind == "died"
-    wait_no_rank_processes(10)
+    wait_no_rank_processes(client.scheduler.address, 10)
 
 
 def test_seed_futures_raise_not_hang(client: Client) -> None:
@@ -117,7 +131,7 @@ def test_seed_futures_raise_not_hang(client: Client) -> None:
         client.gather(futures)  # rank 0's error comes first and names the root cause
     with pytest.raises(dask_ddp.RankFailedError, match="seed-style failure"):
         dispatch.job_of(futures).result(timeout=60)  # type: ignore[union-attr]
-    wait_no_rank_processes(10)
+    wait_no_rank_processes(client.scheduler.address, 10)
 
 
 def test_not_enough_workers_raises_at_once(client: Client) -> None:
@@ -169,24 +183,18 @@ def test_local_ranks_and_device_rotation(client: Client) -> None:
 
 def test_cancel_stops_ranks(client: Client) -> None:
     job = dask_ddp.submit(client, sleep_in_collectives, 600.0, n_workers=2)
-    deadline = time.monotonic() + 60
-    while len(rank_processes()) < 2 and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert len(rank_processes()) >= 2
+    wait_rank_processes(client.scheduler.address, 2)
     job.cancel()
     with pytest.raises(concurrent.futures.CancelledError):
         job.result(timeout=30)
-    wait_no_rank_processes(20)
+    wait_no_rank_processes(client.scheduler.address, 20)
 
 
 def test_client_disconnect_stops_ranks(client: Client) -> None:
     other = Client(client.scheduler.address)
     try:
         dask_ddp.submit(other, sleep_in_collectives, 600.0, n_workers=2)
-        deadline = time.monotonic() + 60
-        while len(rank_processes()) < 2 and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert len(rank_processes()) >= 2
+        wait_rank_processes(client.scheduler.address, 2)
     finally:
         other.close()
-    wait_no_rank_processes(30)
+    wait_no_rank_processes(client.scheduler.address, 30)

@@ -61,7 +61,7 @@ def test_run_command_nonzero_exit(client: Client, script: Path) -> None:
     with pytest.raises(dask_ddp.RankFailedError, match="exited with code 7") as info:
         dask_ddp.run_command(client, [str(script), "fail"], timeout=120)
     assert info.value.rank == 1
-    wait_no_rank_processes(10, marker=str(script))
+    wait_no_rank_processes(client.scheduler.address, 10, marker=str(script))
 
 
 def _cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:

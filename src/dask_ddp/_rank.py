@@ -10,6 +10,7 @@ formatted traceback and the pickled exception.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import pickle
 import signal
@@ -24,13 +25,29 @@ PARENT_POLL_S = 0.5
 
 
 def _watch_parent() -> None:
-    """Kill this rank's process group when its worker dies (then our parent changes)."""
-    parent = os.getppid()
+    """Kill this rank's process group when its worker dies.
+
+    The kernel sends SIGKILL when the supervisor's thread ends (``PR_SET_PDEATHSIG``), and
+    a thread compares the parent with the supervisor's pid the launcher passed: a worker
+    killed before this ran has already made the rank an orphan.
+    """
+    expected = int(os.environ.get("DASK_DDP_SUPERVISOR_PID", os.getppid()))
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+    def orphaned() -> bool:
+        return os.getppid() != expected
+
+    if orphaned():
+        os.killpg(os.getpgrp(), signal.SIGKILL)
 
     def loop() -> None:
         while True:
             time.sleep(PARENT_POLL_S)
-            if os.getppid() != parent:
+            if orphaned():
                 os.killpg(os.getpgrp(), signal.SIGKILL)
 
     threading.Thread(target=loop, name="dask-ddp-parent-watch", daemon=True).start()
@@ -68,6 +85,25 @@ def _claim_root_cause(store: Any, rank: int) -> bool:
                     .encode())
     except Exception:
         return False
+
+
+def _finish_barrier(store: Any, world: int) -> None:
+    """Wait until every rank's function has returned, before any rank process exits.
+
+    torch has no barrier after ``init_process_group`` and gloo can still be completing a
+    connection or a last transfer to a peer that returned early; a rank that exits then
+    breaks its peers ("Connection closed by peer"). The store (not gloo) carries this
+    barrier; a rank that never arrives is stopped by the launcher, not by a timeout here.
+    """
+    if store.add("dask_ddp/finished", 1) == world:
+        store.set("dask_ddp/all_finished", "1")
+    while True:
+        try:
+            store.wait(["dask_ddp/all_finished"], timedelta(seconds=300))
+            return
+        except Exception as exc:  # DistStoreError on timeout: a slow rank, keep waiting
+            if "timeout" not in str(exc).lower():
+                raise
 
 
 def _exit(code: int) -> None:
@@ -110,6 +146,7 @@ def main(workdir: str) -> None:
             kwargs = {**kwargs, "local_rank": int(os.environ["LOCAL_RANK"])}
         value = fn(*args, **kwargs)
         phase = "teardown"
+        _finish_barrier(store, world)
         if dist.is_initialized():
             dist.destroy_process_group()
         _write(workdir, {"status": "ok", "value": cloudpickle.dumps(value)})

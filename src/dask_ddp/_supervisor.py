@@ -34,7 +34,6 @@ from ._plan import RankSpec, worker_host
 
 logger = logging.getLogger(__name__)
 
-POLL_S = 0.1
 ABORT_POLL_S = 0.5
 TERM_GRACE_S = 5.0
 
@@ -141,6 +140,9 @@ class _Supervisor:
             argv = list(spec.command)
             if argv[0] in ("python", "python3"):
                 argv[0] = sys.executable  # the worker's Python, where dask-ddp is installed
+            if sys.platform.startswith("linux"):
+                guard = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_guard.py")
+                argv = [sys.executable, guard, *argv]
         else:
             with open(os.path.join(workdir, "spec.pkl"), "wb") as f:
                 pickle.dump({"payload": spec.payload, "init_kwargs": spec.init_kwargs,
@@ -179,19 +181,20 @@ class _Supervisor:
 
     # -- watching -----------------------------------------------------------------------
     def _watch(self, proc: subprocess.Popen[bytes]) -> None:
-        next_abort_check = time.monotonic() + ABORT_POLL_S
-        while True:
-            try:
-                proc.wait(timeout=POLL_S)
-                return
-            except subprocess.TimeoutExpired:
-                pass
-            check_abort = time.monotonic() >= next_abort_check
-            if check_abort:
-                next_abort_check = time.monotonic() + ABORT_POLL_S
-            self._check_stop(proc, check_abort)
+        # A thread blocks in wait() so the exit is seen at once, while this loop wakes
+        # only twice a second: the rank's cores are not shared with a polling loop.
+        exited = threading.Event()
 
-    def _check_stop(self, proc: subprocess.Popen[bytes] | None, check_abort: bool = True) -> None:
+        def reap() -> None:
+            proc.wait()
+            exited.set()
+
+        threading.Thread(target=reap, name=f"dask-ddp-reap-{self.spec.rank}",
+                         daemon=True).start()
+        while not exited.wait(ABORT_POLL_S):
+            self._check_stop(proc)
+
+    def _check_stop(self, proc: subprocess.Popen[bytes] | None) -> None:
         """Raise :class:`RankAbortedError` (after killing the rank) if the rank must stop."""
         from distributed.core import Status
 
@@ -201,7 +204,7 @@ class _Supervisor:
             reason = "its task was cancelled"
         elif self.worker.status in (Status.closing, Status.closed, Status.failed):
             reason = "its worker is closing"
-        elif check_abort and self.abort.is_set():
+        elif self.abort.is_set():
             reason = "another rank of the job failed or the job was cancelled"
         if reason is None:
             return
@@ -310,6 +313,7 @@ class _Supervisor:
             "DASK_DDP_RESTART": "0",
             "DASK_DDP_SCHEDULER": spec.scheduler,
             "DASK_DDP_WORKER": spec.worker,
+            "DASK_DDP_SUPERVISOR_PID": str(os.getpid()),
             "PYTHONUNBUFFERED": "1",
         })
         if spec.storage:

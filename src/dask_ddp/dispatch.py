@@ -42,7 +42,7 @@ __all__ = ["Job", "job_of", "run", "run_command", "submit", "GangStartError", "J
            "RankAbortedError", "RankFailedError", "WorkerLostError"]
 
 WATCH_POLL_S = 0.2
-WORKER_CHECK_S = 0.5
+WORKER_CHECK_S = 1.0
 _BACKENDS = ("auto", "gloo", "nccl", "mpi")
 
 
@@ -140,19 +140,31 @@ class Job:
         TimeoutError
             ``timeout`` passed first; the job keeps running.
         """
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"job {self.name!r} still running after {timeout} s")
+        monitor_timeout = 30.0 if timeout is None else max(timeout, 1.0)
         try:
-            if not self._done.wait(timeout):
-                raise TimeoutError(f"job {self.name!r} still running after {timeout} s")
             self._wait_output_eof(10.0)
             error = self._root_error()
             if error is not None:
                 raise error
             if self._cancelled:
                 raise concurrent.futures.CancelledError(f"job {self.name!r} was cancelled")
-            return list(self.client.gather(self.futures))
-        finally:
-            if self._done.is_set() and self._monitor is not None:
-                self._monitor.stop(timeout=30.0 if timeout is None else max(timeout, 1.0))
+            values = list(self.client.gather(self.futures))
+        except BaseException:
+            # The job's own error wins over a failure to collect its metrics.
+            try:
+                self._stop_monitor(monitor_timeout)
+            except Exception:
+                logger.exception("collecting the metrics of failed job %r failed", self.name)
+            raise
+        self._stop_monitor(monitor_timeout)
+        return values
+
+    def _stop_monitor(self, timeout: float) -> None:
+        # The monitor stays attached: metrics() reads its records after the job.
+        if self._monitor is not None:
+            self._monitor.stop(timeout=timeout)
 
     def cancel(self) -> None:
         """Stop every rank of the job (their processes are killed) and cancel its futures."""
@@ -254,8 +266,10 @@ class Job:
         if not self._stream_output:
             return
         deadline = time.monotonic() + timeout
+        # A rank whose worker died sends no end-of-output mark.
+        expected = set(range(self.world_size)) - set(self._lost)
         with self._eof_cond:
-            while len(self._eof) < self.world_size:
+            while not expected <= self._eof:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
@@ -281,6 +295,7 @@ def submit(
     output_dir: str | os.PathLike[str] | None = None,
     storage: str | None = None,
     rendezvous_timeout: float = 300.0,
+    stream_output: bool = False,
     **kwargs: Any,
 ) -> Job:
     """Run ``fn(*args, **kwargs)`` as a DDP job: one process per rank, on Dask workers.
@@ -322,6 +337,9 @@ def submit(
         The job's storage URL for checkpoints and results (``file://``, ``s3://``).
     rendezvous_timeout : float
         Seconds ranks wait for rank 0's rendezvous address.
+    stream_output : bool
+        Print each rank's stdout and stderr here, prefixed with ``[rank N]``, as they
+        come (default: they go to the worker's own stdout and stderr).
 
     Returns
     -------
@@ -343,7 +361,8 @@ def submit(
                    workers=workers, nprocs_per_worker=nprocs_per_worker, resources=resources,
                    backend=backend, init_kwargs=init_kwargs, env=env,
                    pass_local_rank=pass_local_rank, progress=progress, output_dir=output_dir,
-                   storage=storage, stream_output=False, rendezvous_timeout=rendezvous_timeout)
+                   storage=storage, stream_output=stream_output,
+                   rendezvous_timeout=rendezvous_timeout)
 
 
 def run(client: Any, pytorch_function: Callable[..., Any], *args: Any, backend: str = "auto",

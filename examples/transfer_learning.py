@@ -276,12 +276,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--world-sizes", default="1,2", help="comma-separated, e.g. 1,2,4")
     p.add_argument("--epochs", type=int, default=6)
     p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--base-lr", type=float, default=0.02)
+    p.add_argument("--base-lr", type=float, default=0.01)
     p.add_argument("--train-pct", type=float, default=0.8)
     p.add_argument("--model", default="cnn", help="cnn (fast) or a torchvision resnet name")
     p.add_argument("--pretrained", action="store_true",
                    help="load the ResNet's pretrained weights (must be on the machine)")
-    p.add_argument("--quick", action="store_true", help="3 epochs (CI)")
+    p.add_argument("--quick", action="store_true", help="4 epochs (CI)")
     p.add_argument("--out", default="out/demo", help="where results, plots, checkpoints go")
     return p.parse_args(argv)
 
@@ -316,7 +316,7 @@ def train_world_size(args: argparse.Namespace, api: str, world_size: int, data_u
     import dask_ddp
 
     kwargs = dict(data_url=data_url, train_pct=args.train_pct, batch_size=args.batch_size,
-                  n_epochs=3 if args.quick else args.epochs, base_lr=args.base_lr,
+                  n_epochs=4 if args.quick else args.epochs, base_lr=args.base_lr,
                   model_name=args.model, pretrained=args.pretrained,
                   num_workers=0 if args.quick else 2)
     cluster = None

@@ -88,6 +88,28 @@ def test_training_state_round_trip_restores_every_rng(tmp_path: Path) -> None:
         dask_ddp.restore_training_state({"model": {}}, model)
 
 
+def test_other_world_size_keeps_the_epoch_fraction(tmp_path: Path) -> None:
+    from dask_ddp.data import ImageFolder, Loader
+    from dask_ddp.data import transforms as T
+
+    write_folder(file_putter(str(tmp_path)), ("a", "b"), 8, sizes=((16, 16),))
+    tf = T.Compose([T.Resize(8), T.CenterCrop(8), T.ToTensor()])
+    ds = ImageFolder(tmp_path)
+    two = Loader(ds, 2, transform=tf, rank=0, world_size=2, num_threads=1)  # 4 batches
+    two.set_epoch(3)
+    it = iter(two)
+    next(it), next(it)
+    model = torch.nn.Linear(1, 1)
+    state = dask_ddp.training_state(model, loader=two)
+    state["ranks"] = state["ranks"] * 2  # as gathered from the 2 ranks
+    one = Loader(ds, 2, transform=tf, rank=0, world_size=1, num_threads=1)  # 8 batches
+    dask_ddp.restore_training_state(state, model, loader=one)
+    one.set_epoch(3)  # the restored epoch: keeps the position
+    assert one.state_dict()["batch"] == 4 and len(list(one)) == 4
+    two.close()
+    one.close()
+
+
 # -- the launcher restarts --------------------------------------------------------------
 
 @TIMEOUT

@@ -479,8 +479,13 @@ class JobMonitor:
                     break
             self._reader.close()
         except BaseException as e:  # noqa: BLE001 - re-raised by stop()
-            logger.exception("metrics monitor of job %s failed", self.job.id)
             self.error = e
+            if getattr(self.job.client, "status", None) in ("closing", "closed"):
+                # The user closed the client (e.g. after dispatch.run + process_results):
+                # nobody is left to read the records; not a failure worth a traceback.
+                logger.debug("metrics monitor of job %s ended: client closed", self.job.id)
+            else:
+                logger.exception("metrics monitor of job %s failed", self.job.id)
         finally:
             if f is not None:
                 f.close()

@@ -13,6 +13,8 @@ JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 # The package is imported from the source tree; the C++ module is built beside it.
 export PYTHONPATH := $(ROOT)/src$(if $(PYTHONPATH),:$(PYTHONPATH))
+# The environment's tools first (cmake, ninja and ctest come from PyPI into it).
+export PATH := $(ROOT)/.venv/bin:$(PATH)
 
 .PHONY: help setup apt venv build develop test test-cpp test-py asan lint demo bench fuzz clean
 

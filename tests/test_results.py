@@ -19,9 +19,10 @@ from typing import Any
 
 import dask.config
 import pytest
-from distributed import Client, LocalCluster
+from distributed import Client
 
 from _rankproc import run_rank
+from cluster_util import local_cluster
 from dask_ddp import _channel, results
 
 pytestmark = [pytest.mark.dask, pytest.mark.timeout(300)]
@@ -29,12 +30,7 @@ pytestmark = [pytest.mark.dask, pytest.mark.timeout(300)]
 
 @pytest.fixture(scope="module")
 def client() -> Any:
-    with (
-        LocalCluster(
-            n_workers=2, threads_per_worker=2, processes=True, dashboard_address=":0"
-        ) as cluster,
-        Client(cluster) as c,
-    ):
+    with local_cluster(2, threads_per_worker=2) as cluster, Client(cluster) as c:
         yield c
 
 

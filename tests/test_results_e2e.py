@@ -12,9 +12,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from distributed import Client, LocalCluster
+from distributed import Client
 
 import dask_ddp
+from cluster_util import local_cluster
 from dask_ddp import dispatch, results
 from dask_ddp.checkpoint import load_checkpoint
 from dask_ddp.plot import main as plot_main
@@ -24,12 +25,7 @@ pytestmark = [pytest.mark.dask, pytest.mark.slow, pytest.mark.timeout(300)]
 
 @pytest.fixture(scope="module")
 def client() -> Iterator[Client]:
-    with (
-        LocalCluster(
-            n_workers=2, threads_per_worker=2, processes=True, dashboard_address=":0"
-        ) as cluster,
-        Client(cluster) as c,
-    ):
+    with local_cluster(2, threads_per_worker=2) as cluster, Client(cluster) as c:
         yield c
 
 

@@ -19,10 +19,11 @@ from typing import Any
 
 import dask.config
 import pytest
-from distributed import Client
+from distributed import Client, LocalCluster
 
 from _rankproc import run_rank
 from cluster_util import local_cluster
+from conftest import free_port
 from dask_ddp import _channel, results
 
 pytestmark = [pytest.mark.dask, pytest.mark.timeout(300)]
@@ -401,3 +402,30 @@ def test_second_job_in_same_output_dir_replays_only_its_own(client: Any, tmp_pat
         counts.append(len(recs))
     assert counts == [600, 400]
     assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 1000
+
+
+def test_a_new_scheduler_on_a_reused_address_gets_the_extension() -> None:
+    """Port reuse: a scheduler that replaces one on the same address still gets the
+    handlers (a cache keyed by address once skipped the install, and CI failed)."""
+    port = free_port()
+    topic = f"results/{uuid.uuid4().hex}"
+    for _ in range(2):
+        with LocalCluster(n_workers=0, processes=False, scheduler_port=port,
+                          dashboard_address=":0") as cluster, Client(cluster) as c:
+            assert c.scheduler.address.endswith(f":{port}")
+            _channel.open_topic(c, topic)
+            src = "job/0/abc.1"
+            c.sync(c.scheduler.dask_ddp_results_put, topic=topic,
+                   entries=[[src, 0, 1, 0, 1, frame(0, b"a")], [src, 1, 0, 0, 0, b""]])
+            reader = _channel.Reader(c, topic)
+            assert [r.payload for r in reader.fetch(timeout=1)] == [b"a"]
+            reader.close()
+
+
+def test_a_scheduler_without_the_extension_is_named() -> None:
+    with LocalCluster(n_workers=0, processes=False, scheduler_port=0,
+                      dashboard_address=":0") as cluster, Client(cluster) as c:
+        reply = c.sync(c.scheduler.dask_ddp_results_get, topic="t", cursor=0, timeout=0)
+        with pytest.raises(RuntimeError, match=rf"scheduler at {c.scheduler.address} has no "
+                           "dask-ddp results handler 'dask_ddp_results_get'"):
+            _channel.checked_reply(reply, "dask_ddp_results_get", c.scheduler.address)

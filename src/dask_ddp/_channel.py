@@ -139,10 +139,11 @@ class ResultsExtension:
             t = self.topics[topic] = _Topic(budget if budget else budget_bytes())
         return t
 
-    def open(self, topic: str, budget: int | None = None) -> None:
+    def open(self, topic: str, budget: int | None = None) -> dict[str, int]:
         t = self._topic(topic, budget)
         if budget:
             t.budget = int(budget)
+        return {"budget": t.budget}
 
     def _accept(self, t: _Topic, entries: list[list[Any]]) -> int:
         n = 0
@@ -243,19 +244,28 @@ class ResultsPlugin(SchedulerPlugin):
             scheduler.extensions[_EXTENSION] = ResultsExtension(scheduler)
 
 
-_prepared: set[str] = set()
-_prepared_lock = threading.Lock()
-
-
 def ensure_extension(client: Any) -> None:
-    """Register the scheduler extension once per scheduler this process talks to."""
-    address = client.scheduler.address
-    with _prepared_lock:
-        if address in _prepared:
-            return
+    """Install the scheduler extension (idempotent: one cheap round trip).
+
+    Not cached by scheduler address on purpose: a new scheduler may come up on the
+    address of one that is gone (port reuse, a restarted cluster), and a cache keyed
+    that way would skip the install and leave the handlers missing.
+    """
     client.register_plugin(ResultsPlugin())
-    with _prepared_lock:
-        _prepared.add(address)
+
+
+def checked_reply(reply: Any, op: str, address: str) -> dict[str, Any]:
+    """``reply`` of handler ``op``, or an error naming the scheduler when it has none.
+
+    ``distributed`` answers a call to a handler the scheduler does not have with
+    ``None`` (and a log line on the scheduler), not an exception.
+    """
+    if not isinstance(reply, dict):
+        raise RuntimeError(
+            f"the scheduler at {address} has no dask-ddp results handler {op!r} "
+            "(its extension is missing: was the scheduler restarted?)"
+        )
+    return reply
 
 
 def metrics_topic(job_id: str) -> str:
@@ -266,9 +276,10 @@ def metrics_topic(job_id: str) -> str:
 def open_topic(client: Any, topic: str, budget: int | None = None) -> None:
     """Create ``topic`` on the scheduler with the client's budget (idempotent)."""
     ensure_extension(client)
-    client.sync(
+    reply = client.sync(
         client.scheduler.dask_ddp_results_open, topic=topic, budget=budget or budget_bytes()
     )
+    checked_reply(reply, "dask_ddp_results_open", client.scheduler.address)
 
 
 def prepare(client: Any, job_id: str) -> None:
@@ -554,6 +565,7 @@ class Forwarder:
                 time.sleep(delay)
                 delay = min(delay * 2, 2.0)
                 continue
+            reply = checked_reply(reply, "dask_ddp_results_put", self._worker.scheduler.address)
             entries = entries[int(reply["accepted"]) :]
 
 
@@ -615,6 +627,7 @@ class Reader:
             cursor=self.cursor,
             timeout=timeout,
         )
+        reply = checked_reply(reply, "dask_ddp_results_get", self.client.scheduler.address)
         self.cursor = int(reply["cursor"])
         out: list[Record] = []
         for source, seq, count, part, nparts, payload in reply["entries"]:

@@ -274,14 +274,21 @@ Status CurlClient::ErrorFor(const HttpRequest& request, const HttpResponse& resp
 
 namespace {
 
-// Sets every option of one attempt on a (reset) easy handle. Returns false if libcurl
-// refused an option, which only happens on out-of-memory or an unusable build.
-bool Configure(CURL* e, Transfer* t, const ClientConfig& cfg, CURLSH* share) {
+// Sets every option of one attempt on a (reset) easy handle. Returns the option libcurl
+// refused, if any. A reused handle can refuse one after a failed transfer (libcurl 7.88
+// rejects CURLOPT_BUFFERSIZE after a failed name resolution): ConfigureOrRenew then
+// starts over on a new handle.
+Status Configure(CURL* e, Transfer* t, const ClientConfig& cfg, CURLSH* share) {
   const HttpRequest& r = *t->request;
   curl_easy_reset(e);
-  bool ok = true;
+  Status ok;
   auto set = [&](CURLoption opt, auto value) {
-    ok = ok && curl_easy_setopt(e, opt, value) == CURLE_OK;
+    if (!ok.ok()) return;
+    CURLcode rc = curl_easy_setopt(e, opt, value);
+    if (rc != CURLE_OK) {
+      ok = InternalError(r.what + ": libcurl refused option " +
+                         std::to_string(static_cast<int>(opt)) + ": " + curl_easy_strerror(rc));
+    }
   };
   set(CURLOPT_URL, r.url.c_str());
   set(CURLOPT_NOSIGNAL, 1L);
@@ -333,6 +340,15 @@ bool Configure(CURL* e, Transfer* t, const ClientConfig& cfg, CURLSH* share) {
   }
   set(CURLOPT_HTTPHEADER, t->headers);
   return ok;
+}
+
+// Configure, on a new easy handle (replacing *e) if the reused one refuses an option.
+Status ConfigureOrRenew(CURL** e, Transfer* t, const ClientConfig& cfg, CURLSH* share) {
+  if (Configure(*e, t, cfg, share).ok()) return Status::Ok();
+  curl_easy_cleanup(*e);
+  *e = curl_easy_init();
+  if (*e == nullptr) return ResourceExhaustedError(t->request->what + ": curl_easy_init failed");
+  return Configure(*e, t, cfg, share);
 }
 
 // The outcome of one finished attempt.
@@ -394,9 +410,9 @@ Result<HttpResponse> CurlClient::Perform(const HttpRequest& request) {
     Transfer t;
     t.attempt = attempt;
     t.request = &request;
-    if (!Configure(e, &t, config_, impl_->share)) {
-      curl_easy_cleanup(e);
-      return InternalError(request.what + ": configuring a curl handle failed");
+    if (Status st = ConfigureOrRenew(&e, &t, config_, impl_->share); !st.ok()) {
+      if (e != nullptr) curl_easy_cleanup(e);
+      return st;
     }
     CURLcode rc = curl_easy_perform(e);
     Outcome o = Evaluate(rc, &t, e, *this);
@@ -441,28 +457,32 @@ Status CurlClient::PerformMany(std::span<const HttpRequest> requests, int max_in
     --remaining;
     done(index, std::move(r));
   };
-  auto start = [&](size_t index) -> bool {
+  auto start = [&](size_t index) -> Status {
     CURL* e;
     if (!idle.empty()) {
       e = idle.back();
       idle.pop_back();
     } else {
       e = curl_easy_init();
-      if (e == nullptr) return false;
+      if (e == nullptr) return ResourceExhaustedError(requests[index].what + ": curl_easy_init failed");
     }
     auto t = std::make_unique<Transfer>();
     t->index = index;
     t->easy = e;
     t->attempt = ++attempts[index];
     t->request = &requests[index];
-    if (!Configure(e, t.get(), config_, impl_->share) ||
-        curl_easy_setopt(e, CURLOPT_PRIVATE, t.get()) != CURLE_OK ||
-        curl_multi_add_handle(ctx.multi, e) != CURLM_OK) {
-      idle.push_back(e);
-      return false;
+    Status st = ConfigureOrRenew(&e, t.get(), config_, impl_->share);
+    t->easy = e;
+    if (st.ok() && (curl_easy_setopt(e, CURLOPT_PRIVATE, t.get()) != CURLE_OK ||
+                    curl_multi_add_handle(ctx.multi, e) != CURLM_OK)) {
+      st = InternalError(requests[index].what + ": starting a curl transfer failed");
+    }
+    if (!st.ok()) {
+      if (e != nullptr) idle.push_back(e);
+      return st;
     }
     active.push_back(std::move(t));
-    return true;
+    return Status::Ok();
   };
 
   while (remaining > 0) {
@@ -479,9 +499,7 @@ Status CurlClient::PerformMany(std::span<const HttpRequest> requests, int max_in
     while (!ready.empty() && static_cast<int>(active.size()) < max_in_flight) {
       size_t index = ready.front();
       ready.pop_front();
-      if (!start(index)) {
-        finish(index, InternalError(requests[index].what + ": starting a curl transfer failed"));
-      }
+      if (Status st = start(index); !st.ok()) finish(index, std::move(st));
     }
     int running = 0;
     mc = curl_multi_perform(ctx.multi, &running);

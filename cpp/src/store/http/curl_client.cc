@@ -274,9 +274,20 @@ Status CurlClient::ErrorFor(const HttpRequest& request, const HttpResponse& resp
 
 namespace {
 
-// Sets every option of one attempt on a (reset) easy handle. Returns false if libcurl
-// refused an option, which only happens on out-of-memory or an unusable build.
-bool Configure(CURL* e, Transfer* t, const ClientConfig& cfg, CURLSH* share) {
+bool HasHeader(const std::vector<std::string>& headers, std::string_view lower_name) {
+  for (const std::string& h : headers) {
+    size_t colon = h.find(':');
+    if (colon != std::string::npos && Lower(std::string_view(h).substr(0, colon)) == lower_name) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// Sets every option of one attempt on a (reset) easy handle. Fails if the signing keys
+// cannot be had, or (kInternal) if libcurl refused an option, which only happens on
+// out-of-memory or an unusable build.
+Status Configure(CURL* e, Transfer* t, const ClientConfig& cfg, CURLSH* share) {
   const HttpRequest& r = *t->request;
   curl_easy_reset(e);
   bool ok = true;
@@ -302,6 +313,7 @@ bool Configure(CURL* e, Transfer* t, const ClientConfig& cfg, CURLSH* share) {
   set(CURLOPT_PATH_AS_IS, 1L);  // keys may hold "..", which must not be squashed
   set(CURLOPT_PROTOCOLS_STR, "http,https");
   if (!cfg.ca_bundle.empty()) set(CURLOPT_CAINFO, cfg.ca_bundle.c_str());
+  if (cfg.no_proxy) set(CURLOPT_NOPROXY, "*");
 
   for (const std::string& h : cfg.extra_headers) {
     t->headers = curl_slist_append(t->headers, h.c_str());
@@ -319,20 +331,31 @@ bool Configure(CURL* e, Transfer* t, const ClientConfig& cfg, CURLSH* share) {
     // Not form-encoded. libcurl adds "Expect: 100-continue" to large bodies; removing it
     // with an empty "Expect:" entry would put it in the SigV4 signed headers without
     // sending it (libcurl 7.88), so instead the wait for "100 Continue" is cut short.
-    t->headers = curl_slist_append(t->headers, "Content-Type: application/octet-stream");
+    if (!HasHeader(r.headers, "content-type")) {
+      t->headers = curl_slist_append(t->headers, "Content-Type: application/octet-stream");
+    }
     set(CURLOPT_EXPECT_100_TIMEOUT_MS, 1L);
   } else {
     set(CURLOPT_CUSTOMREQUEST, r.method.c_str());
   }
   if (!cfg.sigv4.empty()) {
+    if (!cfg.signing_keys) return InternalError(r.what + ": signed request without keys");
+    Result<SigningKeys> keys = cfg.signing_keys();
+    if (!keys.ok()) return keys.status().WithContext(r.what);
     set(CURLOPT_AWS_SIGV4, cfg.sigv4.c_str());
-    set(CURLOPT_USERNAME, cfg.access_key.c_str());
-    set(CURLOPT_PASSWORD, cfg.secret_key.c_str());
+    // libcurl copies option strings, so the keys need not outlive this call.
+    set(CURLOPT_USERNAME, keys->access_key.c_str());
+    set(CURLOPT_PASSWORD, keys->secret_key.c_str());
+    if (!keys->session_token.empty()) {
+      std::string h = "x-amz-security-token: " + keys->session_token;
+      t->headers = curl_slist_append(t->headers, h.c_str());
+    }
     // S3 requires the payload hash header; an unsigned payload spares hashing bodies.
     t->headers = curl_slist_append(t->headers, "x-amz-content-sha256: UNSIGNED-PAYLOAD");
   }
   set(CURLOPT_HTTPHEADER, t->headers);
-  return ok;
+  if (!ok) return InternalError(r.what + ": configuring a curl handle failed");
+  return Status::Ok();
 }
 
 // The outcome of one finished attempt.
@@ -356,7 +379,12 @@ Outcome Evaluate(CURLcode rc, Transfer* t, CURL* e, const CurlClient& client) {
   long status = 0;
   curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &status);
   t->response.status = status;
-  if (IsRetryableHttpStatus(status)) return {client.ErrorFor(r, t->response), true};
+  if (status / 100 != 2) {
+    const ClientConfig& cfg = client.config();
+    bool retry = cfg.retryable_answer ? cfg.retryable_answer(t->response)
+                                      : IsRetryableHttpStatus(status);
+    if (retry) return {client.ErrorFor(r, t->response), true};
+  }
   if (status / 100 == 2 && r.method != "HEAD") {
     // libcurl reports a body shorter than Content-Length as CURLE_PARTIAL_FILE; check
     // again so a short read can never pass as data.
@@ -394,9 +422,13 @@ Result<HttpResponse> CurlClient::Perform(const HttpRequest& request) {
     Transfer t;
     t.attempt = attempt;
     t.request = &request;
-    if (!Configure(e, &t, config_, impl_->share)) {
-      curl_easy_cleanup(e);
-      return InternalError(request.what + ": configuring a curl handle failed");
+    if (Status st = Configure(e, &t, config_, impl_->share); !st.ok()) {
+      if (st.code() == Code::kInternal) {
+        curl_easy_cleanup(e);
+      } else {
+        impl_->ReturnEasy(e);
+      }
+      return st;
     }
     CURLcode rc = curl_easy_perform(e);
     Outcome o = Evaluate(rc, &t, e, *this);
@@ -441,28 +473,32 @@ Status CurlClient::PerformMany(std::span<const HttpRequest> requests, int max_in
     --remaining;
     done(index, std::move(r));
   };
-  auto start = [&](size_t index) -> bool {
+  auto start = [&](size_t index) -> Status {
+    const HttpRequest& r = requests[index];
     CURL* e;
     if (!idle.empty()) {
       e = idle.back();
       idle.pop_back();
     } else {
       e = curl_easy_init();
-      if (e == nullptr) return false;
+      if (e == nullptr) return ResourceExhaustedError(r.what + ": curl_easy_init failed");
     }
     auto t = std::make_unique<Transfer>();
     t->index = index;
     t->easy = e;
     t->attempt = ++attempts[index];
-    t->request = &requests[index];
-    if (!Configure(e, t.get(), config_, impl_->share) ||
-        curl_easy_setopt(e, CURLOPT_PRIVATE, t.get()) != CURLE_OK ||
-        curl_multi_add_handle(ctx.multi, e) != CURLM_OK) {
+    t->request = &r;
+    Status st = Configure(e, t.get(), config_, impl_->share);
+    if (st.ok() && (curl_easy_setopt(e, CURLOPT_PRIVATE, t.get()) != CURLE_OK ||
+                    curl_multi_add_handle(ctx.multi, e) != CURLM_OK)) {
+      st = InternalError(r.what + ": starting a curl transfer failed");
+    }
+    if (!st.ok()) {
       idle.push_back(e);
-      return false;
+      return st;
     }
     active.push_back(std::move(t));
-    return true;
+    return Status::Ok();
   };
 
   while (remaining > 0) {
@@ -479,9 +515,7 @@ Status CurlClient::PerformMany(std::span<const HttpRequest> requests, int max_in
     while (!ready.empty() && static_cast<int>(active.size()) < max_in_flight) {
       size_t index = ready.front();
       ready.pop_front();
-      if (!start(index)) {
-        finish(index, InternalError(requests[index].what + ": starting a curl transfer failed"));
-      }
+      if (Status st = start(index); !st.ok()) finish(index, st);
     }
     int running = 0;
     mc = curl_multi_perform(ctx.multi, &running);

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "store/http/curl_client.h"
+#include "store/retry.h"
 #include "store/s3/flat_json.h"
 
 namespace ddp::store_internal {
@@ -405,8 +406,13 @@ Result<AwsCredentials> ParseCredentialsJson(std::string_view json, std::string_v
 Result<CredentialFetch> MakeCredentialFetch(const CredentialSource& source,
                                             const std::string& ca_bundle) {
   if (const auto* w = std::get_if<WebIdentitySource>(&source)) {
-    DDP_ASSIGN_OR_RETURN(std::unique_ptr<CurlClient> c,
-                         CurlClient::Create(FetchClientConfig(ca_bundle, 5.0, 3)));
+    ClientConfig cfg = FetchClientConfig(ca_bundle, 5.0, 3);
+    cfg.retryable_answer = [](const HttpResponse& r) {  // e.g. 400 IDPCommunicationError
+      std::string code, message;
+      ParseStsError(r.body, &code, &message);
+      return IsRetryableS3Error(r.status, code);
+    };
+    DDP_ASSIGN_OR_RETURN(std::unique_ptr<CurlClient> c, CurlClient::Create(std::move(cfg)));
     std::shared_ptr<CurlClient> client = std::move(c);
     return CredentialFetch([src = *w, client] { return FetchWebIdentity(src, *client); });
   }

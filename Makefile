@@ -16,13 +16,14 @@ export PYTHONPATH := $(ROOT)/src$(if $(PYTHONPATH),:$(PYTHONPATH))
 # The environment's tools first (cmake, ninja and ctest come from PyPI into it).
 export PATH := $(ROOT)/.venv/bin:$(PATH)
 
-.PHONY: help setup apt venv build develop test test-cpp test-py asan lint demo bench fuzz clean
+.PHONY: help setup apt venv build develop test test-cpp test-py asan lint stubs demo bench fuzz clean
 
 help:
 	@echo "make demo   - set up, then train on a local Dask cluster (the embedded default)"
 	@echo "make test   - set up, then run the C++ tests (CTest) and pytest"
 	@echo "make asan   - build and run the C++ tests under ASan+UBSan"
 	@echo "make lint   - ruff and mypy"
+	@echo "make stubs  - regenerate src/dask_ddp/_core.pyi after changing bindings/"
 	@echo "make bench  - run the benchmarks (see BENCHMARKS.md)"
 
 setup: apt venv build develop
@@ -65,6 +66,10 @@ asan: apt venv
 lint: venv
 	$(ROOT)/.venv/bin/ruff check src tests benchmarks examples
 	$(ROOT)/.venv/bin/mypy
+
+# The type stub of the C++ module, checked in (tests/test_stubs.py fails when it is stale).
+stubs: build
+	$(PY) -m nanobind.stubgen -q -m dask_ddp._core -o src/dask_ddp/_core.pyi
 
 demo: setup
 	$(PY) examples/transfer_learning.py $(DEMO_ARGS)

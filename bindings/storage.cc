@@ -152,16 +152,22 @@ void init_storage(nb::module_& m) {
            "key"_a, "size"_a)
       .def_rw("key", &ObjectInfo::key, "The key, relative to the store root.")
       .def_rw("size", &ObjectInfo::size, "Size in bytes.")
-      .def("__eq__",
-           [](const ObjectInfo& a, const ObjectInfo& b) {
-             return a.key == b.key && a.size == b.size;
-           })
+      .def(
+          "__eq__",
+          [](const ObjectInfo& a, nb::handle other) -> nb::object {
+            ObjectInfo* b = nullptr;
+            if (!nb::try_cast<ObjectInfo*>(other, b) || b == nullptr) {
+              return nb::borrow(Py_NotImplemented);
+            }
+            return nb::bool_(a.key == b->key && a.size == b->size);
+          },
+          nb::sig("def __eq__(self, other: object, /) -> bool"))
       .def("__repr__", [](const ObjectInfo& o) -> std::string {
         std::string key_repr = nb::repr(nb::str(o.key.c_str(), o.key.size())).c_str();
         return "ObjectInfo(key=" + key_repr + ", size=" + std::to_string(o.size) + ")";
       });
 
-  nb::class_<GetManyIterator>(m, "_GetManyIterator",
+  nb::class_<GetManyIterator>(m, "GetManyIterator",
                               "Iterator of (key, bytes) in completion order (see Store.get_many).")
       .def("__iter__", [](nb::handle self) { return self; })
       .def("__next__", &GetManyIterator::Next);

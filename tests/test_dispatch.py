@@ -142,7 +142,7 @@ def test_not_enough_workers_raises_at_once(client: Client) -> None:
         dask_ddp.submit(client, all_reduce_rank, 0.0, resources={"GPU": 1})
     with pytest.raises(dask_ddp.GangStartError, match="tcp://10.9.9.9:1"):
         dask_ddp.submit(client, all_reduce_rank, 0.0, workers=["tcp://10.9.9.9:1"])
-    assert time.monotonic() - t0 < 5
+    assert time.monotonic() - t0 < 30  # a gang check, not the 300 s rendezvous timeout
 
 
 def test_nccl_without_cuda_is_a_clear_error(client: Client) -> None:

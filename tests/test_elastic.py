@@ -61,7 +61,7 @@ def test_arguments_are_validated() -> None:
         t0 = time.monotonic()
         with pytest.raises(dask_ddp.GangStartError, match="at least 2 workers"):
             dask_ddp.submit(client, raise_with_attempt, min_workers=2, elastic_timeout=0.5)
-        assert time.monotonic() - t0 < 10
+        assert time.monotonic() - t0 < 30  # elastic_timeout=0.5 was honoured (default 60 s)
 
 
 def test_training_state_round_trip_restores_every_rng(tmp_path: Path) -> None:

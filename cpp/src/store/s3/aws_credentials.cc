@@ -118,11 +118,16 @@ Result<AwsCredentials> RefreshingCredentials::FetchLocked() {
     last_error_at_ = now;
     return r;
   }
-  Cached c{*r, WallClock::time_point::max()};
+  Cached c{*r, WallClock::time_point::max(), WallClock::time_point::max()};
   if (r->expiration) {
     auto lifetime = *r->expiration - now;
-    auto lead = std::min<WallClock::duration>(refresh_before_, lifetime / 2);
-    c.refresh_at = *r->expiration - std::max<WallClock::duration>(lead, {});
+    if (lifetime > WallClock::duration::zero()) {
+      c.expires_at = *r->expiration;
+      c.refresh_at = *r->expiration - std::min<WallClock::duration>(refresh_before_, lifetime / 2);
+    } else {
+      c.expires_at = now + retry_after_;
+      c.refresh_at = now + retry_after_ / 2;
+    }
   }
   cached_ = std::move(c);
   next_try_ = {};
@@ -135,9 +140,8 @@ Result<AwsCredentials> RefreshingCredentials::Get() {
     std::lock_guard<std::mutex> lock(mu_);
     if (cached_) {
       WallClock::time_point now = now_();
-      bool expired = cached_->creds.expiration && now >= *cached_->creds.expiration;
-      if (!expired) {
-        if (now < cached_->refresh_at || now < next_try_) return cached_->creds;
+      if (!cached_->Expired(now) && (now < cached_->refresh_at || now < next_try_)) {
+        return cached_->creds;
       }
     }
   }
@@ -147,9 +151,7 @@ Result<AwsCredentials> RefreshingCredentials::Get() {
   if (!fetching.owns_lock()) {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (cached_ && !(cached_->creds.expiration && now_() >= *cached_->creds.expiration)) {
-        return cached_->creds;
-      }
+      if (cached_ && !cached_->Expired(now_())) return cached_->creds;
     }
     fetching.lock();
   }
@@ -159,8 +161,7 @@ Result<AwsCredentials> RefreshingCredentials::Get() {
     std::lock_guard<std::mutex> lock(mu_);
     if (cached_) {
       WallClock::time_point now = now_();
-      bool expired = cached_->creds.expiration && now >= *cached_->creds.expiration;
-      if (!expired) {
+      if (!cached_->Expired(now)) {
         if (now < cached_->refresh_at || now < next_try_) return cached_->creds;
         still_valid = cached_->creds;
       }

@@ -76,6 +76,11 @@ class RefreshingCredentials final : public CredentialsProvider {
   struct Cached {
     AwsCredentials creds;
     WallClock::time_point refresh_at;  // max() for keys that never expire
+    // When callers must stop using them: their expiration; for keys that look expired
+    // on arrival (our clock ahead of the agent's), `retry_after` after the fetch, so
+    // they do not cause a fetch per request (the server has the last word).
+    WallClock::time_point expires_at;
+    bool Expired(WallClock::time_point now) const { return now >= expires_at; }
   };
   // Fetches and caches; called with fetch_mu_ held.
   Result<AwsCredentials> FetchLocked();

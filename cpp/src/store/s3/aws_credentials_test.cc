@@ -109,6 +109,18 @@ TEST(RefreshingCredentialsTest, AFailedEarlyRefreshKeepsTheValidKeysThenExpiryFa
   EXPECT_EQ(p.Get()->access_key, "AK5");
 }
 
+TEST(RefreshingCredentialsTest, KeysExpiredOnArrivalAreNotFetchedPerCall) {
+  FakeSource src;
+  src.lifetime_s = -30;  // our clock runs ahead of the agent's
+  auto p = src.Provider();
+  EXPECT_EQ(p.Get()->access_key, "AK1");
+  EXPECT_EQ(p.Get()->access_key, "AK1");
+  EXPECT_EQ(src.calls, 1);
+  src.now_s += 5;  // tried again after retry_after / 2, not on every call
+  EXPECT_EQ(p.Get()->access_key, "AK2");
+  EXPECT_EQ(src.calls, 2);
+}
+
 TEST(RefreshingCredentialsTest, InvalidateFetchesAgain) {
   FakeSource src;
   auto p = src.Provider();

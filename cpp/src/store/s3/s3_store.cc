@@ -6,7 +6,6 @@
 // URI-encoded) so the signature is right whatever libcurl version canonicalises them.
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
 #include <memory>
 
 #include "store/backends.h"
@@ -71,11 +70,8 @@ Result<std::shared_ptr<CredentialsProvider>> MakeProvider(std::string_view url,
         std::make_shared<StaticCredentials>(*config.credentials));
   }
   const CredentialSource& source = *config.credential_source;
-  std::string ca_bundle = options.ca_bundle;
-  if (const char* env = std::getenv("AWS_CA_BUNDLE"); ca_bundle.empty() && env != nullptr) {
-    ca_bundle = env;
-  }
-  DDP_ASSIGN_OR_RETURN(CredentialFetch fetch, MakeCredentialFetch(source, ca_bundle));
+  // An empty ca_bundle falls back to AWS_CA_BUNDLE in CurlClient::Create.
+  DDP_ASSIGN_OR_RETURN(CredentialFetch fetch, MakeCredentialFetch(source, options.ca_bundle));
   auto provider = std::make_shared<RefreshingCredentials>(std::move(fetch));
   Result<AwsCredentials> first = provider->Get();
   if (!first.ok()) {

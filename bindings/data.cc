@@ -304,7 +304,9 @@ void init_data(nb::module_& m) {
            "max_side"_a, "scaled_decode"_a, "region_decode"_a = true, "max_in_flight"_a = 0)
       .def("start_epoch", &PyLoader::StartEpoch, "epoch"_a, "start_batch"_a = 0,
            "Start (or restart) an epoch at a batch; cancels work in flight.")
-      .def("next", &PyLoader::Next, "The next (images, labels, batch_index), or None at the epoch's end.")
+      .def("next", &PyLoader::Next,
+           nb::sig("def next(self) -> tuple[torch.Tensor, torch.Tensor, int] | None"),
+           "The next (images, labels, batch_index), or None at the epoch's end.")
       .def("close", &PyLoader::Close, "Stop the threads and free the buffers not held by tensors.")
       .def_prop_ro("num_batches", [](PyLoader& l) { return l.checked().num_batches(); })
       .def_prop_ro("num_samples", [](PyLoader& l) { return l.checked().num_samples(); })

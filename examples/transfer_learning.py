@@ -30,6 +30,7 @@ import logging
 import math
 import os
 import pickle
+import shutil
 import sys
 import time
 import uuid
@@ -228,7 +229,18 @@ def run_with_loader(data_url: str, train_pct: float, batch_size: int, n_epochs: 
         model.module.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         start_epoch = state["epoch"] + 1
-    count, eval_acc, started = 0, 0.0, time.perf_counter()
+
+    def evaluate() -> float:
+        with torch.no_grad():
+            model.eval()
+            totals = torch.zeros(2)
+            for inputs_t, labels_t in val:
+                totals += torch.tensor([(model(inputs_t).argmax(1) == labels_t).sum().item(),
+                                        len(labels_t)], dtype=torch.float32)
+            dist.all_reduce(totals)  # accuracy over the whole eval split, all ranks
+            return float(totals[0] / totals[1])
+
+    count, started = 0, time.perf_counter()
     for epoch in range(start_epoch, n_epochs):
         train.set_epoch(epoch)
         model.train()
@@ -243,20 +255,14 @@ def run_with_loader(data_url: str, train_pct: float, batch_size: int, n_epochs: 
             dask_ddp.report({"loss": loss.item(), "correct": correct, "size": len(labels),
                              "epoch": epoch, "sample": "train",
                              "learning_rate": optimizer.param_groups[0]["lr"]}, step=count)
-        with torch.no_grad():
-            model.eval()
-            totals = torch.zeros(2)
-            for inputs_t, labels_t in val:
-                totals += torch.tensor([(model(inputs_t).argmax(1) == labels_t).sum().item(),
-                                        len(labels_t)], dtype=torch.float32)
-            dist.all_reduce(totals)
-            eval_acc = float(totals[0] / totals[1])
-            dask_ddp.report({"accuracy": eval_acc, "epoch": epoch, "sample": "eval"},
-                            step=count)
+        eval_acc = evaluate()
+        dask_ddp.report({"accuracy": eval_acc, "epoch": epoch, "sample": "eval"}, step=count)
         scheduler.step(loss.item())
         dask_ddp.save_checkpoint({"model": model.module.state_dict(),
                                   "optimizer": optimizer.state_dict(), "epoch": epoch},
                                  step=epoch)
+    if start_epoch >= n_epochs:  # resumed from a finished run: nothing to train
+        eval_acc = evaluate()
     return {"rank": info.rank, "world_size": info.world_size, "iterations": count,
             "eval_accuracy": eval_acc, "train_seconds": time.perf_counter() - started}
 
@@ -282,6 +288,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--pretrained", action="store_true",
                    help="load the ResNet's pretrained weights (must be on the machine)")
     p.add_argument("--quick", action="store_true", help="4 epochs (CI)")
+    p.add_argument("--resume", action="store_true",
+                   help="keep the previous run's outputs: the Loader variant continues from "
+                        "its latest checkpoint (the default starts afresh)")
     p.add_argument("--out", default="out/demo", help="where results, plots, checkpoints go")
     return p.parse_args(argv)
 
@@ -327,6 +336,11 @@ def train_world_size(args: argparse.Namespace, api: str, world_size: int, data_u
                                dashboard_address=":0")
         client = Client(cluster)
     run_dir = out / f"{api}-ws{world_size}"
+    if run_dir.exists() and not args.resume:
+        # A fresh run: old metrics and checkpoints would be resumed from (the Loader
+        # variant continues from its latest checkpoint) and mixed into the plots.
+        logger.info("removing the previous run's %s (--resume keeps it)", run_dir)
+        shutil.rmtree(run_dir)
     started = time.perf_counter()
     try:
         if api == "seed":

@@ -102,8 +102,10 @@ def test_imagefolder_pickles_and_feeds_a_torch_dataloader(folder: Path) -> None:
 def test_empty_folder_raises(tmp_path: Path) -> None:
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "x.txt").write_text("x")
-    with pytest.raises(FileNotFoundError, match="no image files"):
+    with pytest.raises(FileNotFoundError, match=r"no image files .* e\.g\. 'a/x\.txt'"):
         ImageFolder(tmp_path)
+    with pytest.raises(FileNotFoundError, match=f"nothing under {tmp_path / 'missing'}"):
+        ImageFolder(tmp_path / "missing")
 
 
 def test_loader_pixels_and_labels_match_the_reference(folder: Path) -> None:

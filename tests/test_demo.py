@@ -22,12 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.parametrize("api", ["seed", "loader"])
 def test_demo_quick_reaches_accuracy_and_writes_outputs(tmp_path: Path, api: str) -> None:
     out = tmp_path / "demo"
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "transfer_learning.py"), "--quick",
-         "--api", api, "--world-sizes", "1,2", "--out", str(out)],
-        capture_output=True, text=True, timeout=540,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    run_demo(out, "--api", api, "--world-sizes", "1,2")
     rows = json.loads((out / "summary.json").read_text())
     assert [r["world_size"] for r in rows] == [1, 2]
     for r in rows:
@@ -45,3 +40,22 @@ def test_demo_quick_reaches_accuracy_and_writes_outputs(tmp_path: Path, api: str
         metrics = (out / "loader-ws2" / "metrics.jsonl").read_text().splitlines()
         assert len(metrics) >= 2 * rows[1]["iterations"]
         assert any((out / "loader-ws2" / "checkpoints").rglob("*"))
+        # Run again: a fresh run by default (it trains again), --resume continues from
+        # the finished run's last checkpoint (nothing to train, the same accuracy).
+        run_demo(out, "--api", api, "--world-sizes", "1")
+        again = json.loads((out / "summary.json").read_text())[0]
+        assert again["iterations"] == rows[0]["iterations"] and again["eval_accuracy"] >= 0.90
+        run_demo(out, "--api", api, "--world-sizes", "1", "--resume")
+        resumed = json.loads((out / "summary.json").read_text())[0]
+        assert resumed["iterations"] == 0
+        assert resumed["eval_accuracy"] == again["eval_accuracy"]
+
+
+def run_demo(out: Path, *args: str) -> None:
+    """Run the demo's quick form into ``out``; fail with its stderr if it fails."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "transfer_learning.py"), "--quick",
+         "--out", str(out), *args],
+        capture_output=True, text=True, timeout=540,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]

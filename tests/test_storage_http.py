@@ -95,6 +95,17 @@ def test_killed_server_is_a_connection_error(tmp_path: Path) -> None:
         server.close()
 
 
+def test_unresolvable_host_is_retried_then_named() -> None:
+    """Every attempt after a failed name resolution must run again (libcurl refuses an
+    option on the reused handle: this was an INTERNAL "configuring a curl handle" error)."""
+    url = "http://no-such-host.invalid/data"  # .invalid never resolves (RFC 6761)
+    store = storage.open(url, max_attempts=3, initial_backoff=0.01)
+    with pytest.raises(ConnectionError, match=r"no-such-host\.invalid/data/k.*after 3 attempts"):
+        store.get("k")
+    with pytest.raises(ConnectionError, match=r"no-such-host\.invalid/data/[ab].*after 3 att"):
+        list(store.get_many(["a", "b"]))  # the batched (curl multi) path
+
+
 # ---- fault injection: the same checks through the http:// and the s3:// back-ends ------
 
 

@@ -243,6 +243,8 @@ def load_checkpoint(
         for s in reversed(steps):
             data = _read_verified(store, url, s)
             if data is not None:
+                # Visible on purpose: a new job pointed at an old job's storage resumes.
+                logger.info("loading checkpoint step %d from %s", s, url)
                 return torch.load(
                     io.BytesIO(data), weights_only=weights_only, map_location=map_location
                 )

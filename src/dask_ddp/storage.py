@@ -80,7 +80,7 @@ import os
 from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
-from dask_ddp import _core  # type: ignore[attr-defined]
+from dask_ddp import _core
 
 __all__ = ["ObjectInfo", "Store", "open", "LISTING_FILE"]
 

@@ -86,7 +86,13 @@ class ImageFolder(Dataset[tuple[Any, Any]]):
         store = self._get_store()
         keys: list[str] = []
         class_of: list[str] = []
-        for info in store.list(""):
+        listed = store.list("")
+        if not listed:
+            raise FileNotFoundError(
+                f"nothing under {self.url}: no such folder, or an empty or wrong "
+                "bucket/prefix"
+            )
+        for info in listed:
             key = info.key
             if "/" not in key or not key.lower().endswith(IMG_EXTENSIONS):
                 continue  # files at the root belong to no class; non-images are skipped
@@ -94,7 +100,9 @@ class ImageFolder(Dataset[tuple[Any, Any]]):
             class_of.append(key.split("/", 1)[0])
         if not keys:
             raise FileNotFoundError(
-                f"no image files ({', '.join(IMG_EXTENSIONS)}) in class folders under {self.url}"
+                f"no image files ({', '.join(IMG_EXTENSIONS)}) in class folders under "
+                f"{self.url} ({len(listed)} other objects; expected <root>/<class>/<image>, "
+                f"e.g. {listed[0].key!r} is not one)"
             )
         self.classes = sorted(set(class_of))
         self.class_to_idx = {c: i for i, c in enumerate(self.classes)}

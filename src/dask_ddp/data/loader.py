@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch.utils.data import Subset
 
-from dask_ddp import _core  # type: ignore[attr-defined]
+from dask_ddp import _core
 from dask_ddp.data import transforms as T
 from dask_ddp.data.datasets import ImageFolder
 
@@ -125,7 +125,7 @@ class Loader:
 
     def __init__(
         self,
-        dataset: ImageFolder,
+        dataset: ImageFolder | Subset[Any],
         batch_size: int,
         *,
         transform: T.Transform | None = None,

@@ -284,15 +284,21 @@ bool HasHeader(const std::vector<std::string>& headers, std::string_view lower_n
   return false;
 }
 
-// Sets every option of one attempt on a (reset) easy handle. Fails if the signing keys
-// cannot be had, or (kInternal) if libcurl refused an option, which only happens on
-// out-of-memory or an unusable build.
+// Sets every option of one attempt on a (reset) easy handle. Returns the option libcurl
+// refused, if any (kInternal), or why the signing keys cannot be had. A reused handle can
+// refuse an option after a failed transfer (libcurl 7.88 rejects CURLOPT_BUFFERSIZE after
+// a failed name resolution): ConfigureOrRenew then starts over on a new handle.
 Status Configure(CURL* e, Transfer* t, const ClientConfig& cfg, CURLSH* share) {
   const HttpRequest& r = *t->request;
   curl_easy_reset(e);
-  bool ok = true;
+  Status ok;
   auto set = [&](CURLoption opt, auto value) {
-    ok = ok && curl_easy_setopt(e, opt, value) == CURLE_OK;
+    if (!ok.ok()) return;
+    CURLcode rc = curl_easy_setopt(e, opt, value);
+    if (rc != CURLE_OK) {
+      ok = InternalError(r.what + ": libcurl refused option " +
+                         std::to_string(static_cast<int>(opt)) + ": " + curl_easy_strerror(rc));
+    }
   };
   set(CURLOPT_URL, r.url.c_str());
   set(CURLOPT_NOSIGNAL, 1L);
@@ -339,7 +345,7 @@ Status Configure(CURL* e, Transfer* t, const ClientConfig& cfg, CURLSH* share) {
     set(CURLOPT_CUSTOMREQUEST, r.method.c_str());
   }
   if (!cfg.sigv4.empty()) {
-    if (!cfg.signing_keys) return InternalError(r.what + ": signed request without keys");
+    if (!cfg.signing_keys) return FailedPreconditionError(r.what + ": signed request without keys");
     Result<SigningKeys> keys = cfg.signing_keys();
     if (!keys.ok()) return keys.status().WithContext(r.what);
     set(CURLOPT_AWS_SIGV4, cfg.sigv4.c_str());
@@ -354,8 +360,17 @@ Status Configure(CURL* e, Transfer* t, const ClientConfig& cfg, CURLSH* share) {
     t->headers = curl_slist_append(t->headers, "x-amz-content-sha256: UNSIGNED-PAYLOAD");
   }
   set(CURLOPT_HTTPHEADER, t->headers);
-  if (!ok) return InternalError(r.what + ": configuring a curl handle failed");
-  return Status::Ok();
+  return ok;
+}
+
+// Configure, on a new easy handle (replacing *e) if the reused one refuses an option.
+Status ConfigureOrRenew(CURL** e, Transfer* t, const ClientConfig& cfg, CURLSH* share) {
+  Status first = Configure(*e, t, cfg, share);
+  if (first.code() != Code::kInternal) return first;  // OK, or no signing keys
+  curl_easy_cleanup(*e);
+  *e = curl_easy_init();
+  if (*e == nullptr) return ResourceExhaustedError(t->request->what + ": curl_easy_init failed");
+  return Configure(*e, t, cfg, share);
 }
 
 // The outcome of one finished attempt.
@@ -422,12 +437,8 @@ Result<HttpResponse> CurlClient::Perform(const HttpRequest& request) {
     Transfer t;
     t.attempt = attempt;
     t.request = &request;
-    if (Status st = Configure(e, &t, config_, impl_->share); !st.ok()) {
-      if (st.code() == Code::kInternal) {
-        curl_easy_cleanup(e);
-      } else {
-        impl_->ReturnEasy(e);
-      }
+    if (Status st = ConfigureOrRenew(&e, &t, config_, impl_->share); !st.ok()) {
+      if (e != nullptr) curl_easy_cleanup(e);
       return st;
     }
     CURLcode rc = curl_easy_perform(e);
@@ -474,27 +485,27 @@ Status CurlClient::PerformMany(std::span<const HttpRequest> requests, int max_in
     done(index, std::move(r));
   };
   auto start = [&](size_t index) -> Status {
-    const HttpRequest& r = requests[index];
     CURL* e;
     if (!idle.empty()) {
       e = idle.back();
       idle.pop_back();
     } else {
       e = curl_easy_init();
-      if (e == nullptr) return ResourceExhaustedError(r.what + ": curl_easy_init failed");
+      if (e == nullptr) return ResourceExhaustedError(requests[index].what + ": curl_easy_init failed");
     }
     auto t = std::make_unique<Transfer>();
     t->index = index;
     t->easy = e;
     t->attempt = ++attempts[index];
-    t->request = &r;
-    Status st = Configure(e, t.get(), config_, impl_->share);
+    t->request = &requests[index];
+    Status st = ConfigureOrRenew(&e, t.get(), config_, impl_->share);
+    t->easy = e;
     if (st.ok() && (curl_easy_setopt(e, CURLOPT_PRIVATE, t.get()) != CURLE_OK ||
                     curl_multi_add_handle(ctx.multi, e) != CURLM_OK)) {
-      st = InternalError(r.what + ": starting a curl transfer failed");
+      st = InternalError(requests[index].what + ": starting a curl transfer failed");
     }
     if (!st.ok()) {
-      idle.push_back(e);
+      if (e != nullptr) idle.push_back(e);
       return st;
     }
     active.push_back(std::move(t));
@@ -515,7 +526,7 @@ Status CurlClient::PerformMany(std::span<const HttpRequest> requests, int max_in
     while (!ready.empty() && static_cast<int>(active.size()) < max_in_flight) {
       size_t index = ready.front();
       ready.pop_front();
-      if (Status st = start(index); !st.ok()) finish(index, st);
+      if (Status st = start(index); !st.ok()) finish(index, std::move(st));
     }
     int running = 0;
     mc = curl_multi_perform(ctx.multi, &running);

@@ -369,7 +369,9 @@ class CredentialServer:
         owner = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
+            # One request per connection: once closed, the server is really gone (a
+            # kept-alive connection would go on being served by its thread).
+            protocol_version = "HTTP/1.0"
 
             def log_message(self, format: str, *args: object) -> None:  # noqa: A002
                 pass

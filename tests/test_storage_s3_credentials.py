@@ -355,3 +355,29 @@ def test_expired_token_answer_fetches_fresh_keys_and_retries(
         assert store.get(key) == object_bytes(f"/expired-1/{key}")
         assert fault_server.counts()[f"GET /expired-1/{key}"] == 2
         assert agent.count("GET /container/credentials") == 2  # dropped and fetched again
+
+
+def test_agent_gone_keeps_valid_keys_then_fails_naming_it_once_expired(
+    s3_bucket: str, no_fixed_credentials: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lifetime = 6.0  # refresh due after 3 s, expired after 6 s
+    agent = CredentialServer(("ASIAKEY", "secret", "session-token"), lifetime=lifetime)
+    url = f"{agent.url}/container/credentials"
+    monkeypatch.setenv("AWS_CONTAINER_CREDENTIALS_FULL_URI", url)
+    try:
+        opened = time.monotonic()
+        store = storage.open(f"s3://{s3_bucket}", initial_backoff=0.01)
+        store.put("k", b"v")
+    finally:
+        agent.close()
+    # Refresh due but the agent is gone: the keys still valid go on signing.
+    time.sleep(max(0.0, opened + lifetime / 2 + 0.5 - time.monotonic()))
+    assert store.get("k") == b"v"
+    # Expired and no agent: each request fails naming the credential source.
+    time.sleep(max(0.0, opened + lifetime + 0.5 - time.monotonic()))
+    with pytest.raises(
+        ConnectionError, match=rf"s3://{s3_bucket}/k: container credentials at {url}"
+    ):
+        store.get("k")
+    with pytest.raises(ConnectionError, match="container credentials at"):
+        dict(store.get_many(["k", "k2"]))

@@ -10,7 +10,7 @@ as JSON to ``--out``. Started without a launcher it runs as a single process.
 
 How to run
 ----------
-$ torchrun --nproc-per-node 2 examples/train_script.py --epochs 5 --out result.json
+$ torchrun --standalone --nproc-per-node 2 examples/train_script.py --epochs 5 --out result.json
 $ dask-ddp run --n-workers 2 examples/train_script.py --epochs 5 --out result.json
 $ dask-ddp run --scheduler tcp://10.0.0.5:8786 --n-workers 4 examples/train_script.py \\
       --out /shared/result.json

@@ -7,10 +7,12 @@
   counts the requests it saw so tests can check retries happened or did not.
 - :func:`start_moto_auth_server`: moto's S3 server with IAM authentication on, which
   checks SigV4 signatures and answers 403 to wrong credentials.
+- :class:`CredentialServer`: the container-credentials and EC2 instance-metadata
+  endpoints, in a thread of the test process, handing out given keys.
 - :func:`start_nginx`: nginx (Debian's nginx-light) as our own process with a generated
   configuration, serving a directory; path-style ``/bucket/key`` are plain files.
 
-Every server is a :class:`ServerProcess`; ``close()`` (or leaving its ``with`` block)
+Every other server is a :class:`ServerProcess`; ``close()`` (or leaving its ``with`` block)
 terminates it and waits for it.
 """
 
@@ -327,6 +329,147 @@ http {{
     )
 
 
+# ---- credential endpoints (in the test's own process) -----------------------------------
+
+
+class CredentialServer:
+    """The AWS credential endpoints of containers and EC2, on 127.0.0.1, in a thread.
+
+    Serves what ECS / EKS Pod Identity agents and the EC2 instance metadata service
+    serve, in their documented shapes:
+
+    - ``GET /container/credentials``: ``{"AccessKeyId", "SecretAccessKey", "Token",
+      "Expiration", "RoleArn"}``; with ``auth_token`` set, the ``Authorization`` header
+      must equal it, else 401 with ``{"code", "message"}``.
+    - IMDSv2: ``PUT /latest/api/token`` (with ``X-aws-ec2-metadata-token-ttl-seconds``)
+      gives a session token; ``GET /latest/meta-data/iam/security-credentials/`` the role
+      name and ``.../<role>`` the credentials (``Code: Success``, ...). Both GETs answer
+      401 without a valid ``X-aws-ec2-metadata-token`` header, as IMDSv2 does.
+
+    ``keys`` (access key, secret, session token or None) and ``lifetime`` (seconds until
+    the ``Expiration`` handed out) may be changed while it runs; ``count(path)`` tells
+    how many requests a "METHOD path" got.
+    """
+
+    def __init__(
+        self,
+        keys: tuple[str, str, str | None],
+        *,
+        lifetime: float = 3600.0,
+        auth_token: str | None = None,
+        role: str = "trainer",
+    ) -> None:
+        self.keys = keys
+        self.lifetime = lifetime
+        self.auth_token = auth_token
+        self.role = role
+        self._counts: dict[str, int] = {}
+        self._imds_tokens: set[str] = set()
+        self._lock = threading.Lock()
+        owner = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            # One request per connection: once closed, the server is really gone (a
+            # kept-alive connection would go on being served by its thread).
+            protocol_version = "HTTP/1.0"
+
+            def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+                pass
+
+            def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+                owner._handle(self)
+
+            def do_PUT(self) -> None:  # noqa: N802
+                owner._handle(self)
+
+        self._httpd = _Server(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self._httpd.server_address[1]}"
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, name="credential-server", daemon=True
+        )
+        self._thread.start()
+
+    def count(self, key: str) -> int:
+        """Requests seen for ``"METHOD path"``."""
+        with self._lock:
+            return self._counts.get(key, 0)
+
+    def close(self) -> None:
+        """Stop serving and wait for the server thread."""
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout=10)
+
+    def __enter__(self) -> CredentialServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _credentials(self) -> dict[str, str]:
+        key, secret, token = self.keys
+        expiry = time.gmtime(time.time() + self.lifetime)
+        doc = {
+            "AccessKeyId": key,
+            "SecretAccessKey": secret,
+            "Expiration": time.strftime("%Y-%m-%dT%H:%M:%SZ", expiry),
+        }
+        if token is not None:
+            doc["Token"] = token
+        return doc
+
+    def _handle(self, h: http.server.BaseHTTPRequestHandler) -> None:
+        with self._lock:
+            k = f"{h.command} {h.path}"
+            self._counts[k] = self._counts.get(k, 0) + 1
+        n = int(h.headers.get("Content-Length") or 0)
+        if n:
+            h.rfile.read(n)
+        creds_path = "/latest/meta-data/iam/security-credentials/"
+        if h.command == "GET" and h.path == "/container/credentials":
+            if self.auth_token is not None and h.headers.get("Authorization") != self.auth_token:
+                self._send(h, 401, {"code": "Unauthorized", "message": "bad authorization token"})
+                return
+            doc = self._credentials()
+            doc["RoleArn"] = f"arn:aws:iam::123456789012:role/{self.role}"
+            self._send(h, 200, doc)
+        elif h.command == "PUT" and h.path == "/latest/api/token":
+            if not h.headers.get("X-aws-ec2-metadata-token-ttl-seconds"):
+                self._send(h, 400, b"missing X-aws-ec2-metadata-token-ttl-seconds")
+                return
+            token = os.urandom(16).hex()
+            with self._lock:
+                self._imds_tokens.add(token)
+            self._send(h, 200, token.encode())
+        elif h.command == "GET" and h.path.startswith(creds_path):
+            with self._lock:
+                valid = h.headers.get("X-aws-ec2-metadata-token") in self._imds_tokens
+            if not valid:
+                self._send(h, 401, b"")
+            elif h.path == creds_path:
+                self._send(h, 200, f"{self.role}\n".encode())
+            elif h.path == creds_path + self.role:
+                doc = dict(Code="Success", Type="AWS-HMAC", LastUpdated="2026-01-01T00:00:00Z")
+                doc.update(self._credentials())
+                self._send(h, 200, doc)
+            else:
+                self._send(h, 404, b"")
+        else:
+            self._send(h, 404, b"")
+
+    @staticmethod
+    def _send(
+        h: http.server.BaseHTTPRequestHandler, status: int, body: bytes | dict[str, str]
+    ) -> None:
+        data = json.dumps(body).encode() if isinstance(body, dict) else body
+        h.send_response(status)
+        h.send_header("Content-Length", str(len(data)))
+        if isinstance(body, dict):
+            h.send_header("Content-Type", "application/json")
+        h.end_headers()
+        h.wfile.write(data)
+
+
 # ---- the fault server (runs in its own process) ----------------------------------------
 
 
@@ -346,6 +489,12 @@ class FaultHandler(http.server.BaseHTTPRequestHandler):
       it and close the connection.
     - ``/drop-always/...``: every GET is cut short that way.
     - ``/status-NNN/...``: always answers HTTP NNN with an S3-style XML error body.
+    - ``/reqtimeout-N/...``: the first N requests per path get ``400 RequestTimeout``, as
+      S3 answers a request whose body stalled (retryable despite the 400).
+    - ``/expired-N/...``: the first N requests per path get ``400 ExpiredToken``.
+    - ``/skewed/...``: always ``403 RequestTimeTooSkewed`` (never worth a retry).
+    - ``/stall-N/...``: the first N GETs per path send the headers and half the body,
+      then go silent for 5 s (a stalled connection the client must time out).
     - ``/mpu-fail/...``: S3 multipart upload whose part uploads fail with 400.
     - ``/_stats``: JSON of request counts per ``"METHOD path"``; ``/_reset`` clears them.
     """
@@ -415,6 +564,26 @@ class FaultHandler(http.server.BaseHTTPRequestHandler):
         body = object_bytes(path)
         if mode.startswith("slowdown-") and n <= int(mode.split("-")[1]):
             self._send(503, _error_xml("SlowDown", "Please reduce your request rate.", path))
+            return
+        if mode.startswith("reqtimeout-") and n <= int(mode.split("-")[1]):
+            msg = "Your socket connection to the server was not read from or written to"
+            self._send(400, _error_xml("RequestTimeout", msg, path))
+            return
+        if mode.startswith("expired-") and n <= int(mode.split("-")[1]):
+            self._send(400, _error_xml("ExpiredToken", "The provided token has expired.", path))
+            return
+        if mode == "skewed":
+            msg = "The difference between the request time and the current time is too large."
+            self._send(403, _error_xml("RequestTimeTooSkewed", msg, path))
+            return
+        if mode.startswith("stall-") and n <= int(mode.split("-")[1]) and self.command == "GET":
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body[: len(body) // 2])
+            self.wfile.flush()
+            time.sleep(5)
+            self.close_connection = True
             return
         if mode.startswith("status-"):
             status = int(mode.split("-")[1])

@@ -243,3 +243,53 @@ def test_https_with_a_private_ca(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
         monkeypatch.setenv("AWS_CA_BUNDLE", str(cert))
         s3 = storage.open("s3://ok", endpoint_url=tls.url, anon=True)
         assert s3.get("x") == object_bytes("/ok/x")
+
+
+# ---- S3's own retry rules: the error code decides, not only the HTTP status ------------
+
+
+def test_s3_request_timeout_400_is_retried_a_plain_http_400_is_not(
+    kind: str, fault_server: Any
+) -> None:
+    store = _open(kind, fault_server, "reqtimeout-1", max_attempts=3)
+    key = f"{uuid.uuid4().hex}.bin"
+    path = f"/reqtimeout-1/{key}"
+    if kind == "http":  # no S3 error codes over plain HTTP: a 400 is final
+        with pytest.raises(ValueError, match=rf"{key}: HTTP 400"):
+            store.get(key)
+        assert _gets(fault_server, path) == 1
+        return
+    assert store.get(key) == object_bytes(path)
+    assert _gets(fault_server, path) == 2
+    # Uploads (where S3 really sends it, for a stalled body) and batched gets too.
+    put_key = f"{uuid.uuid4().hex}.bin"
+    store.put(put_key, b"payload")
+    assert fault_server.counts()[f"PUT /reqtimeout-1/{put_key}"] == 2
+    keys = [f"{uuid.uuid4().hex}-{i}" for i in range(10)]
+    got = dict(store.get_many(keys, max_in_flight=4))
+    assert got == {k: object_bytes(f"/reqtimeout-1/{k}") for k in keys}
+    assert all(_gets(fault_server, f"/reqtimeout-1/{k}") == 2 for k in keys)
+
+
+def test_s3_persistent_request_timeout_gives_up_as_a_timeout(fault_server: Any) -> None:
+    store = _open("s3", fault_server, "reqtimeout-100", max_attempts=3)
+    key = f"{uuid.uuid4().hex}.bin"
+    with pytest.raises(TimeoutError, match=rf"{key}: HTTP 400 RequestTimeout.*after 3 attempts"):
+        store.get(key)
+    assert _gets(fault_server, f"/reqtimeout-100/{key}") == 3
+
+
+def test_s3_skewed_clock_is_never_retried(fault_server: Any) -> None:
+    store = _open("s3", fault_server, "skewed", max_attempts=5)
+    key = f"{uuid.uuid4().hex}.bin"
+    with pytest.raises(PermissionError, match=rf"{key}: HTTP 403 RequestTimeTooSkewed") as info:
+        store.get(key)
+    assert "attempts" not in str(info.value)
+    assert _gets(fault_server, f"/skewed/{key}") == 1
+
+
+def test_stalled_transfer_times_out_and_is_retried(kind: str, fault_server: Any) -> None:
+    store = _open(kind, fault_server, "stall-1", low_speed_timeout=1)
+    key = f"{uuid.uuid4().hex}.bin"
+    assert store.get(key) == object_bytes(f"/stall-1/{key}")
+    assert _gets(fault_server, f"/stall-1/{key}") == 2

@@ -99,6 +99,8 @@ def test_missing_credentials_is_a_clear_error(
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.delenv("AWS_SHARED_CREDENTIALS_FILE", raising=False)
     monkeypatch.delenv("AWS_CONFIG_FILE", raising=False)
+    # Instance metadata, the last resort, is tested in test_storage_s3_credentials.py.
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     with pytest.raises(PermissionError, match=r"no AWS credentials for s3://b/x.*anon=True"):
         storage.open("s3://b/x")
     monkeypatch.setenv("AWS_PROFILE", "missing")

@@ -22,12 +22,28 @@ URL schemes
     reader sees the old or the new content, never a partial file.
 ``s3://bucket[/prefix]``
     Amazon S3 or any S3-compatible server. Configuration follows the AWS conventions:
-    ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``,
-    ``AWS_PROFILE`` with the shared credentials file (``~/.aws/credentials`` or
-    ``AWS_SHARED_CREDENTIALS_FILE``), ``AWS_REGION`` / ``AWS_DEFAULT_REGION``, and
-    ``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL`` for custom endpoints (path-style
-    addressing). ``anon=True`` sends unsigned requests (public buckets). Objects above
-    ``multipart_threshold`` bytes are uploaded with multipart upload (aborted on failure).
+    ``AWS_REGION`` / ``AWS_DEFAULT_REGION``, and ``AWS_ENDPOINT_URL_S3`` /
+    ``AWS_ENDPOINT_URL`` for custom endpoints (path-style addressing). ``anon=True``
+    sends unsigned requests (public buckets). Otherwise credentials come from the first
+    of, in AWS's order:
+
+    1. ``AWS_PROFILE``: that profile of the shared credentials file
+       (``AWS_SHARED_CREDENTIALS_FILE`` or ``~/.aws/credentials``) or config file;
+    2. ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY`` (, ``AWS_SESSION_TOKEN``);
+    3. the ``[default]`` profile;
+    4. web identity (EKS service accounts): ``AWS_WEB_IDENTITY_TOKEN_FILE`` and
+       ``AWS_ROLE_ARN`` exchanged by STS ``AssumeRoleWithWebIdentity`` (at
+       ``AWS_ENDPOINT_URL_STS``, ``AWS_ENDPOINT_URL`` or the regional endpoint);
+    5. container credentials (ECS, Fargate, EKS Pod Identity):
+       ``AWS_CONTAINER_CREDENTIALS_RELATIVE_URI`` or ``_FULL_URI``, with
+       ``AWS_CONTAINER_AUTHORIZATION_TOKEN(_FILE)``;
+    6. EC2 instance metadata (IMDSv2), unless ``AWS_EC2_METADATA_DISABLED=true``;
+       ``AWS_EC2_METADATA_SERVICE_ENDPOINT`` overrides its address.
+
+    Temporary keys (4-6) are fetched when the store opens and refreshed before they
+    expire, so long jobs never sign with expired keys. Nothing found raises
+    ``PermissionError`` listing what to set. Objects above ``multipart_threshold`` bytes
+    are uploaded with multipart upload (aborted on failure).
 ``http://host/base`` and ``https://...``
     Read-only: ``get``, ``get_range``, ``stat`` (HEAD) and ``get_many``. HTTP has no
     listing, so ``list`` reads a listing file named ``_index.txt`` at the base URL: one
@@ -48,8 +64,11 @@ for HTTP back-ends, the HTTP status: ``FileNotFoundError`` (missing object),
 ``PermissionError`` (403, bad credentials), ``ValueError`` (bad URL, key or range),
 ``ConnectionError`` (server unreachable after retries), ``TimeoutError``, ``OSError``
 (data loss such as a short read), ``NotImplementedError`` (operation not supported by
-the back-end). Throttling, 5xx answers, dropped connections and timeouts are retried
-with jittered exponential back-off (``max_attempts``); 4xx answers never are.
+the back-end). Retries follow AWS's standard mode, with jittered exponential back-off
+(``max_attempts``): HTTP 500/502/503/504 and 429, dropped connections and timeouts, and
+for S3 the error codes ``RequestTimeout`` (sent as HTTP 400), ``InternalError``,
+``SlowDown`` and the other throttling codes. Other 4xx answers never are (nor
+``RequestTimeTooSkewed``). Credentials, tokens and signatures never appear in messages.
 
 Every call releases the GIL while it waits on storage.
 """
@@ -199,7 +218,9 @@ def open(url: str | os.PathLike[str], *, anon: bool = False, **options: Any) -> 
         ``file:///path`` or a plain path (``str`` or ``os.PathLike``), ``s3://bucket[/prefix]``,
         ``http(s)://host/base`` (read-only) or ``memory://name``.
     anon
-        S3 only: send unsigned requests, as for public buckets.
+        S3 only: send unsigned requests, as for public buckets. Otherwise credentials
+        are resolved as the module documentation lists (environment, shared files, web
+        identity, container credentials, EC2 instance metadata).
     **options
         ``endpoint_url``, ``region``, ``ca_bundle``, ``max_attempts``, ``initial_backoff``,
         ``max_backoff``, ``multipart_threshold``, ``multipart_part_size``,
@@ -212,7 +233,13 @@ def open(url: str | os.PathLike[str], *, anon: bool = False, **options: Any) -> 
     Raises
     ------
     ValueError
-        For a malformed URL or an unsupported scheme.
+        For a malformed URL or an unsupported scheme, or a credential variable set
+        wrong (e.g. ``AWS_WEB_IDENTITY_TOKEN_FILE`` without ``AWS_ROLE_ARN``).
+    PermissionError
+        S3: no credentials found, or the credential source refused (the message names
+        it: a token file, the STS, container or instance-metadata endpoint).
+    ConnectionError
+        S3: a configured credential endpoint could not be reached.
     TypeError
         For an unknown option.
 

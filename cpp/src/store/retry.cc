@@ -7,7 +7,35 @@
 namespace ddp::store_internal {
 
 bool IsRetryableHttpStatus(long http_status) {
-  return http_status >= 500 || http_status == 429;
+  switch (http_status) {
+    case 429:
+    case 500:
+    case 502:
+    case 503:
+    case 504: return true;
+    default: return false;
+  }
+}
+
+bool IsRetryableS3Error(long http_status, std::string_view code) {
+  // botocore's standard retry mode: its transient and throttling error codes.
+  static constexpr std::string_view kRetryableCodes[] = {
+      "RequestTimeout", "RequestTimeoutException", "PriorRequestNotComplete",
+      "InternalError", "InternalFailure", "ServiceUnavailable", "SlowDown", "Throttling",
+      "ThrottlingException", "ThrottledException", "RequestThrottledException",
+      "TooManyRequestsException", "ProvisionedThroughputExceededException",
+      "TransactionInProgressException", "RequestLimitExceeded", "BandwidthLimitExceeded",
+      "LimitExceededException", "RequestThrottled", "EC2ThrottledException",
+      "IDPCommunicationError"};
+  if (code == "RequestTimeTooSkewed") return false;
+  for (std::string_view c : kRetryableCodes) {
+    if (code == c) return true;
+  }
+  return IsRetryableHttpStatus(http_status);
+}
+
+bool IsExpiredCredentialsCode(std::string_view code) {
+  return code == "ExpiredToken" || code == "ExpiredTokenException";
 }
 
 double BackoffSeconds(int retry, const RetryOptions& options, double uniform01) {

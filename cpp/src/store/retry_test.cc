@@ -7,9 +7,35 @@ namespace {
 
 TEST(RetryTest, RetriesServerErrorsAndThrottlingNeverOtherClientErrors) {
   for (long s : {500L, 502L, 503L, 504L, 429L}) EXPECT_TRUE(IsRetryableHttpStatus(s)) << s;
-  for (long s : {200L, 206L, 400L, 401L, 403L, 404L, 409L, 412L, 416L}) {
+  for (long s : {200L, 206L, 400L, 401L, 403L, 404L, 409L, 412L, 416L, 501L, 505L}) {
     EXPECT_FALSE(IsRetryableHttpStatus(s)) << s;
   }
+}
+
+TEST(RetryTest, S3ErrorCodesAsAwsStandardRetries) {
+  // S3 answers a stalled upload with HTTP 400 RequestTimeout: retried despite the 400.
+  EXPECT_TRUE(IsRetryableS3Error(400, "RequestTimeout"));
+  EXPECT_TRUE(IsRetryableS3Error(500, "InternalError"));
+  EXPECT_TRUE(IsRetryableS3Error(503, "SlowDown"));
+  EXPECT_TRUE(IsRetryableS3Error(503, "ServiceUnavailable"));
+  EXPECT_TRUE(IsRetryableS3Error(400, "Throttling"));
+  EXPECT_TRUE(IsRetryableS3Error(400, "RequestLimitExceeded"));
+  EXPECT_TRUE(IsRetryableS3Error(400, "PriorRequestNotComplete"));
+  EXPECT_TRUE(IsRetryableS3Error(400, "IDPCommunicationError"));  // STS web identity
+  for (long s : {500L, 502L, 503L, 504L}) EXPECT_TRUE(IsRetryableS3Error(s, "")) << s;
+  EXPECT_TRUE(IsRetryableS3Error(502, "SomethingNew"));
+  // A skewed clock stays skewed; other client errors fail the same way again.
+  EXPECT_FALSE(IsRetryableS3Error(403, "RequestTimeTooSkewed"));
+  for (const char* code : {"AccessDenied", "NoSuchKey", "NoSuchBucket", "InvalidAccessKeyId",
+                           "SignatureDoesNotMatch", "InvalidRequest", "EntityTooSmall",
+                           "InvalidToken", "ExpiredToken", ""}) {
+    for (long s : {400L, 403L, 404L, 409L}) EXPECT_FALSE(IsRetryableS3Error(s, code)) << code;
+  }
+  EXPECT_FALSE(IsRetryableS3Error(501, "NotImplemented"));
+  EXPECT_TRUE(IsExpiredCredentialsCode("ExpiredToken"));
+  EXPECT_TRUE(IsExpiredCredentialsCode("ExpiredTokenException"));
+  EXPECT_FALSE(IsExpiredCredentialsCode("InvalidToken"));
+  EXPECT_FALSE(IsExpiredCredentialsCode("RequestTimeTooSkewed"));
 }
 
 TEST(RetryTest, BackoffGrowsExponentiallyUpToTheCap) {

@@ -274,10 +274,20 @@ Status CurlClient::ErrorFor(const HttpRequest& request, const HttpResponse& resp
 
 namespace {
 
+bool HasHeader(const std::vector<std::string>& headers, std::string_view lower_name) {
+  for (const std::string& h : headers) {
+    size_t colon = h.find(':');
+    if (colon != std::string::npos && Lower(std::string_view(h).substr(0, colon)) == lower_name) {
+      return true;
+    }
+  }
+  return false;
+}
+
 // Sets every option of one attempt on a (reset) easy handle. Returns the option libcurl
-// refused, if any. A reused handle can refuse one after a failed transfer (libcurl 7.88
-// rejects CURLOPT_BUFFERSIZE after a failed name resolution): ConfigureOrRenew then
-// starts over on a new handle.
+// refused, if any (kInternal), or why the signing keys cannot be had. A reused handle can
+// refuse an option after a failed transfer (libcurl 7.88 rejects CURLOPT_BUFFERSIZE after
+// a failed name resolution): ConfigureOrRenew then starts over on a new handle.
 Status Configure(CURL* e, Transfer* t, const ClientConfig& cfg, CURLSH* share) {
   const HttpRequest& r = *t->request;
   curl_easy_reset(e);
@@ -309,6 +319,7 @@ Status Configure(CURL* e, Transfer* t, const ClientConfig& cfg, CURLSH* share) {
   set(CURLOPT_PATH_AS_IS, 1L);  // keys may hold "..", which must not be squashed
   set(CURLOPT_PROTOCOLS_STR, "http,https");
   if (!cfg.ca_bundle.empty()) set(CURLOPT_CAINFO, cfg.ca_bundle.c_str());
+  if (cfg.no_proxy) set(CURLOPT_NOPROXY, "*");
 
   for (const std::string& h : cfg.extra_headers) {
     t->headers = curl_slist_append(t->headers, h.c_str());
@@ -326,15 +337,25 @@ Status Configure(CURL* e, Transfer* t, const ClientConfig& cfg, CURLSH* share) {
     // Not form-encoded. libcurl adds "Expect: 100-continue" to large bodies; removing it
     // with an empty "Expect:" entry would put it in the SigV4 signed headers without
     // sending it (libcurl 7.88), so instead the wait for "100 Continue" is cut short.
-    t->headers = curl_slist_append(t->headers, "Content-Type: application/octet-stream");
+    if (!HasHeader(r.headers, "content-type")) {
+      t->headers = curl_slist_append(t->headers, "Content-Type: application/octet-stream");
+    }
     set(CURLOPT_EXPECT_100_TIMEOUT_MS, 1L);
   } else {
     set(CURLOPT_CUSTOMREQUEST, r.method.c_str());
   }
   if (!cfg.sigv4.empty()) {
+    if (!cfg.signing_keys) return FailedPreconditionError(r.what + ": signed request without keys");
+    Result<SigningKeys> keys = cfg.signing_keys();
+    if (!keys.ok()) return keys.status().WithContext(r.what);
     set(CURLOPT_AWS_SIGV4, cfg.sigv4.c_str());
-    set(CURLOPT_USERNAME, cfg.access_key.c_str());
-    set(CURLOPT_PASSWORD, cfg.secret_key.c_str());
+    // libcurl copies option strings, so the keys need not outlive this call.
+    set(CURLOPT_USERNAME, keys->access_key.c_str());
+    set(CURLOPT_PASSWORD, keys->secret_key.c_str());
+    if (!keys->session_token.empty()) {
+      std::string h = "x-amz-security-token: " + keys->session_token;
+      t->headers = curl_slist_append(t->headers, h.c_str());
+    }
     // S3 requires the payload hash header; an unsigned payload spares hashing bodies.
     t->headers = curl_slist_append(t->headers, "x-amz-content-sha256: UNSIGNED-PAYLOAD");
   }
@@ -344,7 +365,8 @@ Status Configure(CURL* e, Transfer* t, const ClientConfig& cfg, CURLSH* share) {
 
 // Configure, on a new easy handle (replacing *e) if the reused one refuses an option.
 Status ConfigureOrRenew(CURL** e, Transfer* t, const ClientConfig& cfg, CURLSH* share) {
-  if (Configure(*e, t, cfg, share).ok()) return Status::Ok();
+  Status first = Configure(*e, t, cfg, share);
+  if (first.code() != Code::kInternal) return first;  // OK, or no signing keys
   curl_easy_cleanup(*e);
   *e = curl_easy_init();
   if (*e == nullptr) return ResourceExhaustedError(t->request->what + ": curl_easy_init failed");
@@ -372,7 +394,12 @@ Outcome Evaluate(CURLcode rc, Transfer* t, CURL* e, const CurlClient& client) {
   long status = 0;
   curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &status);
   t->response.status = status;
-  if (IsRetryableHttpStatus(status)) return {client.ErrorFor(r, t->response), true};
+  if (status / 100 != 2) {
+    const ClientConfig& cfg = client.config();
+    bool retry = cfg.retryable_answer ? cfg.retryable_answer(t->response)
+                                      : IsRetryableHttpStatus(status);
+    if (retry) return {client.ErrorFor(r, t->response), true};
+  }
   if (status / 100 == 2 && r.method != "HEAD") {
     // libcurl reports a body shorter than Content-Length as CURLE_PARTIAL_FILE; check
     // again so a short read can never pass as data.

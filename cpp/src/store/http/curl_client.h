@@ -4,7 +4,8 @@
 // connections alive between requests); batches run on pooled multi handles, many
 // transfers in flight over reused connections. DNS and TLS sessions are shared through
 // one CURLSH. Every request is retried under the store's RetryOptions on transport
-// failures (reset, timeout, refused, truncated body) and on 5xx/429 answers, with
+// failures (reset, timeout, refused, truncated body) and on the answers
+// ClientConfig::retryable_answer picks (by default 500/502/503/504 and 429), with
 // jittered exponential back-off; other answers are returned to the caller.
 #pragma once
 
@@ -37,19 +38,34 @@ struct HttpResponse {
   const std::string* Header(std::string_view lower_name) const;
 };
 
+// Keys for CURLOPT_AWS_SIGV4; a session token goes in x-amz-security-token.
+struct SigningKeys {
+  std::string access_key;
+  std::string secret_key;
+  std::string session_token;
+};
+
 struct ClientConfig {
   RetryOptions retry;
   double connect_timeout_s = 10.0;
   double low_speed_timeout_s = 30.0;
   // AWS signature v4 (CURLOPT_AWS_SIGV4), e.g. "aws:amz:us-east-1:s3"; empty: unsigned.
   std::string sigv4;
-  std::string access_key;  // with sigv4; never appears in messages
-  std::string secret_key;
-  std::vector<std::string> extra_headers;  // added to every request (session token)
+  // With sigv4: the keys to sign with, asked for before every attempt so temporary
+  // credentials can be refreshed between requests. An error fails the request (not
+  // retried). Keys never appear in messages.
+  std::function<Result<SigningKeys>()> signing_keys;
+  std::vector<std::string> extra_headers;  // added to every request
   std::string ca_bundle;                   // CURLOPT_CAINFO when not empty
+  // Never through a proxy (http_proxy, ...): for link-local credential agents, whose
+  // answers are secrets and which a proxy cannot reach anyway.
+  bool no_proxy = false;
   // Builds the Status for a non-2xx answer; the default names request.what, the HTTP
   // status and the method. S3 replaces it to add the error code from the XML body.
   std::function<Status(const HttpRequest&, const HttpResponse&)> http_error;
+  // Whether a non-2xx answer is worth another attempt; the default is
+  // IsRetryableHttpStatus. S3 replaces it to look at the error code in the body.
+  std::function<bool(const HttpResponse&)> retryable_answer;
 };
 
 // The Status code for an HTTP status (404 -> kNotFound, 403 -> kPermissionDenied, ...).

@@ -52,7 +52,7 @@ Result<std::optional<S3Credentials>> ProfileCredentials(const EnvLookup& env,
     auto k = kv.find("aws_access_key_id");
     auto s = kv.find("aws_secret_access_key");
     if (!creds && k != kv.end() && s != kv.end()) {
-      S3Credentials c{k->second, s->second, "", "profile '" + profile + "' in " + file};
+      S3Credentials c{k->second, s->second, "", "profile '" + profile + "' in " + file, {}};
       if (auto t = kv.find("aws_session_token"); t != kv.end()) c.session_token = t->second;
       creds = std::move(c);
     }
@@ -72,6 +72,23 @@ Result<std::optional<S3Credentials>> ProfileCredentials(const EnvLookup& env,
 }
 
 }  // namespace
+
+Status NoCredentialsError(std::string_view url, const EnvLookup& env, std::string_view why) {
+  std::string m =
+      "no AWS credentials for " + std::string(url) +
+      ": set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE with a shared "
+      "credentials file (looked for [default] in " +
+      HomeFile(env, "AWS_SHARED_CREDENTIALS_FILE", ".aws/credentials") +
+      "), or AWS_WEB_IDENTITY_TOKEN_FILE and AWS_ROLE_ARN, or "
+      "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI/FULL_URI, or run on EC2 with an instance "
+      "profile; or open the store anonymously (anon=True) for a public bucket";
+  if (!why.empty()) {
+    m += " (";
+    m += why;
+    m += ")";
+  }
+  return UnauthenticatedError(std::move(m));
+}
 
 std::string S3Config::BucketUrl() const {
   if (path_style) return endpoint + "/" + bucket;
@@ -160,19 +177,12 @@ Result<S3Config> ResolveS3Config(std::string_view url, const StoreOptions& optio
         return UnauthenticatedError(unset + " is not set but " + set + " is, for " +
                                     std::string(url));
       }
-      c.credentials = S3Credentials{key, secret, Get(env, "AWS_SESSION_TOKEN"), "environment"};
+      c.credentials =
+          S3Credentials{key, secret, Get(env, "AWS_SESSION_TOKEN"), "environment", {}};
     } else {
       bool found = false;
       DDP_ASSIGN_OR_RETURN(c.credentials,
                            ProfileCredentials(env, "default", &profile_region, &found));
-      if (!c.credentials) {
-        return UnauthenticatedError(
-            "no AWS credentials for " + std::string(url) +
-            ": set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE with a shared "
-            "credentials file (looked for [default] in " +
-            HomeFile(env, "AWS_SHARED_CREDENTIALS_FILE", ".aws/credentials") +
-            "), or open the store anonymously (anon=True) for a public bucket");
-      }
     }
   } else if (!profile.empty()) {
     bool found = false;
@@ -180,6 +190,11 @@ Result<S3Config> ResolveS3Config(std::string_view url, const StoreOptions& optio
   }
   if (c.region.empty()) c.region = profile_region;
   if (c.region.empty()) c.region = "us-east-1";
+  if (!options.anonymous && !c.credentials) {
+    // Nothing fixed: the temporary sources of where workloads run (EKS, ECS, EC2).
+    DDP_ASSIGN_OR_RETURN(c.credential_source, TemporaryCredentialSource(env, c.region));
+    if (!c.credential_source) return NoCredentialsError(url, env, "");
+  }
 
   std::string endpoint = options.endpoint_url;
   if (endpoint.empty()) endpoint = Get(env, "AWS_ENDPOINT_URL_S3");

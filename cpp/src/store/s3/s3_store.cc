@@ -6,11 +6,15 @@
 // URI-encoded) so the signature is right whatever libcurl version canonicalises them.
 #include <algorithm>
 #include <atomic>
+#include <memory>
 
 #include "store/backends.h"
 #include "store/http/curl_client.h"
 #include "store/http/object_get.h"
 #include "store/key.h"
+#include "store/retry.h"
+#include "store/s3/aws_credentials.h"
+#include "store/s3/credential_sources.h"
 #include "store/s3/s3_config.h"
 #include "store/s3/s3_xml.h"
 
@@ -37,10 +41,48 @@ Status S3Error(const HttpRequest& request, const HttpResponse& response) {
       code == "ExpiredToken" || code == "InvalidToken" || code == "AllAccessDisabled") {
     return {Code::kPermissionDenied, s.message()};
   }
-  if (code == "SlowDown" || code == "InternalError" || code == "ServiceUnavailable") {
-    return {Code::kUnavailable, s.message()};
-  }
+  if (code == "RequestTimeout") return {Code::kDeadlineExceeded, s.message()};
+  if (IsRetryableS3Error(0, code)) return {Code::kUnavailable, s.message()};  // throttled
   return s;
+}
+
+// Whether an S3 error answer is worth another attempt (see IsRetryableS3Error). An
+// answer saying temporary credentials expired also is, after dropping them, so the next
+// attempt signs with fresh ones (the clock of the server may run ahead of ours).
+bool S3Retryable(const HttpResponse& response, CredentialsProvider* refreshing) {
+  std::string code, message;
+  ParseS3Error(response.body, &code, &message);
+  if (refreshing != nullptr && IsExpiredCredentialsCode(code)) {
+    refreshing->Invalidate();
+    return true;
+  }
+  return IsRetryableS3Error(response.status, code);
+}
+
+// The provider of the keys to sign with: fixed ones, or temporary ones fetched from
+// `source` and refreshed before they expire. The first fetch happens here, so a store
+// that cannot get credentials fails to open with the reason.
+Result<std::shared_ptr<CredentialsProvider>> MakeProvider(std::string_view url,
+                                                          const S3Config& config,
+                                                          const StoreOptions& options) {
+  if (config.credentials) {
+    return std::shared_ptr<CredentialsProvider>(
+        std::make_shared<StaticCredentials>(*config.credentials));
+  }
+  const CredentialSource& source = *config.credential_source;
+  // An empty ca_bundle falls back to AWS_CA_BUNDLE in CurlClient::Create.
+  DDP_ASSIGN_OR_RETURN(CredentialFetch fetch, MakeCredentialFetch(source, options.ca_bundle));
+  auto provider = std::make_shared<RefreshingCredentials>(std::move(fetch));
+  Result<AwsCredentials> first = provider->Get();
+  if (!first.ok()) {
+    if (std::holds_alternative<ImdsSource>(source)) {
+      // Instance metadata is only the last resort, tried because nothing was set: off
+      // EC2 the real problem is the missing configuration.
+      return NoCredentialsError(url, ProcessEnv(), first.status().message());
+    }
+    return first.status().WithContext("getting AWS credentials for " + std::string(url));
+  }
+  return std::shared_ptr<CredentialsProvider>(std::move(provider));
 }
 
 class S3Store final : public Store {
@@ -241,6 +283,7 @@ class S3Store final : public Store {
 
 Result<std::unique_ptr<Store>> OpenS3Store(std::string_view url, const StoreOptions& options) {
   DDP_ASSIGN_OR_RETURN(S3Config config, ResolveS3Config(url, options, ProcessEnv()));
+  DDP_RETURN_IF_ERROR(ValidateRetryOptions(options.retry));
   if (options.multipart_part_size == 0) {
     return InvalidArgumentError("multipart_part_size must be > 0 for " + std::string(url));
   }
@@ -250,12 +293,20 @@ Result<std::unique_ptr<Store>> OpenS3Store(std::string_view url, const StoreOpti
   cfg.low_speed_timeout_s = options.low_speed_timeout_s;
   cfg.ca_bundle = options.ca_bundle;
   cfg.http_error = &S3Error;
-  if (config.credentials) {
+  cfg.retryable_answer = [](const HttpResponse& r) { return S3Retryable(r, nullptr); };
+  if (config.credentials || config.credential_source) {
+    DDP_ASSIGN_OR_RETURN(std::shared_ptr<CredentialsProvider> provider,
+                         MakeProvider(url, config, options));
     cfg.sigv4 = "aws:amz:" + config.region + ":s3";
-    cfg.access_key = config.credentials->access_key;
-    cfg.secret_key = config.credentials->secret_key;
-    if (!config.credentials->session_token.empty()) {
-      cfg.extra_headers.push_back("x-amz-security-token: " + config.credentials->session_token);
+    cfg.signing_keys = [provider]() -> Result<SigningKeys> {
+      DDP_ASSIGN_OR_RETURN(AwsCredentials c, provider->Get());
+      return SigningKeys{std::move(c.access_key), std::move(c.secret_key),
+                         std::move(c.session_token)};
+    };
+    if (config.credential_source) {
+      cfg.retryable_answer = [provider](const HttpResponse& r) {
+        return S3Retryable(r, provider.get());
+      };
     }
   }
   DDP_ASSIGN_OR_RETURN(auto client, CurlClient::Create(std::move(cfg)));

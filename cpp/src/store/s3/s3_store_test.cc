@@ -134,11 +134,13 @@ TEST(S3ConfigTest, ProfilesFromTheSharedFiles) {
 }
 
 TEST(S3ConfigTest, MissingCredentialsIsAClearErrorUnlessAnonymous) {
-  auto env = FakeEnv({{"HOME", "/nonexistent-home"}});
+  // Instance metadata is the last resort unless disabled: then nothing is left.
+  auto env = FakeEnv({{"HOME", "/nonexistent-home"}, {"AWS_EC2_METADATA_DISABLED", "true"}});
   auto c = ResolveS3Config("s3://b/p", {}, env);
   ASSERT_FALSE(c.ok());
   EXPECT_EQ(c.status().code(), Code::kUnauthenticated);
   EXPECT_NE(c.status().message().find("AWS_ACCESS_KEY_ID"), std::string::npos);
+  EXPECT_NE(c.status().message().find("AWS_WEB_IDENTITY_TOKEN_FILE"), std::string::npos);
   EXPECT_NE(c.status().message().find("s3://b/p"), std::string::npos);
   EXPECT_NE(c.status().message().find("anon"), std::string::npos);
 
@@ -148,9 +150,56 @@ TEST(S3ConfigTest, MissingCredentialsIsAClearErrorUnlessAnonymous) {
   ASSERT_TRUE(a.ok());
   EXPECT_FALSE(a->credentials.has_value());
 
+  EXPECT_FALSE(a->credential_source.has_value());
+
   auto half = ResolveS3Config("s3://b", {}, FakeEnv({{"AWS_ACCESS_KEY_ID", "AK"}}));
   ASSERT_FALSE(half.ok());
   EXPECT_NE(half.status().message().find("AWS_SECRET_ACCESS_KEY is not set"), std::string::npos);
+}
+
+TEST(S3ConfigTest, TheChainGoesOnToTemporaryCredentialsInAwsOrder) {
+  std::string creds = TempFile("[default]\naws_access_key_id = DEF\naws_secret_access_key = S\n");
+  std::map<std::string, std::string> vars = {
+      {"HOME", "/nonexistent-home"},
+      {"AWS_WEB_IDENTITY_TOKEN_FILE", "/var/run/secrets/token"},
+      {"AWS_ROLE_ARN", "arn:aws:iam::123456789012:role/trainer"},
+      {"AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "/v2/credentials/abc"},
+      {"AWS_REGION", "eu-west-1"}};
+  auto source_of = [](const std::map<std::string, std::string>& v) {
+    auto c = ResolveS3Config("s3://b", {}, FakeEnv(v));
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    EXPECT_FALSE(c->credentials.has_value());
+    return c.ok() ? c->credential_source : std::nullopt;
+  };
+  // Fixed keys come first: the environment, then the default profile.
+  auto with_keys = vars;
+  with_keys["AWS_ACCESS_KEY_ID"] = "AK";
+  with_keys["AWS_SECRET_ACCESS_KEY"] = "SK";
+  EXPECT_EQ(ResolveS3Config("s3://b", {}, FakeEnv(with_keys))->credentials->access_key, "AK");
+  auto with_file = vars;
+  with_file["AWS_SHARED_CREDENTIALS_FILE"] = creds;
+  EXPECT_EQ(ResolveS3Config("s3://b", {}, FakeEnv(with_file))->credentials->access_key, "DEF");
+  std::filesystem::remove(creds);
+
+  auto web = source_of(vars);
+  ASSERT_TRUE(web && std::holds_alternative<store_internal::WebIdentitySource>(*web));
+  EXPECT_EQ(std::get<store_internal::WebIdentitySource>(*web).sts_endpoint,
+            "https://sts.eu-west-1.amazonaws.com");
+  vars.erase("AWS_WEB_IDENTITY_TOKEN_FILE");
+  auto container = source_of(vars);
+  ASSERT_TRUE(container && std::holds_alternative<store_internal::ContainerSource>(*container));
+  EXPECT_EQ(std::get<store_internal::ContainerSource>(*container).url,
+            "http://169.254.170.2/v2/credentials/abc");
+  vars.erase("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI");
+  auto imds = source_of(vars);
+  ASSERT_TRUE(imds && std::holds_alternative<store_internal::ImdsSource>(*imds));
+  EXPECT_EQ(std::get<store_internal::ImdsSource>(*imds).endpoint, "http://169.254.169.254");
+
+  StoreOptions anon;
+  anon.anonymous = true;
+  auto a = ResolveS3Config("s3://b", anon, FakeEnv(vars));
+  ASSERT_TRUE(a.ok());
+  EXPECT_FALSE(a->credentials || a->credential_source);
 }
 
 TEST(S3ConfigTest, RejectsBadUrls) {

@@ -164,7 +164,11 @@ def train(data_url: str, epochs: int, batch_size: int, lr: float,
         start_epoch = state["epoch"] + 1
 
     def evaluate() -> tuple[float, float]:
-        """Held-out (R², MSE) over the whole validation set, all ranks together."""
+        """Held-out (R², MSE) over the whole validation set, all ranks together.
+
+        (``DistributedSampler`` repeats up to ``world_size - 1`` rows so that every rank
+        gets as many: with 1000 rows and 2 or 4 ranks, none.)
+        """
         model.eval()
         sums = torch.zeros(4, dtype=torch.float64)  # squared error, sum y, sum y², rows
         with torch.no_grad():
@@ -251,8 +255,8 @@ def main(argv: list[str] | None = None) -> int:
     storage_url = args.storage or (out / "checkpoints").as_uri()
     if not args.resume:
         # A fresh run: the old checkpoints would be resumed from, the old metrics mixed in.
-        for old in (run_dir, out / "checkpoints"):
-            if old.exists():
+        for old in (run_dir, None if args.storage else out / "checkpoints"):
+            if old is not None and old.exists():
                 logger.info("removing the previous run's %s (--resume keeps it)", old)
                 shutil.rmtree(old)
         if args.storage and list_checkpoints(storage_url):
@@ -264,6 +268,10 @@ def main(argv: list[str] | None = None) -> int:
 
     cluster = None
     if args.scheduler:
+        for what, url in (("--data", data_url), ("--storage", storage_url)):
+            if url.startswith("file://"):
+                logger.warning("%s %s is a local folder: the workers must share it (else "
+                               "give an s3:// URL)", what, url)
         client = Client(args.scheduler)
     else:
         cluster = LocalCluster(n_workers=args.n_workers, threads_per_worker=1,
@@ -293,9 +301,9 @@ def main(argv: list[str] | None = None) -> int:
                "run_dir": str(run_dir), "storage": storage_url, "data": data_url}
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     if r2 < args.min_r2:
-        logger.error("held-out R² %.4f is below --min-r2 %.2f", r2, args.min_r2)
+        logger.error("held-out R² %.4f is below --min-r2 %g", r2, args.min_r2)
         return 1
-    logger.info("held-out R² %.4f >= %.2f; summary in %s", r2, args.min_r2,
+    logger.info("held-out R² %.4f >= %g; summary in %s", r2, args.min_r2,
                 out / "summary.json")
     return 0
 

@@ -44,7 +44,7 @@ build: venv
 develop: venv
 	@site=$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \
 	  echo "$(ROOT)/src" > "$$site/dask_ddp_dev.pth"
-	@printf '#!%s\nimport sys\nfrom dask_ddp.cli import main\nsys.exit(main())\n' \
+	@printf '#!%s\nimport sys\nfrom dask_ddp.cli import main\nif __name__ == "__main__":\n    sys.exit(main())\n' \
 	  "$$(readlink -f .venv)/bin/python" \
 	  > .venv/bin/dask-ddp && chmod +x .venv/bin/dask-ddp
 

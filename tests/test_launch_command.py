@@ -28,6 +28,8 @@ SCRIPT = textwrap.dedent("""
     print(f"sum={t.item():.0f} rank={os.environ['RANK']} local={os.environ['LOCAL_RANK']} "
           f"world={os.environ['WORLD_SIZE']} args={sys.argv[1:]}", flush=True)
     print(f"warning from {dist.get_rank()}", file=sys.stderr, flush=True)
+    if "DDP_TEST_VALUE" in os.environ:
+        print(f"value={os.environ['DDP_TEST_VALUE']} rank={os.environ['RANK']}", flush=True)
     dist.destroy_process_group()
     if len(sys.argv) > 1 and sys.argv[1] == "fail" and os.environ["RANK"] == "1":
         sys.exit(7)
@@ -74,10 +76,12 @@ def _cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.slow
 def test_cli_local_cluster(script: Path) -> None:
-    res = _cli(["run", "--n-workers", "2", script.name, "x"], cwd=script.parent)
+    res = _cli(["run", "--n-workers", "2", "--env", "DDP_TEST_VALUE=a=b c", script.name, "x"],
+               cwd=script.parent)
     assert res.returncode == 0, res.stderr
     for r in (0, 1):
         assert f"[rank {r}] sum=3 rank={r} local={r} world=2 args=['x']" in res.stdout
+        assert f"[rank {r}] value=a=b c rank={r}" in res.stdout
 
 
 def test_cli_existing_scheduler_and_failure(client: Client, script: Path) -> None:
@@ -93,3 +97,6 @@ def test_cli_existing_scheduler_and_failure(client: Client, script: Path) -> Non
 def test_cli_usage() -> None:
     res = _cli(["bogus"], cwd=Path.cwd())
     assert res.returncode == 2 and "unknown command 'bogus'" in res.stderr
+    res = _cli(["run", "--env", "NOEQUALS", "x.py"], cwd=Path.cwd())
+    assert res.returncode == 2
+    assert "--env wants KEY=VALUE" in res.stderr and "'NOEQUALS'" in res.stderr

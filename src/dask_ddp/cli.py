@@ -57,9 +57,22 @@ def _run_parser() -> argparse.ArgumentParser:
                    help="rank processes per worker (default 1)")
     p.add_argument("--name", help="job name shown on the Dask dashboard")
     p.add_argument("--timeout", type=float, default=None, help="seconds before giving up")
+    p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", type=_env_pair,
+                   help="set an environment variable in every rank (repeatable), e.g. "
+                        "--env AWS_PROFILE=training --env OMP_NUM_THREADS=4")
     p.add_argument("script", help="the training script (a .py file or a program)")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments of the script")
     return p
+
+
+def _env_pair(text: str) -> tuple[str, str]:
+    """``KEY=VALUE`` of ``--env`` (the value may hold "="); argparse reports bad text."""
+    key, sep, value = text.partition("=")
+    if not sep or not key or not key.replace("_", "a").isalnum() or key[0].isdigit():
+        raise argparse.ArgumentTypeError(
+            f"--env wants KEY=VALUE with a variable name, got {text!r}"
+        )
+    return key, value
 
 
 def run_main(argv: Sequence[str]) -> int:
@@ -84,7 +97,7 @@ def run_main(argv: Sequence[str]) -> int:
         with client:
             run_command(client, command, n_workers=n_workers,
                         nprocs_per_worker=opts.nprocs_per_worker, name=opts.name,
-                        timeout=opts.timeout)
+                        timeout=opts.timeout, env=dict(opts.env) or None)
     except JobError as exc:
         logger.error("%s", exc)
         return 1

@@ -22,6 +22,7 @@ import asyncio
 import logging
 import os
 import re
+import resource
 import shutil
 import signal
 import subprocess
@@ -82,9 +83,23 @@ def timed(label: str, n: int, size: int, fn: Callable[[], int]) -> float:
     return rate
 
 
-def run_ddp(url: str, endpoint: str, keys: list[str], in_flight: int) -> int:
-    store = storage.open(url, endpoint_url=endpoint, max_in_flight=in_flight)
+def run_ddp(url: str, endpoint: str, keys: list[str], in_flight: int, anon: bool = False) -> int:
+    store = storage.open(url, endpoint_url=endpoint, max_in_flight=in_flight, anon=anon)
     return sum(len(data) for _, data in store.get_many(keys))
+
+
+def client_cpu(label: str, n: int, size: int, fn: Callable[[], int]) -> float:
+    """Rate of ``fn`` and this process's CPU time (user + sys) per object while it ran."""
+    r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+    got = fn()
+    r1, dt = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter() - t0
+    if got != n * size:
+        raise RuntimeError(f"{label}: fetched {got} bytes, expected {n * size}")
+    user = (r1.ru_utime - r0.ru_utime) / n * 1e6
+    sys_ = (r1.ru_stime - r0.ru_stime) / n * 1e6
+    report(f"  {label:<34} {n / dt:>9.0f} objects/s  client CPU {user + sys_:.0f} us/object "
+           f"(user {user:.0f}, sys {sys_:.0f})")
+    return n / dt
 
 
 def boto3_client(endpoint: str, threads: int) -> Any:
@@ -184,6 +199,13 @@ def bench_nginx(args: argparse.Namespace, data_root: Path) -> dict[str, float]:
             f"{wrk_before:>9.0f} / {wrk_after:.0f} requests/s"
         )
         rates["wrk"] = max(wrk_before, wrk_after)
+        # What limits the client: its CPU per object, signed (SigV4 by libcurl) and not.
+        n = len(keys)
+        client_cpu("dask-ddp signed, CPU probe", n, args.size,
+                   lambda: run_ddp(f"s3://{BUCKET}", ep, keys, args.in_flight))
+        rates["anon"] = client_cpu("dask-ddp anonymous, CPU probe", n, args.size,
+                                   lambda: run_ddp(f"s3://{BUCKET}", ep, keys, args.in_flight,
+                                                   anon=True))
         client = boto3_client(ep, args.threads)
         client.get_object(Bucket=BUCKET, Key=keys[0])["Body"].read()
         rates["boto3"] = timed(
@@ -262,7 +284,8 @@ def main() -> None:
     line = f"  ratios: dask-ddp/boto3 = {r['ddp'] / r['boto3']:.2f}x"
     if "s3fs" in r:
         line += f", dask-ddp/s3fs = {r['ddp'] / r['s3fs']:.2f}x"
-    report(line + f", dask-ddp/wrk = {r['ddp'] / r['wrk']:.2f}")
+    report(line + f", dask-ddp/wrk = {r['ddp'] / r['wrk']:.2f}, "
+           f"anonymous dask-ddp/wrk = {r['anon'] / r['wrk']:.2f}")
     if not args.skip_moto:
         m = bench_moto(args)
         report(f"  ratio: dask-ddp/boto3 = {m['ddp'] / m['boto3']:.2f}x")

@@ -256,6 +256,12 @@ def test_manifest_over_http_needs_no_listing_file(
     assert_same_batches(
         Loader(ds, 6, transform=TRAIN, seed=1), Loader(ref, 6, transform=TRAIN, seed=1)
     )
+    write_csv(served / "lists" / "stale.csv", rows[:3] + [["ant/gone.jpg", "ant"]] + rows[3:])
+    stale = ImageList.from_csv(f"{base}/lists/stale.csv", f"{base}/manifest-images")
+    with pytest.raises(FileNotFoundError, match=f"{base}/manifest-images/ant/gone.jpg"):
+        list(Loader(stale, 6, transform=EVAL, shuffle=False))
+    skip = Loader(stale, 6, transform=EVAL, shuffle=False, on_error="skip")
+    assert torch.cat([y for _, y in skip]).tolist() == ref.targets and skip.skipped == 1
 
 
 @pytest.mark.s3

@@ -82,6 +82,8 @@ class ImageList(Dataset[tuple[Any, Any]]):
         (path or URL, label) per image, in the order of ``keys``.
     targets : list of int
         The labels, in sample order.
+    manifest_url : str or None
+        The manifest it was read from (:meth:`from_csv`), else ``None``.
 
     Raises
     ------

@@ -159,6 +159,8 @@ def test_from_csv_with_integer_labels_and_a_separate_root(
         lines.append(delimiter.join([str(i), f'"{key}"', f" {label} "]))
         if i == 3:
             lines.append("")  # blank lines are skipped
+        if i == 5:
+            lines.append(delimiter * 2)  # and rows of empty fields, as spreadsheets write
     manifest = tmp_path / "lists" / "train.tsv"
     manifest.parent.mkdir()
     manifest.write_text("\n".join(lines) + "\n", encoding="utf-8")

@@ -124,7 +124,7 @@ class ImageList(Dataset[tuple[Any, Any]]):
         anon: bool = False,
     ) -> None:
         self._open_root(root, transform, target_transform, anon)
-        self._set_samples(keys, targets, classes, check_keys=True)
+        self._set_samples(keys, targets, classes, checked=False)
 
     @classmethod
     def from_csv(
@@ -204,7 +204,7 @@ class ImageList(Dataset[tuple[Any, Any]]):
         )
         ds = ImageList.__new__(ImageList)
         ds._open_root(m.root, transform, target_transform, anon, store=m.store)
-        ds._set_samples(m.keys, m.targets, m.classes, check_keys=False)  # checked per line
+        ds._set_samples(m.keys, m.targets, m.classes, checked=True)  # per line, by read_csv
         ds.manifest_url = m.url
         logger.debug("%s: %d images in %d classes", m.url, len(ds), len(ds.classes))
         return ds
@@ -237,51 +237,30 @@ class ImageList(Dataset[tuple[Any, Any]]):
         targets: Sequence[int],
         classes: Sequence[str] | None,
         *,
-        check_keys: bool,
+        checked: bool,
     ) -> None:
+        # checked: the keys are relative and the targets ints >= 0 (listed or parsed)
+        name = f"{type(self).__name__}({self.url!r})"
         if len(keys) != len(targets):
-            raise ValueError(
-                f"{type(self).__name__}({self.url!r}): {len(keys)} keys but {len(targets)} targets"
-            )
+            raise ValueError(f"{name}: {len(keys)} keys but {len(targets)} targets")
         if not keys:
-            raise ValueError(f"{type(self).__name__}({self.url!r}): no keys, an empty dataset")
-        if check_keys:
-            root = manifest.Root(self.url, self._get_store().url)
-            key_list = []
-            for i, key in enumerate(keys):
-                try:
-                    key_list.append(root.relative(os.fspath(key)))
-                except ValueError as e:
-                    raise ValueError(f"{type(self).__name__}({self.url!r}): key {i}: {e}") from None
+            raise ValueError(f"{name}: no keys, an empty dataset")
+        if checked:
+            key_list, labels = list(keys), list(targets)
         else:
-            key_list = list(keys)
-        labels = []
-        for i, t in enumerate(targets):
-            try:
-                label = operator.index(t)
-            except TypeError:
-                raise TypeError(
-                    f"{type(self).__name__}({self.url!r}): target {i} ({t!r}, key "
-                    f"{key_list[i]!r}) is not an integer"
-                ) from None
-            if label < 0:
-                raise ValueError(
-                    f"{type(self).__name__}({self.url!r}): target {i} is {label} (key "
-                    f"{key_list[i]!r}); labels are integers >= 0"
-                )
-            labels.append(label)
+            key_list, labels = self._checked(name, keys, targets)
         if classes is None:
             names = [str(c) for c in range(max(labels) + 1)]
         else:
             names = [str(c) for c in classes]
             if len(set(names)) != len(names):
-                raise ValueError(f"classes has duplicate names: {names}")
+                raise ValueError(f"{name}: classes has duplicate names: {names}")
             top = max(labels)
             if top >= len(names):
                 i = labels.index(top)
                 raise ValueError(
-                    f"{type(self).__name__}({self.url!r}): target {i} is {top} (key "
-                    f"{key_list[i]!r}) but there are {len(names)} classes"
+                    f"{name}: target {i} is {top} (key {key_list[i]!r}) but there are "
+                    f"{len(names)} classes"
                 )
         self.classes = names
         self.class_to_idx = {c: i for i, c in enumerate(names)}
@@ -289,19 +268,42 @@ class ImageList(Dataset[tuple[Any, Any]]):
         self.targets = labels
         self._make_samples()
 
+    def _checked(
+        self, name: str, keys: Sequence[str], targets: Sequence[int]
+    ) -> tuple[list[str], list[int]]:
+        """Keys made relative to the root and targets as ints, or an error naming one."""
+        root = manifest.Root(self.url, self._get_store().url)
+        key_list = []
+        for i, key in enumerate(keys):
+            try:
+                key_list.append(root.relative(os.fspath(key)))
+            except ValueError as e:
+                raise ValueError(f"{name}: key {i}: {e}") from None
+        labels = []
+        for i, t in enumerate(targets):
+            try:
+                label = operator.index(t)
+            except TypeError:
+                raise TypeError(
+                    f"{name}: target {i} ({t!r}, key {key_list[i]!r}) is not an integer"
+                ) from None
+            if label < 0:
+                raise ValueError(
+                    f"{name}: target {i} is {label} (key {key_list[i]!r}); labels are "
+                    "integers >= 0"
+                )
+            labels.append(label)
+        return key_list, labels
+
     def _make_samples(self) -> None:
-        # Derived from the keys: not pickled (half the size for a large manifest).
+        # Derived from the keys: not pickled (under half the size for a large manifest).
+        pairs = zip(self._keys, self.targets, strict=True)
         if _is_local(self.url):
-            join = os.path.join
-            root = self._local_root
-            self.samples = [
-                (join(root, k), t) for k, t in zip(self._keys, self.targets, strict=True)
-            ]
+            root = os.path.join(self._local_root, "")  # os.path.join(root, key), hoisted
+            self.samples = [(root + k, t) for k, t in pairs]
         else:
-            base = self._get_store().url.rstrip("/")
-            self.samples = [
-                (f"{base}/{k}", t) for k, t in zip(self._keys, self.targets, strict=True)
-            ]
+            base = self._get_store().url.rstrip("/") + "/"
+            self.samples = [(base + k, t) for k, t in pairs]
         self.imgs = self.samples
 
     # -- the store, reopened lazily in each process --------------------------------------
@@ -433,7 +435,7 @@ class ImageFolder(ImageList):
         classes = sorted(set(class_of))
         index = {c: i for i, c in enumerate(classes)}
         # Listed keys are the store's own: read them as they are.
-        self._set_samples(keys, [index[c] for c in class_of], classes, check_keys=False)
+        self._set_samples(keys, [index[c] for c in class_of], classes, checked=True)
         logger.debug("%s: %d images in %d classes", self.url, len(keys), len(self.classes))
 
 

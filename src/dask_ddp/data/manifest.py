@@ -193,20 +193,25 @@ def read_csv(
     labels: list[str] = []
     lines: list[int] = []
     for row in reader:
+        if not row:
+            continue  # a blank line
         line = reader.line_num
-        if not any(f.strip() for f in row):
-            continue
         if len(row) < need:
+            if not any(f.strip() for f in row):
+                continue
             raise error(
                 line,
                 f"{len(row)} field(s), expected at least {need} (columns {header}; "
                 f"delimiter {delimiter!r})",
             )
+        key, label = row[ki].strip(), row[li].strip()
+        if not key and not label and not "".join(row).strip():
+            continue  # a row of empty fields, as spreadsheets export
         try:
-            keys.append(where.relative(row[ki].strip()))
+            keys.append(where.relative(key))
         except ValueError as e:
             raise error(line, str(e)) from None
-        labels.append(row[li].strip())
+        labels.append(label)
         lines.append(line)
     if not keys:
         raise ValueError(f"{url}: empty manifest: a header {header} but no rows")

@@ -65,9 +65,8 @@ def _resolve_dataset(dataset: object) -> tuple[ImageList, list[int] | None]:
         picked = [i % n for i in picked]
         return folder, picked if inner is None else [inner[i] for i in picked]
     raise TypeError(
-        f"Loader reads an ImageList, ImageFolder or S3ImageFolder (or a torch Subset of "
-        f"one), not "
-        f"{type(dataset).__name__}; for other datasets use a torch DataLoader"
+        f"Loader reads an ImageList, ImageFolder or S3ImageFolder (or a torch Subset of one), "
+        f"not {type(dataset).__name__}; for other datasets use a torch DataLoader"
     )
 
 

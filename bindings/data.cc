@@ -106,7 +106,7 @@ class PyLoader {
            std::vector<int64_t> labels, const std::vector<OpSpec>& ops, int batch_size,
            bool shuffle, uint64_t seed, int rank, int world_size, bool drop_last, int num_threads,
            int prefetch, bool skip_errors, int max_side, bool scaled_decode, bool region_decode,
-           int max_in_flight) {
+           int max_in_flight, bool skip_missing) {
     image::Pipeline pipeline = ValueOrThrow(MakePipeline(ops));
     pipeline::LoaderOptions o;
     o.batch_size = batch_size;
@@ -114,6 +114,7 @@ class PyLoader {
     o.prefetch = prefetch;
     o.drop_last = drop_last;
     o.skip_errors = skip_errors;
+    o.skip_missing = skip_missing;
     o.scaled_decode = scaled_decode;
     o.region_decode = region_decode;
     o.max_in_flight = max_in_flight;
@@ -298,10 +299,11 @@ void init_data(nb::module_& m) {
   nb::class_<PyLoader>(m, "ImageLoader", "The C++ batch loader (use dask_ddp.data.Loader).")
       .def(nb::init<const std::string&, bool, std::vector<std::string>, std::vector<int64_t>,
                     const std::vector<OpSpec>&, int, bool, uint64_t, int, int, bool, int, int, bool, int,
-                    bool, bool, int>(),
+                    bool, bool, int, bool>(),
            "url"_a, "anonymous"_a, "keys"_a, "labels"_a, "ops"_a, "batch_size"_a, "shuffle"_a, "seed"_a,
            "rank"_a, "world_size"_a, "drop_last"_a, "num_threads"_a, "prefetch"_a, "skip_errors"_a,
-           "max_side"_a, "scaled_decode"_a, "region_decode"_a = true, "max_in_flight"_a = 0)
+           "max_side"_a, "scaled_decode"_a, "region_decode"_a = true, "max_in_flight"_a = 0,
+           "skip_missing"_a = false)
       .def("start_epoch", &PyLoader::StartEpoch, "epoch"_a, "start_batch"_a = 0,
            "Start (or restart) an epoch at a batch; cancels work in flight.")
       .def("next", &PyLoader::Next,

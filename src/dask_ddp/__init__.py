@@ -4,7 +4,8 @@ The public API:
 
 - launching: :func:`dask_ddp.dispatch.run` (seed-compatible), :func:`submit`, :class:`Job`,
   :func:`run_command`, :func:`rank_info`
-- data: :mod:`dask_ddp.data` (``ImageFolder``, ``S3ImageFolder``, ``Loader``, ``transforms``)
+- data: :mod:`dask_ddp.data` (``ImageList``, ``ImageFolder``, ``S3ImageFolder``, ``Loader``,
+  ``transforms``)
 - storage: :mod:`dask_ddp.storage` (object stores by URL)
 - results: :mod:`dask_ddp.results` (``DaskResultsHandler``, ``report``, checkpoints)
 """

@@ -109,7 +109,7 @@ def decode_throughput(blobs: Sequence[bytes], num_threads: int, rounds: int = 1,
 class ImageLoader:
     """The C++ batch loader (use dask_ddp.data.Loader)."""
 
-    def __init__(self, url: str, anonymous: bool, keys: Sequence[str], labels: Sequence[int], ops: Sequence[tuple[str, Sequence[float]]], batch_size: int, shuffle: bool, seed: int, rank: int, world_size: int, drop_last: bool, num_threads: int, prefetch: int, skip_errors: bool, max_side: int, scaled_decode: bool, region_decode: bool = True, max_in_flight: int = 0) -> None: ...
+    def __init__(self, url: str, anonymous: bool, keys: Sequence[str], labels: Sequence[int], ops: Sequence[tuple[str, Sequence[float]]], batch_size: int, shuffle: bool, seed: int, rank: int, world_size: int, drop_last: bool, num_threads: int, prefetch: int, skip_errors: bool, max_side: int, scaled_decode: bool, region_decode: bool = True, max_in_flight: int = 0, skip_missing: bool = False) -> None: ...
 
     def start_epoch(self, epoch: int, start_batch: int = 0) -> None:
         """Start (or restart) an epoch at a batch; cancels work in flight."""

@@ -321,6 +321,11 @@ void Loader::FetchLoop() {
 
 // ---- delivery -------------------------------------------------------------------------
 
+bool Loader::Skippable(const Status& s) const {
+  if (!opt_.skip_errors) return false;
+  return IsBadImage(s) || (opt_.skip_missing && s.code() == Code::kNotFound);
+}
+
 Result<std::optional<Batch>> Loader::Next() {
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
@@ -341,7 +346,7 @@ Result<std::optional<Batch>> Loader::Next() {
     int64_t kept = 0, skipped = 0;
     for (size_t s = 0; s < b->samples.size(); ++s) {
       if (!b->status[s].ok()) {
-        if (!opt_.skip_errors || !IsBadImage(b->status[s])) return b->status[s];
+        if (!Skippable(b->status[s])) return b->status[s];
         ++skipped;
         continue;
       }

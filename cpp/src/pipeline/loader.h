@@ -35,6 +35,8 @@ struct LoaderOptions {
   bool drop_last = false;    // drop the last incomplete batch (and the sampler's uneven tail)
   bool skip_errors = false;  // on_error="skip": leave bad images out and count them
                              // (data errors only; storage errors still fail)
+  bool skip_missing = false; // with skip_errors, also skip objects that do not exist
+                             // (a manifest naming removed files); other storage errors fail
   bool scaled_decode = true; // allow libjpeg-turbo DCT-scaled decode for large crops
   bool region_decode = true; // decode only the rows/columns a crop-first pipeline reads
   bool batched_fetch = true; // Store::GetMany on a fetch thread; false: Get per sample
@@ -108,6 +110,7 @@ class Loader {
   void RunTask(Task& t);
   void FinishSample(BatchState& b, size_t slot, Status st);
   void CancelLocked(std::unique_lock<std::mutex>& lock);
+  bool Skippable(const Status& s) const;  // on_error="skip" leaves this sample out
 
   std::shared_ptr<Store> store_;
   std::vector<std::string> keys_;

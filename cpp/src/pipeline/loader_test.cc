@@ -188,6 +188,30 @@ TEST(Loader, MissingObjectIsNotFound) {
   EXPECT_EQ(s->Next().status().code(), Code::kNotFound);
 }
 
+TEST(Loader, SkipMissingSkipsAndCountsMissingObjectsOnly) {
+  Fixture f = MakeImages(6);
+  f.keys[1] = "gone/1.jpg";
+  f.keys[4] = "gone/4.jpg";
+  LoaderOptions o;
+  o.batch_size = 3;
+  o.sampler.shuffle = false;
+  o.skip_missing = true;  // without skip_errors it changes nothing
+  auto strict = Loader::Create(f.store, f.keys, f.labels, TrainPipeline(), o).value();
+  ASSERT_TRUE(strict->StartEpoch(0).ok());
+  auto b = strict->Next();
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(b.status().code(), Code::kNotFound);
+  EXPECT_NE(b.status().message().find("gone/1.jpg"), std::string::npos) << b.status().ToString();
+
+  o.skip_errors = true;
+  auto s = Loader::Create(f.store, f.keys, f.labels, TrainPipeline(), o).value();
+  Epoch e = RunEpoch(*s, 0);
+  ASSERT_EQ(e.size(), 2u);
+  EXPECT_EQ(e[0].second, (std::vector<int64_t>{f.labels[0], f.labels[2]}));
+  EXPECT_EQ(e[1].second, (std::vector<int64_t>{f.labels[3], f.labels[5]}));
+  EXPECT_EQ(s->skipped(), 2);
+}
+
 TEST(Loader, ShardsCoverEveryIndexOnce) {
   Fixture f = MakeImages(12);
   std::multiset<int64_t> labels_seen;

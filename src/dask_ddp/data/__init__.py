@@ -1,7 +1,9 @@
 """Datasets over object stores and the C++ batch loader.
 
-- :class:`ImageFolder`, :class:`S3ImageFolder`: map-style datasets (PIL images, any
-  torchvision transform, torch ``DataLoader`` compatible).
+- :class:`ImageList` (keys and labels, e.g. from a CSV manifest with
+  :meth:`ImageList.from_csv`), :class:`ImageFolder` (class folders) and
+  :class:`S3ImageFolder` (the seed's): map-style datasets (PIL images, any torchvision
+  transform, torch ``DataLoader`` compatible).
 - :class:`Loader`: decode and transform in C++ threads; batches as tensors.
 - :mod:`dask_ddp.data.transforms`: the transforms the Loader runs.
 """
@@ -9,7 +11,14 @@
 from __future__ import annotations
 
 from dask_ddp.data import transforms
-from dask_ddp.data.datasets import IMG_EXTENSIONS, ImageFolder, S3ImageFolder
+from dask_ddp.data.datasets import IMG_EXTENSIONS, ImageFolder, ImageList, S3ImageFolder
 from dask_ddp.data.loader import Loader
 
-__all__ = ["IMG_EXTENSIONS", "ImageFolder", "Loader", "S3ImageFolder", "transforms"]
+__all__ = [
+    "IMG_EXTENSIONS",
+    "ImageFolder",
+    "ImageList",
+    "Loader",
+    "S3ImageFolder",
+    "transforms",
+]

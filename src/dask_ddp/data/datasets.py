@@ -1,11 +1,15 @@
 """Map-style image datasets over any object store: local folders, file://, s3://, http(s).
 
-``ImageFolder`` follows torchvision's: classes are the first folder level under the root
-(sorted), with ``classes``, ``class_to_idx``, ``samples`` and ``targets``; ``ds[i]`` is
-``(PIL.Image in RGB, label)`` with ``transform`` / ``target_transform`` applied, so any
-torchvision transform works. Bytes come through the C++ store (:mod:`dask_ddp.storage`),
-the same for a local folder and a bucket. Datasets pickle without their store and reopen
-it lazily, so they work in a torch ``DataLoader`` with ``num_workers > 0``.
+``ImageList`` is the general one: images named by keys under a root URL, with integer
+labels, e.g. read from a manifest (a CSV or TSV of paths and labels) by
+:meth:`ImageList.from_csv`. ``ImageFolder`` is an ``ImageList`` whose keys and labels
+come from class folders, as torchvision's: classes are the first folder level under the
+root (sorted). Both have ``classes``, ``class_to_idx``, ``samples`` and ``targets``;
+``ds[i]`` is ``(PIL.Image in RGB, label)`` with ``transform`` / ``target_transform``
+applied, so any torchvision transform works. Bytes come through the C++ store
+(:mod:`dask_ddp.storage`), the same for a local folder and a bucket. Datasets pickle
+without their store and reopen it lazily, so they work in a torch ``DataLoader`` with
+``num_workers > 0``.
 
 For speed, hand the dataset to :class:`dask_ddp.data.Loader`, which decodes and
 transforms in C++ threads instead of Python processes.
@@ -15,15 +19,17 @@ from __future__ import annotations
 
 import io
 import logging
+import operator
 import os
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
 
 from torch.utils.data import Dataset
 
 from dask_ddp import storage
+from dask_ddp.data import manifest
 
-__all__ = ["IMG_EXTENSIONS", "ImageFolder", "S3ImageFolder"]
+__all__ = ["IMG_EXTENSIONS", "ImageFolder", "ImageList", "S3ImageFolder"]
 
 logger = logging.getLogger(__name__)
 
@@ -36,8 +42,335 @@ def _is_local(url: str) -> bool:
     return url.startswith("file://") or "://" not in url
 
 
-class ImageFolder(Dataset[tuple[Any, Any]]):
+class ImageList(Dataset[tuple[Any, Any]]):
+    """Images named by keys under a root URL, with integer labels.
+
+    The dataset a manifest describes (see :meth:`from_csv`); :class:`ImageFolder` is the
+    one class folders describe. ``ds[i]`` is ``(PIL.Image in RGB, label)`` with the
+    transforms applied; :class:`~dask_ddp.data.Loader` reads it (or a ``Subset`` of it)
+    in C++ threads instead.
+
+    Parameters
+    ----------
+    root
+        Where the keys are: a local folder, ``file:///path``, ``s3://bucket/prefix``,
+        ``http(s)://host/base`` or ``memory://name`` (see :mod:`dask_ddp.storage`).
+    keys
+        Each image's path relative to ``root``, with ``/`` separators. An absolute path
+        or URL is accepted when it lies under ``root`` (it is made relative); a key
+        leaving ``root`` (a ``..`` segment, an absolute path or URL elsewhere) is a
+        ``ValueError``. ``.`` segments are dropped (``./a.jpg`` is ``a.jpg``).
+    targets
+        The label of each image, integers ``>= 0``.
+    transform
+        Applied to the PIL image (any torchvision transform).
+    target_transform
+        Applied to the label.
+    classes
+        Class names, indexed by label. Default: ``"0"``, ``"1"``, ... up to the largest
+        label, so ``len(ds.classes)`` is the number of classes.
+    anon
+        S3: unsigned requests (public buckets).
+
+    Attributes
+    ----------
+    classes : list of str
+        Class names, indexed by label.
+    class_to_idx : dict
+        Class name to label.
+    samples : list of (str, int)
+        (path or URL, label) per image, in the order of ``keys``.
+    targets : list of int
+        The labels, in sample order.
+    manifest_url : str or None
+        The manifest it was read from (:meth:`from_csv`), else ``None``.
+
+    Raises
+    ------
+    ValueError
+        For no keys, a key leaving ``root``, a negative label, a label outside
+        ``classes`` or ``keys`` and ``targets`` of different lengths; a malformed
+        ``root`` URL.
+    TypeError
+        For a label that is not an integer.
+
+    Notes
+    -----
+    A key naming no object is found when the image is read: ``ds[i]`` raises
+    ``FileNotFoundError`` naming its URL, and the Loader raises the same, or, with
+    ``on_error="skip"``, leaves it out and counts it in ``loader.skipped`` (manifests
+    go stale; an :class:`ImageFolder` lists what exists, so there it always raises).
+
+    Examples
+    --------
+    >>> ds = ImageList("memory://imagelist-doc", ["cats/1.jpg", "dogs/7.jpg"], [0, 1],
+    ...                classes=["cat", "dog"])
+    >>> ds.samples
+    [('memory://imagelist-doc/cats/1.jpg', 0), ('memory://imagelist-doc/dogs/7.jpg', 1)]
+    """
+
+    #: With the Loader's ``on_error="skip"``, a key naming no object is skipped too.
+    _skip_missing: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        keys: Sequence[str],
+        targets: Sequence[int],
+        transform: Callable[[Any], Any] | None = None,
+        target_transform: Callable[[Any], Any] | None = None,
+        *,
+        classes: Sequence[str] | None = None,
+        anon: bool = False,
+    ) -> None:
+        self._open_root(root, transform, target_transform, anon)
+        self._set_samples(keys, targets, classes, checked=False)
+
+    @classmethod
+    def from_csv(
+        cls,
+        manifest_url: str | os.PathLike[str],
+        root: str | os.PathLike[str] | None = None,
+        *,
+        key_column: str = "path",
+        label_column: str = "label",
+        delimiter: str = ",",
+        transform: Callable[[Any], Any] | None = None,
+        target_transform: Callable[[Any], Any] | None = None,
+        classes: Sequence[str] | None = None,
+        anon: bool = False,
+        encoding: str = "utf-8-sig",
+    ) -> ImageList:
+        """The images a manifest lists: a CSV (or TSV, ``delimiter="\\t"``) with a header.
+
+        Parameters
+        ----------
+        manifest_url
+            The manifest's URL or path, read through :mod:`dask_ddp.storage`
+            (``s3://bucket/lists/train.csv`` works).
+        root
+            Where the keys are. Default: the manifest's folder.
+        key_column
+            The column of image keys, relative to ``root`` (absolute paths or URLs under
+            ``root`` are accepted).
+        label_column
+            The column of labels: integers ``>= 0``, or class names, which become the
+            sorted ``classes`` with ``class_to_idx`` as in :class:`ImageFolder`. Which of
+            the two is decided by the first row.
+        delimiter
+            The field separator (``","``; ``"\\t"`` for TSV).
+        transform, target_transform
+            As for :class:`ImageList`.
+        classes
+            The class names, indexed by label; labels are then names from it (or
+            integer indices into it). Keeps labels stable across manifests (train and
+            validation lists that do not contain every class).
+        anon
+            S3: unsigned requests, for the manifest and the images.
+        encoding
+            The manifest's text encoding (the default also drops a UTF-8 byte order
+            mark, as spreadsheet exports write).
+
+        Returns
+        -------
+        ImageList
+
+        Raises
+        ------
+        ValueError
+            Naming the manifest URL and the line: an empty manifest, a missing column, a
+            short row, a bad label, a key leaving ``root``.
+        FileNotFoundError
+            If the manifest does not exist.
+
+        Examples
+        --------
+        >>> from dask_ddp import storage
+        >>> storage.open("memory://from-csv-doc").put(
+        ...     "train.csv", b"path,label\\nimg/1.jpg,dog\\nimg/2.jpg,cat\\n")
+        >>> ds = ImageList.from_csv("memory://from-csv-doc/train.csv")
+        >>> ds.classes, ds.targets, ds.samples[0][0]
+        (['cat', 'dog'], [1, 0], 'memory://from-csv-doc/img/1.jpg')
+        """
+        m = manifest.read_csv(
+            os.fspath(manifest_url),
+            None if root is None else os.fspath(root),
+            key_column=key_column,
+            label_column=label_column,
+            delimiter=delimiter,
+            classes=classes,
+            anon=anon,
+            encoding=encoding,
+        )
+        ds = ImageList.__new__(ImageList)
+        ds._open_root(m.root, transform, target_transform, anon, store=m.store)
+        ds._set_samples(m.keys, m.targets, m.classes, checked=True)  # per line, by read_csv
+        ds.manifest_url = m.url
+        logger.debug("%s: %d images in %d classes", m.url, len(ds), len(ds.classes))
+        return ds
+
+    # -- construction ---------------------------------------------------------------------
+    def _open_root(
+        self,
+        root: str | os.PathLike[str],
+        transform: Callable[[Any], Any] | None,
+        target_transform: Callable[[Any], Any] | None,
+        anon: bool,
+        store: storage.Store | None = None,
+    ) -> None:
+        self.url = os.fspath(root)
+        self.root = self.url
+        self.transform = transform
+        self.target_transform = target_transform
+        self.anon = anon
+        self.manifest_url: str | None = None
+        self._store: storage.Store | None = store
+        self._store_pid = os.getpid() if store is not None else 0
+        self._get_store()  # a malformed URL fails here, not in a DataLoader worker
+        self._local_root = (
+            self.url[len("file://") :] if self.url.startswith("file://") else self.url
+        )
+
+    def _set_samples(
+        self,
+        keys: Sequence[str],
+        targets: Sequence[int],
+        classes: Sequence[str] | None,
+        *,
+        checked: bool,
+    ) -> None:
+        # checked: the keys are relative and the targets ints >= 0 (listed or parsed)
+        name = f"{type(self).__name__}({self.url!r})"
+        if len(keys) != len(targets):
+            raise ValueError(f"{name}: {len(keys)} keys but {len(targets)} targets")
+        if not keys:
+            raise ValueError(f"{name}: no keys, an empty dataset")
+        if checked:
+            key_list, labels = list(keys), list(targets)
+        else:
+            key_list, labels = self._checked(name, keys, targets)
+        if classes is None:
+            names = [str(c) for c in range(max(labels) + 1)]
+        else:
+            names = [str(c) for c in classes]
+            if len(set(names)) != len(names):
+                raise ValueError(f"{name}: classes has duplicate names: {names}")
+            top = max(labels)
+            if top >= len(names):
+                i = labels.index(top)
+                raise ValueError(
+                    f"{name}: target {i} is {top} (key {key_list[i]!r}) but there are "
+                    f"{len(names)} classes"
+                )
+        self.classes = names
+        self.class_to_idx = {c: i for i, c in enumerate(names)}
+        self._keys = key_list
+        self.targets = labels
+        self._make_samples()
+
+    def _checked(
+        self, name: str, keys: Sequence[str], targets: Sequence[int]
+    ) -> tuple[list[str], list[int]]:
+        """Keys made relative to the root and targets as ints, or an error naming one."""
+        root = manifest.Root(self.url, self._get_store().url)
+        key_list = []
+        for i, key in enumerate(keys):
+            try:
+                key_list.append(root.relative(os.fspath(key)))
+            except ValueError as e:
+                raise ValueError(f"{name}: key {i}: {e}") from None
+        labels = []
+        for i, t in enumerate(targets):
+            try:
+                label = operator.index(t)
+            except TypeError:
+                raise TypeError(
+                    f"{name}: target {i} ({t!r}, key {key_list[i]!r}) is not an integer"
+                ) from None
+            if label < 0:
+                raise ValueError(
+                    f"{name}: target {i} is {label} (key {key_list[i]!r}); labels are "
+                    "integers >= 0"
+                )
+            labels.append(label)
+        return key_list, labels
+
+    def _make_samples(self) -> None:
+        # Derived from the keys: not pickled (under half the size for a large manifest).
+        pairs = zip(self._keys, self.targets, strict=True)
+        if _is_local(self.url):
+            root = os.path.join(self._local_root, "")  # os.path.join(root, key), hoisted
+            self.samples = [(root + k, t) for k, t in pairs]
+        else:
+            base = self._get_store().url.rstrip("/") + "/"
+            self.samples = [(base + k, t) for k, t in pairs]
+        self.imgs = self.samples
+
+    # -- the store, reopened lazily in each process --------------------------------------
+    def _get_store(self) -> storage.Store:
+        # A forked DataLoader worker inherits the parent's handle but not its threads and
+        # connections: open a fresh store in each process.
+        if self._store is None or self._store_pid != os.getpid():
+            self._store = storage.open(self.url, anon=self.anon)
+            self._store_pid = os.getpid()
+        return self._store
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_store"] = None  # a C++ handle: reopen after unpickling
+        state.pop("samples", None)  # rebuilt from the keys
+        state.pop("imgs", None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._make_samples()
+
+    # -- Dataset --------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def load(self, index: int) -> Any:
+        """The image at ``index`` as an RGB ``PIL.Image`` (no transform).
+
+        Raises
+        ------
+        FileNotFoundError
+            If the key names no object (the message names its URL).
+        OSError, ValueError
+            If the bytes are not a decodable image (the message names its URL).
+        """
+        from PIL import Image
+
+        key = self._keys[index]
+        data = self._get_store().get(key)
+        try:
+            with Image.open(io.BytesIO(data)) as img:
+                return img.convert("RGB")
+        except (OSError, ValueError, SyntaxError) as e:
+            raise type(e)(f"{self.samples[index][0]}: cannot decode image: {e}") from e
+
+    def __getitem__(self, index: int) -> tuple[Any, Any]:
+        img = self.load(index)
+        target: Any = self.targets[index]
+        if self.transform is not None:
+            img = self.transform(img)
+        if self.target_transform is not None:
+            target = self.target_transform(target)
+        return img, target
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}({self.url!r}, {len(self)} images, {len(self.classes)} classes)"
+        )
+
+
+class ImageFolder(ImageList):
     """Images in per-class folders under a root URL, as ``torchvision.datasets.ImageFolder``.
+
+    An :class:`ImageList` whose keys are the image files found under ``url`` (other
+    files are skipped) and whose labels are their first folder's index in the sorted
+    folder names.
 
     Parameters
     ----------
@@ -68,6 +401,9 @@ class ImageFolder(Dataset[tuple[Any, Any]]):
         If no image is found in a class folder under ``url``.
     """
 
+    # Listed objects exist: one missing later means the data changed under the reader.
+    _skip_missing: ClassVar[bool] = False
+
     def __init__(
         self,
         url: str | os.PathLike[str],
@@ -76,21 +412,13 @@ class ImageFolder(Dataset[tuple[Any, Any]]):
         *,
         anon: bool = False,
     ) -> None:
-        self.url = os.fspath(url)
-        self.root = self.url
-        self.transform = transform
-        self.target_transform = target_transform
-        self.anon = anon
-        self._store: storage.Store | None = None
-        self._store_pid = 0
-        store = self._get_store()
+        self._open_root(url, transform, target_transform, anon)
         keys: list[str] = []
         class_of: list[str] = []
-        listed = store.list("")
+        listed = self._get_store().list("")
         if not listed:
             raise FileNotFoundError(
-                f"nothing under {self.url}: no such folder, or an empty or wrong "
-                "bucket/prefix"
+                f"nothing under {self.url}: no such folder, or an empty or wrong bucket/prefix"
             )
         for info in listed:
             key = info.key
@@ -104,69 +432,11 @@ class ImageFolder(Dataset[tuple[Any, Any]]):
                 f"{self.url} ({len(listed)} other objects; expected <root>/<class>/<image>, "
                 f"e.g. {listed[0].key!r} is not one)"
             )
-        self.classes = sorted(set(class_of))
-        self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
-        self._keys = keys
-        self.targets = [self.class_to_idx[c] for c in class_of]
-        base = store.url
-        local_root = self.url[len("file://") :] if self.url.startswith("file://") else self.url
-        if _is_local(self.url):
-            self.samples = [
-                (os.path.join(local_root, k), t) for k, t in zip(keys, self.targets, strict=True)
-            ]
-        else:
-            self.samples = [
-                (f"{base.rstrip('/')}/{k}", t) for k, t in zip(keys, self.targets, strict=True)
-            ]
-        self.imgs = self.samples
+        classes = sorted(set(class_of))
+        index = {c: i for i, c in enumerate(classes)}
+        # Listed keys are the store's own: read them as they are.
+        self._set_samples(keys, [index[c] for c in class_of], classes, checked=True)
         logger.debug("%s: %d images in %d classes", self.url, len(keys), len(self.classes))
-
-    # -- the store, reopened lazily in each process --------------------------------------
-    def _get_store(self) -> storage.Store:
-        # A forked DataLoader worker inherits the parent's handle but not its threads and
-        # connections: open a fresh store in each process.
-        if self._store is None or self._store_pid != os.getpid():
-            self._store = storage.open(self.url, anon=self.anon)
-            self._store_pid = os.getpid()
-        return self._store
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_store"] = None  # a C++ handle: reopen after unpickling
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-
-    # -- Dataset --------------------------------------------------------------------------
-    def __len__(self) -> int:
-        return len(self._keys)
-
-    def load(self, index: int) -> Any:
-        """The image at ``index`` as an RGB ``PIL.Image`` (no transform)."""
-        from PIL import Image
-
-        key = self._keys[index]
-        data = self._get_store().get(key)
-        try:
-            with Image.open(io.BytesIO(data)) as img:
-                return img.convert("RGB")
-        except (OSError, ValueError, SyntaxError) as e:
-            raise type(e)(f"{self.samples[index][0]}: cannot decode image: {e}") from e
-
-    def __getitem__(self, index: int) -> tuple[Any, Any]:
-        img = self.load(index)
-        target: Any = self.targets[index]
-        if self.transform is not None:
-            img = self.transform(img)
-        if self.target_transform is not None:
-            target = self.target_transform(target)
-        return img, target
-
-    def __repr__(self) -> str:
-        return (
-            f"{type(self).__name__}({self.url!r}, {len(self)} images, {len(self.classes)} classes)"
-        )
 
 
 class S3ImageFolder(ImageFolder):

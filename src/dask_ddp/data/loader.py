@@ -30,7 +30,7 @@ from torch.utils.data import Subset
 
 from dask_ddp import _core
 from dask_ddp.data import transforms as T
-from dask_ddp.data.datasets import ImageFolder
+from dask_ddp.data.datasets import ImageList
 
 __all__ = ["Loader"]
 
@@ -47,13 +47,13 @@ def _process_group() -> tuple[int, int] | None:
     return None
 
 
-def _resolve_dataset(dataset: object) -> tuple[ImageFolder, list[int] | None]:
-    """The image folder behind ``dataset`` and the indices of it to read (None: all).
+def _resolve_dataset(dataset: object) -> tuple[ImageList, list[int] | None]:
+    """The image list behind ``dataset`` and the indices of it to read (None: all).
 
-    A ``torch.utils.data.Subset`` of an image folder (a train/eval split) reads just its
-    indices; nested subsets compose.
+    An :class:`ImageList` (an ``ImageFolder`` is one), or a ``torch.utils.data.Subset``
+    of one (a train/eval split), which reads just its indices; nested subsets compose.
     """
-    if isinstance(dataset, ImageFolder):
+    if isinstance(dataset, ImageList):
         return dataset, None
     if isinstance(dataset, Subset):
         folder, inner = _resolve_dataset(dataset.dataset)
@@ -65,8 +65,8 @@ def _resolve_dataset(dataset: object) -> tuple[ImageFolder, list[int] | None]:
         picked = [i % n for i in picked]
         return folder, picked if inner is None else [inner[i] for i in picked]
     raise TypeError(
-        f"Loader reads an ImageFolder or S3ImageFolder (or a torch Subset of one), not "
-        f"{type(dataset).__name__}; for other datasets use a torch DataLoader"
+        f"Loader reads an ImageList, ImageFolder or S3ImageFolder (or a torch Subset of one), "
+        f"not {type(dataset).__name__}; for other datasets use a torch DataLoader"
     )
 
 
@@ -76,8 +76,9 @@ class Loader:
     Parameters
     ----------
     dataset
-        An :class:`~dask_ddp.data.ImageFolder` or :class:`~dask_ddp.data.S3ImageFolder`,
-        or a ``torch.utils.data.Subset`` of one (e.g. a train/eval split); its ``samples``
+        An :class:`~dask_ddp.data.ImageList` (e.g. from a manifest),
+        :class:`~dask_ddp.data.ImageFolder` or :class:`~dask_ddp.data.S3ImageFolder`, or
+        a ``torch.utils.data.Subset`` of one (e.g. a train/eval split); its ``samples``
         are read through its store. Its own (torchvision) transform is not
         used: ``transform`` replaces it.
     batch_size
@@ -102,8 +103,10 @@ class Loader:
     on_error
         ``"raise"``: a bad image (corrupt, truncated, empty, not JPEG/PNG, over
         ``max_side``) raises an exception naming its URL. ``"skip"``: leave it out of its
-        batch (which is then smaller) and count it in :attr:`skipped`. Storage errors
-        (a missing object, access denied, an unreachable server) raise either way.
+        batch (which is then smaller) and count it in :attr:`skipped`; for an
+        ``ImageList`` that is not an ``ImageFolder``, a key naming no object too (a
+        stale manifest). Other storage errors (access denied, an unreachable server,
+        and for an ``ImageFolder`` an object deleted after listing) raise either way.
     pin_memory
         Copy batches to pinned memory (default: when CUDA is available).
     scaled_decode
@@ -125,7 +128,7 @@ class Loader:
 
     def __init__(
         self,
-        dataset: ImageFolder | Subset[Any],
+        dataset: ImageList | Subset[Any],
         batch_size: int,
         *,
         transform: T.Transform | None = None,
@@ -209,6 +212,7 @@ class Loader:
             max_side=int(max_side),
             scaled_decode=bool(scaled_decode),
             region_decode=bool(region_decode),
+            skip_missing=on_error == "skip" and folder._skip_missing,
         )
 
     def __len__(self) -> int:

@@ -246,5 +246,6 @@ def to_ops(transform: object) -> list[Op]:
         f"Loader runs its transforms in C++ and cannot run {what}; build the pipeline from "
         "dask_ddp.data.transforms (Compose, Resize, CenterCrop, RandomResizedCrop, "
         "RandomHorizontalFlip, ToTensor, PILToTensor, Normalize), or use the map-style "
-        "dataset (ImageFolder / S3ImageFolder) with any torchvision transform in a torch DataLoader"
+        "dataset (ImageList / ImageFolder / S3ImageFolder) with any torchvision transform in a "
+        "torch DataLoader"
     )

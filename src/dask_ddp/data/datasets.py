@@ -38,10 +38,6 @@ logger = logging.getLogger(__name__)
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
 
-def _is_local(url: str) -> bool:
-    return url.startswith("file://") or "://" not in url
-
-
 class ImageList(Dataset[tuple[Any, Any]]):
     """Images named by keys under a root URL, with integer labels.
 
@@ -298,7 +294,7 @@ class ImageList(Dataset[tuple[Any, Any]]):
     def _make_samples(self) -> None:
         # Derived from the keys: not pickled (under half the size for a large manifest).
         pairs = zip(self._keys, self.targets, strict=True)
-        if _is_local(self.url):
+        if manifest.is_local(self.url):
             root = os.path.join(self._local_root, "")  # os.path.join(root, key), hoisted
             self.samples = [(root + k, t) for k, t in pairs]
         else:

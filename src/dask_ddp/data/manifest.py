@@ -16,12 +16,13 @@ from dataclasses import dataclass
 
 from dask_ddp import storage
 
-__all__ = ["Manifest", "Root", "read_csv", "split_url"]
+__all__ = ["Manifest", "Root", "is_local", "read_csv", "split_url"]
 
 _INT = re.compile(r"[+-]?[0-9]+")
 
 
-def _is_local(url: str) -> bool:
+def is_local(url: str) -> bool:
+    """Whether ``url`` names a local path (a plain path or ``file://``)."""
     return url.startswith("file://") or "://" not in url
 
 
@@ -40,7 +41,7 @@ class Root:
         self.url = url
         self._local: str | None = None
         prefixes = {store_url.rstrip("/") + "/", url.rstrip("/") + "/"}
-        if _is_local(url):
+        if is_local(url):
             path = url[len("file://") :] if url.startswith("file://") else url
             self._local = os.path.abspath(path)
             prefixes.add("file://" + self._local.rstrip("/") + "/")
@@ -117,7 +118,7 @@ def split_url(url: str) -> tuple[str, str]:
     ValueError
         If the URL names no file (a bare bucket or host).
     """
-    if _is_local(url):
+    if is_local(url):
         path = url[len("file://") :] if url.startswith("file://") else url
         path = os.path.abspath(path)
         folder, name = os.path.dirname(path), os.path.basename(path)

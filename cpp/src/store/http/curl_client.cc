@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "store/retry.h"
+#include "store/text.h"
 
 namespace ddp::store_internal {
 namespace {
@@ -27,21 +28,6 @@ Status GlobalInit() {
     return InternalError(std::string("curl_global_init failed: ") + curl_easy_strerror(rc));
   }
   return Status::Ok();
-}
-
-std::string Lower(std::string_view s) {
-  std::string out(s);
-  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return out;
-}
-
-std::string_view Trim(std::string_view s) {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r' ||
-                        s.back() == '\n')) {
-    s.remove_suffix(1);
-  }
-  return s;
 }
 
 // One attempt's state; lives while the transfer runs.

@@ -12,6 +12,7 @@
 #include "store/http/curl_client.h"
 #include "store/retry.h"
 #include "store/s3/flat_json.h"
+#include "store/text.h"
 
 namespace ddp::store_internal {
 namespace {
@@ -19,23 +20,6 @@ namespace {
 constexpr const char* kEcsHost = "http://169.254.170.2";
 constexpr const char* kImdsTokenTtl = "21600";  // seconds; the SDKs' default
 constexpr size_t kMaxShownMessage = 300;
-
-std::string Get(const EnvLookup& env, const char* name) {
-  std::optional<std::string> v = env(name);
-  return v.has_value() ? *v : std::string();
-}
-
-std::string Lower(std::string_view s) {
-  std::string out(s);
-  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return out;
-}
-
-std::string_view Trim(std::string_view s) {
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
-  return s;
-}
 
 Status CheckHttpUrl(const std::string& url, const char* var) {
   if (!url.starts_with("http://") && !url.starts_with("https://")) {
@@ -260,18 +244,18 @@ std::string DescribeSource(const CredentialSource& source) {
 
 Result<std::optional<CredentialSource>> TemporaryCredentialSource(const EnvLookup& env,
                                                                   const std::string& region) {
-  if (std::string token_file = Get(env, "AWS_WEB_IDENTITY_TOKEN_FILE"); !token_file.empty()) {
+  if (std::string token_file = EnvOrEmpty(env, "AWS_WEB_IDENTITY_TOKEN_FILE"); !token_file.empty()) {
     WebIdentitySource w;
     w.token_file = token_file;
-    w.role_arn = Get(env, "AWS_ROLE_ARN");
+    w.role_arn = EnvOrEmpty(env, "AWS_ROLE_ARN");
     if (w.role_arn.empty()) {
       return InvalidArgumentError("AWS_WEB_IDENTITY_TOKEN_FILE is set but AWS_ROLE_ARN is not: "
                                   "web identity credentials need the role to assume");
     }
-    w.session_name = Get(env, "AWS_ROLE_SESSION_NAME");
+    w.session_name = EnvOrEmpty(env, "AWS_ROLE_SESSION_NAME");
     const char* var = "AWS_ENDPOINT_URL_STS";
-    std::string endpoint = Get(env, var);
-    if (endpoint.empty()) endpoint = Get(env, var = "AWS_ENDPOINT_URL");
+    std::string endpoint = EnvOrEmpty(env, var);
+    if (endpoint.empty()) endpoint = EnvOrEmpty(env, var = "AWS_ENDPOINT_URL");
     if (!endpoint.empty()) {
       DDP_RETURN_IF_ERROR(CheckHttpUrl(endpoint, var));
       w.sts_endpoint = WithoutTrailingSlash(endpoint);
@@ -284,8 +268,8 @@ Result<std::optional<CredentialSource>> TemporaryCredentialSource(const EnvLooku
     return std::optional<CredentialSource>(std::move(w));
   }
 
-  std::string relative = Get(env, "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI");
-  std::string full = Get(env, "AWS_CONTAINER_CREDENTIALS_FULL_URI");
+  std::string relative = EnvOrEmpty(env, "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI");
+  std::string full = EnvOrEmpty(env, "AWS_CONTAINER_CREDENTIALS_FULL_URI");
   if (!relative.empty() || !full.empty()) {
     ContainerSource c;
     if (!relative.empty()) {  // the SDKs prefer the relative URI when both are set
@@ -301,22 +285,22 @@ Result<std::optional<CredentialSource>> TemporaryCredentialSource(const EnvLooku
       }
       c.url = full;
     }
-    c.auth_token = Get(env, "AWS_CONTAINER_AUTHORIZATION_TOKEN");
-    c.auth_token_file = Get(env, "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE");
+    c.auth_token = EnvOrEmpty(env, "AWS_CONTAINER_AUTHORIZATION_TOKEN");
+    c.auth_token_file = EnvOrEmpty(env, "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE");
     return std::optional<CredentialSource>(std::move(c));
   }
 
-  if (Lower(Trim(Get(env, "AWS_EC2_METADATA_DISABLED"))) == "true") {
+  if (Lower(Trim(EnvOrEmpty(env, "AWS_EC2_METADATA_DISABLED"))) == "true") {
     return std::optional<CredentialSource>();
   }
   ImdsSource imds;
-  if (std::string ep = Get(env, "AWS_EC2_METADATA_SERVICE_ENDPOINT"); !ep.empty()) {
+  if (std::string ep = EnvOrEmpty(env, "AWS_EC2_METADATA_SERVICE_ENDPOINT"); !ep.empty()) {
     DDP_RETURN_IF_ERROR(CheckHttpUrl(ep, "AWS_EC2_METADATA_SERVICE_ENDPOINT"));
     imds.endpoint = WithoutTrailingSlash(ep);
-  } else if (Lower(Get(env, "AWS_EC2_METADATA_SERVICE_ENDPOINT_MODE")) == "ipv6") {
+  } else if (Lower(EnvOrEmpty(env, "AWS_EC2_METADATA_SERVICE_ENDPOINT_MODE")) == "ipv6") {
     imds.endpoint = "http://[fd00:ec2::254]";
   }
-  if (std::string t = Get(env, "AWS_METADATA_SERVICE_TIMEOUT"); !t.empty()) {
+  if (std::string t = EnvOrEmpty(env, "AWS_METADATA_SERVICE_TIMEOUT"); !t.empty()) {
     char* end = nullptr;
     double v = std::strtod(t.c_str(), &end);
     if (end == t.c_str() || *end != '\0' || !(v > 0) || v > 3600) {
@@ -325,7 +309,7 @@ Result<std::optional<CredentialSource>> TemporaryCredentialSource(const EnvLooku
     }
     imds.timeout_s = v;
   }
-  if (std::string n = Get(env, "AWS_METADATA_SERVICE_NUM_ATTEMPTS"); !n.empty()) {
+  if (std::string n = EnvOrEmpty(env, "AWS_METADATA_SERVICE_NUM_ATTEMPTS"); !n.empty()) {
     char* end = nullptr;
     long v = std::strtol(n.c_str(), &end, 10);
     if (end == n.c_str() || *end != '\0' || v < 1 || v > 20) {
@@ -429,6 +413,11 @@ Result<CredentialFetch> MakeCredentialFetch(const CredentialSource& source,
   DDP_ASSIGN_OR_RETURN(std::unique_ptr<CurlClient> c, CurlClient::Create(std::move(cfg)));
   std::shared_ptr<CurlClient> client = std::move(c);
   return CredentialFetch([src = m, client] { return FetchImds(src, *client); });
+}
+
+std::string EnvOrEmpty(const EnvLookup& env, const char* name) {
+  std::optional<std::string> v = env(name);
+  return v.has_value() ? *v : std::string();
 }
 
 }  // namespace ddp::store_internal

@@ -23,6 +23,9 @@ namespace ddp::store_internal {
 // Reads an environment variable; tests inject their own.
 using EnvLookup = std::function<std::optional<std::string>(const char* name)>;
 
+// The variable's value, or "" when it is not set.
+std::string EnvOrEmpty(const EnvLookup& env, const char* name);
+
 struct WebIdentitySource {
   std::string token_file;
   std::string role_arn;

@@ -7,25 +7,15 @@
 #include <fstream>
 
 #include "store/key.h"
+#include "store/text.h"
 
 namespace ddp::store_internal {
 namespace {
 
-std::string_view Trim(std::string_view s) {
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
-  return s;
-}
-
-std::string Get(const EnvLookup& env, const char* name) {
-  std::optional<std::string> v = env(name);
-  return v.has_value() ? *v : std::string();
-}
-
 std::string HomeFile(const EnvLookup& env, const char* override_var, const char* rel) {
-  std::string p = Get(env, override_var);
+  std::string p = EnvOrEmpty(env, override_var);
   if (!p.empty()) return p;
-  std::string home = Get(env, "HOME");
+  std::string home = EnvOrEmpty(env, "HOME");
   return home.empty() ? std::string() : home + "/" + rel;
 }
 
@@ -150,13 +140,13 @@ Result<S3Config> ResolveS3Config(std::string_view url, const StoreOptions& optio
     }
   }
 
-  std::string profile = Get(env, "AWS_PROFILE");
+  std::string profile = EnvOrEmpty(env, "AWS_PROFILE");
   std::string profile_region;
-  c.region = !options.region.empty() ? options.region : Get(env, "AWS_REGION");
-  if (c.region.empty()) c.region = Get(env, "AWS_DEFAULT_REGION");
+  c.region = !options.region.empty() ? options.region : EnvOrEmpty(env, "AWS_REGION");
+  if (c.region.empty()) c.region = EnvOrEmpty(env, "AWS_DEFAULT_REGION");
 
   if (!options.anonymous) {
-    std::string key = Get(env, "AWS_ACCESS_KEY_ID"), secret = Get(env, "AWS_SECRET_ACCESS_KEY");
+    std::string key = EnvOrEmpty(env, "AWS_ACCESS_KEY_ID"), secret = EnvOrEmpty(env, "AWS_SECRET_ACCESS_KEY");
     if (!profile.empty()) {
       bool found = false;
       DDP_ASSIGN_OR_RETURN(c.credentials,
@@ -178,7 +168,7 @@ Result<S3Config> ResolveS3Config(std::string_view url, const StoreOptions& optio
                                     std::string(url));
       }
       c.credentials =
-          S3Credentials{key, secret, Get(env, "AWS_SESSION_TOKEN"), "environment", {}};
+          S3Credentials{key, secret, EnvOrEmpty(env, "AWS_SESSION_TOKEN"), "environment", {}};
     } else {
       bool found = false;
       DDP_ASSIGN_OR_RETURN(c.credentials,
@@ -197,8 +187,8 @@ Result<S3Config> ResolveS3Config(std::string_view url, const StoreOptions& optio
   }
 
   std::string endpoint = options.endpoint_url;
-  if (endpoint.empty()) endpoint = Get(env, "AWS_ENDPOINT_URL_S3");
-  if (endpoint.empty()) endpoint = Get(env, "AWS_ENDPOINT_URL");
+  if (endpoint.empty()) endpoint = EnvOrEmpty(env, "AWS_ENDPOINT_URL_S3");
+  if (endpoint.empty()) endpoint = EnvOrEmpty(env, "AWS_ENDPOINT_URL");
   if (!endpoint.empty()) {
     while (endpoint.size() > 1 && endpoint.back() == '/') endpoint.pop_back();
     if (!endpoint.starts_with("http://") && !endpoint.starts_with("https://")) {

@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from datetime import timedelta
 from typing import IO, Any
 
-from . import _channel
+from . import _channel, _rankenv
 from ._errors import RankAbortedError, RankFailedError, RemoteException
 from ._plan import RankSpec, worker_host
 
@@ -290,14 +290,12 @@ class _Supervisor:
     # -- process setup ------------------------------------------------------------------
     def _environment(self, port: int) -> dict[str, str]:
         spec = self.spec
-        env = dict(os.environ)
-        env.update(spec.env)
         import dask_ddp
 
         pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(dask_ddp.__file__)))
-        env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (pkg_root, env.get("PYTHONPATH", "")) if p)
-        env.update({
+        user_path = spec.env.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+        launcher = {
+            "PYTHONPATH": os.pathsep.join(p for p in (pkg_root, user_path) if p),
             "RANK": str(spec.rank),
             "LOCAL_RANK": str(spec.local_rank),
             "WORLD_SIZE": str(spec.world_size),
@@ -315,7 +313,12 @@ class _Supervisor:
             "DASK_DDP_WORKER": spec.worker,
             "DASK_DDP_SUPERVISOR_PID": str(os.getpid()),
             "PYTHONUNBUFFERED": "1",
-        })
+        }
+        # The worker's environment less what the nanny added for the worker process
+        # itself (MALLOC_TRIM_THRESHOLD_ doubles a CPU step), then the job's, then ours.
+        env = _rankenv.rank_environment(
+            os.environ, _rankenv.nanny_environ(self.worker.nanny is not None),
+            _rankenv.pre_spawn_defaults(), spec.env, launcher, spec.local_world_size)
         if spec.storage:
             env["DASK_DDP_STORAGE"] = spec.storage
         if spec.output_dir:

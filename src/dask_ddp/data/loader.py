@@ -21,7 +21,6 @@ engine buffer that is reused only after torch frees the tensor, so keeping one i
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -29,6 +28,7 @@ import torch
 from torch.utils.data import Subset
 
 from dask_ddp import _core
+from dask_ddp._rankenv import cores_per_rank
 from dask_ddp.data import transforms as T
 from dask_ddp.data.datasets import ImageList
 
@@ -97,7 +97,9 @@ class Loader:
         Drop the uneven tail across ranks (else pad by repeating, as torch does) and the
         last incomplete batch.
     num_threads
-        Decode threads (default ``os.cpu_count()``).
+        Decode threads. Default: this rank's share of the host, the usable cores
+        (``os.sched_getaffinity``) divided by ``LOCAL_WORLD_SIZE`` (the ranks on this
+        host), at least 1; outside a launched rank, every usable core.
     prefetch
         Batches in flight ahead of the consumer.
     on_error
@@ -183,7 +185,7 @@ class Loader:
         self.rank = int(rank)
         self.world_size = int(world_size)
         self.drop_last = bool(drop_last)
-        self.num_threads = int(num_threads or os.cpu_count() or 1)
+        self.num_threads = int(num_threads or cores_per_rank())
         self.prefetch = int(prefetch)
         self.on_error = on_error
         self.pin_memory = torch.cuda.is_available() if pin_memory is None else bool(pin_memory)

@@ -16,7 +16,7 @@ export PYTHONPATH := $(ROOT)/src$(if $(PYTHONPATH),:$(PYTHONPATH))
 # The environment's tools first (cmake, ninja and ctest come from PyPI into it).
 export PATH := $(ROOT)/.venv/bin:$(PATH)
 
-.PHONY: help setup apt venv build develop test test-cpp test-py asan lint stubs demo bench fuzz clean
+.PHONY: help setup apt venv build develop test test-cpp test-py asan lint stubs demo bench bench-deps fuzz clean
 
 help:
 	@echo "make demo   - set up, then train on a local Dask cluster (the embedded default)"
@@ -76,6 +76,12 @@ demo: setup
 
 bench: setup
 	@echo "See BENCHMARKS.md for each benchmark's command."
+
+# The peers the benchmarks compare against (optional; each benchmark skips a missing one).
+bench-deps: venv
+	$(PY) -c 'import subprocess, sys, tomllib; \
+	  peers = tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["bench"]; \
+	  subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", *peers], check=True)'
 
 clean:
 	rm -rf build src/dask_ddp/_core*.so

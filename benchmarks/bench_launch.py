@@ -1,29 +1,33 @@
-"""Launch benchmark: dask-ddp vs torchrun, same machine, same function, 2 ranks.
+"""Launch benchmark: dask-ddp vs torchrun (and Ray Train), same machine, same function, 2 ranks.
 
 1. Start-up: time from the call to every rank being inside the process group
-   (dask-ddp: ``submit`` on a running LocalCluster; torchrun: ``torchrun --standalone``).
-2. DDP step time of a small CNN (gloo, CPU), the same training loop under both.
+   (dask-ddp: ``submit`` on a running LocalCluster; torchrun: ``torchrun --standalone``;
+   Ray Train: ``TorchTrainer.fit()`` on a running local Ray).
+2. DDP step time of a small CNN (gloo, CPU), the same training loop under each.
+
+torchrun and Ray run from the environment captured before ``distributed`` is imported
+(:mod:`benchenv`), as their users run them; the differences left between a torchrun rank's
+environment and a dask-ddp rank's are printed, and every figure with the load average.
 
 Usage::
 
     PYTHONPATH=src .venv/bin/python benchmarks/bench_launch.py [--repeats 5] [--steps 60]
 
 Prints each measurement and the ratios dask-ddp / torchrun (targets: start-up <= 1.2x,
-step time <= 1.03x).
+step time <= 1.03x). Ray Train is skipped with a note when not installed (make bench-deps).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 from typing import Any
+
+import benchenv  # first: captures the environment before distributed is imported
+import peers
 
 logger = logging.getLogger("bench_launch")
 
@@ -34,6 +38,11 @@ def entered() -> float:
 
     assert dist.is_initialized()
     return time.time()
+
+
+def cnn_steps_env(steps: int) -> dict[str, Any]:
+    """Rank side: :func:`cnn_steps` and this rank's environment."""
+    return {"step": cnn_steps(steps), "env": dict(os.environ)}
 
 
 def cnn_steps(steps: int, warmup: int = 5, batch: int = 32) -> float:
@@ -67,81 +76,72 @@ def cnn_steps(steps: int, warmup: int = 5, batch: int = 32) -> float:
     return statistics.median(times[warmup:])
 
 
-def torchrun_worker(mode: str, steps: int, out_dir: str) -> None:
-    """The script torchrun runs: init, then the same rank-side function as dask-ddp's."""
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo")
-    value = entered() if mode == "startup" else cnn_steps(steps)
-    with open(os.path.join(out_dir, f"rank{dist.get_rank()}.json"), "w") as f:
-        json.dump(value, f)
-    dist.destroy_process_group()
-
-
-def run_torchrun(mode: str, steps: int) -> list[float]:
-    with tempfile.TemporaryDirectory() as out:
-        # The thread limits a Dask nanny gives its workers (and so the rank processes).
-        env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
-                   OPENBLAS_NUM_THREADS="1")
-        t0 = time.time()
-        subprocess.run(
-            [sys.executable, "-m", "torch.distributed.run", "--standalone",
-             "--nproc-per-node=2", os.path.abspath(__file__), "--torchrun-worker", mode,
-             "--steps", str(steps), "--out", out],
-            check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        values = []
-        for r in range(2):
-            with open(os.path.join(out, f"rank{r}.json")) as f:
-                values.append(json.load(f))
-    return [max(values) - t0] if mode == "startup" else values
+def run_peer(peer: str, mode: str, steps: int) -> tuple[float, dict[str, Any]]:
+    """(start-up seconds or slowest rank's median step, rank 0's environment) under a peer."""
+    run = peers.run_torchrun if peer == "torchrun" else peers.run_ray
+    if mode == "startup":
+        t0, values = run("bench_launch:entered", [])
+        return max(values) - t0, {}
+    _, values = run("bench_launch:cnn_steps_env", [steps])
+    return max(v["step"] for v in values), values[0]["env"]
 
 
-def run_dask(client: Any, mode: str, steps: int) -> list[float]:
+def run_dask(client: Any, mode: str, steps: int) -> tuple[float, dict[str, Any]]:
     import dask_ddp
 
     t0 = time.time()
     if mode == "startup":
         job = dask_ddp.submit(client, entered, n_workers=2, progress=False)
-        return [max(job.result()) - t0]
-    job = dask_ddp.submit(client, cnn_steps, steps, n_workers=2, progress=False)
-    return list(job.result())
+        return max(job.result()) - t0, {}
+    job = dask_ddp.submit(client, cnn_steps_env, steps, n_workers=2, progress=False)
+    values = job.result()
+    return max(v["step"] for v in values), values[0]["env"]
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--steps", type=int, default=60)
-    p.add_argument("--torchrun-worker", choices=["startup", "steps"])
-    p.add_argument("--out")
+    p.add_argument("--no-ray", action="store_true", help="skip Ray Train")
     args = p.parse_args()
-    if args.torchrun_worker:
-        torchrun_worker(args.torchrun_worker, args.steps, args.out)
-        return
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    logging.getLogger("distributed").setLevel(logging.WARNING)
+    launchers = peers.with_ray(["torchrun", "dask-ddp"], args.no_ray)
+    logger.info("start: %s", benchenv.load_average())
     from distributed import Client, LocalCluster
 
+    logging.getLogger("distributed").setLevel(logging.WARNING)  # after its own set-up
+    start: dict[str, list[float]] = {k: [] for k in launchers}
+    step: dict[str, list[float]] = {k: [] for k in launchers}
+    envs: dict[str, dict[str, str]] = {}
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                       dashboard_address=":0") as cluster, Client(cluster) as client:
         first = run_dask(client, "startup", 0)[0]
         logger.info("dask-ddp first call on fresh workers: %.2f s", first)
-        start_d, start_t, step_d, step_t = [], [], [], []
         for i in range(args.repeats):
-            # Alternate, so drift on this shared machine hits both alike.
-            start_t += run_torchrun("startup", 0)
-            start_d += run_dask(client, "startup", 0)
-            step_t.append(max(run_torchrun("steps", args.steps)))
-            step_d.append(max(run_dask(client, "steps", args.steps)))
-            logger.info("repeat %d: start-up torchrun %.2f s, dask-ddp %.2f s; step torchrun "
-                        "%.2f ms, dask-ddp %.2f ms", i, start_t[-1], start_d[-1],
-                        1e3 * step_t[-1], 1e3 * step_d[-1])
-    st, sd = statistics.median(start_t), statistics.median(start_d)
-    pt, pd = statistics.median(step_t), statistics.median(step_d)
-    logger.info("start-up to all ranks in the process group (median of %d): torchrun %.2f s, "
-                "dask-ddp %.2f s, ratio %.2fx (target <= 1.2x)", args.repeats, st, sd, sd / st)
-    logger.info("DDP step of a small CNN, batch 32/rank (median of %d): torchrun %.2f ms, "
-                "dask-ddp %.2f ms, ratio %.3fx (target <= 1.03x)", args.repeats, 1e3 * pt,
-                1e3 * pd, pd / pt)
+            # Alternate, so drift on this machine hits every launcher alike.
+            for name in launchers:
+                for mode, into in (("startup", start), ("steps", step)):
+                    value, env = (run_dask(client, mode, args.steps) if name == "dask-ddp"
+                                  else run_peer(name, mode, args.steps))
+                    into[name].append(value)
+                    if env:
+                        envs.setdefault(name, env)
+            logger.info("repeat %d (%s): %s", i, benchenv.load_average(), "; ".join(
+                f"{n} start-up {start[n][-1]:.2f} s, step {1e3 * step[n][-1]:.2f} ms"
+                for n in launchers))
+    benchenv.log_env_differences(logger, "torchrun", envs["torchrun"], "dask-ddp",
+                                 envs["dask-ddp"])
+    if "ray" in envs:
+        benchenv.log_env_differences(logger, "torchrun", envs["torchrun"], "Ray Train",
+                                     envs["ray"])
+    st, pt = statistics.median(start["torchrun"]), statistics.median(step["torchrun"])
+    for name in launchers:
+        s_, p_ = statistics.median(start[name]), statistics.median(step[name])
+        logger.info("%-9s start-up to all ranks in the process group %.2f s (%.2fx torchrun), "
+                    "DDP step of a small CNN, batch 32/rank %.2f ms (%.3fx torchrun)",
+                    name, s_, s_ / st, 1e3 * p_, p_ / pt)
+    logger.info("medians of %d repeats; targets for dask-ddp: start-up <= 1.2x, step <= 1.03x; "
+                "end: %s", args.repeats, benchenv.load_average())
 
 
 if __name__ == "__main__":

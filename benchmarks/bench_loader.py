@@ -29,6 +29,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+import benchenv  # noqa: F401 - first: the clean environment, before distributed
 import numpy as np
 import psutil
 import torch
@@ -338,7 +339,8 @@ def main() -> None:
         logger.info("writing %d JPEGs to %s", args.n, root)
         keys = make_dataset(root, args.n)
     keys = keys[: args.n]
-    logger.info("%d images, %d cores, batch %d", len(keys), cores, BATCH)
+    logger.info("%d images, %d cores, batch %d; %s", len(keys), cores, BATCH,
+                benchenv.load_average())
 
     rates, cpu = bench_local(root, keys, cores, args.rounds)
     best = {k: max(v) for k, v in rates.items()}
@@ -348,9 +350,10 @@ def main() -> None:
         logger.info("  %-18s %8.1f img/s  %6.2f CPU-ms/img", k, v, cost[k])
     logger.info(
         "wall: Loader / torchvision = %.2fx (target >= 5); Loader / decode ceiling = %.2f "
-        "(target >= 0.8)",
+        "(target >= 0.8); %s",
         best["ours"] / best["torchvision"],
         best["ours"] / best["ceiling"],
+        benchenv.load_average(),
     )
     logger.info(
         "CPU cost: Loader / torchvision = %.2fx; Loader / decode ceiling = %.2f",
@@ -369,13 +372,14 @@ def main() -> None:
         s3 = bench_s3(root, keys, cores, args.s3_seed_n)
         logger.info(
             "S3 (moto): seed S3ImageFolder %.1f img/s (%d images, %.2f CPU-ms/img), Loader over "
-            "s3:// %.1f img/s (%.2f CPU-ms/img) -> %.1fx (target >= 10)",
+            "s3:// %.1f img/s (%.2f CPU-ms/img) -> %.1fx (target >= 10); %s",
             s3["seed"],
             min(args.s3_seed_n, len(keys)),
             s3["seed_cpu"],
             s3["ours"],
             s3["ours_cpu"],
             s3["ratio"],
+            benchenv.load_average(),
         )
     if tmp is not None:
         tmp.cleanup()

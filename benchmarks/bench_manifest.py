@@ -26,6 +26,8 @@ import sys
 import tempfile
 import time
 
+import benchenv  # first: the clean environment, before distributed is imported
+
 from dask_ddp.data import ImageFolder, ImageList, Loader
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -73,6 +75,7 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=3)
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    benchenv.log_load_around_run(logger)
     cores = os.cpu_count() or 1
     with tempfile.TemporaryDirectory() as tmp:
         manifest = os.path.join(tmp, "train.csv")

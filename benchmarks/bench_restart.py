@@ -28,6 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import benchenv  # first: the clean environment, before distributed is imported
+
 logger = logging.getLogger("bench_restart")
 
 
@@ -67,6 +69,7 @@ def main() -> int:
     parser.add_argument("--kills", type=int, default=3)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    benchenv.log_load_around_run(logger)
     logger.setLevel(logging.INFO)
     from distributed import Client, LocalCluster
 

@@ -28,6 +28,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import benchenv  # first: the clean environment, before distributed is imported
+
 logger = logging.getLogger("bench_results")
 
 
@@ -223,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     handler.setFormatter(logging.Formatter("%(message)s"))
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
+    benchenv.log_load_around_run(logger)
     from distributed import Client, LocalCluster
 
     n = args.records

@@ -34,6 +34,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import benchenv  # first: the clean environment, before distributed is imported
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))  # the server helpers shared with the tests
 sys.path.insert(0, str(ROOT / "src"))
@@ -263,6 +265,7 @@ def main() -> None:
     p.add_argument("--skip-moto", action="store_true")
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING)
+    benchenv.log_load_around_run(logger)
     out = logging.StreamHandler(sys.stdout)
     out.setFormatter(logging.Formatter("%(message)s"))
     logger.addHandler(out)

@@ -43,8 +43,9 @@ import sys, tomllib
 with open(sys.argv[1], "rb") as f:
     p = tomllib.load(f)
 deps = list(p["project"]["dependencies"])
-for extra in p["project"].get("optional-dependencies", {}).values():
-    deps += extra
+for name, extra in p["project"].get("optional-dependencies", {}).items():
+    if name != "bench":  # benchmark peers: `make bench-deps`
+        deps += extra
 deps += p["build-system"]["requires"] + ["cmake>=3.25", "ninja"]
 print("\n".join(sorted(set(deps))))
 PY

@@ -198,3 +198,73 @@ def test_dask_worker_started_with_the_variable_keeps_it() -> None:
                 except subprocess.TimeoutExpired:
                     p.kill()
                     p.wait()
+
+
+# -- torchrun's whole contract ---------------------------------------------------------------
+
+def test_rank_layout_numbers_hosts_as_torchrun_numbers_nodes() -> None:
+    from dask_ddp._plan import rank_layout
+
+    workers = ["tcp://10.0.0.2:1", "tcp://10.0.0.3:1", "tcp://10.0.0.2:2"]
+    layout = rank_layout(workers, nprocs_per_worker=2)
+    assert [x["group_rank"] for x in layout] == [0, 0, 1, 1, 0, 0]
+    assert {x["group_world_size"] for x in layout} == {2}
+    assert [x["local_rank"] for x in layout] == [0, 1, 0, 1, 2, 3]
+    assert [x["local_world_size"] for x in layout] == [4, 4, 2, 2, 4, 4]
+
+
+def torchelastic_view() -> dict[str, Any]:
+    """Rank side: what torch and the frameworks read to tell a torchrun launch."""
+    import torch.distributed as dist
+
+    return {"launched": dist.is_torchelastic_launched(), "env": dict(os.environ)}
+
+
+def test_every_torchrun_variable_is_set(client: Client) -> None:
+    job = dask_ddp.submit(client, torchelastic_view, n_workers=2)
+    out = job.result(timeout=120)
+    for rank, o in enumerate(out):
+        env = o["env"]
+        assert o["launched"] is True
+        assert {k: env[k] for k in ("RANK", "ROLE_RANK", "GROUP_RANK", "GROUP_WORLD_SIZE",
+                                    "ROLE_NAME", "ROLE_WORLD_SIZE", "WORLD_SIZE",
+                                    "TORCHELASTIC_RESTART_COUNT",
+                                    "TORCHELASTIC_MAX_RESTARTS")} == {
+            "RANK": str(rank), "ROLE_RANK": str(rank), "GROUP_RANK": "0",
+            "GROUP_WORLD_SIZE": "1", "ROLE_NAME": "default", "ROLE_WORLD_SIZE": "2",
+            "WORLD_SIZE": "2", "TORCHELASTIC_RESTART_COUNT": "0",
+            "TORCHELASTIC_MAX_RESTARTS": "0"}
+        assert env["TORCHELASTIC_RUN_ID"] == job.id == env["DASK_DDP_JOB_ID"]
+        assert env["TORCHELASTIC_ERROR_FILE"].endswith("error.json")
+    assert len({o["env"]["TORCHELASTIC_ERROR_FILE"] for o in out}) == 2
+
+
+def test_elastic_job_keeps_one_run_id_and_states_max_restarts(client: Client) -> None:
+    job = dask_ddp.submit(client, torchelastic_view, n_workers=2, max_restarts=3)
+    out = job.result(timeout=120)
+    assert {o["env"]["TORCHELASTIC_MAX_RESTARTS"] for o in out} == {"3"}
+    assert {o["env"]["TORCHELASTIC_RUN_ID"] for o in out} == {job.run_id}
+    assert job.run_id != out[0]["env"]["DASK_DDP_JOB_ID"]
+
+
+RECORDED = """
+from torch.distributed.elastic.multiprocessing.errors import record
+
+@record
+def main():
+    raise ValueError("bad learning rate 7.5 in rank-side config")
+
+main()
+"""
+
+
+def test_record_decorated_script_reports_its_traceback(client: Client, tmp_path: Any) -> None:
+    script = tmp_path / "recorded.py"
+    script.write_text(RECORDED)
+    with pytest.raises(dask_ddp.RankFailedError) as info:
+        dask_ddp.run_command(client, ["python", str(script)], n_workers=1, timeout=120)
+    msg = str(info.value)
+    assert "ValueError: bad learning rate 7.5 in rank-side config" in msg
+    # Read from the error file (not guessed from stderr): the traceback is the rank's own.
+    assert "exited with code" not in msg and "Traceback from rank 0" in msg
+    assert "recorded.py" in msg and "line 6" in msg

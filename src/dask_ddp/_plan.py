@@ -41,6 +41,10 @@ class RankSpec:
     rendezvous_timeout: float
     cwd: str | None = None
     restart: int = 0
+    group_rank: int = 0          # the index of this rank's host (torchrun's node rank)
+    group_world_size: int = 1    # hosts in the job
+    run_id: str = ""             # TORCHELASTIC_RUN_ID: the job, or the elastic job across restarts
+    max_restarts: int = 0
 
 
 def worker_host(address: str) -> str:
@@ -112,13 +116,18 @@ def choose_workers(
 
 
 def rank_layout(workers: Sequence[str], nprocs_per_worker: int) -> list[dict[str, Any]]:
-    """Rank, local rank (per host, as torchrun) and process index of every rank."""
+    """Rank, local rank, group rank (per host, as torchrun) and process index of every rank.
+
+    A host's group rank is its index in the order hosts first appear in ``workers``.
+    """
     if nprocs_per_worker < 1:
         raise ValueError(f"nprocs_per_worker must be at least 1, got {nprocs_per_worker}")
     per_host: dict[str, int] = {}
+    group: dict[str, int] = {}
     for addr in workers:
         host = worker_host(addr)
         per_host[host] = per_host.get(host, 0) + nprocs_per_worker
+        group.setdefault(host, len(group))
     next_local: dict[str, int] = {}
     layout: list[dict[str, Any]] = []
     for addr in workers:
@@ -128,5 +137,6 @@ def rank_layout(workers: Sequence[str], nprocs_per_worker: int) -> list[dict[str
             next_local[host] = local + 1
             layout.append({"rank": len(layout), "local_rank": local,
                            "local_world_size": per_host[host], "worker": addr,
-                           "proc_index": proc})
+                           "proc_index": proc, "group_rank": group[host],
+                           "group_world_size": len(group)})
     return layout

@@ -35,6 +35,7 @@ from ._plan import RankSpec, worker_host
 logger = logging.getLogger(__name__)
 
 ABORT_POLL_S = 0.5
+ERROR_FILE = "error.json"
 TERM_GRACE_S = 5.0
 
 # Rank processes alive in this worker, killed if the worker process exits under us.
@@ -133,7 +134,7 @@ class _Supervisor:
 
     def _run_process(self, port: int, workdir: str) -> Any:
         spec = self.spec
-        env = self._environment(port)
+        env = self._environment(port, workdir)
         read_fd, write_fd = os.pipe()
         env["DASK_DDP_CHANNEL_FD"] = str(write_fd)
         if spec.command is not None:
@@ -226,11 +227,15 @@ class _Supervisor:
             return pickle.loads(report["value"])
         if spec.command is not None and returncode == 0:
             return 0
+        recorded = _read_error_file(os.path.join(workdir, ERROR_FILE))
         if report is not None and report["status"] == "error":
             cause = _load_exception(report)
             err = self._failed(
                 report["phase"], f"{report['type']}: {report['message']}", cause,
                 report["traceback"], claimed=report.get("claimed", False))
+        elif recorded is not None:  # a script whose main is decorated with torch's @record
+            message, tb = recorded
+            err = self._failed("run", message, None, tb)
         else:
             if returncode < 0:
                 how = f"was killed by signal {signal.Signals(-returncode).name}"
@@ -288,7 +293,7 @@ class _Supervisor:
             time.sleep(0.2)
 
     # -- process setup ------------------------------------------------------------------
-    def _environment(self, port: int) -> dict[str, str]:
+    def _environment(self, port: int, workdir: str) -> dict[str, str]:
         spec = self.spec
         import dask_ddp
 
@@ -300,9 +305,21 @@ class _Supervisor:
             "LOCAL_RANK": str(spec.local_rank),
             "WORLD_SIZE": str(spec.world_size),
             "LOCAL_WORLD_SIZE": str(spec.local_world_size),
-            "GROUP_RANK": "0",
+            "GROUP_RANK": str(spec.group_rank),
+            "GROUP_WORLD_SIZE": str(spec.group_world_size),
+            "ROLE_RANK": str(spec.rank),
+            "ROLE_NAME": "default",
+            "ROLE_WORLD_SIZE": str(spec.world_size),
             "MASTER_ADDR": spec.master_addr,
             "MASTER_PORT": str(port),
+            # Lightning, Accelerate and torch.distributed.is_torchelastic_launched() read
+            # this as "launched by torchrun" (without it Lightning on SLURM-started workers
+            # believes SLURM launched each rank alone).
+            "TORCHELASTIC_RUN_ID": spec.run_id or spec.job_id,
+            "TORCHELASTIC_RESTART_COUNT": str(spec.restart),
+            "TORCHELASTIC_MAX_RESTARTS": str(spec.max_restarts),
+            # torch's @record writes a failing rank's traceback here; read back on failure.
+            "TORCHELASTIC_ERROR_FILE": os.path.join(workdir, ERROR_FILE),
             # Rank 0's supervisor hosts the store: every rank, rank 0 included, is a
             # client of it (the contract torchrun's agent uses, honoured by env://).
             "TORCHELASTIC_USE_AGENT_STORE": "True",
@@ -391,6 +408,24 @@ def _kill_all_live() -> None:
     for proc in list(_LIVE):
         with contextlib.suppress(Exception):
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _read_error_file(path: str) -> tuple[str, str] | None:
+    """(message, traceback) from a ``TORCHELASTIC_ERROR_FILE`` torch's ``@record`` wrote."""
+    import json
+
+    try:
+        with open(path) as f:
+            data = json.load(f)
+        message = data["message"]
+        if isinstance(message, str):  # torch's format for errors without a Python trace
+            return message, ""
+        return str(message["message"]), str(message.get("extraInfo", {}).get("py_callstack", ""))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        logger.warning("cannot read the rank's error file %s: %s", path, exc)
+        return None
 
 
 def _load_exception(report: dict[str, Any]) -> BaseException | None:

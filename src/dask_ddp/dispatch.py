@@ -495,7 +495,7 @@ def _launch(client: Any, *, payload: bytes | None, command: tuple[str, ...] | No
             init_kwargs: Mapping[str, Any] | None, env: Mapping[str, str] | None,
             pass_local_rank: bool, progress: bool, output_dir: str | os.PathLike[str] | None,
             storage: str | None, stream_output: bool, rendezvous_timeout: float,
-            restart: int = 0) -> Job:
+            restart: int = 0, run_id: str | None = None, max_restarts: int = 0) -> Job:
     if client.asynchronous:
         raise TypeError("dask-ddp needs a synchronous distributed.Client "
                         "(got one created with asynchronous=True)")
@@ -525,7 +525,9 @@ def _launch(client: Any, *, payload: bytes | None, command: tuple[str, ...] | No
             pass_local_rank=pass_local_rank, stream_output=stream_output,
             scheduler=client.scheduler.address, storage=storage,
             output_dir=str(out_dir) if out_dir is not None else None,
-            rendezvous_timeout=rendezvous_timeout, cwd=os.getcwd(), restart=restart)
+            rendezvous_timeout=rendezvous_timeout, cwd=os.getcwd(), restart=restart,
+            group_rank=item["group_rank"], group_world_size=item["group_world_size"],
+            run_id=run_id or job_id, max_restarts=max_restarts)
         # Pinned, never moved, never retried: a rank belongs to its worker; if that worker
         # goes, the job fails (the watcher notices) instead of the task waiting forever.
         futures.append(client.submit(
@@ -611,6 +613,9 @@ class ElasticJob:
     attempts : list of Job
         Every attempt started so far; the last is the current one.
     max_restarts : int
+    run_id : str
+        The ranks' ``TORCHELASTIC_RUN_ID``, the same in every attempt (as under torchrun);
+        ``id`` is the current attempt's.
     """
 
     def __init__(self, client: Any, *, max_restarts: int, min_workers: int | None,
@@ -640,6 +645,8 @@ class ElasticJob:
         out = launch["output_dir"]
         self.output_dir = Path(out) if out is not None else None
         self.max_restarts = max_restarts
+        # One run id across restarts, as torchrun's TORCHELASTIC_RUN_ID.
+        self.run_id = uuid.uuid4().hex
         self.restarts: list[Restart] = []
         self.attempts: list[Job] = []
         self._launch_args = launch
@@ -751,7 +758,8 @@ class ElasticJob:
     # -- attempts ---------------------------------------------------------------------
     def _start(self, workers: Sequence[str] | None, n_workers: int | None = None) -> Job:
         job = _launch(self.client, n_workers=n_workers, workers=workers,
-                      restart=len(self.attempts), **self._launch_args)
+                      restart=len(self.attempts), run_id=self.run_id,
+                      max_restarts=self.max_restarts, **self._launch_args)
         with self._changed:
             self.attempts.append(job)
             self._changed.notify_all()

@@ -264,3 +264,18 @@ def _read_verified(store: Any, url: str, step: int) -> bytes | None:
         logger.warning("checkpoint step %d in %s does not match its manifest", step, url)
         return None
     return data
+
+
+# Sharded checkpoints (torch.distributed.checkpoint) live in checkpoint_dcp, which imports
+# torch at once: its public names are reached from here lazily, so importing this module
+# stays cheap.
+_DCP_NAMES = frozenset(("StorageWriter", "StorageReader", "save_sharded", "load_sharded",
+                        "list_sharded_checkpoints", "latest_sharded_step"))
+
+
+def __getattr__(name: str) -> Any:
+    if name in _DCP_NAMES:
+        from . import checkpoint_dcp
+
+        return getattr(checkpoint_dcp, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

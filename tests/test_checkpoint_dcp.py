@@ -193,3 +193,30 @@ def test_no_checkpoint_restores_nothing(tmp_path: Path) -> None:
     url = (tmp_path / "empty").as_uri()
     assert latest_sharded_step(url) is None
     assert load_here(url)["step"] is None
+
+
+def test_steps_retention_and_incomplete_steps(tmp_path: Path) -> None:
+    from dask_ddp.checkpoint import load_sharded, save_sharded
+
+    url = (tmp_path / "run").as_uri()
+    root = tmp_path / "run" / "checkpoints"
+    # A partial step (objects, no .metadata) as a killed save leaves it.
+    (root / "step-000000000001").mkdir(parents=True)
+    (root / "step-000000000001" / "__0_0.distcp").write_bytes(b"partial")
+    for step in (2, 3, 4):
+        assert save_sharded(small_state(float(step)), step, storage=url, keep=2).endswith(
+            f"checkpoints/step-{step:012d}")
+    # keep=2: steps 3 and 4 remain; step 2 and the partial step 1 are gone.
+    # (The file store leaves the emptied folders behind.)
+    assert sorted({p.parent.name for p in root.rglob("*") if p.is_file()}) == [
+        "step-000000000003", "step-000000000004"]
+    assert list_sharded_checkpoints(url) == [3, 4]
+    target = small_state(0.0)
+    assert load_sharded(target, storage=url) == 4
+    assert_same(small_state(4.0), target)
+    # Step 4 loses an object: it no longer counts, step 3 is the newest complete one.
+    (root / "step-000000000004" / "__0_0.distcp").unlink()
+    assert latest_sharded_step(url) == 3
+    target = small_state(0.0)
+    assert load_sharded(target, storage=url) == 3
+    assert_same(small_state(3.0), target)

@@ -47,7 +47,7 @@ import re
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import IO, TYPE_CHECKING, Any, TypeVar, cast
 
 import torch
 from torch.distributed import checkpoint as dcp
@@ -459,7 +459,8 @@ class StorageReader(dcp.StorageReader):
             return
         from torch.distributed._shard._utils import narrow_tensor_by_index
 
-        tensor = torch.load(io.BytesIO(piece), map_location="cpu", weights_only=True)
+        stream = cast(IO[bytes], _ViewReader(piece))
+        tensor = torch.load(stream, map_location="cpu", weights_only=True)
         tensor = narrow_tensor_by_index(tensor, req.storage_offsets, req.lengths)
         target = planner.resolve_tensor(req).detach()
         if target.size() != tensor.size():
@@ -469,6 +470,35 @@ class StorageReader(dcp.StorageReader):
             )
         target.copy_(tensor)
         planner.commit_tensor(req, target)
+
+
+class _ViewReader(io.RawIOBase):
+    """A seekable file over a memoryview, without copying it (``io.BytesIO`` would)."""
+
+    def __init__(self, view: memoryview) -> None:
+        super().__init__()
+        self._view = view
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._view)}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def readinto(self, buffer: Any) -> int:
+        n = max(0, min(len(buffer), len(self._view) - self._pos))
+        memoryview(buffer).cast("B")[:n] = self._view[self._pos : self._pos + n]
+        self._pos += n
+        return n
 
 
 def _ranges(

@@ -107,11 +107,14 @@ def small_state(scale: float) -> dict[str, Any]:
 
 def test_format_is_dcp_and_save_again_replaces(tmp_path: Path) -> None:
     url = (tmp_path / "ck").as_uri()
+    (tmp_path / "ck").mkdir()
+    (tmp_path / "ck" / "notes.txt").write_text("not the writer's")  # never deleted
     dcp.save(small_state(1.0), storage_writer=StorageWriter(url, object_size=4096), no_dist=True)
     dcp.save(small_state(2.0), storage_writer=StorageWriter(url, object_size=1 << 20),
              no_dist=True)
     # One object now: the first save's three were cleared before the second wrote.
-    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == [".metadata", "__0_0.distcp"]
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == [
+        ".metadata", "__0_0.distcp", "notes.txt"]
     for reader in (StorageReader(url), dcp.FileSystemReader(tmp_path / "ck")):
         target = small_state(0.0)
         dcp.load(target, storage_reader=reader, no_dist=True)

@@ -22,7 +22,8 @@ store's ``multipart_threshold`` go up in multipart). Each object appears whole o
 all (the store's ``put`` is atomic), and ``.metadata`` is written only after every rank's
 objects are complete (DCP gathers every rank's results before ``finish``), so a crash at any
 point mid-save leaves no ``.metadata``: the checkpoint never looks complete. Saving again
-into a folder that holds a checkpoint first deletes its ``.metadata``, then its objects.
+into a folder that holds a checkpoint first deletes its ``.metadata``, then its
+``__R_N.distcp`` objects (nothing else there).
 A transient storage error is retried (the store's ``max_attempts``, then ``put_attempts``
 whole uploads); past that the save fails on every rank, naming the URL, key and rank.
 
@@ -87,6 +88,8 @@ _WRITE_SCHEMES = ("file://", "s3://", "memory://")
 _READ_SCHEMES = (*_WRITE_SCHEMES, "http://", "https://")
 #: Retryable errors of a whole upload, after the store's own retries.
 _TRANSIENT = (ConnectionError, TimeoutError)
+#: The name of a data object of a checkpoint (rank, number), as DCP's own writers name them.
+_OBJECT = re.compile(r"^__\d+_\d+\.distcp$")
 #: Ranged reads of one object closer than this are merged into one request.
 _MERGE_GAP = 1 << 20
 
@@ -223,8 +226,9 @@ class StorageWriter(dcp.StorageWriter):
             on_error=lambda e: self._errors().wrap("deleting the old", METADATA, e),
         )
         try:
-            for info in self.store.list(""):
-                self.store.delete(info.key)
+            for info in self.store.list("__"):
+                if _OBJECT.match(info.key):  # only DCP's objects, whatever else is there
+                    self.store.delete(info.key)
         except Exception as e:  # noqa: BLE001 - stale objects are harmless, just space
             logger.warning("StorageWriter: could not clear %s: %s", self.url, e)
         return [dataclasses.replace(p, storage_data=f"__{i}_") for i, p in enumerate(plans)]

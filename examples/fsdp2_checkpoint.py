@@ -45,6 +45,7 @@ import torch
 from torch import nn
 
 import dask_ddp
+from dask_ddp.checkpoint import list_sharded_checkpoints
 
 logger = logging.getLogger("fsdp2_checkpoint")
 
@@ -188,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
                         time.monotonic() - t0, restarts)
             ev = dask_ddp.submit(client, evaluate, storage, n_workers=1, progress=False,
                                  name="fsdp2-eval").result()[0]
+            kept = list_sharded_checkpoints(storage)  # keep=2: the newest two steps
     finally:
         if cluster is not None:
             cluster.close()
@@ -195,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
             moto.terminate()
             moto.wait()
     summary = {"storage": storage, "steps": args.steps, "ranks": ranks,
-               "restarts": restarts, "eval": ev}
+               "restarts": restarts, "eval": ev, "checkpoints": kept}
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     ok = ev["step"] == args.steps and ev["loss"] < args.max_loss * ev["untrained"]
     logger.info("1-rank evaluation of step %s: held-out loss %.4f (untrained %.4f): %s",

@@ -32,5 +32,6 @@ def test_fsdp2_example_killed_resumed_and_evaluated(tmp_path: Path) -> None:
     ranks = summary["ranks"]
     assert [(r["rank"], r["restart"]) for r in ranks] == [(0, 1), (1, 1)]
     assert ranks[0]["resumed_at"] == ranks[1]["resumed_at"] in (20, 30), ranks
+    assert summary["checkpoints"] == [50, 60]  # keep=2 pruned the older steps on S3
     ev = summary["eval"]
     assert ev["step"] == 60 and ev["loss"] < 0.5 * ev["untrained"], ev

@@ -22,7 +22,7 @@ import torch.distributed.checkpoint as dcp
 import dask_ddp
 from dask_ddp import storage
 from dask_ddp.checkpoint import StorageReader, StorageWriter, latest_sharded_step
-from dask_ddp.checkpoint_dcp import list_sharded_checkpoints, step_url
+from dask_ddp.checkpoint_sharded import list_sharded_checkpoints, step_url
 
 pytestmark = [
     pytest.mark.timeout(400),

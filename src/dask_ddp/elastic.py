@@ -225,7 +225,7 @@ class Checkpointer:
         Save through ``torch.distributed.checkpoint`` (DCP): every rank writes its own
         shards of the model and optimizer (``get_state_dict``: FSDP2, DDP or a plain
         module), and a restore reshards to any world size. See
-        :mod:`dask_ddp.checkpoint_dcp`.
+        :mod:`dask_ddp.checkpoint_sharded`.
     async_save : bool
         Sharded only: ``dcp.async_save``, so :meth:`save` returns once the state is copied
         to memory and the upload overlaps training. Call :meth:`wait` before the training
@@ -262,7 +262,7 @@ class Checkpointer:
                              "checkpoints upload in the background already)")
         self.sharded = sharded
         self.async_save = async_save
-        #: Sharded mode's state (dask_ddp.checkpoint_dcp.ShardedState), made at first use.
+        #: Sharded mode's state (dask_ddp.checkpoint_sharded.ShardedState), made at first use.
         self._dcp: Any = None
         self.model = model
         self.optimizer = optimizer
@@ -281,7 +281,7 @@ class Checkpointer:
         ranks.
         """
         if self.sharded:
-            from .checkpoint_dcp import save_training
+            from .checkpoint_sharded import save_training
 
             return save_training(self, step, extra)
         state = training_state(self.model, self.optimizer, self.scheduler, self.loader,
@@ -300,7 +300,7 @@ class Checkpointer:
             is no checkpoint yet (a fresh start).
         """
         if self.sharded:
-            from .checkpoint_dcp import restore_training
+            from .checkpoint_sharded import restore_training
 
             return restore_training(self)
         step = _chosen_by_rank0(self._newest)
@@ -319,7 +319,7 @@ class Checkpointer:
         """Wait until this process's checkpoints are complete in storage (raises their
         error)."""
         if self.sharded:
-            from .checkpoint_dcp import wait_training
+            from .checkpoint_sharded import wait_training
 
             wait_training(self, timeout)
         else:

@@ -20,7 +20,7 @@ HERE = Path(__file__).resolve().parent
 
 
 def launch(
-    world: int, action: str, args: dict[str, Any], timeout: float = 120.0
+    world: int, action: str, args: dict[str, Any], timeout: float = 240.0
 ) -> list[subprocess.CompletedProcess[str]]:
     """Run ``action`` on ``world`` gloo ranks; returns each rank's completed process."""
     from storage_servers import free_port

@@ -25,7 +25,7 @@ from dask_ddp.checkpoint import StorageReader, StorageWriter, latest_sharded_ste
 from dask_ddp.checkpoint_sharded import list_sharded_checkpoints, step_url
 
 pytestmark = [
-    pytest.mark.timeout(400),
+    pytest.mark.timeout(600),  # two or three 2-rank launches; slow on a loaded machine
     # dcp.save/load without a process group (one process, on purpose) always warn.
     pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning"),
 ]

@@ -264,3 +264,20 @@ def _read_verified(store: Any, url: str, step: int) -> bytes | None:
         logger.warning("checkpoint step %d in %s does not match its manifest", step, url)
         return None
     return data
+
+
+# Sharded checkpoints (torch.distributed.checkpoint) live in checkpoint_dcp and
+# checkpoint_sharded, which import torch at once: their public names are reached from here
+# lazily, so importing this module stays cheap.
+_LAZY = {"StorageWriter": "checkpoint_dcp", "StorageReader": "checkpoint_dcp",
+         "save_sharded": "checkpoint_sharded", "load_sharded": "checkpoint_sharded",
+         "list_sharded_checkpoints": "checkpoint_sharded",
+         "latest_sharded_step": "checkpoint_sharded"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f"{__package__}.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

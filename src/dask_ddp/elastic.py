@@ -85,8 +85,9 @@ def training_state(model: Any, optimizer: Any = None, scheduler: Any = None,
 
     Parameters
     ----------
-    model : torch.nn.Module
-        The model (a ``DistributedDataParallel`` wrapper is unwrapped).
+    model : torch.nn.Module or None
+        The model (a ``DistributedDataParallel`` wrapper is unwrapped); ``None`` leaves it
+        out (sharded checkpoints save model and optimizer through DCP instead).
     optimizer, scheduler : optional
         Objects with ``state_dict()``/``load_state_dict()``.
     loader : dask_ddp.data.Loader, optional
@@ -120,7 +121,7 @@ def training_state(model: Any, optimizer: Any = None, scheduler: Any = None,
     return {
         "format": _FORMAT,
         "world_size": len(ranks),
-        "model": _unwrap(model).state_dict(),
+        "model": _unwrap(model).state_dict() if model is not None else None,
         "optimizer": optimizer.state_dict() if optimizer is not None else None,
         "scheduler": scheduler.state_dict() if scheduler is not None else None,
         "ranks": ranks,
@@ -170,7 +171,8 @@ def restore_training_state(state: dict[str, Any], model: Any, optimizer: Any = N
                          f"got {type(state).__name__}")
     group = _group()
     rank, world = group if group is not None else (0, 1)
-    _unwrap(model).load_state_dict(state["model"])
+    if model is not None and state["model"] is not None:
+        _unwrap(model).load_state_dict(state["model"])
     if optimizer is not None and state["optimizer"] is not None:
         optimizer.load_state_dict(state["optimizer"])
     if scheduler is not None and state["scheduler"] is not None:
@@ -187,6 +189,19 @@ def restore_training_state(state: dict[str, Any], model: Any, optimizer: Any = N
         saved = own["loader"]
         loader.load_state_dict(saved if same else _resized_loader_state(saved, loader))
     return dict(state["extra"])
+
+
+def _chosen_by_rank0(choose: Any) -> Any:
+    """``choose()`` on rank 0, broadcast to every rank (collective in a job)."""
+    group = _group()
+    value = choose() if group is None or group[0] == 0 else None
+    if group is not None:
+        import torch.distributed as dist
+
+        box = [value]
+        dist.broadcast_object_list(box, src=0)
+        value = box[0]
+    return value
 
 
 class Checkpointer:
@@ -206,6 +221,15 @@ class Checkpointer:
         The checkpoints' store URL; default: the job's storage (``DASK_DDP_STORAGE``).
     keep : int
         How many checkpoints to keep (0: all).
+    sharded : bool
+        Save through ``torch.distributed.checkpoint`` (DCP): every rank writes its own
+        shards of the model and optimizer (``get_state_dict``: FSDP2, DDP or a plain
+        module), and a restore reshards to any world size. See
+        :mod:`dask_ddp.checkpoint_sharded`.
+    async_save : bool
+        Sharded only: ``dcp.async_save``, so :meth:`save` returns once the state is copied
+        to memory and the upload overlaps training. Call :meth:`wait` before the training
+        function returns (the job's process group ends then).
 
     Examples
     --------
@@ -231,7 +255,15 @@ class Checkpointer:
     """
 
     def __init__(self, model: Any, optimizer: Any = None, scheduler: Any = None,
-                 loader: Any = None, *, storage: str | None = None, keep: int = 3) -> None:
+                 loader: Any = None, *, storage: str | None = None, keep: int = 3,
+                 sharded: bool = False, async_save: bool = False) -> None:
+        if async_save and not sharded:
+            raise ValueError("Checkpointer(async_save=True) needs sharded=True (full "
+                             "checkpoints upload in the background already)")
+        self.sharded = sharded
+        self.async_save = async_save
+        #: Sharded mode's state (dask_ddp.checkpoint_sharded.ShardedState), made at first use.
+        self._dcp: Any = None
         self.model = model
         self.optimizer = optimizer
         self.scheduler = scheduler
@@ -248,6 +280,10 @@ class Checkpointer:
         0's upload future (see :func:`dask_ddp.save_checkpoint`), ``None`` on the other
         ranks.
         """
+        if self.sharded:
+            from .checkpoint_sharded import save_training
+
+            return save_training(self, step, extra)
         state = training_state(self.model, self.optimizer, self.scheduler, self.loader,
                                **{"step": step, **extra})
         return save_checkpoint(state, step, storage=self.storage, rank=0, keep=self.keep)
@@ -263,14 +299,11 @@ class Checkpointer:
             ``step`` and the ``**extra`` values given to :meth:`save`; empty when there
             is no checkpoint yet (a fresh start).
         """
-        group = _group()
-        step = self._newest() if group is None or group[0] == 0 else None
-        if group is not None:
-            import torch.distributed as dist
+        if self.sharded:
+            from .checkpoint_sharded import restore_training
 
-            box = [step]
-            dist.broadcast_object_list(box, src=0)
-            step = box[0]
+            return restore_training(self)
+        step = _chosen_by_rank0(self._newest)
         self.restored_step = step
         if step is None:
             return {}
@@ -281,6 +314,18 @@ class Checkpointer:
         logger.info("restoring checkpoint step %d", step)
         return restore_training_state(state, self.model, self.optimizer, self.scheduler,
                                       self.loader)
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Wait until this process's checkpoints are complete in storage (raises their
+        error)."""
+        if self.sharded:
+            from .checkpoint_sharded import wait_training
+
+            wait_training(self, timeout)
+        else:
+            from .checkpoint import wait_checkpoints
+
+            wait_checkpoints(timeout)
 
     def _newest(self) -> int | None:
         # The newest step whose data matches its manifest (load_checkpoint's choice).

@@ -82,7 +82,16 @@ from typing import Any, NamedTuple
 
 from dask_ddp import _core
 
-__all__ = ["ObjectInfo", "Store", "open", "LISTING_FILE"]
+__all__ = [
+    "LISTING_FILE",
+    "ObjectInfo",
+    "Store",
+    "StoreUrl",
+    "is_local",
+    "open",
+    "parse_url",
+    "redact_url",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -95,6 +104,49 @@ class ObjectInfo(NamedTuple):
 
     key: str
     size: int
+
+
+class StoreUrl(NamedTuple):
+    """A store URL as the engine parses it (:func:`parse_url`)."""
+
+    #: Lower-case scheme: ``"file"`` (also for plain paths), ``"s3"``, ``"http"``,
+    #: ``"https"`` or ``"memory"``.
+    scheme: str
+    #: ``file``: the local path (``file:///x`` and ``file://localhost/x`` are ``/x``; a
+    #: relative plain path stays relative); ``memory``: the name; others: the URL.
+    location: str
+    #: Whether it names the local file system.
+    local: bool
+
+
+def parse_url(url: str | os.PathLike[str]) -> StoreUrl:
+    """The engine's parse of a store URL: the one every layer uses.
+
+    Raises
+    ------
+    ValueError
+        For an empty URL, an unsupported scheme (naming it) or a ``file://`` URL naming
+        a host other than ``localhost``.
+
+    Examples
+    --------
+    >>> parse_url("file://localhost/data/train")
+    StoreUrl(scheme='file', location='/data/train', local=True)
+    >>> parse_url("s3://bucket/prefix").scheme
+    's3'
+    """
+    scheme, location, local = _core.parse_url(os.fspath(url))
+    return StoreUrl(scheme, location, local)
+
+
+def is_local(url: str | os.PathLike[str]) -> bool:
+    """Whether ``url`` names the local file system (a plain path or ``file://``)."""
+    return parse_url(url).local
+
+
+def redact_url(url: str | os.PathLike[str]) -> str:
+    """``url`` without any ``user:password@``, for messages and logs (the engine's)."""
+    return str(_core.redact_url(os.fspath(url)))
 
 
 # Options accepted by open(), with the engine's defaults (cpp/include/ddp/store.h).
@@ -110,6 +162,7 @@ _OPTIONS = {
     "max_in_flight": "requests kept in flight by get_many",
     "connect_timeout": "seconds to establish a connection",
     "low_speed_timeout": "seconds a transfer may stall before it is aborted and retried",
+    "max_body_bytes": "http(s)/S3: largest answer body accepted (default 2 GiB)",
 }
 
 
@@ -224,7 +277,10 @@ def open(url: str | os.PathLike[str], *, anon: bool = False, **options: Any) -> 
     **options
         ``endpoint_url``, ``region``, ``ca_bundle``, ``max_attempts``, ``initial_backoff``,
         ``max_backoff``, ``multipart_threshold``, ``multipart_part_size``,
-        ``max_in_flight``, ``connect_timeout``, ``low_speed_timeout``.
+        ``max_in_flight``, ``connect_timeout``, ``low_speed_timeout``,
+        ``max_body_bytes`` (http(s) and S3: the largest answer body accepted, default
+        2 GiB; a server announcing or sending more fails the request with
+        ``OSError`` naming the URL and the limit, before the memory is allocated).
 
     Returns
     -------
@@ -257,10 +313,10 @@ def open(url: str | os.PathLike[str], *, anon: bool = False, **options: Any) -> 
     unknown = sorted(set(options) - set(_OPTIONS))
     if unknown:
         raise TypeError(
-            f"unknown store option(s) {', '.join(unknown)} for {url!r}; "
+            f"unknown store option(s) {', '.join(unknown)} for {redact_url(url)!r}; "
             f"known: {', '.join(sorted(_OPTIONS))}"
         )
-    logger.debug("opening store %s", url)
+    logger.debug("opening store %s", redact_url(url))
     return Store(_core.open_store(url, anonymous=anon, **options), (url, anon, dict(options)))
 
 

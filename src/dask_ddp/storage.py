@@ -16,7 +16,11 @@ separator::
 
 URL schemes
 -----------
-``file:///abs/path`` or a plain path
+The engine parses URLs in one place (:func:`parse_url`, used by the stores, the datasets
+and the Loader alike): a string without ``scheme://`` is a local path, relative to the
+working directory when relative; an unknown scheme is a ``ValueError`` naming it.
+
+``file:///abs/path``, ``file://localhost/abs/path`` or a plain path
     A directory; keys are relative file paths. ``put`` writes a temporary file in the
     target's directory, fsyncs it and renames it into place (parents are created), so a
     reader sees the old or the new content, never a partial file.
@@ -64,11 +68,14 @@ for HTTP back-ends, the HTTP status: ``FileNotFoundError`` (missing object),
 ``PermissionError`` (403, bad credentials), ``ValueError`` (bad URL, key or range),
 ``ConnectionError`` (server unreachable after retries), ``TimeoutError``, ``OSError``
 (data loss such as a short read), ``NotImplementedError`` (operation not supported by
-the back-end). Retries follow AWS's standard mode, with jittered exponential back-off
+the back-end), ``OSError`` (``RESOURCE_EXHAUSTED``) for an answer body over
+``max_body_bytes``. Retries follow AWS's standard mode, with jittered exponential back-off
 (``max_attempts``): HTTP 500/502/503/504 and 429, dropped connections and timeouts, and
 for S3 the error codes ``RequestTimeout`` (sent as HTTP 400), ``InternalError``,
 ``SlowDown`` and the other throttling codes. Other 4xx answers never are (nor
-``RequestTimeTooSkewed``). Credentials, tokens and signatures never appear in messages.
+``RequestTimeTooSkewed``). Credentials, tokens and signatures never appear in messages,
+and a ``user:password@`` in a URL is removed (:func:`redact_url`) from messages, reprs and
+logs.
 
 Every call releases the GIL while it waits on storage.
 """

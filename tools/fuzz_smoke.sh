@@ -55,10 +55,12 @@ for name, save in variants.items():
 PY
 fi
 
-cp -n "$root"/tools/fuzz_seeds/decode/* "$corpus"/
-for t in url flat_json; do
+# Checked-in seeds (crafted inputs PIL cannot write); cp -n keeps what is there.
+for t in decode url flat_json; do
   mkdir -p "$build/corpus/$t"
-  [ -d "$root/tools/fuzz_seeds/$t" ] && cp -n "$root/tools/fuzz_seeds/$t"/* "$build/corpus/$t"/
+  if [ -d "$root/tools/fuzz_seeds/$t" ]; then
+    cp -n "$root/tools/fuzz_seeds/$t"/* "$build/corpus/$t"/ || true
+  fi
 done
 
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1}"

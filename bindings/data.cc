@@ -17,6 +17,7 @@
 
 #include "ddp/store.h"
 #include "errors.h"
+#include "storage.h"
 #include "image/decode.h"
 #include "image/transforms.h"
 #include "pipeline/loader.h"
@@ -100,73 +101,98 @@ nb::object ImagesTensor(void* data, size_t n, const image::Pipeline& p, nb::hand
 
 std::string_view View(const nb::bytes& b) { return {b.c_str(), b.size()}; }
 
+// Options of the ImageLoader binding, as keyword-only arguments with these defaults.
+struct PyLoaderArgs {
+  int batch_size = 64;
+  bool shuffle = true;
+  uint64_t seed = 0;
+  int rank = 0;
+  int world_size = 1;
+  bool drop_last = false;
+  int num_threads = 0;
+  int prefetch = 4;
+  bool skip_errors = false;
+  bool skip_missing = false;
+  int max_side = image::DecodeOptions{}.max_side;
+  bool scaled_decode = true;
+  bool region_decode = true;
+  int max_in_flight = 0;
+};
+
+// The binding's handle on a Loader. The Loader is shared: next() holds its own reference
+// while it waits with the GIL released, so close() from another thread stops it (next()
+// then raises "closed") and the last holder destroys it, never one under the other.
 class PyLoader {
  public:
-  PyLoader(const std::string& url, bool anonymous, std::vector<std::string> keys,
-           std::vector<int64_t> labels, const std::vector<OpSpec>& ops, int batch_size,
-           bool shuffle, uint64_t seed, int rank, int world_size, bool drop_last, int num_threads,
-           int prefetch, bool skip_errors, int max_side, bool scaled_decode, bool region_decode,
-           int max_in_flight, bool skip_missing) {
+  PyLoader(const PyStore& store, std::vector<std::string> keys, std::vector<int64_t> labels,
+           const std::vector<OpSpec>& ops, const PyLoaderArgs& a) {
     image::Pipeline pipeline = ValueOrThrow(MakePipeline(ops));
     pipeline::LoaderOptions o;
-    o.batch_size = batch_size;
-    o.num_threads = num_threads;
-    o.prefetch = prefetch;
-    o.drop_last = drop_last;
-    o.skip_errors = skip_errors;
-    o.skip_missing = skip_missing;
-    o.scaled_decode = scaled_decode;
-    o.region_decode = region_decode;
-    o.max_in_flight = max_in_flight;
-    o.sampler = {shuffle, seed, rank, world_size, drop_last};
-    o.decode.max_side = max_side;
+    o.batch_size = a.batch_size;
+    o.num_threads = a.num_threads;
+    o.prefetch = a.prefetch;
+    o.drop_last = a.drop_last;
+    o.skip_errors = a.skip_errors;
+    o.skip_missing = a.skip_missing;
+    o.scaled_decode = a.scaled_decode;
+    o.region_decode = a.region_decode;
+    o.max_in_flight = a.max_in_flight;
+    o.sampler = {a.shuffle, a.seed, a.rank, a.world_size, a.drop_last};
+    o.decode.max_side = a.max_side;
     // Local files: each worker reads its own file (parallel reads, no extra thread).
     // Remote stores: one fetch thread keeps many requests in flight with GetMany.
-    o.batched_fetch = !(url.starts_with("file://") || url.starts_with("/") || url.find("://") == std::string::npos);
+    Result<StoreUrl> where = ParseStoreUrl(store.store->url());
+    o.batched_fetch = !(where.ok() && where->local);
     nb::gil_scoped_release release;
-    StoreOptions so;
-    so.anonymous = anonymous;
-    std::shared_ptr<Store> store(ValueOrThrow(OpenStore(url, so)));
-    loader_ = ValueOrThrow(pipeline::Loader::Create(std::move(store), std::move(keys), std::move(labels),
+    loader_ = ValueOrThrow(pipeline::Loader::Create(store.store, std::move(keys), std::move(labels),
                                                     std::move(pipeline), o));
   }
 
   void StartEpoch(uint64_t epoch, int64_t start_batch) {
+    std::shared_ptr<pipeline::Loader> loader = checked();
     Status st;
     {
       nb::gil_scoped_release release;
-      st = checked().StartEpoch(epoch, start_batch);
+      st = loader->StartEpoch(epoch, start_batch);
+      loader.reset();  // the last reference may join threads: not under the GIL
     }
     ThrowIfError(st);
   }
 
   nb::object Next() {
-    pipeline::Loader& loader = checked();
+    std::shared_ptr<pipeline::Loader> loader = checked();
     Result<std::optional<pipeline::Batch>> r = [&] {
       nb::gil_scoped_release release;
-      return loader.Next();
+      return loader->Next();
     }();
     std::optional<pipeline::Batch> b = ValueOrThrow(std::move(r));
     if (!b) return nb::none();
     const size_t n = static_cast<size_t>(b->size);
-    nb::object images = ImagesTensor(b->images, n, loader_->pipeline(), OwnerOf(b->lease));
+    nb::object images = ImagesTensor(b->images, n, loader->pipeline(), OwnerOf(b->lease));
     const size_t lshape[1] = {n};
     nb::object labels = nb::ndarray<nb::pytorch, int64_t>(b->labels, 1, lshape, OwnerOf(b->lease)).cast();
+    {
+      nb::gil_scoped_release release;
+      loader.reset();
+    }
     return nb::make_tuple(images, labels, b->index);
   }
 
   void Close() {
+    std::shared_ptr<pipeline::Loader> loader = std::move(loader_);  // under the GIL
+    if (!loader) return;
     nb::gil_scoped_release release;
-    loader_.reset();
+    loader->Shutdown();
+    loader.reset();
   }
 
-  pipeline::Loader& checked() {
+  std::shared_ptr<pipeline::Loader> checked() const {
     if (!loader_) throw nb::value_error("the loader is closed");
-    return *loader_;
+    return loader_;
   }
 
  private:
-  std::unique_ptr<pipeline::Loader> loader_;
+  std::shared_ptr<pipeline::Loader> loader_;
 };
 
 }  // namespace
@@ -296,28 +322,65 @@ void init_data(nb::module_& m) {
       "blobs"_a, "num_threads"_a, "rounds"_a = 1, "scale_denom"_a = 1,
       "Images per second of full-size decode only (no fetch, no transform) on N threads.");
 
+  const PyLoaderArgs defaults;
   nb::class_<PyLoader>(m, "ImageLoader", "The C++ batch loader (use dask_ddp.data.Loader).")
-      .def(nb::init<const std::string&, bool, std::vector<std::string>, std::vector<int64_t>,
-                    const std::vector<OpSpec>&, int, bool, uint64_t, int, int, bool, int, int, bool, int,
-                    bool, bool, int, bool>(),
-           "url"_a, "anonymous"_a, "keys"_a, "labels"_a, "ops"_a, "batch_size"_a, "shuffle"_a, "seed"_a,
-           "rank"_a, "world_size"_a, "drop_last"_a, "num_threads"_a, "prefetch"_a, "skip_errors"_a,
-           "max_side"_a, "scaled_decode"_a, "region_decode"_a = true, "max_in_flight"_a = 0,
-           "skip_missing"_a = false)
+      .def(
+          "__init__",
+          [](PyLoader* self, const PyStore& store, std::vector<std::string> keys,
+             std::vector<int64_t> labels, const std::vector<OpSpec>& ops, int batch_size,
+             bool shuffle, uint64_t seed, int rank, int world_size, bool drop_last,
+             int num_threads, int prefetch, bool skip_errors, bool skip_missing, int max_side,
+             bool scaled_decode, bool region_decode, int max_in_flight) {
+            PyLoaderArgs a{batch_size,  shuffle,      seed,     rank,          world_size,
+                           drop_last,   num_threads,  prefetch, skip_errors,   skip_missing,
+                           max_side,    scaled_decode, region_decode, max_in_flight};
+            new (self) PyLoader(store, std::move(keys), std::move(labels), ops, a);
+          },
+          "store"_a, "keys"_a, "labels"_a, "ops"_a, nb::kw_only(),
+          "batch_size"_a = defaults.batch_size, "shuffle"_a = defaults.shuffle,
+          "seed"_a = defaults.seed, "rank"_a = defaults.rank,
+          "world_size"_a = defaults.world_size, "drop_last"_a = defaults.drop_last,
+          "num_threads"_a = defaults.num_threads, "prefetch"_a = defaults.prefetch,
+          "skip_errors"_a = defaults.skip_errors, "skip_missing"_a = defaults.skip_missing,
+          "max_side"_a = defaults.max_side, "scaled_decode"_a = defaults.scaled_decode,
+          "region_decode"_a = defaults.region_decode,
+          "max_in_flight"_a = defaults.max_in_flight,
+          "A loader reading `keys` (labels[i] for keys[i]) through `store` (an open Store, "
+          "whose options it keeps), applying transform `ops` ((name, params) pairs).\n\n"
+          "batch_size: samples per batch. shuffle, seed: the per-epoch order and every "
+          "sample's random draws depend on (seed, epoch, index). rank, world_size: this "
+          "process's shard (DistributedSampler semantics). drop_last: drop the uneven tail "
+          "and the last short batch. num_threads: decode threads (0: one per core). "
+          "prefetch: batch buffers in use (in flight plus held by the caller). "
+          "skip_errors: leave bad images out (counted in `skipped`) instead of raising. "
+          "skip_missing: with skip_errors, also skip keys naming no object. max_side: "
+          "longest image side accepted. scaled_decode: allow JPEG DCT-scaled decode. "
+          "region_decode: decode only the JPEG rows/columns a crop reads. max_in_flight: "
+          "requests in flight for remote stores (0: the store's option).")
       .def("start_epoch", &PyLoader::StartEpoch, "epoch"_a, "start_batch"_a = 0,
            "Start (or restart) an epoch at a batch; cancels work in flight.")
       .def("next", &PyLoader::Next,
            nb::sig("def next(self) -> tuple[torch.Tensor, torch.Tensor, int] | None"),
-           "The next (images, labels, batch_index), or None at the epoch's end.")
-      .def("close", &PyLoader::Close, "Stop the threads and free the buffers not held by tensors.")
-      .def_prop_ro("num_batches", [](PyLoader& l) { return l.checked().num_batches(); })
-      .def_prop_ro("num_samples", [](PyLoader& l) { return l.checked().num_samples(); })
-      .def_prop_ro("skipped", [](PyLoader& l) { return l.checked().skipped(); })
+           "The next (images, labels, batch_index), or None at the epoch's end. Raises "
+           "ValueError if the loader is (or gets) closed meanwhile.")
+      .def("close", &PyLoader::Close,
+           "Stop the threads and free the buffers not held by tensors. Safe from any "
+           "thread, also while another waits in next(); closing twice is harmless.")
+      .def_prop_ro("num_batches", [](PyLoader& l) { return l.checked()->num_batches(); },
+                   "Batches per epoch for this rank.")
+      .def_prop_ro("num_samples", [](PyLoader& l) { return l.checked()->num_samples(); },
+                   "Samples per epoch for this rank (padding included).")
+      .def_prop_ro("skipped", [](PyLoader& l) { return l.checked()->skipped(); },
+                   "Samples left out so far (skip_errors).")
+      .def_prop_ro("decode_buffer_bytes",
+                   [](PyLoader& l) { return l.checked()->decode_buffer_bytes(); },
+                   "Bytes of decode buffers the threads keep between samples.")
       .def_prop_ro("sample_shape", [](PyLoader& l) {
-        const auto& p = l.checked().pipeline();
+        const auto& p = l.checked()->pipeline();
         return nb::make_tuple(3, p.out_height(), p.out_width());
-      })
-      .def_prop_ro("float_output", [](PyLoader& l) { return l.checked().pipeline().float_output(); });
+      }, "(3, H, W) of each sample.")
+      .def_prop_ro("float_output", [](PyLoader& l) { return l.checked()->pipeline().float_output(); },
+                   "Whether images are float32 (else uint8).");
 }
 
 }  // namespace ddp::py

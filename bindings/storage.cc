@@ -6,6 +6,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/unique_ptr.h>
 #include <nanobind/stl/vector.h>
 
@@ -16,6 +17,7 @@
 
 #include "ddp/store.h"
 #include "errors.h"
+#include "storage.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -135,11 +137,6 @@ class GetManyIterator {
   std::thread thread_;
 };
 
-// Python-side handle: shared ownership so a running get_many keeps the store alive.
-struct PyStore {
-  std::shared_ptr<Store> store;
-};
-
 }  // namespace
 
 void init_storage(nb::module_& m) {
@@ -238,13 +235,28 @@ void init_storage(nb::module_& m) {
           "keys"_a, "max_in_flight"_a = 0, nb::rv_policy::take_ownership,
           "Fetch many objects concurrently; an iterator of (key, bytes) in completion order.");
 
+  m.def(
+      "parse_url",
+      [](const std::string& url) {
+        StoreUrl u = ValueOrThrow(ParseStoreUrl(url));
+        return std::make_tuple(u.scheme, u.location, u.local);
+      },
+      "url"_a,
+      "The engine's parse of a store URL: (scheme, location, local). `location` is the "
+      "local path for file URLs and plain paths (file:///x and file://localhost/x are "
+      "'/x'), the name for memory://, the URL itself for s3:// and http(s)://. ValueError "
+      "names an unknown scheme or a file URL naming a host.");
+  m.def("redact_url", [](const std::string& url) { return RedactUrl(url); }, "url"_a,
+        "The URL without any 'user:password@' in its authority, for messages and logs.");
+
   StoreOptions defaults;
   m.def(
       "open_store",
       [](const std::string& url, bool anonymous, const std::string& endpoint_url,
          const std::string& region, const std::string& ca_bundle, int max_attempts, double initial_backoff,
          double max_backoff, uint64_t multipart_threshold, uint64_t multipart_part_size,
-         int max_in_flight, double connect_timeout, double low_speed_timeout) {
+         int max_in_flight, double connect_timeout, double low_speed_timeout,
+         uint64_t max_body_bytes) {
         StoreOptions o;
         o.anonymous = anonymous;
         o.endpoint_url = endpoint_url;
@@ -258,6 +270,7 @@ void init_storage(nb::module_& m) {
         o.max_in_flight = max_in_flight;
         o.connect_timeout_s = connect_timeout;
         o.low_speed_timeout_s = low_speed_timeout;
+        o.max_body_bytes = max_body_bytes;
         Result<std::unique_ptr<Store>> r = [&] {
           nb::gil_scoped_release release;
           return OpenStore(url, o);
@@ -272,6 +285,7 @@ void init_storage(nb::module_& m) {
       "multipart_part_size"_a = defaults.multipart_part_size,
       "max_in_flight"_a = defaults.max_in_flight, "connect_timeout"_a = defaults.connect_timeout_s,
       "low_speed_timeout"_a = defaults.low_speed_timeout_s,
+      "max_body_bytes"_a = defaults.max_body_bytes,
       "Open the store for a URL: file:// or a plain path, s3://, http(s)://, memory://.");
 }
 

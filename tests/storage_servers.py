@@ -496,6 +496,10 @@ class FaultHandler(http.server.BaseHTTPRequestHandler):
     - ``/stall-N/...``: the first N GETs per path send the headers and half the body,
       then go silent for 5 s (a stalled connection the client must time out).
     - ``/mpu-fail/...``: S3 multipart upload whose part uploads fail with 400.
+    - ``/huge-length/...``: GET answers announce ``Content-Length: 17179869183`` (16 GiB
+      - 1), send a few bytes and close (a client must refuse before allocating).
+    - ``/unsized/...``: GET answers carry no Content-Length; the body (the usual
+      object bytes) runs to the connection's close.
     - ``/_stats``: JSON of request counts per ``"METHOD path"``; ``/_reset`` clears them.
     """
 
@@ -605,6 +609,22 @@ class FaultHandler(http.server.BaseHTTPRequestHandler):
                 self._send(204, b"")
             else:
                 self._send(400, _error_xml("InvalidRequest", "unexpected", path))
+            return
+        if mode == "huge-length" and self.command == "GET":
+            self.send_response(200)
+            self.send_header("Content-Length", str((16 << 30) - 1))
+            self.end_headers()
+            self.wfile.write(body[:1000])
+            self.wfile.flush()
+            self.close_connection = True
+            return
+        if mode == "unsized" and self.command == "GET":
+            self.send_response(200)
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.wfile.write(body)
+            self.wfile.flush()
+            self.close_connection = True
             return
         drop = mode == "drop-always" or (
             mode.startswith("drop-") and mode != "drop-always" and n <= int(mode.split("-")[1])

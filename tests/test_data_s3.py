@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 import pytest
 import torch
@@ -88,3 +90,27 @@ def test_seed_signature_and_anon_flag(s3_bucket: str) -> None:
     assert np.asarray(img).dtype == np.uint8
     with pytest.raises(ValueError, match="bucket name"):
         S3ImageFolder("bucket/with/slash", "p")
+
+
+def test_loader_reads_through_the_datasets_own_store_options(
+    s3_bucket: str, s3_server: str, tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """endpoint_url and region given to the dataset (no AWS_ENDPOINT_URL*/AWS_REGION in
+    the environment) reach the Loader's store: it used to reopen the store from (url,
+    anon) alone and so went to AWS instead of the given endpoint."""
+    upload(s3_bucket, "opts", tmp_path)
+    for var in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_REGION"):
+        monkeypatch.delenv(var, raising=False)
+    options = {"endpoint_url": s3_server, "region": "us-east-1", "max_attempts": 2}
+    ds = ImageFolder(f"s3://{s3_bucket}/opts", storage_options=options)
+    assert ds.classes == ["ant", "bee"]
+    loader = Loader(ds, batch_size=4, transform=TRAIN, num_threads=2, shuffle=False)
+    got = [y for _, y in loader]
+    assert torch.cat(got).tolist() == ds.targets
+    local = Loader(ImageFolder(tmp_path), batch_size=4, transform=TRAIN, shuffle=False)
+    for (a, _), (b, _) in zip(loader, local, strict=True):
+        assert torch.equal(a, b)
+    # The options travel with the dataset (pickled to a DataLoader worker or a rank).
+    again = pickle.loads(pickle.dumps(ds))
+    assert again.storage_options == options
+    assert len(list(Loader(again, batch_size=4, transform=TRAIN))) == len(loader)

@@ -194,6 +194,35 @@ def test_get_many_retries_each_object_on_its_own(kind: str, fault_server: Any) -
     assert all(counts[f"GET /slowdown-1/{k}"] == 2 for k in keys)
 
 
+def test_huge_content_length_is_refused_naming_url_and_limit(
+    kind: str, fault_server: Any
+) -> None:
+    """A server announcing 16 GiB: refused from the header under the default 2 GiB limit
+    (the engine used to reserve the announced size, a bad_alloc thrown through libcurl)."""
+    store = _open(kind, fault_server, "huge-length", max_attempts=3)
+    key = f"{uuid.uuid4().hex}.bin"
+    limit = rf"over the limit of {2 << 30} bytes \(store option max_body_bytes\)"
+    with pytest.raises(OSError, match=rf"huge-length/{key}.*17179869183.*{limit}") as info:
+        store.get(key)
+    assert "RESOURCE_EXHAUSTED" in str(info.value)
+    assert _gets(fault_server, f"/huge-length/{key}") == 1  # never retried
+    with pytest.raises(OSError, match=rf"huge-length/{key}.*{limit}"):
+        list(store.get_many([key]))
+
+
+def test_oversize_body_is_cut_at_max_body_bytes(kind: str, fault_server: Any) -> None:
+    """No Content-Length, a body over a small limit: aborted once past it; within a
+    large enough limit the same object reads whole."""
+    key = f"{uuid.uuid4().hex}.bin"
+    small = _open(kind, fault_server, "unsized", max_body_bytes=100_000)
+    with pytest.raises(OSError, match=rf"unsized/{key}.*over the limit of 100000 bytes"):
+        small.get(key)
+    with pytest.raises(OSError, match=rf"unsized/{key}.*over the limit of 100000 bytes"):
+        list(small.get_many([key]))
+    roomy = _open(kind, fault_server, "unsized", max_body_bytes=FAULT_OBJECT_SIZE)
+    assert roomy.get(key) == object_bytes(f"/unsized/{key}")
+
+
 def test_s3_ranges_against_a_range_server(fault_server: Any) -> None:
     store = _open("s3", fault_server, "ok")
     key = "ranged.bin"

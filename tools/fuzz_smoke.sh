@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets (clang, ASan+UBSan, coverage-instrumented engine) in their
-# own build directory and runs the image decode+transform target for N seconds
-# (default 60) from a seed corpus of real JPEG/PNG files. Exit status is libFuzzer's:
+# own build directory and runs each for a share of N seconds (default 60): the image
+# decode+transform target (two thirds, from a seed corpus of real JPEG/PNG files plus
+# the checked-in seeds of tools/fuzz_seeds/decode, e.g. a 694-scan progressive JPEG),
+# then the store URL parser and the credential JSON parser. Exit status is libFuzzer's:
 # non-zero on any crash, sanitizer report, leak or timeout.
 #
 #   tools/fuzz_smoke.sh [seconds] [build-dir]
+#
+# A long campaign of one target (FUZZ_RUNS executions, no time limit):
+#   FUZZ_RUNS=10000000 FUZZ_TARGETS=decode_fuzz tools/fuzz_smoke.sh
 set -euo pipefail
 
 seconds="${1:-60}"
@@ -19,7 +24,9 @@ CC=clang CXX=clang++ "$cmake_bin" -S "$root" -B "$build" -G Ninja \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDDP_FUZZ=ON -DDDP_BUILD_TESTS=OFF -DDDP_BUILD_PYTHON=OFF \
   -DCMAKE_CXX_FLAGS="-fsanitize=fuzzer-no-link,address,undefined -fno-omit-frame-pointer" \
   -DCMAKE_C_FLAGS="-fsanitize=fuzzer-no-link,address,undefined" >/dev/null
-"$cmake_bin" --build "$build" -j "${JOBS:-2}" --target decode_fuzz
+targets="${FUZZ_TARGETS:-decode_fuzz url_fuzz flat_json_fuzz}"
+# shellcheck disable=SC2086
+"$cmake_bin" --build "$build" -j "${JOBS:-2}" --target $targets
 
 corpus="$build/corpus/decode"
 mkdir -p "$corpus"
@@ -48,7 +55,26 @@ for name, save in variants.items():
 PY
 fi
 
+# Checked-in seeds (crafted inputs PIL cannot write); cp -n keeps what is there.
+for t in decode url flat_json; do
+  mkdir -p "$build/corpus/$t"
+  if [ -d "$root/tools/fuzz_seeds/$t" ]; then
+    cp -n "$root/tools/fuzz_seeds/$t"/* "$build/corpus/$t"/ || true
+  fi
+done
+
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
-"$build/decode_fuzz" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
-  -max_len=65536 -print_final_stats=1 "$corpus"
+for t in $targets; do
+  name="${t%_fuzz}"
+  if [ -n "${FUZZ_RUNS:-}" ]; then
+    limit=(-runs="$FUZZ_RUNS")
+  elif [ "$t" = decode_fuzz ]; then
+    limit=(-max_total_time=$(( seconds * 2 / 3 )))
+  else
+    limit=(-max_total_time=$(( (seconds + 5) / 6 )))
+  fi
+  echo "fuzz_smoke: $t ${limit[*]}" >&2
+  "$build/$t" "${limit[@]}" -timeout=10 -rss_limit_mb=2048 -max_len=65536 \
+    -print_final_stats=1 "$build/corpus/$name"
+done

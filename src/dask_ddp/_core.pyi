@@ -73,7 +73,17 @@ class Store:
         Fetch many objects concurrently; an iterator of (key, bytes) in completion order.
         """
 
-def open_store(url: str, *, anonymous: bool = False, endpoint_url: str = '', region: str = '', ca_bundle: str = '', max_attempts: int = 5, initial_backoff: float = 0.05, max_backoff: float = 5.0, multipart_threshold: int = 16777216, multipart_part_size: int = 8388608, max_in_flight: int = 64, connect_timeout: float = 10.0, low_speed_timeout: float = 30.0) -> Store:
+def parse_url(url: str) -> tuple[str, str, bool]:
+    """
+    The engine's parse of a store URL: (scheme, location, local). `location` is the local path for file URLs and plain paths (file:///x and file://localhost/x are '/x'), the name for memory://, the URL itself for s3:// and http(s)://. ValueError names an unknown scheme or a file URL naming a host.
+    """
+
+def redact_url(url: str) -> str:
+    """
+    The URL without any 'user:password@' in its authority, for messages and logs.
+    """
+
+def open_store(url: str, *, anonymous: bool = False, endpoint_url: str = '', region: str = '', ca_bundle: str = '', max_attempts: int = 5, initial_backoff: float = 0.05, max_backoff: float = 5.0, multipart_threshold: int = 16777216, multipart_part_size: int = 8388608, max_in_flight: int = 64, connect_timeout: float = 10.0, low_speed_timeout: float = 30.0, max_body_bytes: int = 2147483648) -> Store:
     """
     Open the store for a URL: file:// or a plain path, s3://, http(s)://, memory://.
     """
@@ -109,28 +119,46 @@ def decode_throughput(blobs: Sequence[bytes], num_threads: int, rounds: int = 1,
 class ImageLoader:
     """The C++ batch loader (use dask_ddp.data.Loader)."""
 
-    def __init__(self, url: str, anonymous: bool, keys: Sequence[str], labels: Sequence[int], ops: Sequence[tuple[str, Sequence[float]]], batch_size: int, shuffle: bool, seed: int, rank: int, world_size: int, drop_last: bool, num_threads: int, prefetch: int, skip_errors: bool, max_side: int, scaled_decode: bool, region_decode: bool = True, max_in_flight: int = 0, skip_missing: bool = False) -> None: ...
+    def __init__(self, store: Store, keys: Sequence[str], labels: Sequence[int], ops: Sequence[tuple[str, Sequence[float]]], *, batch_size: int = 64, shuffle: bool = True, seed: int = 0, rank: int = 0, world_size: int = 1, drop_last: bool = False, num_threads: int = 0, prefetch: int = 4, skip_errors: bool = False, skip_missing: bool = False, max_side: int = 16384, scaled_decode: bool = True, region_decode: bool = True, max_in_flight: int = 0) -> None:
+        """
+        A loader reading `keys` (labels[i] for keys[i]) through `store` (an open Store, whose options it keeps), applying transform `ops` ((name, params) pairs).
+
+        batch_size: samples per batch. shuffle, seed: the per-epoch order and every sample's random draws depend on (seed, epoch, index). rank, world_size: this process's shard (DistributedSampler semantics). drop_last: drop the uneven tail and the last short batch. num_threads: decode threads (0: one per core). prefetch: batch buffers in use (in flight plus held by the caller). skip_errors: leave bad images out (counted in `skipped`) instead of raising. skip_missing: with skip_errors, also skip keys naming no object. max_side: longest image side accepted. scaled_decode: allow JPEG DCT-scaled decode. region_decode: decode only the JPEG rows/columns a crop reads. max_in_flight: requests in flight for remote stores (0: the store's option).
+        """
 
     def start_epoch(self, epoch: int, start_batch: int = 0) -> None:
         """Start (or restart) an epoch at a batch; cancels work in flight."""
 
     def next(self) -> tuple[torch.Tensor, torch.Tensor, int] | None:
-        """The next (images, labels, batch_index), or None at the epoch's end."""
+        """
+        The next (images, labels, batch_index), or None at the epoch's end. Raises ValueError if the loader is (or gets) closed meanwhile.
+        """
 
     def close(self) -> None:
-        """Stop the threads and free the buffers not held by tensors."""
+        """
+        Stop the threads and free the buffers not held by tensors. Safe from any thread, also while another waits in next(); closing twice is harmless.
+        """
 
     @property
-    def num_batches(self) -> int: ...
+    def num_batches(self) -> int:
+        """Batches per epoch for this rank."""
 
     @property
-    def num_samples(self) -> int: ...
+    def num_samples(self) -> int:
+        """Samples per epoch for this rank (padding included)."""
 
     @property
-    def skipped(self) -> int: ...
+    def skipped(self) -> int:
+        """Samples left out so far (skip_errors)."""
 
     @property
-    def sample_shape(self) -> tuple: ...
+    def decode_buffer_bytes(self) -> int:
+        """Bytes of decode buffers the threads keep between samples."""
 
     @property
-    def float_output(self) -> bool: ...
+    def sample_shape(self) -> tuple:
+        """(3, H, W) of each sample."""
+
+    @property
+    def float_output(self) -> bool:
+        """Whether images are float32 (else uint8)."""

@@ -16,7 +16,11 @@ separator::
 
 URL schemes
 -----------
-``file:///abs/path`` or a plain path
+The engine parses URLs in one place (:func:`parse_url`, used by the stores, the datasets
+and the Loader alike): a string without ``scheme://`` is a local path, relative to the
+working directory when relative; an unknown scheme is a ``ValueError`` naming it.
+
+``file:///abs/path``, ``file://localhost/abs/path`` or a plain path
     A directory; keys are relative file paths. ``put`` writes a temporary file in the
     target's directory, fsyncs it and renames it into place (parents are created), so a
     reader sees the old or the new content, never a partial file.
@@ -64,11 +68,14 @@ for HTTP back-ends, the HTTP status: ``FileNotFoundError`` (missing object),
 ``PermissionError`` (403, bad credentials), ``ValueError`` (bad URL, key or range),
 ``ConnectionError`` (server unreachable after retries), ``TimeoutError``, ``OSError``
 (data loss such as a short read), ``NotImplementedError`` (operation not supported by
-the back-end). Retries follow AWS's standard mode, with jittered exponential back-off
+the back-end), ``OSError`` (``RESOURCE_EXHAUSTED``) for an answer body over
+``max_body_bytes``. Retries follow AWS's standard mode, with jittered exponential back-off
 (``max_attempts``): HTTP 500/502/503/504 and 429, dropped connections and timeouts, and
 for S3 the error codes ``RequestTimeout`` (sent as HTTP 400), ``InternalError``,
 ``SlowDown`` and the other throttling codes. Other 4xx answers never are (nor
-``RequestTimeTooSkewed``). Credentials, tokens and signatures never appear in messages.
+``RequestTimeTooSkewed``). Credentials, tokens and signatures never appear in messages,
+and a ``user:password@`` in a URL is removed (:func:`redact_url`) from messages, reprs and
+logs.
 
 Every call releases the GIL while it waits on storage.
 """
@@ -82,7 +89,16 @@ from typing import Any, NamedTuple
 
 from dask_ddp import _core
 
-__all__ = ["ObjectInfo", "Store", "open", "LISTING_FILE"]
+__all__ = [
+    "LISTING_FILE",
+    "ObjectInfo",
+    "Store",
+    "StoreUrl",
+    "is_local",
+    "open",
+    "parse_url",
+    "redact_url",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -95,6 +111,49 @@ class ObjectInfo(NamedTuple):
 
     key: str
     size: int
+
+
+class StoreUrl(NamedTuple):
+    """A store URL as the engine parses it (:func:`parse_url`)."""
+
+    #: Lower-case scheme: ``"file"`` (also for plain paths), ``"s3"``, ``"http"``,
+    #: ``"https"`` or ``"memory"``.
+    scheme: str
+    #: ``file``: the local path (``file:///x`` and ``file://localhost/x`` are ``/x``; a
+    #: relative plain path stays relative); ``memory``: the name; others: the URL.
+    location: str
+    #: Whether it names the local file system.
+    local: bool
+
+
+def parse_url(url: str | os.PathLike[str]) -> StoreUrl:
+    """The engine's parse of a store URL: the one every layer uses.
+
+    Raises
+    ------
+    ValueError
+        For an empty URL, an unsupported scheme (naming it) or a ``file://`` URL naming
+        a host other than ``localhost``.
+
+    Examples
+    --------
+    >>> parse_url("file://localhost/data/train")
+    StoreUrl(scheme='file', location='/data/train', local=True)
+    >>> parse_url("s3://bucket/prefix").scheme
+    's3'
+    """
+    scheme, location, local = _core.parse_url(os.fspath(url))
+    return StoreUrl(scheme, location, local)
+
+
+def is_local(url: str | os.PathLike[str]) -> bool:
+    """Whether ``url`` names the local file system (a plain path or ``file://``)."""
+    return parse_url(url).local
+
+
+def redact_url(url: str | os.PathLike[str]) -> str:
+    """``url`` without any ``user:password@``, for messages and logs (the engine's)."""
+    return str(_core.redact_url(os.fspath(url)))
 
 
 # Options accepted by open(), with the engine's defaults (cpp/include/ddp/store.h).
@@ -110,6 +169,7 @@ _OPTIONS = {
     "max_in_flight": "requests kept in flight by get_many",
     "connect_timeout": "seconds to establish a connection",
     "low_speed_timeout": "seconds a transfer may stall before it is aborted and retried",
+    "max_body_bytes": "http(s)/S3: largest answer body accepted (default 2 GiB)",
 }
 
 
@@ -224,7 +284,10 @@ def open(url: str | os.PathLike[str], *, anon: bool = False, **options: Any) -> 
     **options
         ``endpoint_url``, ``region``, ``ca_bundle``, ``max_attempts``, ``initial_backoff``,
         ``max_backoff``, ``multipart_threshold``, ``multipart_part_size``,
-        ``max_in_flight``, ``connect_timeout``, ``low_speed_timeout``.
+        ``max_in_flight``, ``connect_timeout``, ``low_speed_timeout``,
+        ``max_body_bytes`` (http(s) and S3: the largest answer body accepted, default
+        2 GiB; a server announcing or sending more fails the request with
+        ``OSError`` naming the URL and the limit, before the memory is allocated).
 
     Returns
     -------
@@ -257,10 +320,10 @@ def open(url: str | os.PathLike[str], *, anon: bool = False, **options: Any) -> 
     unknown = sorted(set(options) - set(_OPTIONS))
     if unknown:
         raise TypeError(
-            f"unknown store option(s) {', '.join(unknown)} for {url!r}; "
+            f"unknown store option(s) {', '.join(unknown)} for {redact_url(url)!r}; "
             f"known: {', '.join(sorted(_OPTIONS))}"
         )
-    logger.debug("opening store %s", url)
+    logger.debug("opening store %s", redact_url(url))
     return Store(_core.open_store(url, anonymous=anon, **options), (url, anon, dict(options)))
 
 

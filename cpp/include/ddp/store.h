@@ -56,6 +56,10 @@ struct StoreOptions {
   double connect_timeout_s = 10.0;
   // A transfer slower than 1 byte/s for this long is aborted (and retried).
   double low_speed_timeout_s = 30.0;
+  // http(s) and s3: the largest answer body accepted (an object, a range, a listing
+  // page). A server announcing or sending more fails the request with kResourceExhausted
+  // naming the URL and this limit, before the memory is allocated.
+  uint64_t max_body_bytes = 2ull << 30;
 };
 
 // Called once per requested key by GetMany, as each object completes, in completion
@@ -99,8 +103,29 @@ class Store {
   std::string KeyUrl(std::string_view key) const;
 };
 
-// Opens the store for a URL, chosen by scheme: file:// or a plain path, s3://,
-// http:// and https:// (read-only), memory:// (process-wide named in-memory stores).
+// A store URL taken apart: the one parser every layer uses.
+struct StoreUrl {
+  std::string scheme;    // lower case: "file", "s3", "http", "https", "memory"
+  // file: the local path, absolute or relative as given ("file:///x" and
+  // "file://localhost/x" are "/x"; a plain path is itself); memory: the name and
+  // prefix after "memory://"; s3 and http(s): the whole URL as given.
+  std::string location;
+  bool local = false;    // the local file system
+};
+
+// Parses `url`: "scheme://..." for a registered scheme (case-insensitive), or a plain
+// path (no "://", or a "://" after a character no scheme may hold, such as '/').
+// kInvalidArgument, naming the URL (credentials redacted), for an empty URL, an
+// unknown scheme (naming it and the supported ones) and a file URL naming a host.
+Result<StoreUrl> ParseStoreUrl(std::string_view url);
+
+// `url` with any "user:password@" of its authority removed, for messages, logs and
+// Store::url(); anything without an authority is returned as is.
+std::string RedactUrl(std::string_view url);
+
+// Opens the store for a URL, chosen by scheme (see ParseStoreUrl): file:// or a plain
+// path, s3://, http:// and https:// (read-only), memory:// (process-wide named
+// in-memory stores).
 Result<std::unique_ptr<Store>> OpenStore(std::string_view url, const StoreOptions& options = {});
 
 }  // namespace ddp

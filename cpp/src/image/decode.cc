@@ -146,6 +146,10 @@ Status DecodeJpeg(std::string_view data, std::string_view url, const DecodeOptio
     const std::string msg = tjGetErrorStr2(hd);
     const bool warning = tjGetErrorCode(hd) == TJERR_WARNING;
     ResetJpegHandle();
+    // TurboJPEG's own words for LIMITSCANS; reported as the region path reports it.
+    if (msg.find("more than " + std::to_string(kMaxJpegScans) + " scans") != std::string::npos) {
+      return JpegScanLimitError(url);
+    }
     // Warnings leave a complete image, except a premature end: the rest is grey filler.
     if (!warning || msg.find("Premature end") != std::string::npos) {
       return DataLossError(Url(url) + ": corrupt or truncated JPEG: " + msg);

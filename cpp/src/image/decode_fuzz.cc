@@ -55,17 +55,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static thread_local Image img;
   static thread_local std::vector<float> out_f(3 * 24 * 24);
   static thread_local std::vector<uint8_t> out_u(3 * 16 * 16);
-  {
+  // A JPEG goes through both decode paths (full and region), which must hold the same
+  // limits (size, scan count); PNGs once.
+  const bool jpeg = info->format == Format::kJpeg;
+  for (const bool region : {false, true}) {
+    if (region && !jpeg) break;
     Rng rng = Rng::ForSample(h, 0, size);
-    const bool jpeg = info->format == Format::kJpeg;
-    SamplePlan plan = Train().Plan(info->width, info->height, rng, jpeg, jpeg && (h & 1));
+    SamplePlan plan = Train().Plan(info->width, info->height, rng, jpeg, region);
     if (DecodeImage(bytes, "fuzz://input", opt, plan.scale_denom, img, plan.region ? &*plan.region : nullptr).ok()) {
       Train().Apply(img, plan, out_f.data()).IgnoreError();  // errors are fine, crashes not
     }
   }
   {
     Rng rng = Rng::ForSample(h, 1, size);
-    SamplePlan plan = Eval().Plan(info->width, info->height, rng, info->format == Format::kJpeg, false);
+    SamplePlan plan = Eval().Plan(info->width, info->height, rng, jpeg, false);
     if (DecodeImage(bytes, "fuzz://input", opt, plan.scale_denom, img).ok()) {
       Eval().Apply(img, plan, out_u.data()).IgnoreError();
     }

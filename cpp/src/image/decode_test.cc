@@ -150,6 +150,40 @@ TEST(Decode, RegionDecodeEqualsFullDecodeInsideTheRegion) {
             Code::kDataLoss);
 }
 
+// A progressive JPEG with 694 scans: both decode paths refuse it at the same limit
+// (the region path used to decode it, however many scans, burning the thread).
+TEST(Decode, ScanLimitOnFullAndRegionPaths) {
+  const int w = 64, h = 48;
+  std::string bomb = testing::EncodeJpegManyScans(Pattern(w, h, 1), w, h, 10);
+  const Region region{8, 8, 32, 24};
+  Image img;
+  for (const Region* r : {static_cast<const Region*>(nullptr), &region}) {
+    for (int denom : {1, 2}) {
+      Status st = DecodeImage(bomb, "mem://scans.jpg", {}, denom, img, r);
+      EXPECT_EQ(st.code(), Code::kResourceExhausted) << st.ToString();
+      EXPECT_NE(st.message().find("mem://scans.jpg"), std::string::npos) << st.ToString();
+      EXPECT_NE(st.message().find("more than 500 scans, over the limit of 500"), std::string::npos)
+          << st.ToString();
+    }
+  }
+  // The same scan script with fewer scans (316) decodes on both paths, to equal pixels.
+  std::string fine = testing::EncodeJpegManyScans(Pattern(w, h, 1), w, h, 4);
+  Image full, part;
+  ASSERT_TRUE(DecodeImage(fine, "mem://fine.jpg", {}, 1, full).ok());
+  Status st = DecodeImage(fine, "mem://fine.jpg", {}, 1, part, &region);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_EQ(full.width, w);
+  for (int y = region.top; y < region.top + region.height; ++y) {
+    for (int x = region.left; x < region.left + region.width; ++x) {
+      for (int c = 0; c < 3; ++c) {
+        const size_t fi = (static_cast<size_t>(y) * full.width + x) * 3 + c;
+        const size_t pi = (static_cast<size_t>(y - part.offset_y) * part.width + (x - part.offset_x)) * 3 + c;
+        ASSERT_EQ(full.pixels[fi], part.pixels[pi]) << x << "," << y;
+      }
+    }
+  }
+}
+
 TEST(Decode, DimensionLimit) {
   DecodeOptions o;
   o.max_side = 50;

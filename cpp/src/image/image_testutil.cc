@@ -3,7 +3,12 @@
 #include <spng.h>
 #include <turbojpeg.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <stdexcept>
+
+// jpeglib.h needs FILE and size_t declared first.
+#include <jpeglib.h>
 
 namespace ddp::image::testing {
 
@@ -38,6 +43,39 @@ std::string EncodeJpeg(const std::vector<uint8_t>& px, int w, int h, int channel
   std::string s(reinterpret_cast<char*>(out), size);
   tjFree(out);
   tjDestroy(tj);
+  return s;
+}
+
+std::string EncodeJpegManyScans(const std::vector<uint8_t>& gray, int w, int h, int max_al) {
+  std::vector<jpeg_scan_info> scans;
+  scans.push_back({1, {0, 0, 0, 0}, 0, 0, 0, 0});  // DC
+  for (int k = 1; k < 64; ++k) {
+    scans.push_back({1, {0, 0, 0, 0}, k, k, 0, max_al});
+    for (int a = max_al; a >= 1; --a) scans.push_back({1, {0, 0, 0, 0}, k, k, a, a - 1});
+  }
+  jpeg_compress_struct c;
+  jpeg_error_mgr err;
+  c.err = jpeg_std_error(&err);  // errors exit(): fine for a test helper given valid input
+  jpeg_create_compress(&c);
+  unsigned char* out = nullptr;
+  unsigned long size = 0;
+  jpeg_mem_dest(&c, &out, &size);
+  c.image_width = static_cast<JDIMENSION>(w);
+  c.image_height = static_cast<JDIMENSION>(h);
+  c.input_components = 1;
+  c.in_color_space = JCS_GRAYSCALE;
+  jpeg_set_defaults(&c);
+  c.scan_info = scans.data();
+  c.num_scans = static_cast<int>(scans.size());
+  jpeg_start_compress(&c, TRUE);
+  while (c.next_scanline < c.image_height) {
+    JSAMPROW row = const_cast<JSAMPROW>(gray.data() + static_cast<size_t>(c.next_scanline) * w);
+    jpeg_write_scanlines(&c, &row, 1);
+  }
+  jpeg_finish_compress(&c);
+  jpeg_destroy_compress(&c);
+  std::string s(reinterpret_cast<char*>(out), size);
+  free(out);
   return s;
 }
 

@@ -14,6 +14,11 @@ std::vector<uint8_t> Pattern(int w, int h, int channels = 3);
 std::string EncodeJpeg(const std::vector<uint8_t>& px, int w, int h, int channels, int quality = 95,
                        bool progressive = false);
 
+// A grayscale progressive JPEG with 1 + 63 * (max_al + 1) scans (libjpeg with a custom
+// scan script: each AC coefficient in its own band, refined bit by bit from `max_al`;
+// max_al <= 10), e.g. 694 scans for max_al = 10: a legal file with a hostile scan count.
+std::string EncodeJpegManyScans(const std::vector<uint8_t>& gray, int w, int h, int max_al);
+
 // PNG via libspng. color_type: 0 gray, 2 RGB, 6 RGBA (8-bit).
 std::string EncodePng(const std::vector<uint8_t>& px, int w, int h, int color_type);
 

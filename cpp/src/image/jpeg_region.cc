@@ -17,7 +17,19 @@ struct ErrorManager {
   std::jmp_buf jump;
   char message[JMSG_LENGTH_MAX];
   bool premature_end;
+  bool too_many_scans;
 };
+
+// libjpeg calls this while it absorbs a multi-scan file (and per row): past the scan
+// limit it leaves through the error handler's jump, as TJFLAG_LIMITSCANS does.
+void CheckScans(j_common_ptr cinfo) {
+  if (cinfo->is_decompressor &&
+      reinterpret_cast<j_decompress_ptr>(cinfo)->input_scan_number > kMaxJpegScans) {
+    auto* err = reinterpret_cast<ErrorManager*>(cinfo->err);
+    err->too_many_scans = true;
+    std::longjmp(err->jump, 1);
+  }
+}
 
 [[noreturn]] void ErrorExit(j_common_ptr cinfo) {
   auto* err = reinterpret_cast<ErrorManager*>(cinfo->err);
@@ -32,7 +44,7 @@ void EmitMessage(j_common_ptr cinfo, int level) {
   }
 }
 
-enum class Outcome { kOk, kCorrupt, kTruncated, kTooLarge };
+enum class Outcome { kOk, kCorrupt, kTruncated, kTooLarge, kTooManyScans };
 
 struct Job {
   const unsigned char* data;
@@ -53,17 +65,21 @@ struct Job {
 Outcome Run(Job& job) {
   jpeg_decompress_struct cinfo;
   ErrorManager err;
+  jpeg_progress_mgr progress{};
+  progress.progress_monitor = CheckScans;
   cinfo.err = jpeg_std_error(&err.pub);
   err.pub.error_exit = ErrorExit;
   err.pub.emit_message = EmitMessage;
   err.premature_end = false;
+  err.too_many_scans = false;
   err.message[0] = '\0';
   if (setjmp(err.jump)) {
     std::snprintf(job.message, sizeof(job.message), "%s", err.message);
     jpeg_destroy_decompress(&cinfo);
-    return Outcome::kCorrupt;
+    return err.too_many_scans ? Outcome::kTooManyScans : Outcome::kCorrupt;
   }
   jpeg_create_decompress(&cinfo);
+  cinfo.progress = &progress;
   jpeg_mem_src(&cinfo, job.data, job.size);
   jpeg_read_header(&cinfo, TRUE);
   job.width = static_cast<int>(cinfo.image_width);
@@ -130,6 +146,12 @@ Outcome Run(Job& job) {
 
 }  // namespace
 
+Status JpegScanLimitError(std::string_view url) {
+  return ResourceExhaustedError((url.empty() ? std::string("<bytes>") : std::string(url)) +
+                                ": progressive JPEG has more than " + std::to_string(kMaxJpegScans) +
+                                " scans, over the limit of " + std::to_string(kMaxJpegScans));
+}
+
 Status DecodeJpegRegion(std::string_view data, std::string_view url, const DecodeOptions& options,
                         int scale_denom, const Region& region, Image& out) {
   thread_local std::vector<uint8_t> cmyk_row;
@@ -150,6 +172,8 @@ Status DecodeJpegRegion(std::string_view data, std::string_view url, const Decod
       return DataLossError(u + ": corrupt JPEG: " + job.message);
     case Outcome::kTruncated:
       return DataLossError(u + ": corrupt or truncated JPEG: Premature end of JPEG file");
+    case Outcome::kTooManyScans:
+      return JpegScanLimitError(url);
     case Outcome::kTooLarge:
       return ResourceExhaustedError(u + ": image is " + std::to_string(job.width) + "x" +
                                     std::to_string(job.height) + " pixels, over the limit of " +

@@ -113,17 +113,28 @@ Loader::Loader(std::shared_ptr<Store> store, std::vector<std::string> keys, std:
   if (opt_.batched_fetch) threads_.emplace_back([this] { FetchLoop(); });
 }
 
-Loader::~Loader() {
+Loader::~Loader() { Shutdown(); }
+
+void Loader::Shutdown() {
+  std::lock_guard<std::mutex> once(shutdown_mu_);
   {
     std::unique_lock<std::mutex> lock(mu_);
-    CancelLocked(lock);
+    // stop_ first: a Next() woken by the cancellation must see "closed", not "restarted".
+    const bool first = !stop_;
     stop_ = true;
+    if (first) CancelLocked(lock);
   }
   work_cv_.notify_all();
   fetch_cv_.notify_all();
   done_cv_.notify_all();
-  for (auto& t : threads_) t.join();
+  for (auto& t : threads_) {
+    if (t.joinable() && t.get_id() != std::this_thread::get_id()) t.join();
+  }
 }
+
+namespace {
+Status ClosedError() { return FailedPreconditionError("the loader is closed"); }
+}  // namespace
 
 int64_t Loader::num_batches() const {
   const int64_t n = sampler_.num_samples(), bs = opt_.batch_size;
@@ -146,6 +157,7 @@ void Loader::CancelLocked(std::unique_lock<std::mutex>& lock) {
 
 Status Loader::StartEpoch(uint64_t epoch, int64_t start_batch) {
   std::unique_lock<std::mutex> lock(mu_);
+  if (stop_) return ClosedError();
   const int64_t nb = num_batches();
   if (start_batch < 0 || start_batch > nb) {
     return OutOfRangeError("start batch " + std::to_string(start_batch) + " is outside [0, " +
@@ -201,18 +213,28 @@ void Loader::FinishSample(BatchState& b, size_t slot, Status st) {
 }
 
 void Loader::WorkerLoop() {
+  image::Image img;  // this thread's decode buffer, reused between samples
+  int64_t kept = 0;  // its capacity as counted in decode_buffer_bytes_
   for (;;) {
     Task t;
     {
       std::unique_lock<std::mutex> lock(mu_);
       work_cv_.wait(lock, [this] { return stop_ || !tasks_.empty(); });
-      if (stop_) return;
+      if (stop_) {
+        decode_buffer_bytes_ -= kept;
+        return;
+      }
       t = std::move(tasks_.front());
       tasks_.pop_front();
       ++busy_;
     }
-    RunTask(t);
+    RunTask(t, img);
     t.batch.reset();
+    // One large image must not pin its buffer (up to max_pixels x 3 bytes) for good.
+    if (img.pixels.capacity() > opt_.decode_buffer_keep_bytes) img.pixels = std::vector<uint8_t>();
+    const auto now = static_cast<int64_t>(img.pixels.capacity());
+    decode_buffer_bytes_ += now - kept;
+    kept = now;
     {
       std::lock_guard<std::mutex> g(mu_);
       --busy_;
@@ -221,7 +243,7 @@ void Loader::WorkerLoop() {
   }
 }
 
-void Loader::RunTask(Task& t) {
+void Loader::RunTask(Task& t, image::Image& img) {
   BatchState& b = *t.batch;
   if (b.cancelled) {
     FinishSample(b, t.slot, CancelledError("epoch restarted"));
@@ -250,7 +272,6 @@ void Loader::RunTask(Task& t) {
   const bool jpeg = info->format == image::Format::kJpeg;
   const image::SamplePlan plan =
       pipeline_.Plan(info->width, info->height, rng, opt_.scaled_decode && jpeg, opt_.region_decode && jpeg);
-  thread_local image::Image img;
   Status st = image::DecodeImage(bytes, url, opt_.decode, plan.scale_denom, img,
                                  plan.region ? &*plan.region : nullptr);
   if (st.ok()) {
@@ -329,13 +350,15 @@ bool Loader::Skippable(const Status& s) const {
 Result<std::optional<Batch>> Loader::Next() {
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
+    if (stop_) return ClosedError();
     if (next_deliver_ >= end_batch_) return std::optional<Batch>();
     ScheduleLocked();
     auto it = inflight_.find(next_deliver_);
     if (it == inflight_.end()) return InternalError("loader: batch " + std::to_string(next_deliver_) + " was never scheduled");
     std::shared_ptr<BatchState> b = it->second;
     done_cv_.wait(lock, [&] { return b->remaining.load() == 0 || b->cancelled.load() || stop_; });
-    if (b->cancelled || stop_) return CancelledError("loader: epoch restarted while waiting for a batch");
+    if (stop_) return ClosedError();
+    if (b->cancelled) return CancelledError("loader: epoch restarted while waiting for a batch");
     inflight_.erase(b->index);
     ++next_deliver_;
     ScheduleLocked();

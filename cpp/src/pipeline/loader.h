@@ -41,6 +41,9 @@ struct LoaderOptions {
   bool region_decode = true; // decode only the rows/columns a crop-first pipeline reads
   bool batched_fetch = true; // Store::GetMany on a fetch thread; false: Get per sample
   int max_in_flight = 0;     // GetMany requests in flight (0: the store's option)
+  // Each decode thread reuses one pixel buffer; one grown past this many bytes (by a
+  // large image) is freed after its sample instead of kept for the Loader's life.
+  size_t decode_buffer_keep_bytes = 16u << 20;
   SamplerOptions sampler;
   image::DecodeOptions decode;
 };
@@ -91,13 +94,22 @@ class Loader {
   int64_t num_batches() const;
   // Samples skipped since the loader was made (on_error="skip").
   int64_t skipped() const { return skipped_.load(); }
+  // Bytes of decode buffers the worker threads keep between samples (each at most
+  // options.decode_buffer_keep_bytes).
+  int64_t decode_buffer_bytes() const { return decode_buffer_bytes_.load(); }
 
   // Starts (or restarts) iteration over `epoch` at batch `start_batch`; cancels work
   // in flight for the previous epoch.
   Status StartEpoch(uint64_t epoch, int64_t start_batch = 0);
   // The next batch in order; nullopt at the end of the epoch. Blocks. One consumer at a
-  // time (the Python side serialises calls); a concurrent StartEpoch makes it kCancelled.
+  // time (the Python side serialises calls); a concurrent StartEpoch makes it kCancelled,
+  // a concurrent Shutdown kFailedPrecondition ("closed").
   Result<std::optional<Batch>> Next();
+
+  // Stops the threads and wakes every waiter (Next, StartEpoch then fail as closed).
+  // Safe from any thread, at any time, any number of times; the destructor calls it.
+  // Batches already delivered stay valid (their buffers belong to their leases).
+  void Shutdown();
 
  private:
   struct BatchState;
@@ -107,7 +119,7 @@ class Loader {
   void ScheduleLocked();
   void WorkerLoop();
   void FetchLoop();
-  void RunTask(Task& t);
+  void RunTask(Task& t, image::Image& img);
   void FinishSample(BatchState& b, size_t slot, Status st);
   void CancelLocked(std::unique_lock<std::mutex>& lock);
   bool Skippable(const Status& s) const;  // on_error="skip" leaves this sample out
@@ -137,7 +149,9 @@ class Loader {
   int busy_ = 0;                      // tasks running plus fetch calls running
   std::atomic<bool> fetch_cancel_{false};  // aborts a running GetMany on restart/destroy
   std::atomic<int64_t> skipped_{0};
+  std::atomic<int64_t> decode_buffer_bytes_{0};
   std::vector<std::thread> threads_;
+  std::mutex shutdown_mu_;  // serialises Shutdown's joins
 };
 
 }  // namespace ddp::pipeline

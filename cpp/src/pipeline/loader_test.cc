@@ -2,8 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <map>
 #include <set>
+#include <thread>
 
 #include "image/image_testutil.h"
 
@@ -242,6 +244,86 @@ TEST(Loader, RestartMidEpochAndDestroyWithWorkInFlight) {
   ASSERT_TRUE(l->StartEpoch(1).ok());
   ASSERT_TRUE(l->Next().ok());
   EXPECT_EQ(l->StartEpoch(0, 11).code(), Code::kOutOfRange);
+}
+
+// A store whose every Get takes a while, so Next() is really waiting when it is closed.
+class SlowStore final : public Store {
+ public:
+  explicit SlowStore(std::shared_ptr<Store> inner) : inner_(std::move(inner)) {}
+  std::string url() const override { return inner_->url(); }
+  Result<std::vector<ObjectInfo>> List(std::string_view p) override { return inner_->List(p); }
+  Result<ObjectInfo> Stat(std::string_view k) override { return inner_->Stat(k); }
+  Result<std::string> Get(std::string_view k, ByteRange r) override {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    return inner_->Get(k, r);
+  }
+  Status Put(std::string_view k, std::string_view d) override { return inner_->Put(k, d); }
+  Status Delete(std::string_view k) override { return inner_->Delete(k); }
+
+ private:
+  std::shared_ptr<Store> inner_;
+};
+
+TEST(Loader, ShutdownFromAnotherThreadWhileNextWaits) {
+  Fixture f = MakeImages(24);
+  auto slow = std::make_shared<SlowStore>(f.store);
+  LoaderOptions o;
+  o.batch_size = 8;
+  o.num_threads = 1;
+  o.batched_fetch = false;
+  for (int round = 0; round < 20; ++round) {
+    std::shared_ptr<Loader> l(Loader::Create(slow, f.keys, f.labels, TrainPipeline(), o).value());
+    ASSERT_TRUE(l->StartEpoch(0).ok());
+    std::thread closer([l, round] {
+      std::this_thread::sleep_for(std::chrono::microseconds(500 * (round % 8)));
+      l->Shutdown();
+    });
+    // Some batches may arrive before the close; after it, Next says closed, never hangs.
+    Status last;
+    for (int i = 0; i < 10 && last.ok(); ++i) {
+      auto b = l->Next();
+      last = b.status();
+      if (b.ok() && !b->has_value()) break;
+    }
+    closer.join();
+    auto after = l->Next();
+    EXPECT_EQ(after.status().code(), Code::kFailedPrecondition) << after.status().ToString();
+    EXPECT_NE(after.status().message().find("closed"), std::string::npos);
+    EXPECT_EQ(l->StartEpoch(1).code(), Code::kFailedPrecondition);
+    l->Shutdown();  // again: harmless
+  }
+}
+
+TEST(Loader, DecodeBufferOfALargeImageIsNotKept) {
+  // One 2048 x 1536 image (9 MiB of RGB) among small ones, a 4 MiB keep limit.
+  std::map<std::string, std::string> objects;
+  std::vector<std::string> keys;
+  for (int i = 0; i < 8; ++i) {
+    const int w = i == 3 ? 2048 : 48, h = i == 3 ? 1536 : 40;
+    keys.push_back(std::to_string(i) + ".jpg");
+    objects[keys.back()] = image::testing::EncodeJpeg(image::testing::Pattern(w, h), w, h, 3, 80);
+  }
+  auto store = std::make_shared<MapStore>(std::move(objects));
+  LoaderOptions o;
+  o.batch_size = 8;
+  o.num_threads = 2;
+  o.scaled_decode = false;
+  o.region_decode = false;  // decode the whole large image
+  o.decode_buffer_keep_bytes = 4u << 20;
+  auto l = Loader::Create(store, keys, std::vector<int64_t>(8, 0), TrainPipeline(), o).value();
+  ASSERT_TRUE(l->StartEpoch(0).ok());
+  auto b = l->Next();
+  ASSERT_TRUE(b.ok() && b->has_value()) << b.status().ToString();
+  EXPECT_EQ((*b)->size, 8);
+  // The workers settle their buffers just after finishing their samples.
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (l->decode_buffer_bytes() >= 2048 * 1536 * 3 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  // The small images' buffers stay (reused); the large one's went.
+  EXPECT_GT(l->decode_buffer_bytes(), 0);
+  EXPECT_LE(l->decode_buffer_bytes(), 2 * (4 << 20));
+  EXPECT_LT(l->decode_buffer_bytes(), 2048 * 1536 * 3);
 }
 
 }  // namespace

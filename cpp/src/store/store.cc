@@ -1,9 +1,6 @@
 #include "ddp/store.h"
 
-#include <algorithm>
-#include <cctype>
-
-#include "store/backends.h"
+#include "store/url.h"
 
 namespace ddp {
 
@@ -36,29 +33,10 @@ Status Store::GetManyCancellable(std::span<const std::string> keys, const GetCal
 }
 
 Result<std::unique_ptr<Store>> OpenStore(std::string_view url, const StoreOptions& options) {
-  using namespace store_internal;
-  if (url.empty()) return InvalidArgumentError("empty store URL");
-  size_t sep = url.find("://");
-  if (sep == std::string_view::npos) return OpenFileStore(url, options);  // a plain path
-  std::string scheme(url.substr(0, sep));
-  std::transform(scheme.begin(), scheme.end(), scheme.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  std::string_view rest = url.substr(sep + 3);
-  if (scheme == "file") {
-    // file:///abs/path or file://localhost/abs/path; anything else names a remote host.
-    if (rest.starts_with("localhost/")) rest.remove_prefix(9);
-    if (!rest.starts_with("/")) {
-      return InvalidArgumentError("file URL '" + std::string(url) +
-                                  "' must be file:///absolute/path (or a plain path)");
-    }
-    return OpenFileStore(rest, options);
-  }
-  if (scheme == "memory") return OpenMemoryStore(rest, options);
-  if (scheme == "s3") return OpenS3Store(url, options);
-  if (scheme == "http" || scheme == "https") return OpenHttpStore(url, options);
-  return InvalidArgumentError("unsupported URL scheme '" + scheme + "' in '" + std::string(url) +
-                              "' (supported: file://, plain paths, s3://, http://, https://, "
-                              "memory://)");
+  DDP_ASSIGN_OR_RETURN(StoreUrl parsed, ParseStoreUrl(url));
+  const store_internal::Backend* backend = store_internal::FindBackend(parsed.scheme);
+  if (backend == nullptr) return InternalError("no back-end for scheme '" + parsed.scheme + "'");
+  return backend->open(parsed.location, options);
 }
 
 }  // namespace ddp

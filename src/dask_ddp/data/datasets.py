@@ -21,7 +21,7 @@ import io
 import logging
 import operator
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from torch.utils.data import Dataset
@@ -67,6 +67,10 @@ class ImageList(Dataset[tuple[Any, Any]]):
         label, so ``len(ds.classes)`` is the number of classes.
     anon
         S3: unsigned requests (public buckets).
+    storage_options
+        Options of the store (:func:`dask_ddp.storage.open`): ``endpoint_url``,
+        ``region``, ``ca_bundle``, ``max_attempts``, ... The
+        :class:`~dask_ddp.data.Loader` reads through the same store, options included.
 
     Attributes
     ----------
@@ -118,8 +122,9 @@ class ImageList(Dataset[tuple[Any, Any]]):
         *,
         classes: Sequence[str] | None = None,
         anon: bool = False,
+        storage_options: Mapping[str, Any] | None = None,
     ) -> None:
-        self._open_root(root, transform, target_transform, anon)
+        self._open_root(root, transform, target_transform, anon, storage_options)
         self._set_samples(keys, targets, classes, checked=False)
 
     @classmethod
@@ -136,6 +141,7 @@ class ImageList(Dataset[tuple[Any, Any]]):
         classes: Sequence[str] | None = None,
         anon: bool = False,
         encoding: str = "utf-8-sig",
+        storage_options: Mapping[str, Any] | None = None,
     ) -> ImageList:
         """The images a manifest lists: a CSV (or TSV, ``delimiter="\\t"``) with a header.
 
@@ -166,6 +172,8 @@ class ImageList(Dataset[tuple[Any, Any]]):
         encoding
             The manifest's text encoding (the default also drops a UTF-8 byte order
             mark, as spreadsheet exports write).
+        storage_options
+            Store options for the manifest and the images (see :class:`ImageList`).
 
         Returns
         -------
@@ -197,12 +205,15 @@ class ImageList(Dataset[tuple[Any, Any]]):
             classes=classes,
             anon=anon,
             encoding=encoding,
+            storage_options=storage_options,
         )
         ds = ImageList.__new__(ImageList)
-        ds._open_root(m.root, transform, target_transform, anon, store=m.store)
+        ds._open_root(m.root, transform, target_transform, anon, storage_options, store=m.store)
         ds._set_samples(m.keys, m.targets, m.classes, checked=True)  # per line, by read_csv
         ds.manifest_url = m.url
-        logger.debug("%s: %d images in %d classes", m.url, len(ds), len(ds.classes))
+        logger.debug(
+            "%s: %d images in %d classes", storage.redact_url(m.url), len(ds), len(ds.classes)
+        )
         return ds
 
     # -- construction ---------------------------------------------------------------------
@@ -212,6 +223,7 @@ class ImageList(Dataset[tuple[Any, Any]]):
         transform: Callable[[Any], Any] | None,
         target_transform: Callable[[Any], Any] | None,
         anon: bool,
+        storage_options: Mapping[str, Any] | None,
         store: storage.Store | None = None,
     ) -> None:
         self.url = os.fspath(root)
@@ -219,13 +231,13 @@ class ImageList(Dataset[tuple[Any, Any]]):
         self.transform = transform
         self.target_transform = target_transform
         self.anon = anon
+        self.storage_options = dict(storage_options or {})
         self.manifest_url: str | None = None
         self._store: storage.Store | None = store
         self._store_pid = os.getpid() if store is not None else 0
         self._get_store()  # a malformed URL fails here, not in a DataLoader worker
-        self._local_root = (
-            self.url[len("file://") :] if self.url.startswith("file://") else self.url
-        )
+        parsed = storage.parse_url(self.url)
+        self._local_root: str | None = parsed.location if parsed.local else None
 
     def _set_samples(
         self,
@@ -236,7 +248,7 @@ class ImageList(Dataset[tuple[Any, Any]]):
         checked: bool,
     ) -> None:
         # checked: the keys are relative and the targets ints >= 0 (listed or parsed)
-        name = f"{type(self).__name__}({self.url!r})"
+        name = f"{type(self).__name__}({storage.redact_url(self.url)!r})"
         if len(keys) != len(targets):
             raise ValueError(f"{name}: {len(keys)} keys but {len(targets)} targets")
         if not keys:
@@ -294,7 +306,7 @@ class ImageList(Dataset[tuple[Any, Any]]):
     def _make_samples(self) -> None:
         # Derived from the keys: not pickled (under half the size for a large manifest).
         pairs = zip(self._keys, self.targets, strict=True)
-        if manifest.is_local(self.url):
+        if self._local_root is not None:
             root = os.path.join(self._local_root, "")  # os.path.join(root, key), hoisted
             self.samples = [(root + k, t) for k, t in pairs]
         else:
@@ -307,7 +319,7 @@ class ImageList(Dataset[tuple[Any, Any]]):
         # A forked DataLoader worker inherits the parent's handle but not its threads and
         # connections: open a fresh store in each process.
         if self._store is None or self._store_pid != os.getpid():
-            self._store = storage.open(self.url, anon=self.anon)
+            self._store = storage.open(self.url, anon=self.anon, **self.storage_options)
             self._store_pid = os.getpid()
         return self._store
 
@@ -357,7 +369,8 @@ class ImageList(Dataset[tuple[Any, Any]]):
 
     def __repr__(self) -> str:
         return (
-            f"{type(self).__name__}({self.url!r}, {len(self)} images, {len(self.classes)} classes)"
+            f"{type(self).__name__}({storage.redact_url(self.url)!r}, {len(self)} images, "
+            f"{len(self.classes)} classes)"
         )
 
 
@@ -379,6 +392,9 @@ class ImageFolder(ImageList):
         Applied to the label.
     anon
         S3: unsigned requests (public buckets).
+    storage_options
+        Options of the store, e.g. ``{"endpoint_url": ..., "region": ...}`` (see
+        :class:`ImageList`); the Loader reads through the same store.
 
     Attributes
     ----------
@@ -407,14 +423,16 @@ class ImageFolder(ImageList):
         target_transform: Callable[[Any], Any] | None = None,
         *,
         anon: bool = False,
+        storage_options: Mapping[str, Any] | None = None,
     ) -> None:
-        self._open_root(url, transform, target_transform, anon)
+        self._open_root(url, transform, target_transform, anon, storage_options)
         keys: list[str] = []
         class_of: list[str] = []
         listed = self._get_store().list("")
+        shown = storage.redact_url(self.url)  # for messages and logs: no credentials
         if not listed:
             raise FileNotFoundError(
-                f"nothing under {self.url}: no such folder, or an empty or wrong bucket/prefix"
+                f"nothing under {shown}: no such folder, or an empty or wrong bucket/prefix"
             )
         for info in listed:
             key = info.key
@@ -425,14 +443,14 @@ class ImageFolder(ImageList):
         if not keys:
             raise FileNotFoundError(
                 f"no image files ({', '.join(IMG_EXTENSIONS)}) in class folders under "
-                f"{self.url} ({len(listed)} other objects; expected <root>/<class>/<image>, "
+                f"{shown} ({len(listed)} other objects; expected <root>/<class>/<image>, "
                 f"e.g. {listed[0].key!r} is not one)"
             )
         classes = sorted(set(class_of))
         index = {c: i for i, c in enumerate(classes)}
         # Listed keys are the store's own: read them as they are.
         self._set_samples(keys, [index[c] for c in class_of], classes, checked=True)
-        logger.debug("%s: %d images in %d classes", self.url, len(keys), len(self.classes))
+        logger.debug("%s: %d images in %d classes", shown, len(keys), len(self.classes))
 
 
 class S3ImageFolder(ImageFolder):
@@ -449,6 +467,9 @@ class S3ImageFolder(ImageFolder):
         As for :class:`ImageFolder` (torchvision transforms work).
     anon
         Unsigned requests, for public buckets.
+    storage_options
+        Store options, e.g. ``{"endpoint_url": ..., "region": ...}`` (see
+        :func:`dask_ddp.storage.open`).
     """
 
     def __init__(
@@ -458,13 +479,16 @@ class S3ImageFolder(ImageFolder):
         transform: Callable[[Any], Any] | None = None,
         target_transform: Callable[[Any], Any] | None = None,
         anon: bool = False,
+        storage_options: Mapping[str, Any] | None = None,
     ) -> None:
         if not s3_bucket or "/" in s3_bucket:
             raise ValueError(f"s3_bucket must be a bucket name, got {s3_bucket!r}")
         self.s3_bucket = s3_bucket
         self.s3_prefix = s3_prefix.strip("/")
         url = f"s3://{s3_bucket}/{self.s3_prefix}" if self.s3_prefix else f"s3://{s3_bucket}"
-        super().__init__(url, transform, target_transform, anon=anon)
+        super().__init__(
+            url, transform, target_transform, anon=anon, storage_options=storage_options
+        )
 
     @property
     def all_files(self) -> list[str]:

@@ -196,9 +196,10 @@ class Loader:
         if indices is not None:
             keys = [keys[i] for i in indices]
             targets = [targets[i] for i in indices]
+        # The dataset's own store (its URL, credentials and options: endpoint, region,
+        # CA bundle, retries), opened in this process.
         self._core = _core.ImageLoader(
-            folder.url,
-            folder.anon,
+            folder._get_store()._core,
             keys,
             targets,
             ops,
@@ -286,7 +287,12 @@ class Loader:
         self._position = batch
 
     def close(self) -> None:
-        """Stop the engine's threads (batches already handed out stay valid)."""
+        """Stop the engine's threads (batches already handed out stay valid).
+
+        Safe from any thread, also while another thread waits for a batch (that
+        iteration then raises ``ValueError``: the loader is closed); closing twice is
+        harmless.
+        """
         self._core.close()
 
     def __repr__(self) -> str:

@@ -11,19 +11,15 @@ import csv
 import io
 import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from dask_ddp import storage
 
-__all__ = ["Manifest", "Root", "is_local", "read_csv", "split_url"]
+__all__ = ["Manifest", "Root", "read_csv", "split_url"]
 
 _INT = re.compile(r"[+-]?[0-9]+")
-
-
-def is_local(url: str) -> bool:
-    """Whether ``url`` names a local path (a plain path or ``file://``)."""
-    return url.startswith("file://") or "://" not in url
 
 
 class Root:
@@ -39,11 +35,12 @@ class Root:
 
     def __init__(self, url: str, store_url: str) -> None:
         self.url = url
+        self._shown = storage.redact_url(url)  # for messages: no credentials
         self._local: str | None = None
         prefixes = {store_url.rstrip("/") + "/", url.rstrip("/") + "/"}
-        if is_local(url):
-            path = url[len("file://") :] if url.startswith("file://") else url
-            self._local = os.path.abspath(path)
+        parsed = storage.parse_url(url)
+        if parsed.local:
+            self._local = os.path.abspath(parsed.location)
             prefixes.add("file://" + self._local.rstrip("/") + "/")
         self._prefixes = tuple(sorted(prefixes, key=len, reverse=True))
 
@@ -68,6 +65,7 @@ class Root:
             return key
         if not key:
             raise ValueError("empty key")
+        shown = repr(storage.redact_url(key))  # for messages: no credentials
         rel = key
         if "://" in key:
             for prefix in self._prefixes:
@@ -75,12 +73,12 @@ class Root:
                     rel = key[len(prefix) :]
                     break
             else:
-                raise ValueError(f"key {key!r} is a URL outside the root {self.url}")
+                raise ValueError(f"key {shown} is a URL outside the root {self._shown}")
         elif key.startswith("/"):
             local = self._local
             if local is None or not key.startswith(local.rstrip("/") + "/"):
                 raise ValueError(
-                    f"key {key!r} is an absolute path outside the root {self.url} "
+                    f"key {shown} is an absolute path outside the root {self._shown} "
                     "(keys are relative to the root)"
                 )
             rel = key[len(local.rstrip("/")) + 1 :]
@@ -89,12 +87,12 @@ class Root:
             if seg == ".":
                 continue
             if seg == "..":
-                raise ValueError(f"key {key!r} leaves the root {self.url} (a '..' segment)")
+                raise ValueError(f"key {shown} leaves the root {self._shown} (a '..' segment)")
             if not seg:
-                raise ValueError(f"key {key!r} has an empty path segment")
+                raise ValueError(f"key {shown} has an empty path segment")
             parts.append(seg)
         if not parts:
-            raise ValueError(f"key {key!r} names the root {self.url}, not an image")
+            raise ValueError(f"key {shown} names the root {self._shown}, not an image")
         return "/".join(parts)
 
 
@@ -118,29 +116,32 @@ def split_url(url: str) -> tuple[str, str]:
     ValueError
         If the URL names no file (a bare bucket or host).
     """
-    if is_local(url):
-        path = url[len("file://") :] if url.startswith("file://") else url
-        path = os.path.abspath(path)
+    parsed = storage.parse_url(url)
+    if parsed.local:
+        path = os.path.abspath(parsed.location)
         folder, name = os.path.dirname(path), os.path.basename(path)
         return ("file://" + folder if url.startswith("file://") else folder), name
     scheme, rest = url.split("://", 1)
     head, sep, name = rest.rstrip("/").rpartition("/")
     if not sep or not name or rest.endswith("/"):
         raise ValueError(
-            f"manifest URL {url!r} names no file (expected e.g. s3://bucket/train.csv)"
+            f"manifest URL {storage.redact_url(url)!r} names no file (expected e.g. s3://bucket/train.csv)"
         )
     return f"{scheme}://{head}", name
 
 
-def _read_text(url: str, anon: bool, encoding: str) -> tuple[str, str, storage.Store]:
+def _read_text(
+    url: str, anon: bool, encoding: str, options: Mapping[str, Any]
+) -> tuple[str, str, storage.Store]:
     """The manifest's text, its folder URL and that folder's store."""
     folder, name = split_url(url)
-    store = storage.open(folder, anon=anon)
+    store = storage.open(folder, anon=anon, **options)
     data = store.get(name)  # FileNotFoundError names the URL
     try:
         return data.decode(encoding), folder, store
     except UnicodeDecodeError as e:
-        raise ValueError(f"{url}: not {encoding} text ({e}); pass encoding=") from None
+        shown = storage.redact_url(url)
+        raise ValueError(f"{shown}: not {encoding} text ({e}); pass encoding=") from None
 
 
 def read_csv(
@@ -153,18 +154,21 @@ def read_csv(
     classes: Sequence[str] | None,
     anon: bool,
     encoding: str,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> Manifest:
     """Parse a CSV/TSV manifest with a header row (see ``ImageList.from_csv``)."""
-    text, folder, store = _read_text(url, anon, encoding)
+    options = dict(storage_options or {})
+    text, folder, store = _read_text(url, anon, encoding, options)
+    shown = storage.redact_url(url)  # for messages: no credentials
     if root is None or root == folder:
         root = folder
     else:
-        store = storage.open(root, anon=anon)
+        store = storage.open(root, anon=anon, **options)
     where = Root(root, store.url)
     reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)
 
     def error(line: int, what: str) -> ValueError:
-        return ValueError(f"{url}, line {line}: {what}")
+        return ValueError(f"{shown}, line {line}: {what}")
 
     header: list[str] | None = None
     for row in reader:
@@ -173,7 +177,7 @@ def read_csv(
             break
     if header is None:
         raise ValueError(
-            f"{url}: empty manifest: expected a header line naming the columns "
+            f"{shown}: empty manifest: expected a header line naming the columns "
             f"{key_column!r} and {label_column!r}, then a row per image"
         )
     cols = []
@@ -215,7 +219,7 @@ def read_csv(
         labels.append(label)
         lines.append(line)
     if not keys:
-        raise ValueError(f"{url}: empty manifest: a header {header} but no rows")
+        raise ValueError(f"{shown}: empty manifest: a header {header} but no rows")
     targets, names = _labels(labels, lines, classes, error)
     return Manifest(url, root, store, keys, targets, names)
 

@@ -39,35 +39,83 @@ struct Transfer {
   HttpResponse response;
   curl_slist* headers = nullptr;
   std::array<char, CURL_ERROR_SIZE> errbuf{};
+  uint64_t max_body = 0;  // ClientConfig::max_body_bytes
+  Status abort;           // why a callback aborted the transfer, if one did
 
   ~Transfer() { curl_slist_free_all(headers); }
 };
 
-size_t OnBody(char* data, size_t size, size_t n, void* user) {
-  auto* t = static_cast<Transfer*>(user);
-  t->response.body.append(data, size * n);
-  return size * n;
+// libcurl's callbacks are called from its C frames: nothing may propagate out of them.
+// Each one catches everything, records why in the Transfer and returns the value that
+// makes libcurl abort the transfer (CURLE_WRITE_ERROR); Evaluate reports the reason.
+void AbortTransfer(Transfer* t, Status why) {
+  if (t->abort.ok()) t->abort = std::move(why);
 }
 
-size_t OnHeader(char* data, size_t size, size_t n, void* user) {
+Status BodyTooLarge(const Transfer& t, std::string_view what_size) {
+  const HttpRequest& r = *t.request;
+  return ResourceExhaustedError(r.what + ": " + r.method + " " + RedactUrl(r.url) + ": answer body " +
+                                std::string(what_size) + " is over the limit of " +
+                                std::to_string(t.max_body) + " bytes (store option max_body_bytes)");
+}
+
+// Runs a callback's body; anything it throws aborts the transfer (returns 0) with the
+// reason recorded, never unwinding into libcurl.
+template <typename Body>
+size_t Guarded(Transfer* t, const char* receiving, Body&& body) noexcept {
+  try {
+    return body();
+  } catch (const std::exception& e) {
+    AbortTransfer(t, ResourceExhaustedError(t->request->what + ": " + RedactUrl(t->request->url) +
+                                            ": receiving the " + receiving + " failed: " + e.what()));
+  } catch (...) {
+    AbortTransfer(t, InternalError(t->request->what + ": receiving the " + receiving + " failed"));
+  }
+  return 0;
+}
+
+size_t OnBody(char* data, size_t size, size_t n, void* user) noexcept {
   auto* t = static_cast<Transfer*>(user);
-  std::string_view line(data, size * n);
-  if (line.starts_with("HTTP/")) {  // a new status line (after 100 Continue): start over
-    t->response.headers.clear();
+  return Guarded(t, "body", [&]() -> size_t {
+    const size_t len = size * n;
+    if (t->response.body.size() + len > t->max_body) {
+      AbortTransfer(t, BodyTooLarge(*t, "of more than " + std::to_string(t->response.body.size() + len) +
+                                            " bytes"));
+      return 0;
+    }
+    t->response.body.append(data, len);
+    return len;
+  });
+}
+
+size_t OnHeader(char* data, size_t size, size_t n, void* user) noexcept {
+  auto* t = static_cast<Transfer*>(user);
+  return Guarded(t, "headers", [&]() -> size_t {
+    std::string_view line(data, size * n);
+    if (line.starts_with("HTTP/")) {  // a new status line (after 100 Continue): start over
+      t->response.headers.clear();
+      return size * n;
+    }
+    size_t colon = line.find(':');
+    if (colon == std::string_view::npos) return size * n;
+    std::string name = Lower(Trim(line.substr(0, colon)));
+    std::string value(Trim(line.substr(colon + 1)));
+    if (name == "content-length" && t->request->method != "HEAD") {
+      // Allocate the body once, within the limit; the value is checked again when the
+      // transfer ends.
+      char* end = nullptr;
+      unsigned long long len = std::strtoull(value.c_str(), &end, 10);
+      if (end != value.c_str()) {
+        if (len > t->max_body) {
+          AbortTransfer(t, BodyTooLarge(*t, "announced as " + value + " bytes (Content-Length)"));
+          return 0;
+        }
+        t->response.body.reserve(len);
+      }
+    }
+    t->response.headers.emplace_back(std::move(name), std::move(value));
     return size * n;
-  }
-  size_t colon = line.find(':');
-  if (colon == std::string_view::npos) return size * n;
-  std::string name = Lower(Trim(line.substr(0, colon)));
-  std::string value(Trim(line.substr(colon + 1)));
-  if (name == "content-length" && t->request->method != "HEAD") {
-    // Allocate the body once; the value is checked again when the transfer ends.
-    char* end = nullptr;
-    unsigned long long len = std::strtoull(value.c_str(), &end, 10);
-    if (end != value.c_str() && len < (1ull << 34)) t->response.body.reserve(len);
-  }
-  t->response.headers.emplace_back(std::move(name), std::move(value));
-  return size * n;
+  });
 }
 
 // What a failed transport means and whether another attempt may succeed.
@@ -103,6 +151,16 @@ const std::string* HttpResponse::Header(std::string_view lower_name) const {
     if (k == lower_name) return &v;
   }
   return nullptr;
+}
+
+ClientConfig ClientConfigFor(const StoreOptions& options) {
+  ClientConfig cfg;
+  cfg.retry = options.retry;
+  cfg.connect_timeout_s = options.connect_timeout_s;
+  cfg.low_speed_timeout_s = options.low_speed_timeout_s;
+  cfg.ca_bundle = options.ca_bundle;
+  cfg.max_body_bytes = options.max_body_bytes;
+  return cfg;
 }
 
 Code CodeForHttpStatus(long status) {
@@ -154,16 +212,6 @@ std::string UriEncode(std::string_view s, bool keep_slash) {
   return out;
 }
 
-std::string RedactUrl(std::string_view url) {
-  size_t scheme = url.find("://");
-  if (scheme == std::string_view::npos) return std::string(url);
-  size_t host_start = scheme + 3;
-  size_t path = url.find('/', host_start);
-  size_t at = url.rfind('@', path == std::string_view::npos ? url.size() : path);
-  if (at == std::string_view::npos || at < host_start) return std::string(url);
-  return std::string(url.substr(0, host_start)) + std::string(url.substr(at + 1));
-}
-
 // ---- Impl ----------------------------------------------------------------------------
 
 struct CurlClient::Impl {
@@ -189,10 +237,12 @@ struct CurlClient::Impl {
     if (share) curl_share_cleanup(share);
   }
 
-  static void Lock(CURL*, curl_lock_data data, curl_lock_access, void* user) {
+  // Called from libcurl's C frames: noexcept, so a failing lock (std::system_error, which
+  // only a broken mutex throws) terminates instead of unwinding through C.
+  static void Lock(CURL*, curl_lock_data data, curl_lock_access, void* user) noexcept {
     static_cast<Impl*>(user)->share_locks[static_cast<size_t>(data)].lock();
   }
-  static void Unlock(CURL*, curl_lock_data data, void* user) {
+  static void Unlock(CURL*, curl_lock_data data, void* user) noexcept {
     static_cast<Impl*>(user)->share_locks[static_cast<size_t>(data)].unlock();
   }
 
@@ -367,6 +417,7 @@ struct Outcome {
 
 Outcome Evaluate(CURLcode rc, Transfer* t, CURL* e, const CurlClient& client) {
   const HttpRequest& r = *t->request;
+  if (!t->abort.ok()) return {t->abort, false};  // a callback's reason, never retried
   if (rc != CURLE_OK) {
     CurlFailure f = ClassifyCurl(rc);
     std::string detail = t->errbuf[0] != '\0' ? t->errbuf.data() : curl_easy_strerror(rc);
@@ -423,6 +474,7 @@ Result<HttpResponse> CurlClient::Perform(const HttpRequest& request) {
     Transfer t;
     t.attempt = attempt;
     t.request = &request;
+    t.max_body = config_.max_body_bytes;
     if (Status st = ConfigureOrRenew(&e, &t, config_, impl_->share); !st.ok()) {
       if (e != nullptr) curl_easy_cleanup(e);
       return st;
@@ -484,6 +536,7 @@ Status CurlClient::PerformMany(std::span<const HttpRequest> requests, int max_in
     t->easy = e;
     t->attempt = ++attempts[index];
     t->request = &requests[index];
+    t->max_body = config_.max_body_bytes;
     Status st = ConfigureOrRenew(&e, t.get(), config_, impl_->share);
     t->easy = e;
     if (st.ok() && (curl_easy_setopt(e, CURLOPT_PRIVATE, t.get()) != CURLE_OK ||

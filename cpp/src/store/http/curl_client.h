@@ -49,6 +49,10 @@ struct ClientConfig {
   RetryOptions retry;
   double connect_timeout_s = 10.0;
   double low_speed_timeout_s = 30.0;
+  // The largest answer body accepted (StoreOptions::max_body_bytes): a larger
+  // Content-Length, or more bytes received, aborts the transfer with kResourceExhausted
+  // naming the URL and the limit (not retried).
+  uint64_t max_body_bytes = 2ull << 30;
   // AWS signature v4 (CURLOPT_AWS_SIGV4), e.g. "aws:amz:us-east-1:s3"; empty: unsigned.
   std::string sigv4;
   // With sigv4: the keys to sign with, asked for before every attempt so temporary
@@ -68,6 +72,9 @@ struct ClientConfig {
   std::function<bool(const HttpResponse&)> retryable_answer;
 };
 
+// The transport settings of a store's options (retry, timeouts, CA bundle, body limit).
+ClientConfig ClientConfigFor(const StoreOptions& options);
+
 // The Status code for an HTTP status (404 -> kNotFound, 403 -> kPermissionDenied, ...).
 Code CodeForHttpStatus(long status);
 // "<what>: HTTP 404 (GET http://host/x)" with `detail` appended when not empty.
@@ -76,8 +83,6 @@ Status HttpStatusError(const HttpRequest& request, long status, std::string_view
 // Percent-encodes `s` as AWS and RFC 3986 want: unreserved characters kept, everything
 // else %XX (upper-case hex); '/' kept when `keep_slash`.
 std::string UriEncode(std::string_view s, bool keep_slash);
-// The URL with any "user:password@" removed, for messages.
-std::string RedactUrl(std::string_view url);
 
 class CurlClient {
  public:

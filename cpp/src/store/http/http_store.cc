@@ -188,11 +188,7 @@ Result<std::unique_ptr<Store>> OpenHttpStore(std::string_view url, const StoreOp
   if (host.empty() || host.front() == ':' || host.back() == '@') {
     return InvalidArgumentError("http store URL '" + RedactUrl(base) + "' has no host");
   }
-  ClientConfig cfg;
-  cfg.retry = options.retry;
-  cfg.connect_timeout_s = options.connect_timeout_s;
-  cfg.low_speed_timeout_s = options.low_speed_timeout_s;
-  cfg.ca_bundle = options.ca_bundle;
+  ClientConfig cfg = ClientConfigFor(options);
   DDP_ASSIGN_OR_RETURN(auto client, CurlClient::Create(std::move(cfg)));
   return std::unique_ptr<Store>(
       new HttpStore(std::move(base), std::move(client), std::max(1, options.max_in_flight)));

@@ -5,8 +5,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
+#include <thread>
 
 #include "ddp/store.h"
 #include "store/conformance_testutil.h"
@@ -117,6 +120,107 @@ TEST(HttpStoreTest, RefusedConnectionIsRetriedThenUnavailable) {
   EXPECT_EQ(calls, 3);
 }
 
+// A real HTTP server on 127.0.0.1 answering every request with one canned answer
+// (status line, headers and body as given), then closing the connection.
+class CannedServer {
+ public:
+  explicit CannedServer(std::string answer) : answer_(std::move(answer)) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(a);
+    if (fd_ < 0 || ::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
+        ::listen(fd_, 16) != 0 ||
+        ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+      std::abort();
+    }
+    port_ = ntohs(a.sin_port);
+    thread_ = std::thread([this] { Serve(); });
+  }
+  ~CannedServer() {
+    stop_ = true;
+    ::shutdown(fd_, SHUT_RDWR);
+    thread_.join();
+    ::close(fd_);
+  }
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+
+ private:
+  void Serve() {
+    while (!stop_) {
+      int c = ::accept(fd_, nullptr, nullptr);
+      if (c < 0) return;
+      std::string request;
+      char buf[4096];
+      while (request.find("\r\n\r\n") == std::string::npos) {
+        ssize_t n = ::recv(c, buf, sizeof(buf), 0);
+        if (n <= 0) break;
+        request.append(buf, static_cast<size_t>(n));
+      }
+      size_t sent = 0;
+      while (sent < answer_.size()) {
+        ssize_t n = ::send(c, answer_.data() + sent, answer_.size() - sent, MSG_NOSIGNAL);
+        if (n <= 0) break;
+        sent += static_cast<size_t>(n);
+      }
+      ::close(c);
+    }
+  }
+  std::string answer_;
+  int fd_ = -1;
+  int port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+void ExpectBodyLimitError(const Status& st, const std::string& url, const std::string& limit) {
+  EXPECT_EQ(st.code(), Code::kResourceExhausted) << st.ToString();
+  EXPECT_NE(st.message().find(url), std::string::npos) << st.ToString();
+  EXPECT_NE(st.message().find("limit of " + limit + " bytes"), std::string::npos) << st.ToString();
+}
+
+TEST(HttpStoreTest, HugeContentLengthFailsBeforeAllocating) {
+  // 16 GiB - 1 announced, 3 bytes sent: refused from the header, under the default limit.
+  CannedServer server("HTTP/1.1 200 OK\r\nContent-Length: 17179869183\r\n\r\nabc");
+  StoreOptions o;
+  o.retry.max_attempts = 2;
+  auto s = OpenStore(server.url() + "/d", o);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  auto got = (*s)->Get("big.bin");
+  ASSERT_FALSE(got.ok());
+  ExpectBodyLimitError(got.status(), server.url() + "/d/big.bin", std::to_string(2ull << 30));
+  EXPECT_NE(got.status().message().find("17179869183"), std::string::npos) << got.status().ToString();
+  std::vector<std::string> keys = {"a", "b"};
+  int calls = 0;
+  Status batch = (*s)->GetMany(keys, [&](size_t i, Result<std::string> r) {
+    ++calls;
+    ASSERT_FALSE(r.ok());
+    ExpectBodyLimitError(r.status(), server.url() + "/d/" + keys[i], std::to_string(2ull << 30));
+  });
+  EXPECT_TRUE(batch.ok()) << batch.ToString();
+  EXPECT_EQ(calls, 2);
+}
+
+TEST(HttpStoreTest, OversizeBodyWithoutLengthIsCutAtTheLimit) {
+  // No Content-Length: the body runs to the connection's end; 1 MiB against a 64 KiB cap.
+  CannedServer server("HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + std::string(1 << 20, 'x'));
+  StoreOptions o;
+  o.max_body_bytes = 64 << 10;
+  auto s = OpenStore(server.url(), o);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  auto got = (*s)->Get("k");
+  ASSERT_FALSE(got.ok());
+  ExpectBodyLimitError(got.status(), server.url() + "/k", "65536");
+  // Within the limit the same answer is fine.
+  o.max_body_bytes = 2 << 20;
+  auto roomy = OpenStore(server.url(), o);
+  ASSERT_TRUE(roomy.ok());
+  auto ok = (*roomy)->Get("k");
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  EXPECT_EQ(ok->size(), size_t{1} << 20);
+}
+
 TEST(HttpStoreTest, IsReadOnlyAndRejectsBadUrls) {
   auto s = OpenStore("http://127.0.0.1:1/x");
   ASSERT_TRUE(s.ok());
@@ -141,7 +245,6 @@ TEST(HttpStoreTest, CredentialsInTheUrlNeverReachMessages) {
 }
 
 TEST(CurlClientTest, UriEncodeAndRedact) {
-  using store_internal::RedactUrl;
   using store_internal::UriEncode;
   EXPECT_EQ(UriEncode("a b/c+d~e_f.g-h", true), "a%20b/c%2Bd~e_f.g-h");
   EXPECT_EQ(UriEncode("a/b", false), "a%2Fb");

@@ -113,6 +113,7 @@ ClientConfig FetchClientConfig(const std::string& ca_bundle, double connect_time
   cfg.connect_timeout_s = connect_timeout_s;
   cfg.low_speed_timeout_s = std::max(2.0, 2 * connect_timeout_s);
   cfg.ca_bundle = ca_bundle;
+  cfg.max_body_bytes = 1u << 20;  // a credential answer is a few hundred bytes
   return cfg;
 }
 

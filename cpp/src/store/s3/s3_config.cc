@@ -65,7 +65,7 @@ Result<std::optional<S3Credentials>> ProfileCredentials(const EnvLookup& env,
 
 Status NoCredentialsError(std::string_view url, const EnvLookup& env, std::string_view why) {
   std::string m =
-      "no AWS credentials for " + std::string(url) +
+      "no AWS credentials for " + RedactUrl(url) +
       ": set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE with a shared "
       "credentials file (looked for [default] in " +
       HomeFile(env, "AWS_SHARED_CREDENTIALS_FILE", ".aws/credentials") +
@@ -127,8 +127,8 @@ Result<S3Config> ResolveS3Config(std::string_view url, const StoreOptions& optio
   size_t slash = rest.find('/');
   c.bucket = std::string(rest.substr(0, slash));
   if (!ValidBucketName(c.bucket)) {
-    return InvalidArgumentError("invalid bucket name '" + c.bucket + "' in S3 URL '" +
-                                std::string(url) + "' (expected s3://bucket[/prefix])");
+    return InvalidArgumentError("invalid bucket name '" + RedactUrl("s3://" + c.bucket).substr(5) +
+                                "' in S3 URL '" + RedactUrl(url) + "' (expected s3://bucket[/prefix])");
   }
   if (slash != std::string_view::npos) {
     std::string_view p = rest.substr(slash + 1);
@@ -158,14 +158,14 @@ Result<S3Config> ResolveS3Config(std::string_view url, const StoreOptions& optio
                    : "is not in the shared credentials or config file") +
             " (looked in " +
             HomeFile(env, "AWS_SHARED_CREDENTIALS_FILE", ".aws/credentials") + " and " +
-            HomeFile(env, "AWS_CONFIG_FILE", ".aws/config") + ") for " + std::string(url));
+            HomeFile(env, "AWS_CONFIG_FILE", ".aws/config") + ") for " + RedactUrl(url));
       }
     } else if (!key.empty() || !secret.empty()) {
       if (key.empty() || secret.empty()) {
         std::string unset = key.empty() ? "AWS_ACCESS_KEY_ID" : "AWS_SECRET_ACCESS_KEY";
         std::string set = key.empty() ? "AWS_SECRET_ACCESS_KEY" : "AWS_ACCESS_KEY_ID";
         return UnauthenticatedError(unset + " is not set but " + set + " is, for " +
-                                    std::string(url));
+                                    RedactUrl(url));
       }
       c.credentials =
           S3Credentials{key, secret, EnvOrEmpty(env, "AWS_SESSION_TOKEN"), "environment", {}};
@@ -192,7 +192,7 @@ Result<S3Config> ResolveS3Config(std::string_view url, const StoreOptions& optio
   if (!endpoint.empty()) {
     while (endpoint.size() > 1 && endpoint.back() == '/') endpoint.pop_back();
     if (!endpoint.starts_with("http://") && !endpoint.starts_with("https://")) {
-      return InvalidArgumentError("S3 endpoint URL '" + endpoint +
+      return InvalidArgumentError("S3 endpoint URL '" + RedactUrl(endpoint) +
                                   "' must start with http:// or https://");
     }
     c.endpoint = endpoint;

@@ -80,7 +80,7 @@ Result<std::shared_ptr<CredentialsProvider>> MakeProvider(std::string_view url,
       // EC2 the real problem is the missing configuration.
       return NoCredentialsError(url, ProcessEnv(), first.status().message());
     }
-    return first.status().WithContext("getting AWS credentials for " + std::string(url));
+    return first.status().WithContext("getting AWS credentials for " + RedactUrl(url));
   }
   return std::shared_ptr<CredentialsProvider>(std::move(provider));
 }
@@ -285,13 +285,9 @@ Result<std::unique_ptr<Store>> OpenS3Store(std::string_view url, const StoreOpti
   DDP_ASSIGN_OR_RETURN(S3Config config, ResolveS3Config(url, options, ProcessEnv()));
   DDP_RETURN_IF_ERROR(ValidateRetryOptions(options.retry));
   if (options.multipart_part_size == 0) {
-    return InvalidArgumentError("multipart_part_size must be > 0 for " + std::string(url));
+    return InvalidArgumentError("multipart_part_size must be > 0 for " + RedactUrl(url));
   }
-  ClientConfig cfg;
-  cfg.retry = options.retry;
-  cfg.connect_timeout_s = options.connect_timeout_s;
-  cfg.low_speed_timeout_s = options.low_speed_timeout_s;
-  cfg.ca_bundle = options.ca_bundle;
+  ClientConfig cfg = ClientConfigFor(options);
   cfg.http_error = &S3Error;
   cfg.retryable_answer = [](const HttpResponse& r) { return S3Retryable(r, nullptr); };
   if (config.credentials || config.credential_source) {

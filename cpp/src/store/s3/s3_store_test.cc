@@ -89,6 +89,23 @@ TEST(S3ConfigTest, ServiceSpecificEndpointAndOptionsWin) {
   EXPECT_EQ(ResolveS3Config("s3://b", o, env)->BucketUrl(), "https://explicit:3/b");
 }
 
+TEST(S3ConfigTest, CredentialsInUrlsNeverReachMessages) {
+  auto env = FakeEnv({{"AWS_ACCESS_KEY_ID", "AK"}, {"AWS_SECRET_ACCESS_KEY", "SK"},
+                      {"AWS_ENDPOINT_URL_S3", "ftp://user:hunter2@host:9"}});
+  Status bad_env = ResolveS3Config("s3://b", {}, env).status();
+  EXPECT_EQ(bad_env.code(), Code::kInvalidArgument) << bad_env.ToString();
+  EXPECT_NE(bad_env.message().find("ftp://host:9"), std::string::npos) << bad_env.ToString();
+  StoreOptions o;
+  o.endpoint_url = "gopher://u:hunter2@h";
+  Status bad_opt = ResolveS3Config("s3://b", o, env).status();
+  Status bad_bucket = ResolveS3Config("s3://AKIA:hunter2@b/p", {}, env).status();
+  EXPECT_EQ(bad_bucket.code(), Code::kInvalidArgument) << bad_bucket.ToString();
+  for (const Status& s : {bad_env, bad_opt, bad_bucket}) {
+    EXPECT_FALSE(s.ok());
+    EXPECT_EQ(s.message().find("hunter2"), std::string::npos) << s.ToString();
+  }
+}
+
 TEST(S3ConfigTest, AwsDefaultsToVirtualHostedStyle) {
   auto env = FakeEnv({{"AWS_ACCESS_KEY_ID", "AK"}, {"AWS_SECRET_ACCESS_KEY", "SK"}});
   auto c = ResolveS3Config("s3://bucket", {}, env);

@@ -45,8 +45,11 @@ def check_import(expect_under: Path | None) -> None:
     t2 = time.perf_counter()
     pkg = Path(dask_ddp.__file__).resolve().parent
     log.info("dask_ddp from %s (%s)", pkg, Path(core.__file__).name)
-    log.info("import time: torch+numpy+distributed %.3f s, then dask_ddp with _core %.3f s",
-             t1 - t0, t2 - t1)
+    log.info(
+        "import time: torch+numpy+distributed %.3f s, then dask_ddp with _core %.3f s",
+        t1 - t0,
+        t2 - t1,
+    )
     if expect_under is not None and expect_under.resolve() not in pkg.parents:
         raise SystemExit(f"dask_ddp was imported from {pkg}, not from under {expect_under}")
 
@@ -136,14 +139,19 @@ def check_bundled_only() -> None:
     if not bundled:
         raise SystemExit("_core uses no library from dask_ddp.libs: is this a repaired wheel?")
     if outside:
-        raise SystemExit("_core needs libraries outside the wheel and the baseline: " + ", ".join(outside))
+        raise SystemExit(
+            "_core needs libraries outside the wheel and the baseline: " + ", ".join(outside)
+        )
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--expect-under", type=Path, help="dask_ddp must be imported from under here")
-    p.add_argument("--bundled-only", action="store_true",
-                   help="fail if _core needs a non-baseline library from outside the wheel")
+    p.add_argument(
+        "--bundled-only",
+        action="store_true",
+        help="fail if _core needs a non-baseline library from outside the wheel",
+    )
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="check_wheel: %(message)s", stream=sys.stdout)
     check_import(args.expect_under)

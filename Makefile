@@ -16,7 +16,8 @@ export PYTHONPATH := $(ROOT)/src$(if $(PYTHONPATH),:$(PYTHONPATH))
 # The environment's tools first (cmake, ninja and ctest come from PyPI into it).
 export PATH := $(ROOT)/.venv/bin:$(PATH)
 
-.PHONY: help setup apt venv build develop test test-cpp test-py asan lint stubs demo bench bench-deps fuzz clean
+.PHONY: help setup apt venv build develop test test-cpp test-py asan lint stubs demo bench bench-deps fuzz clean \
+	sdist wheel check-wheel
 
 help:
 	@echo "make demo   - set up, then train on a local Dask cluster (the embedded default)"
@@ -25,6 +26,8 @@ help:
 	@echo "make lint   - ruff and mypy"
 	@echo "make stubs  - regenerate src/dask_ddp/_core.pyi after changing bindings/"
 	@echo "make bench  - run the benchmarks (see BENCHMARKS.md)"
+	@echo "make wheel  - dist/: the sdist and a self-contained manylinux wheel built from it"
+	@echo "make check-wheel - install the wheel in a fresh venv and run it with the system libraries hidden"
 
 setup: apt venv build develop
 
@@ -79,9 +82,23 @@ bench: setup
 
 # The peers the benchmarks compare against (optional; each benchmark skips a missing one).
 bench-deps: venv
-	$(PY) -c 'import subprocess, sys, tomllib; \
+	$(PY) -c 'import subprocess, sys, tempfile, tomllib; \
+	  from importlib.metadata import version; \
 	  peers = tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["bench"]; \
-	  subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", *peers], check=True)'
+	  pins = tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False); \
+	  pins.write("".join(f"{p}=={version(p)}\n" for p in ("torch", "torchvision"))); pins.close(); \
+	  subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "-c", pins.name, *peers], check=True)'
+
+# The sdist, then a wheel built from it and made self-contained (auditwheel + patchelf):
+# see tools/build_wheel.sh and README "Install".
+sdist: venv
+	@bash tools/build_wheel.sh sdist
+
+wheel: venv
+	@bash tools/build_wheel.sh
+
+check-wheel: wheel
+	@bash tools/check_wheel.sh
 
 clean:
-	rm -rf build src/dask_ddp/_core*.so
+	rm -rf build dist src/dask_ddp/_core*.so

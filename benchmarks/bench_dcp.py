@@ -10,8 +10,7 @@ returns and training could go on) against the whole async save:
   ``torch.distributed.checkpoint.FileSystemWriter/Reader`` (same folder type, same disk);
 - S3 (moto's server on 127.0.0.1, or ``--s3-endpoint`` for another S3 server on
   loopback): dask-ddp's writer/reader vs ``s3torchconnector.dcp.S3StorageWriter/Reader``
-  (optional: skipped with a note when not installed; ``pip install --no-deps
-  s3torchconnector s3torchconnectorclient tenacity`` keeps torch as it is).
+  (optional: skipped with a note when not installed; ``make bench-deps``).
 
 Run from the repository root::
 
@@ -265,7 +264,7 @@ def bench_s3(args: argparse.Namespace) -> None:
     except ImportError:
         have_s3tc = False
         report("note: s3torchconnector is not installed: its S3 case is skipped "
-               "(pip install --no-deps s3torchconnector s3torchconnectorclient tenacity)")
+               "(make bench-deps)")
     env = {"AWS_ACCESS_KEY_ID": os.environ.get("AWS_ACCESS_KEY_ID", "testing"),
            "AWS_SECRET_ACCESS_KEY": os.environ.get("AWS_SECRET_ACCESS_KEY", "testing"),
            "AWS_REGION": os.environ.get("AWS_REGION", "us-east-1")}

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Installs the Debian packages dask-ddp builds and tests with, only those missing.
-# Idempotent: a machine that has them all runs no apt command at all.
+# Idempotent: a machine that has them all runs no apt command at all. Building the package
+# from its sdist needs only the first three lines (README "Install").
 set -euo pipefail
 
 packages=(
   build-essential pkg-config
   libcurl4-openssl-dev libpugixml-dev            # object stores: HTTP(S)/S3, S3 XML listings
   libturbojpeg0-dev libjpeg62-turbo-dev libspng-dev  # image decode
-  libopencv-imgproc-dev libopencv-core-dev      # resize / crop
+  libopencv-imgproc-dev libopencv-core-dev      # tests only: our resize vs OpenCV's pixels
   libgtest-dev libgmock-dev libbenchmark-dev    # C++ tests and micro-benchmarks
   clang libclang-rt-14-dev                      # libFuzzer targets
   nginx-light wrk                               # HTTP throughput benchmark

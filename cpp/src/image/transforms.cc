@@ -1,8 +1,9 @@
 #include "image/transforms.h"
 
 #include <algorithm>
-#include <opencv2/core.hpp>
-#include <opencv2/imgproc.hpp>
+#include <cstring>
+
+#include "image/resize.h"
 
 namespace ddp::image {
 namespace {
@@ -14,23 +15,24 @@ bool IsGeometric(OpKind k) {
 // Python's int(round(x)) for the small values here: round half to even.
 int RoundHalfEven(double x) { return static_cast<int>(std::nearbyint(x)); }
 
-// cv::resize standing in for torchvision's (PIL) antialiased bilinear resize; upscaling
-// and antialias=False are plain bilinear.
-// Antialiased shrinking by 2x or more uses OpenCV's area filter (closest to PIL's widened
+// Standing in for torchvision's (PIL) antialiased bilinear resize; upscaling and
+// antialias=False are plain bilinear (image/resize.h: the pixels of OpenCV's resize).
+// Antialiased shrinking by 2x or more uses the area filter (closest to PIL's widened
 // bilinear filter, but its non-integer path costs ~3x a bilinear resize); below 2x a
 // bilinear kernel already touches every source pixel a destination pixel covers, and the
 // difference from PIL is ~1-3 levels (measured in tests/test_data_transforms.py).
 constexpr double kAreaFromFactor = 2.0;
 
-void ResizeTo(const cv::Mat& src, cv::Mat& dst, int h, int w, bool antialias) {
-  if (src.rows == h && src.cols == w) {
-    src.copyTo(dst);
-    return;
-  }
-  const bool down = w <= src.cols && h <= src.rows;
-  const double factor = std::max(static_cast<double>(src.cols) / w, static_cast<double>(src.rows) / h);
+void ResizeTo(const Rgb8View& src, std::vector<uint8_t>& dst, int h, int w, bool antialias) {
+  const bool down = w <= src.width && h <= src.height;
+  const double factor = std::max(static_cast<double>(src.width) / w, static_cast<double>(src.height) / h);
   const bool area = antialias && down && factor >= kAreaFromFactor;
-  cv::resize(src, dst, cv::Size(w, h), 0, 0, area ? cv::INTER_AREA : cv::INTER_LINEAR);
+  ResizeRgb8(src, w, h, area ? ResizeFilter::kArea : ResizeFilter::kBilinear, dst);
+}
+
+// A view of a packed buffer of `w` x `h` RGB8 pixels.
+Rgb8View Packed(const std::vector<uint8_t>& buf, int w, int h) {
+  return {buf.data(), w, h, static_cast<size_t>(3) * w};
 }
 
 }  // namespace
@@ -180,16 +182,9 @@ SamplePlan Pipeline::Plan(int src_width, int src_height, Rng& rng, bool allow_sc
 }
 
 Status Pipeline::Apply(const Image& img, const SamplePlan& plan, void* out) const {
-  // The loader already runs one sample per core; OpenCV's own parallel_for inside each
-  // resize would only oversubscribe the cores (process-wide setting, made once).
-  static const bool serial_opencv = [] {
-    cv::setNumThreads(0);
-    return true;
-  }();
-  (void)serial_opencv;
-  thread_local cv::Mat buf[2];
+  thread_local std::vector<uint8_t> buf[2];
   int which = 0;
-  cv::Mat cur(img.height, img.width, CV_8UC3, const_cast<uint8_t*>(img.pixels.data()));
+  Rgb8View cur{img.pixels.data(), img.width, img.height, static_cast<size_t>(3) * img.width};
   // Only the first geometric op can see a DCT-scaled or partial image; map its
   // full-resolution coordinates into the decoded pixels.
   const int full_w = img.full_width > 0 ? img.full_width : img.width;
@@ -202,15 +197,22 @@ Status Pipeline::Apply(const Image& img, const SamplePlan& plan, void* out) cons
   bool flipped = false;
   bool first_geom = true;
   size_t box_i = 0, flip_i = 0;
-  auto next_buf = [&]() -> cv::Mat& {
+  // The buffer `cur` is not in (it is in buf[which] or the decoded image).
+  auto next_buf = [&]() -> std::vector<uint8_t>& {
     which ^= 1;
     return buf[which];
   };
   auto materialize_flip = [&] {
     if (!flipped) return;
-    cv::Mat& dst = next_buf();
-    cv::flip(cur, dst, 1);
-    cur = dst;
+    std::vector<uint8_t>& dst = next_buf();
+    const size_t row = static_cast<size_t>(3) * cur.width;
+    if (dst.size() < row * cur.height) dst.resize(row * cur.height);
+    for (int y = 0; y < cur.height; ++y) {
+      const uint8_t* s = cur.data + y * cur.stride;
+      uint8_t* d = dst.data() + y * row;
+      for (int x = 0; x < cur.width; ++x) std::memcpy(d + 3 * (cur.width - 1 - x), s + 3 * x, 3);
+    }
+    cur = Packed(dst, cur.width, cur.height);
     flipped = false;
   };
   for (const TransformOp& op : ops_) {
@@ -230,9 +232,9 @@ Status Pipeline::Apply(const Image& img, const SamplePlan& plan, void* out) cons
         // Plan gives no region to a resize-first pipeline.
         if (partial && first_geom) return InternalError("resize of a partially decoded image");
         first_geom = false;
-        cv::Mat& dst = next_buf();
+        std::vector<uint8_t>& dst = next_buf();
         ResizeTo(cur, dst, nh, nw, op.antialias);
-        cur = dst;
+        cur = Packed(dst, nw, nh);
         w = nw;
         h = nh;
         sx = sy = 1.0;
@@ -247,17 +249,22 @@ Status Pipeline::Apply(const Image& img, const SamplePlan& plan, void* out) cons
           // torchvision pads with zeros (left/top get the smaller half), then crops.
           const int pl = tw > w ? (tw - w) / 2 : 0, pt = th > h ? (th - h) / 2 : 0;
           const int pr = tw > w ? (tw - w + 1) / 2 : 0, pb = th > h ? (th - h + 1) / 2 : 0;
-          cv::Mat& dst = next_buf();
-          cv::copyMakeBorder(cur, dst, pt, pb, pl, pr, cv::BORDER_CONSTANT, cv::Scalar(0, 0, 0));
-          cur = dst;
+          std::vector<uint8_t>& dst = next_buf();
+          const int pw = cur.width + pl + pr, ph = cur.height + pt + pb;
+          dst.assign(static_cast<size_t>(3) * pw * ph, 0);
+          for (int y = 0; y < cur.height; ++y) {
+            std::memcpy(dst.data() + (static_cast<size_t>(y + pt) * pw + pl) * 3, cur.data + y * cur.stride,
+                        static_cast<size_t>(3) * cur.width);
+          }
+          cur = Packed(dst, pw, ph);
           w += pl + pr;
           h += pt + pb;
         }
         const int top = RoundHalfEven((h - th) / 2.0) - oy, left = RoundHalfEven((w - tw) / 2.0) - ox;
-        if (top < 0 || left < 0 || left + tw > cur.cols || top + th > cur.rows) {
+        if (top < 0 || left < 0 || left + tw > cur.width || top + th > cur.height) {
           return InternalError("center crop outside the decoded region");
         }
-        cur = cur(cv::Rect(left, top, tw, th));
+        cur = {cur.data + top * cur.stride + 3 * static_cast<size_t>(left), tw, th, cur.stride};
         first_geom = false;
         w = tw;
         h = th;
@@ -273,14 +280,14 @@ Status Pipeline::Apply(const Image& img, const SamplePlan& plan, void* out) cons
         int y0 = static_cast<int>(std::floor(b.top * sy)) - oy;
         int x1 = static_cast<int>(std::ceil((b.left + b.width) * sx)) - ox;
         int y1 = static_cast<int>(std::ceil((b.top + b.height) * sy)) - oy;
-        x0 = std::clamp(x0, 0, cur.cols - 1);
-        y0 = std::clamp(y0, 0, cur.rows - 1);
-        x1 = std::clamp(x1, x0 + 1, cur.cols);
-        y1 = std::clamp(y1, y0 + 1, cur.rows);
-        cv::Mat roi = cur(cv::Rect(x0, y0, x1 - x0, y1 - y0));
-        cv::Mat& dst = next_buf();
+        x0 = std::clamp(x0, 0, cur.width - 1);
+        y0 = std::clamp(y0, 0, cur.height - 1);
+        x1 = std::clamp(x1, x0 + 1, cur.width);
+        y1 = std::clamp(y1, y0 + 1, cur.height);
+        const Rgb8View roi{cur.data + y0 * cur.stride + 3 * static_cast<size_t>(x0), x1 - x0, y1 - y0, cur.stride};
+        std::vector<uint8_t>& dst = next_buf();
         ResizeTo(roi, dst, op.height, op.width, op.antialias);
-        cur = dst;
+        cur = Packed(dst, op.width, op.height);
         first_geom = false;
         w = op.width;
         h = op.height;
@@ -295,14 +302,14 @@ Status Pipeline::Apply(const Image& img, const SamplePlan& plan, void* out) cons
     }
   }
   const auto [out_h, out_w] = OutputSize(plan.src_width, plan.src_height);
-  if (cur.rows != out_h || cur.cols != out_w) {
-    return InternalError("transform produced " + std::to_string(cur.rows) + "x" +
-                         std::to_string(cur.cols) + ", declared " + std::to_string(out_h) + "x" +
+  if (cur.height != out_h || cur.width != out_w) {
+    return InternalError("transform produced " + std::to_string(cur.height) + "x" +
+                         std::to_string(cur.width) + ", declared " + std::to_string(out_h) + "x" +
                          std::to_string(out_w));
   }
   const size_t plane = static_cast<size_t>(out_h) * out_w;
   for (int y = 0; y < out_h; ++y) {
-    const uint8_t* row = cur.ptr<uint8_t>(y);
+    const uint8_t* row = cur.data + y * cur.stride;
     for (int c = 0; c < 3; ++c) {
       const size_t base = c * plane + static_cast<size_t>(y) * out_w;
       if (float_out_) {

@@ -17,7 +17,8 @@ buffers once: the geometric transforms must end with a fixed size (``CenterCrop`
 (float32 in [0, 1], then ``Normalize``) or ``PILToTensor`` (uint8, the compact option).
 
 The randomness of each sample depends only on (seed, epoch, index), never on threads.
-Resizing uses OpenCV: area interpolation when antialiased downscaling (close to PIL's
+Resizing gives OpenCV 4.6's pixels (the engine's own code, ``cpp/src/image/resize.h``):
+area interpolation when antialiased downscaling (close to PIL's
 antialiased bilinear that torchvision uses on PIL images; see ``tests/test_data_transforms.py``
 for the measured tolerance), bilinear otherwise.
 

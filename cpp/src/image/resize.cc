@@ -1,0 +1,303 @@
+#include "image/resize.h"
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <cstring>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+namespace ddp::image {
+namespace {
+
+constexpr int kChannels = 3;
+constexpr int kCoefBits = 11;  // OpenCV's INTER_RESIZE_COEF_BITS
+constexpr int kCoefScale = 1 << kCoefBits;
+
+// OpenCV's saturate_cast from float/double: round half to even, then clamp.
+inline uint8_t RoundToU8(float v) {
+  const long r = std::lrint(v);
+  return static_cast<uint8_t>(std::clamp(r, 0L, 255L));
+}
+inline int16_t RoundToI16(float v) {
+  return static_cast<int16_t>(std::clamp(std::lrint(v), -32768L, 32767L));
+}
+
+// Two taps per output position, with the source offset of the first.
+struct LinearTaps {
+  std::vector<int> offset;  // first tap: pixel index (x) or row (y); may be clamped
+  std::vector<int16_t> w0, w1;
+};
+
+// OpenCV's bilinear coordinates (half-pixel centres, computed in float), with the
+// weights in 11-bit fixed point. Positions left of the first pixel take it with weight
+// one; `last` (if given) is the first output position from which only one tap is read.
+LinearTaps Taps(int src, int dst, double scale, int* last) {
+  LinearTaps t;
+  t.offset.resize(dst);
+  t.w0.resize(dst);
+  t.w1.resize(dst);
+  if (last != nullptr) *last = dst;
+  for (int d = 0; d < dst; ++d) {
+    float f = static_cast<float>((d + 0.5) * scale - 0.5);
+    int s = static_cast<int>(std::floor(f));
+    f -= static_cast<float>(s);
+    if (last != nullptr) {  // columns: OpenCV clamps the coordinate itself
+      if (s < 0) {
+        f = 0;
+        s = 0;
+      }
+      if (s + 1 >= src) {
+        *last = std::min(*last, d);
+        if (s >= src - 1) {
+          f = 0;
+          s = src - 1;
+        }
+      }
+    }
+    t.offset[d] = s;
+    t.w0[d] = RoundToI16((1.f - f) * kCoefScale);
+    t.w1[d] = RoundToI16(f * kCoefScale);
+  }
+  return t;
+}
+
+// One source row filtered horizontally: 3 * out_width sums in 11-bit fixed point, kept
+// divided by 16 (the vertical pass uses nothing finer), so that they fit in 16 bits.
+// `out` has room for one more value (the SIMD loop writes 4 per pixel).
+void HorizontalLinear(const uint8_t* row, int row_bytes, const LinearTaps& x, int last, int out_width,
+                      int16_t* out) {
+  const int* offset = x.offset.data();
+  const int16_t* w0 = x.w0.data();
+  const int16_t* w1 = x.w1.data();
+  int d = 0;
+#if defined(__SSE2__)
+  // Per pixel: the two 4-byte groups at the taps interleaved (r r' g g' b b' . .), widened
+  // to 16 bits and multiplied-added with (w0 w1 w0 w1 w0 w1 0 0): OpenCV's dot product.
+  const __m128i zero = _mm_setzero_si128();
+  for (; d < last; ++d) {
+    const int o = kChannels * offset[d];
+    if (o + kChannels + 4 > row_bytes) break;  // offsets only grow: the rest is scalar
+    int32_t a = 0, b = 0;
+    std::memcpy(&a, row + o, 4);
+    std::memcpy(&b, row + o + kChannels, 4);
+    const __m128i ab = _mm_unpacklo_epi8(_mm_unpacklo_epi8(_mm_cvtsi32_si128(a), _mm_cvtsi32_si128(b)), zero);
+    const __m128i w = _mm_set_epi16(0, 0, w1[d], w0[d], w1[d], w0[d], w1[d], w0[d]);
+    const __m128i sum = _mm_srai_epi32(_mm_madd_epi16(ab, w), 4);
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(out + kChannels * d), _mm_packs_epi32(sum, sum));
+  }
+#endif
+  for (; d < last; ++d) {
+    const uint8_t* s = row + kChannels * offset[d];
+    const int32_t a0 = w0[d], a1 = w1[d];
+    const int32_t s0 = s[0], s1 = s[1], s2 = s[2], s3 = s[3], s4 = s[4], s5 = s[5];
+    int16_t* o = out + kChannels * d;
+    o[0] = static_cast<int16_t>((s0 * a0 + s3 * a1) >> 4);
+    o[1] = static_cast<int16_t>((s1 * a0 + s4 * a1) >> 4);
+    o[2] = static_cast<int16_t>((s2 * a0 + s5 * a1) >> 4);
+  }
+  // Past `last` (the right edge) one tap with weight one.
+  for (; d < out_width; ++d) {
+    const uint8_t* s = row + kChannels * offset[d];
+    for (int c = 0; c < kChannels; ++c) out[kChannels * d + c] = static_cast<int16_t>(s[c] * (kCoefScale >> 4));
+  }
+}
+
+// Blends two horizontally filtered rows with the rounding of OpenCV's SIMD path (which
+// the whole row takes, measured: resize_test.cc): the 16-bit multiply-high of each row
+// and its weight, summed, then a rounding shift by 2 (SSE2 where there is SSE2).
+void VerticalLinear(const int16_t* r0, const int16_t* r1, int16_t b0, int16_t b1, int n, uint8_t* out) {
+  int i = 0;
+#if defined(__SSE2__)
+  const __m128i vb0 = _mm_set1_epi16(b0), vb1 = _mm_set1_epi16(b1), two = _mm_set1_epi16(2);
+  for (; i + 8 <= n; i += 8) {
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(r0 + i));
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(r1 + i));
+    const __m128i h = _mm_add_epi16(_mm_mulhi_epi16(a, vb0), _mm_mulhi_epi16(b, vb1));
+    const __m128i v = _mm_srai_epi16(_mm_add_epi16(h, two), 2);
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(out + i), _mm_packus_epi16(v, v));
+  }
+#endif
+  for (; i < n; ++i) {
+    const int16_t h0 = static_cast<int16_t>((static_cast<int32_t>(r0[i]) * b0) >> 16);
+    const int16_t h1 = static_cast<int16_t>((static_cast<int32_t>(r1[i]) * b1) >> 16);
+    const int v = (h0 + h1 + 2) >> 2;
+    out[i] = static_cast<uint8_t>(v < 0 ? 0 : v > 255 ? 255 : v);
+  }
+}
+
+void ResizeLinear(const Rgb8View& src, int out_w, int out_h, double scale_x, double scale_y,
+                  uint8_t* out) {
+  int last = out_w;
+  const LinearTaps x = Taps(src.width, out_w, scale_x, &last);
+  const LinearTaps y = Taps(src.height, out_h, scale_y, nullptr);
+  const int n = kChannels * out_w;
+  // Two filtered source rows, reused while consecutive output rows read the same ones.
+  thread_local std::vector<int16_t> rows;
+  rows.resize(2 * (static_cast<size_t>(n) + 1));
+  int16_t* slot[2] = {rows.data(), rows.data() + n + 1};
+  int have[2] = {-1, -1};
+  // Rows are read in increasing order; a new row replaces the older one, never `keep`.
+  auto row = [&](int sy, const int16_t* keep) -> const int16_t* {
+    sy = std::clamp(sy, 0, src.height - 1);
+    for (int i = 0; i < 2; ++i) {
+      if (have[i] == sy) return slot[i];
+    }
+    const int i = keep == slot[0] ? 1 : keep == slot[1] ? 0 : (have[0] <= have[1] ? 0 : 1);
+    HorizontalLinear(src.data + static_cast<size_t>(sy) * src.stride, kChannels * src.width, x, last, out_w,
+                     slot[i]);
+    have[i] = sy;
+    return slot[i];
+  };
+  for (int d = 0; d < out_h; ++d) {
+    const int16_t* r0 = row(y.offset[d], nullptr);
+    const int16_t* r1 = row(y.offset[d] + 1, r0);
+    VerticalLinear(r0, r1, y.w0[d], y.w1[d], n, out + static_cast<size_t>(d) * n);
+  }
+}
+
+// Integer shrink factors: the rounded mean of each block (half to even; 2x2 blocks
+// half up, as OpenCV's SIMD path for them rounds).
+void ResizeAreaInteger(const Rgb8View& src, int out_w, int out_h, int fx, int fy, uint8_t* out) {
+  const size_t n = static_cast<size_t>(kChannels) * out_w;
+  if (fx == 2 && fy == 2) {
+    for (int d = 0; d < out_h; ++d) {
+      const uint8_t* a = src.data + static_cast<size_t>(2 * d) * src.stride;
+      const uint8_t* b = a + src.stride;
+      uint8_t* o = out + static_cast<size_t>(d) * n;
+      for (int dx = 0; dx < out_w; ++dx, a += 6, b += 6, o += 3) {
+        for (int c = 0; c < kChannels; ++c) {
+          o[c] = static_cast<uint8_t>((a[c] + a[c + 3] + b[c] + b[c + 3] + 2) >> 2);
+        }
+      }
+    }
+    return;
+  }
+  const float scale = 1.f / static_cast<float>(fx * fy);
+  thread_local std::vector<int32_t> sums;
+  sums.resize(n);
+  for (int d = 0; d < out_h; ++d) {
+    // Sum the block's rows first (vectorizes), then each pixel's fx columns.
+    std::fill(sums.begin(), sums.end(), 0);
+    thread_local std::vector<int32_t> cols;
+    cols.assign(static_cast<size_t>(kChannels) * out_w * fx, 0);
+    for (int k = 0; k < fy; ++k) {
+      const uint8_t* s = src.data + static_cast<size_t>(d * fy + k) * src.stride;
+      for (size_t i = 0; i < cols.size(); ++i) cols[i] += s[i];
+    }
+    for (int dx = 0; dx < out_w; ++dx) {
+      const int32_t* p = cols.data() + static_cast<size_t>(kChannels) * dx * fx;
+      for (int j = 0; j < fx; ++j) {
+        for (int c = 0; c < kChannels; ++c) sums[kChannels * dx + c] += p[kChannels * j + c];
+      }
+    }
+    uint8_t* o = out + static_cast<size_t>(d) * n;
+    for (size_t i = 0; i < n; ++i) o[i] = RoundToU8(static_cast<float>(sums[i]) * scale);
+  }
+}
+
+// One source index contributing to one output index with a weight (OpenCV's DecimateAlpha).
+struct AreaTap {
+  int out, in;
+  float weight;
+};
+
+// The source cells each output cell covers: whole pixels with weight 1/cell, partly
+// covered ones with the covered fraction (a part under 1e-3 of a pixel is dropped).
+std::vector<AreaTap> AreaTaps(int src, int dst, double scale) {
+  std::vector<AreaTap> tab;
+  tab.reserve(2 * static_cast<size_t>(src));
+  for (int d = 0; d < dst; ++d) {
+    const double f1 = d * scale, f2 = f1 + scale;
+    const double cell = std::min(scale, src - f1);
+    int s1 = static_cast<int>(std::ceil(f1)), s2 = static_cast<int>(std::floor(f2));
+    s2 = std::min(s2, src - 1);
+    s1 = std::min(s1, s2);
+    if (s1 - f1 > 1e-3) tab.push_back({d, s1 - 1, static_cast<float>((s1 - f1) / cell)});
+    for (int s = s1; s < s2; ++s) tab.push_back({d, s, static_cast<float>(1.0 / cell)});
+    if (f2 - s2 > 1e-3) {
+      tab.push_back({d, s2, static_cast<float>(std::min(std::min(f2 - s2, 1.), cell) / cell)});
+    }
+  }
+  return tab;
+}
+
+// Fractional shrink factors, in float as OpenCV does (same operations, same order).
+void ResizeAreaFraction(const Rgb8View& src, int out_w, int out_h, double scale_x, double scale_y,
+                        uint8_t* out) {
+  const std::vector<AreaTap> xtab = AreaTaps(src.width, out_w, scale_x);
+  const std::vector<AreaTap> ytab = AreaTaps(src.height, out_h, scale_y);
+  const size_t n = static_cast<size_t>(kChannels) * out_w;
+  thread_local std::vector<float> buffer;
+  buffer.assign(2 * n, 0.f);
+  float* buf = buffer.data();
+  float* sum = buf + n;
+  auto flush = [&](int dy) {
+    uint8_t* o = out + static_cast<size_t>(dy) * n;
+    for (size_t i = 0; i < n; ++i) o[i] = RoundToU8(sum[i]);
+  };
+  // xtab is ordered by output pixel: each pixel's taps are one run.
+  std::vector<int> xrun(static_cast<size_t>(out_w) + 1, 0);
+  for (const AreaTap& t : xtab) ++xrun[t.out + 1];
+  for (int d = 0; d < out_w; ++d) xrun[d + 1] += xrun[d];
+  int prev = ytab.empty() ? 0 : ytab.front().out;
+  for (const AreaTap& ty : ytab) {
+    const uint8_t* s = src.data + static_cast<size_t>(ty.in) * src.stride;
+    // Each pixel's sum in registers, added in the taps' order (the same float result
+    // as accumulating in memory).
+    for (int d = 0; d < out_w; ++d) {
+      float a0 = 0.f, a1 = 0.f, a2 = 0.f;
+      for (int k = xrun[d]; k < xrun[d + 1]; ++k) {
+        const uint8_t* p = s + kChannels * xtab[k].in;
+        const float w = xtab[k].weight;
+        a0 = a0 + p[0] * w;
+        a1 = a1 + p[1] * w;
+        a2 = a2 + p[2] * w;
+      }
+      buf[kChannels * d] = a0;
+      buf[kChannels * d + 1] = a1;
+      buf[kChannels * d + 2] = a2;
+    }
+    if (ty.out != prev) {
+      flush(prev);
+      for (size_t i = 0; i < n; ++i) sum[i] = ty.weight * buf[i];
+      prev = ty.out;
+    } else {
+      for (size_t i = 0; i < n; ++i) sum[i] += ty.weight * buf[i];
+    }
+  }
+  flush(prev);
+}
+
+}  // namespace
+
+void ResizeRgb8(const Rgb8View& src, int out_width, int out_height, ResizeFilter filter,
+                std::vector<uint8_t>& out) {
+  const size_t row = static_cast<size_t>(kChannels) * out_width;
+  if (out.size() < row * out_height) out.resize(row * out_height);
+  if (src.width == out_width && src.height == out_height) {
+    for (int y = 0; y < out_height; ++y) {
+      std::memcpy(out.data() + y * row, src.data + static_cast<size_t>(y) * src.stride, row);
+    }
+    return;
+  }
+  // The scale as OpenCV derives it (1 / (dst / src)), which decides its integer cases.
+  const double scale_x = 1. / (static_cast<double>(out_width) / src.width);
+  const double scale_y = 1. / (static_cast<double>(out_height) / src.height);
+  const int ix = static_cast<int>(std::lrint(scale_x)), iy = static_cast<int>(std::lrint(scale_y));
+  const bool integer = std::abs(scale_x - ix) < DBL_EPSILON && std::abs(scale_y - iy) < DBL_EPSILON;
+  // Halving both sides bilinearly is the 2x2 mean; OpenCV takes its area path for it.
+  if (filter == ResizeFilter::kBilinear && integer && ix == 2 && iy == 2) filter = ResizeFilter::kArea;
+  if (filter == ResizeFilter::kArea && scale_x >= 1 && scale_y >= 1) {
+    if (integer) {
+      ResizeAreaInteger(src, out_width, out_height, ix, iy, out.data());
+    } else {
+      ResizeAreaFraction(src, out_width, out_height, scale_x, scale_y, out.data());
+    }
+    return;
+  }
+  ResizeLinear(src, out_width, out_height, scale_x, scale_y, out.data());
+}
+
+}  // namespace ddp::image

@@ -1,0 +1,35 @@
+// RGB8 resizing: the two filters the transforms use, written to give the same pixels as
+// the OpenCV 4.6 resize they replace (cv::resize with INTER_LINEAR and, when shrinking,
+// INTER_AREA, on CV_8UC3, Debian 12's build), so that the wheel needs no
+// OpenCV and the Loader's output does not change. resize_test.cc checks the equality
+// against OpenCV when it is installed, and the arithmetic on small cases by hand.
+//
+// Bilinear: half-pixel centres, edge pixels repeated, 11-bit fixed-point weights; the
+// vertical pass rounds as OpenCV's SIMD path does. Area: each output pixel is the mean of
+// the source area it covers, partly covered pixels weighted by the fraction covered.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace ddp::image {
+
+// A read-only RGB8 view: `stride` bytes between rows (at least 3 * width).
+struct Rgb8View {
+  const uint8_t* data = nullptr;
+  int width = 0;
+  int height = 0;
+  size_t stride = 0;
+};
+
+enum class ResizeFilter { kBilinear, kArea };
+
+// Resizes `src` to out_width x out_height into `out` (rows packed, 3 * out_width bytes),
+// growing `out` if needed. Both sizes must be positive; kArea requires shrinking in both
+// directions (out_width <= src.width and out_height <= src.height), else bilinear is
+// used. The same size copies.
+void ResizeRgb8(const Rgb8View& src, int out_width, int out_height, ResizeFilter filter,
+                std::vector<uint8_t>& out);
+
+}  // namespace ddp::image

@@ -10,7 +10,9 @@ one run on the same cores:
    ``DistributedSampler``;
 3. torchrun + the same torchvision pipeline (the baseline);
 4. Ray Train ``TorchTrainer`` + the same torchvision pipeline (skipped with a note when
-   ``ray[train]`` is not installed: ``make bench-deps``).
+   ``ray[train]`` is not installed: ``make bench-deps``);
+5. the model's ceiling: dask-ddp ``submit`` + the same number of in-memory batches, no
+   loading at all (what any pipeline could reach on these cores).
 
 torchrun and Ray run from the environment captured before ``distributed`` is imported
 (:mod:`benchenv`). The figure is training throughput: images all ranks consumed / wall time
@@ -44,6 +46,7 @@ CONFIGS = {
     "dask-tv": "dask-ddp submit + torchvision DataLoader(num_workers=1)",
     "torchrun": "torchrun + torchvision DataLoader(num_workers=1) (baseline)",
     "ray": "Ray Train TorchTrainer + torchvision DataLoader(num_workers=1)",
+    "compute": "dask-ddp submit + in-memory batches, no loading (the model's ceiling)",
 }
 
 
@@ -60,6 +63,12 @@ def make_model() -> Any:
 
 def _batches(pipeline: str, root: str, batch: int, seed: int) -> tuple[Any, Any, Any]:
     """(iterable, set_epoch, close) of the rank's data pipeline."""
+    if pipeline == "compute":  # the same number of batches, made once: no loading at all
+        import torch
+
+        n = len([f for _, _, fs in os.walk(root) for f in fs]) // 2  # this rank's half
+        x, y = torch.randn(batch, 3, 224, 224), torch.randint(0, 10, (batch,))
+        return [(x, y)] * (-(-n // batch)), lambda epoch: None, lambda: None
     if pipeline == "loader":
         from dask_ddp.data import ImageFolder, Loader
         from dask_ddp.data import transforms as T
@@ -121,12 +130,13 @@ def _summary(values: list[dict[str, Any]], t0: float) -> dict[str, Any]:
 
 
 def run_config(name: str, client: Any, root: str, epochs: int, batch: int) -> dict[str, Any]:
-    if name in ("loader", "dask-tv"):
+    if name in ("loader", "dask-tv", "compute"):
         import dask_ddp
 
         t0 = time.time()
-        job = dask_ddp.submit(client, train, "loader" if name == "loader" else "torchvision",
-                              root, epochs, batch, n_workers=2, progress=False)
+        pipeline = {"loader": "loader", "dask-tv": "torchvision"}.get(name, name)
+        job = dask_ddp.submit(client, train, pipeline, root, epochs, batch, n_workers=2,
+                              progress=False)
         return _summary(job.result(), t0)
     run = peers.run_torchrun if name == "torchrun" else peers.run_ray
     t0, values = run("bench_train:train", ["torchvision", root, epochs, batch])
@@ -149,7 +159,7 @@ def main() -> None:
     if not os.path.isdir(args.data) or not os.listdir(args.data):
         logger.info("writing %d JPEGs into %s", args.n, args.data)
         make_dataset(args.data, args.n)
-    names = peers.with_ray(["torchrun", "dask-tv", "loader"], args.no_ray)
+    names = peers.with_ray(["torchrun", "dask-tv", "loader", "compute"], args.no_ray)
     from distributed import Client, LocalCluster
 
     logging.getLogger("distributed").setLevel(logging.WARNING)
@@ -178,6 +188,11 @@ def main() -> None:
         wall = statistics.median(x["wall"] for x in results[name])
         logger.info("  %-62s %7.1f images/s  %.3fx torchrun  (whole call %.1f s)",
                     CONFIGS[name], rate, rate / base, wall)
+    ceiling = statistics.median(x["rate"] for x in results["compute"])
+    loader = statistics.median(x["rate"] for x in results["loader"])
+    logger.info("the Loader runs at %.2f of the no-loading ceiling (torchrun + torchvision "
+                "at %.2f); the most any pipeline could be is %.2fx torchrun", loader / ceiling,
+                base / ceiling, ceiling / base)
     logger.info("targets: dask-ddp + torchvision within 3% of torchrun (>= 0.97x); "
                 "dask-ddp + Loader >= 3x torchrun")
 

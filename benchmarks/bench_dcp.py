@@ -35,6 +35,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import benchenv  # first: the clean environment, before distributed is imported
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))  # the server helpers shared with the tests
 sys.path.insert(0, str(ROOT / "src"))
@@ -228,6 +230,7 @@ def main() -> None:
         rank_main(json.loads(args.rank_spec))
         return
     logging.basicConfig(level=logging.WARNING)
+    benchenv.log_load_around_run(logger)
     out = logging.StreamHandler(sys.stdout)
     logger.addHandler(out)
     logger.setLevel(logging.INFO)

@@ -114,7 +114,7 @@ def _torchrun(script: Path, out: Path) -> dict[str, Any]:
     source = script.read_text()
     if source not in _REFERENCE:
         # This test process's start-up environment: no LocalCluster settings, no SLURM.
-        env = _rankenv._start_environ(os.getpid()) or dict(os.environ)
+        env = _rankenv.start_environ(os.getpid()) or dict(os.environ)
         env["PYTHONPATH"] = os.environ.get("PYTHONPATH", "")
         subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                         "--nproc-per-node=2", str(script), str(out)], check=True, env=env,

@@ -28,7 +28,7 @@ NANNY_VARS = ("MALLOC_TRIM_THRESHOLD_", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS
 
 def start_environ() -> dict[str, str]:
     """This test process's environment as it started (a LocalCluster's nanny's)."""
-    env = _rankenv._start_environ(os.getpid())
+    env = _rankenv.start_environ(os.getpid())
     assert env is not None, "/proc/self/environ is unreadable"
     return env
 

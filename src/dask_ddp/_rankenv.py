@@ -79,7 +79,7 @@ def nanny_injected(worker_env: Mapping[str, str], nanny_env: Mapping[str, str] |
     return added
 
 
-def _start_environ(pid: int) -> dict[str, str] | None:
+def start_environ(pid: int) -> dict[str, str] | None:
     """The environment process ``pid`` was started with, or ``None`` if unreadable."""
     try:
         with open(f"/proc/{pid}/environ", "rb") as f:
@@ -114,7 +114,7 @@ def nanny_environ(has_nanny: bool) -> dict[str, str] | None:
     """
     if not has_nanny:
         return dict(os.environ)
-    env = _start_environ(_nanny_pid())
+    env = start_environ(_nanny_pid())
     if env is None:
         logger.debug("cannot read the nanny's environment (no /proc); dropping every "
                      "pre-spawn variable that holds Dask's default value")

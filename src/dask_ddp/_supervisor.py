@@ -227,13 +227,13 @@ class _Supervisor:
             return pickle.loads(report["value"])
         if spec.command is not None and returncode == 0:
             return 0
-        recorded = _read_error_file(os.path.join(workdir, ERROR_FILE))
         if report is not None and report["status"] == "error":
             cause = _load_exception(report)
             err = self._failed(
                 report["phase"], f"{report['type']}: {report['message']}", cause,
                 report["traceback"], claimed=report.get("claimed", False))
-        elif recorded is not None:  # a script whose main is decorated with torch's @record
+        elif (recorded := _read_error_file(os.path.join(workdir, ERROR_FILE))) is not None:
+            # A script whose main is decorated with torch's @record.
             message, tb = recorded
             err = self._failed("run", message, None, tb)
         else:

@@ -320,8 +320,8 @@ TEST(Loader, DecodeBufferOfALargeImageIsNotKept) {
   while (l->decode_buffer_bytes() >= 2048 * 1536 * 3 && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
-  // The small images' buffers stay (reused); the large one's went.
-  EXPECT_GT(l->decode_buffer_bytes(), 0);
+  // The small images' buffers may stay (reused); the large one's went. Zero is possible:
+  // one thread can take every sample and drop its buffer after the large image.
   EXPECT_LE(l->decode_buffer_bytes(), 2 * (4 << 20));
   EXPECT_LT(l->decode_buffer_bytes(), 2048 * 1536 * 3);
 }

@@ -693,3 +693,72 @@ if __name__ == "__main__":
         _serve(_Server(("127.0.0.1", int(sys.argv[2])), _Handler))
     else:
         sys.exit(f"usage: {sys.argv[0]} fault PORT [CERT KEY] | static PORT ROOT")
+
+
+class FlakyProxy:
+    """A reverse proxy in a thread of the test process, in front of a real server (e.g.
+    moto), that answers ``503 SlowDown`` instead of forwarding while ``fail(method, path)``
+    is true; every other request goes through unchanged. ``failed`` counts the 503s.
+
+    For tests where one object of a real store is transiently unavailable while listing
+    and the other objects work.
+    """
+
+    def __init__(self, upstream: str, fail: Any) -> None:
+        import http.client
+        import urllib.parse
+
+        up = urllib.parse.urlsplit(upstream)
+        self.failed = 0
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+                pass
+
+            def _forward(self) -> None:
+                n = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(n) if n else None
+                if fail(self.command, self.path.split("?")[0]):
+                    proxy.failed += 1
+                    err = _error_xml("SlowDown", "Please reduce your request rate.", self.path)
+                    self.send_response(503)
+                    self.send_header("Content-Length", str(len(err)))
+                    self.end_headers()
+                    self.wfile.write(err)
+                    return
+                conn = http.client.HTTPConnection(up.hostname or "", up.port, timeout=30)
+                try:
+                    conn.request(self.command, self.path, body=body, headers=dict(self.headers))
+                    r = conn.getresponse()
+                    data = r.read()
+                finally:
+                    conn.close()
+                self.send_response(r.status)
+                for k, v in r.getheaders():
+                    if k.lower() not in ("transfer-encoding", "connection", "content-length"):
+                        self.send_header(k, v)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(data)
+
+            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _forward  # noqa: N815
+
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def __enter__(self) -> FlakyProxy:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

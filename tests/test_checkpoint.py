@@ -88,6 +88,56 @@ def test_corrupt_newest_falls_back(file_url: str, tmp_path: Path) -> None:
     assert check_consistent(load_checkpoint(file_url)) == 1
 
 
+@pytest.mark.s3
+def test_unavailable_newest_raises_instead_of_resuming_older(
+    s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 503 storm on the newest checkpoint is not "no checkpoint": the restore raises,
+    naming the object, rather than silently resuming from an older step (it used to)."""
+    from dask_ddp.elastic import Checkpointer
+    from storage_servers import FlakyProxy
+
+    url = f"s3://{s3_bucket}/run"
+    for step in (1, 2):
+        save_checkpoint(state(step), step, storage=url).result(60)  # type: ignore[union-attr]
+    newest = f"/{s3_bucket}/run/checkpoints/step-000000000002.pt"
+    with FlakyProxy(os.environ["AWS_ENDPOINT_URL_S3"],
+                    lambda method, path: method == "GET" and path == newest) as proxy, \
+            monkeypatch.context() as m:
+        m.setenv("AWS_ENDPOINT_URL_S3", proxy.url)
+        with pytest.raises(ConnectionError, match="step-000000000002.pt"):
+            load_checkpoint(url)
+        assert proxy.failed >= checkpoint.READ_ATTEMPTS  # each whole try: the store's retries
+        with pytest.raises(ConnectionError, match="step-000000000002.pt"):
+            Checkpointer(torch.nn.Linear(2, 2), storage=url).restore()
+    # A missing newest object (pruned meanwhile) still falls back to the older step.
+    from dask_ddp import storage
+
+    storage.open(url).delete("checkpoints/step-000000000002.pt")
+    assert check_consistent(load_checkpoint(url)) == 1
+
+
+@pytest.mark.s3
+def test_transient_errors_on_restore_are_retried(
+    s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from storage_servers import FlakyProxy
+
+    url = f"s3://{s3_bucket}/run"
+    for step in (1, 2):
+        save_checkpoint(state(step), step, storage=url).result(60)  # type: ignore[union-attr]
+    newest = f"/{s3_bucket}/run/checkpoints/step-000000000002.pt"
+    fails = iter([True, True])  # two 503s, then the object
+
+    def fail(method: str, path: str) -> bool:
+        return method == "GET" and path == newest and next(fails, False)
+
+    with FlakyProxy(os.environ["AWS_ENDPOINT_URL_S3"], fail) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL_S3", proxy.url)
+        assert check_consistent(load_checkpoint(url)) == 2
+        assert proxy.failed == 2
+
+
 WRITER = """
 import sys, torch
 from dask_ddp.checkpoint import save_checkpoint

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import json
+import os
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -223,3 +224,24 @@ def test_steps_retention_and_incomplete_steps(tmp_path: Path) -> None:
     target = small_state(0.0)
     assert load_sharded(target, storage=url) == 3
     assert_same(small_state(3.0), target)
+
+
+@pytest.mark.s3
+def test_unavailable_metadata_raises_instead_of_resuming_older(
+    s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 503 storm on the newest step's metadata is not "no checkpoint there": the lookup
+    raises, naming the object, instead of settling for the older step (it used to)."""
+    from dask_ddp.checkpoint import save_sharded
+    from storage_servers import FlakyProxy
+
+    url = f"s3://{s3_bucket}/run"
+    for step in (1, 2):
+        save_sharded(small_state(float(step)), step, storage=url)
+    metadata = f"/{s3_bucket}/run/checkpoints/step-000000000002/.metadata"
+    with FlakyProxy(os.environ["AWS_ENDPOINT_URL_S3"],
+                    lambda method, path: method == "GET" and path == metadata) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL_S3", proxy.url)
+        with pytest.raises(ConnectionError, match="step-000000000002/.metadata"):
+            latest_sharded_step(url)
+        assert proxy.failed > 0

@@ -25,7 +25,8 @@ import os
 import re
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +40,13 @@ MAX_PENDING = 1
 _executor: concurrent.futures.ThreadPoolExecutor | None = None
 _pending: collections.deque[concurrent.futures.Future[str]] = collections.deque()
 _lock = threading.Lock()
+#: Storage errors worth another whole try after the store's own retries (a 503 storm, a
+#: timeout). Anything else (a refused request, a bad key) is raised at once.
+_TRANSIENT = (ConnectionError, TimeoutError)
+#: Whole tries of one checkpoint object when reading it to restore.
+READ_ATTEMPTS = 3
+
+T = TypeVar("T")
 
 
 def _storage_url(storage: str | None) -> str:
@@ -251,16 +259,64 @@ def load_checkpoint(
     return None
 
 
-def _read_verified(store: Any, url: str, step: int) -> bytes | None:
+def _retry(
+    fn: Callable[[], T], *, attempts: int, on_error: Callable[[Exception], BaseException]
+) -> T:
+    """``fn()``, tried ``attempts`` times on transient errors; other errors at once.
+
+    The error raised is ``on_error(e)``, chained to the last one.
+    """
+    for attempt in range(1, attempts + 1):
+        try:
+            return fn()
+        except _TRANSIENT as e:
+            if attempt == attempts:
+                raise on_error(e) from e
+            logger.warning("transient storage error (attempt %d of %d): %s", attempt, attempts, e)
+            time.sleep(min(0.5 * 2 ** (attempt - 1), 5.0))
+        except Exception as e:
+            raise on_error(e) from e
+    raise AssertionError("unreachable")
+
+
+def get_or_none(store: Any, url: str, key: str, what: str) -> bytes | None:
+    """The object ``key`` of a checkpoint store, or ``None`` if it does not exist.
+
+    Only a missing object is ``None``: a transient error (503, timeout) is retried
+    (:data:`READ_ATTEMPTS` whole tries), then raised, like any other error, naming the
+    object. A restore must never mistake "storage unavailable" for "no checkpoint" and
+    silently resume from an older step or from scratch.
+    """
+
+    def failed(e: Exception) -> BaseException:
+        msg = f"reading {what} {url.rstrip('/')}/{key}: {e}"
+        try:
+            return type(e)(msg)  # the same type, so callers catch what they know
+        except Exception:  # noqa: BLE001 - a type with another signature
+            return RuntimeError(msg)
+
     try:
-        manifest = json.loads(store.get(_manifest_key(step)))
-        data = store.get(_data_key(step))
-    except Exception as e:  # noqa: BLE001 - the caller tries an older one
-        logger.warning("checkpoint step %d in %s unreadable (%s)", step, url, e)
+        return bytes(_retry(lambda: store.get(key), attempts=READ_ATTEMPTS, on_error=failed))
+    except FileNotFoundError:
         return None
-    if len(data) != manifest.get("size") or hashlib.sha256(data).hexdigest() != manifest.get(
-        "sha256"
-    ):
+
+
+def _read_verified(store: Any, url: str, step: int) -> bytes | None:
+    """Step ``step``'s data if its manifest and data are there and agree; ``None`` if one
+    is missing (pruned meanwhile) or fails verification. Storage errors raise."""
+    raw = get_or_none(store, url, _manifest_key(step), f"checkpoint step {step}")
+    data = get_or_none(store, url, _data_key(step), f"checkpoint step {step}")
+    if raw is None or data is None:
+        logger.warning("checkpoint step %d in %s is incomplete (pruned meanwhile?)", step, url)
+        return None
+    try:
+        manifest = json.loads(raw)
+        ok = len(data) == manifest["size"] and hashlib.sha256(data).hexdigest() == manifest[
+            "sha256"]
+    except (ValueError, KeyError, TypeError) as e:
+        logger.warning("checkpoint step %d in %s has a bad manifest (%s)", step, url, e)
+        return None
+    if not ok:
         logger.warning("checkpoint step %d in %s does not match its manifest", step, url)
         return None
     return data

@@ -23,12 +23,12 @@ all (the store's ``put`` is atomic), and ``.metadata`` is written only after eve
 objects are complete (DCP gathers every rank's results before ``finish``), so a crash at any
 point mid-save leaves no ``.metadata``: the checkpoint never looks complete. Saving again
 into a folder that holds a checkpoint first deletes its ``.metadata``, then its
-``__R_N.distcp`` objects (nothing else there).
-A transient storage error is retried (the store's ``max_attempts``, then ``put_attempts``
-whole uploads); past that the save fails on every rank, naming the URL, key and rank.
+``__R_N.distcp`` objects (nothing else there). A transient storage error is retried (the
+store's ``max_attempts``, then ``put_attempts`` whole uploads); past that the save fails on
+every rank, naming the URL, key and rank.
 
-Reading fetches only what the rank needs: ranged GETs of the byte ranges of the items in
-the rank's load plan (neighbouring ranges of one object merged), in parallel.
+Reading fetches only what the rank needs: ranged GETs of the byte ranges of the items in the
+rank's load plan (neighbouring ranges of one object merged), in parallel.
 
 :mod:`dask_ddp.checkpoint_sharded` adds the step layout of :mod:`dask_ddp.checkpoint`
 (``checkpoints/step-000000000100/``), the newest-complete-step lookup and retention, and
@@ -47,8 +47,8 @@ import pickle
 import re
 import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
-from typing import IO, TYPE_CHECKING, Any, TypeVar, cast
+from collections.abc import Iterator, Sequence
+from typing import IO, TYPE_CHECKING, Any, cast
 
 import torch
 from torch.distributed import checkpoint as dcp
@@ -67,6 +67,8 @@ from torch.distributed.checkpoint.planner import (
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
+from .checkpoint import _retry
+
 if TYPE_CHECKING:
     from dask_ddp.storage import Store
 
@@ -79,14 +81,11 @@ SUFFIX = ".distcp"
 #: Schemes each side accepts (``validate_checkpoint_id``).
 _WRITE_SCHEMES = ("file://", "s3://", "memory://")
 _READ_SCHEMES = (*_WRITE_SCHEMES, "http://", "https://")
-#: Retryable errors of a whole upload, after the store's own retries.
-_TRANSIENT = (ConnectionError, TimeoutError)
 #: The name of a data object of a checkpoint (rank, number), as DCP's own writers name them.
 _OBJECT = re.compile(r"^__\d+_\d+\.distcp$")
 #: Ranged reads of one object closer than this are merged into one request.
 _MERGE_GAP = 1 << 20
 
-T = TypeVar("T")
 
 
 def _rank_of(rank: int | None) -> int:
@@ -210,9 +209,8 @@ class StorageWriter(dcp.StorageWriter):
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
         # Runs on the coordinator before any rank writes: clear an older checkpoint in the
-        # folder, .metadata first, so it can never describe a mix of old and new objects.
-        # Only the .metadata matters for correctness (objects it does not name are never
-        # read): its deletion must succeed, the rest is tidying.
+        # folder, .metadata first, so it never describes a mix of old and new objects. Only
+        # it matters (objects it does not name are never read): its deletion must succeed.
         _retry(
             lambda: self.store.delete(METADATA),
             attempts=self.put_attempts,
@@ -306,23 +304,6 @@ class StorageWriter(dcp.StorageWriter):
             attempts=self.put_attempts,
             on_error=lambda e: self._errors().wrap("writing", key, e),
         )
-
-
-def _retry(
-    fn: Callable[[], T], *, attempts: int, on_error: Callable[[Exception], BaseException]
-) -> T:
-    """``fn()``, tried ``attempts`` times on transient errors; other errors at once."""
-    for attempt in range(1, attempts + 1):
-        try:
-            return fn()
-        except _TRANSIENT as e:
-            if attempt == attempts:
-                raise on_error(e) from e
-            logger.warning("transient storage error (attempt %d of %d): %s", attempt, attempts, e)
-            time.sleep(min(0.5 * 2 ** (attempt - 1), 5.0))
-        except Exception as e:
-            raise on_error(e) from e
-    raise AssertionError("unreachable")
 
 
 def _item_size(item: WriteItem) -> int:

@@ -63,7 +63,7 @@ def list_sharded_checkpoints(storage: str | None = None, **store_options: Any) -
 def latest_sharded_step(storage: str | None = None, **store_options: Any) -> int | None:
     """The newest step whose metadata reads and whose objects are all present and long
     enough; ``None`` if there is none."""
-    from .checkpoint import _storage_url
+    from .checkpoint import _storage_url, get_or_none
 
     url = _storage_url(storage)
     store = _open_store(url, store_options)
@@ -74,13 +74,18 @@ def latest_sharded_step(storage: str | None = None, **store_options: Any) -> int
     )
     for step in steps:
         base = _step_prefix(step)
+        # Missing (pruned meanwhile) or not a DCP metadata object: try an older step. A
+        # storage error (after retries) raises: never resume from an older step by mistake.
+        raw = get_or_none(store, url, base + METADATA, f"sharded checkpoint step {step}")
+        if raw is None:
+            continue
         try:
-            metadata = pickle.loads(store.get(base + METADATA))
+            metadata = pickle.loads(raw)
             needed: dict[str, int] = {}
             for info in (metadata.storage_data or {}).values():
                 key = base + info.relative_path
                 needed[key] = max(needed.get(key, 0), info.offset + info.length)
-        except Exception as e:  # noqa: BLE001 - try an older one
+        except Exception as e:  # noqa: BLE001 - unpickling fails in many ways
             logger.warning("sharded checkpoint step %d in %s unreadable (%s)", step, url, e)
             continue
         missing = [k for k, n in needed.items() if sizes.get(k, -1) < n]

@@ -194,13 +194,24 @@ def restore_training_state(state: dict[str, Any], model: Any, optimizer: Any = N
 def _chosen_by_rank0(choose: Any) -> Any:
     """``choose()`` on rank 0, broadcast to every rank (collective in a job)."""
     group = _group()
-    value = choose() if group is None or group[0] == 0 else None
-    if group is not None:
-        import torch.distributed as dist
+    if group is None:
+        return choose()
+    import torch.distributed as dist
 
-        box = [value]
-        dist.broadcast_object_list(box, src=0)
-        value = box[0]
+    error: BaseException | None = None
+    box: list[Any] = [None]
+    if group[0] == 0:
+        try:
+            box = [("ok", choose())]
+        except Exception as e:  # every rank raises, not just rank 0 (the others would wait)
+            error = e
+            box = [("error", f"{type(e).__name__}: {e}")]
+    dist.broadcast_object_list(box, src=0)
+    kind, value = box[0]
+    if error is not None:
+        raise error
+    if kind == "error":
+        raise RuntimeError(f"rank 0 could not choose the checkpoint to restore: {value}")
     return value
 
 

@@ -9,8 +9,11 @@ everything.
 A topic is removed when its reader closes it, or when it is abandoned (checked every
 second, see :meth:`Topic.abandoned`): its client went away, or every rank task that wrote
 to it was released, or nobody read it for ``dask-ddp.results.expiry`` while no writer was
-running. A put to a removed topic is accepted and dropped (the rank must not block on a
-topic nobody will read); a get on it raises :class:`LookupError`.
+running. A put to a removed topic from one of its writers (or from a writer that does not
+say who it is) is accepted and dropped: the rank must not block on a topic nobody will
+read. A put from a new writer (the next job of a reused results handler) opens the topic
+afresh, and so does :meth:`ResultsExtension.open`; a get on a removed topic raises
+:class:`LookupError`.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import collections
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 from tornado.ioloop import PeriodicCallback
@@ -39,6 +42,13 @@ SWEEP_S = 1.0
 TOMBSTONES = 4096
 #: Task states in which a writing rank task may still put records.
 _ACTIVE = frozenset({"released", "waiting", "no-worker", "queued", "processing"})
+
+
+class Tombstone(NamedTuple):
+    """A topic removed as abandoned."""
+
+    reason: str
+    writers: frozenset[str]
 
 
 @dataclass
@@ -111,7 +121,8 @@ class ResultsExtension:
     def __init__(self, scheduler: Any) -> None:
         self.scheduler = scheduler
         self.topics: dict[str, Topic] = {}
-        self.removed: collections.OrderedDict[str, str] = collections.OrderedDict()
+        #: Removed topics: why, and the task keys that wrote to them.
+        self.removed: collections.OrderedDict[str, Tombstone] = collections.OrderedDict()
         scheduler.handlers.update(
             {
                 "dask_ddp_results_open": self.open,
@@ -137,9 +148,13 @@ class ResultsExtension:
         budget: int | None = None,
         client: str | None = None,
         expiry: float | None = None,
-    ) -> dict[str, int]:
-        """Create ``topic`` (or update it) for ``client``, who will read it."""
-        self.removed.pop(topic, None)
+    ) -> dict[str, Any]:
+        """Create ``topic`` (or update it) for ``client``, who will read it.
+
+        ``removed`` in the reply says why, when the topic had been removed as abandoned
+        (its unread records are lost).
+        """
+        gone = self.removed.pop(topic, None)
         t = self._topic(topic)
         if budget:
             t.budget = int(budget)
@@ -148,7 +163,10 @@ class ResultsExtension:
         if client is not None:
             t.owner = client
         t.last_read = time.monotonic()
-        return {"budget": t.budget}
+        reply: dict[str, Any] = {"budget": t.budget}
+        if gone is not None:
+            reply["removed"] = gone.reason
+        return reply
 
     async def put(
         self, topic: str, entries: list[Any], wait: float = 1.0, writer: str | None = None
@@ -160,8 +178,11 @@ class ResultsExtension:
         memory first: the caller retries the rest, which is how back-pressure travels.
         A removed topic takes everything and drops it (``dropped`` says why).
         """
-        if topic in self.removed:
-            return {"accepted": len(entries), "dropped": self.removed[topic]}
+        gone = self.removed.get(topic)
+        if gone is not None:
+            if writer is None or writer in gone.writers:
+                return {"accepted": len(entries), "dropped": gone.reason}
+            del self.removed[topic]  # a new job writes to it: a new topic
         batch = [Entry.of(e) for e in entries]
         t = self._topic(topic)
         if writer:
@@ -178,7 +199,7 @@ class ResultsExtension:
             except asyncio.TimeoutError:
                 break
             if topic in self.removed:
-                return {"accepted": len(entries), "dropped": self.removed[topic]}
+                return {"accepted": len(entries), "dropped": self.removed[topic].reason}
             t = self._topic(topic)
             n = t.accept(batch)
         if n:
@@ -196,7 +217,8 @@ class ResultsExtension:
         """Entries from offset ``cursor`` on; frees (acknowledges) every entry before it."""
         if topic in self.removed:
             raise LookupError(
-                f"results topic {topic!r} was removed from the scheduler: {self.removed[topic]}"
+                f"results topic {topic!r} was removed from the scheduler: "
+                f"{self.removed[topic].reason}"
             )
         t = self._topic(topic)
         if cursor < t.base:
@@ -243,7 +265,7 @@ class ResultsExtension:
     def remove(self, topic: str, reason: str) -> None:
         """Drop an abandoned topic; later puts to it are dropped too."""
         t = self.topics.pop(topic, None)
-        self.removed[topic] = reason
+        self.removed[topic] = Tombstone(reason, frozenset(t.writers) if t else frozenset())
         while len(self.removed) > TOMBSTONES:
             self.removed.popitem(last=False)
         if t is not None:

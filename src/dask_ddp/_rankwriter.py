@@ -360,9 +360,11 @@ class Forwarder:
         n = -(-len(payload) // p)
         return [Entry(source, seq, 1, i, n, payload[i * p : (i + 1) * p]) for i in range(n)]
 
-    def _call(self, coro: Any) -> Any:
-        """Run ``coro`` on the worker's loop; wait for it unless told to stop."""
+    def _call(self, coro: Any, timeout: float) -> Any:
+        """Run ``coro`` on the worker's loop; wait for it up to ``timeout`` seconds unless
+        told to stop (the wait is ended here, not by a cancellation the call may ignore)."""
         fut = asyncio.run_coroutine_threadsafe(coro, self._worker.loop.asyncio_loop)
+        deadline = time.monotonic() + timeout
         while True:
             try:
                 return fut.result(timeout=_POLL_S)
@@ -370,6 +372,9 @@ class Forwarder:
                 if self._stop.is_set():
                     fut.cancel()
                     raise ForwarderStopped from None
+                if time.monotonic() >= deadline:
+                    fut.cancel()
+                    raise TimeoutError(f"no answer within {timeout:g} s") from None
 
     def _put(self, topic: str, entries: list[Entry]) -> None:
         """Put ``entries`` into ``topic``: waits while the budget is full (back-pressure),
@@ -389,7 +394,7 @@ class Forwarder:
                 topic=topic, entries=batch, writer=self.task_key
             )
             try:
-                reply = self._call(asyncio.wait_for(coro, min(120.0, self._retry_for)))
+                reply = self._call(coro, min(120.0, self._retry_for))
             except (OSError, asyncio.TimeoutError, TimeoutError) as e:
                 # The put is idempotent (dedup by (source, seq, part)): try again, a while.
                 now = time.monotonic()

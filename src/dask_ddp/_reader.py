@@ -53,7 +53,14 @@ def open_topic(client: Any, topic: str, budget: int | None = None, *, keep: bool
         expiry=None if keep else expiry_seconds(),
         client=client.id,
     )
-    checked_reply(reply, "dask_ddp_results_open", client.scheduler.address)
+    reply = checked_reply(reply, "dask_ddp_results_open", client.scheduler.address)
+    if reply.get("removed"):
+        logger.error(
+            "results topic %r had been removed from the scheduler before it was read (%s); "
+            "the records it held are lost",
+            topic,
+            reply["removed"],
+        )
 
 
 def prepare(client: Any, job_id: str) -> None:

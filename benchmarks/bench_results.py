@@ -148,7 +148,7 @@ def bench_report_inprocess(n: int) -> dict[str, float]:
     cat = subprocess.Popen(["cat"], stdin=r, stdout=subprocess.DEVNULL)
     os.close(r)
     os.environ.update(DASK_DDP_CHANNEL_FD=str(w), RANK="0", DASK_DDP_JOB_ID="bench")
-    _channel._writer = None
+    _channel.reset_writer()
     results._state = None
     clock = time.perf_counter_ns
     costs, base = [], []

@@ -24,7 +24,7 @@ from distributed import Client, LocalCluster
 from _rankproc import run_rank
 from cluster_util import local_cluster
 from conftest import free_port
-from dask_ddp import _channel, results
+from dask_ddp import _channel, _rankwriter, _records, _wire, results
 
 pytestmark = [pytest.mark.dask, pytest.mark.timeout(300)]
 
@@ -300,7 +300,7 @@ def test_process_results_rank_error(client: Any, tmp_path: Path, raise_errors: b
 
 def frame(seq: int, payload: bytes) -> bytes:
     """A frame as a rank writes it (with an empty topic, as the forwarder may send)."""
-    return _channel._HEADER.pack(len(payload), seq, 0, 0, 0, 1) + payload
+    return _wire.FrameHeader(len(payload), seq, 0, 0, 0, 1).pack() + payload
 
 
 def test_gaps_are_reported_and_duplicates_dropped(
@@ -325,7 +325,7 @@ def test_gaps_are_reported_and_duplicates_dropped(
     client.sync(put, topic=topic, entries=[[other, 0, 2, 0, 1, frame(0, b"x") + frame(1, b"y")]])
     assert [(r.seq, r.payload) for r in reader.fetch(timeout=1)] == [(0, b"x"), (1, b"y")]
     assert reader.unfinished() == [other]
-    with caplog.at_level(logging.WARNING, logger="dask_ddp._channel"):
+    with caplog.at_level(logging.WARNING, logger="dask_ddp._reader"):
         reader.close()
     assert "job/1/def.2 (rank 1) has no end marker after 2 records" in caplog.text
     strict = _channel.Reader(client, f"results/{uuid.uuid4().hex}")
@@ -343,7 +343,7 @@ def fake_rank(monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.setenv("DASK_DDP_CHANNEL_FD", str(w))
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("DASK_DDP_JOB_ID", "unit")
-    monkeypatch.setattr(_channel, "_writer", None)
+    monkeypatch.setattr(_rankwriter, "_writer", None)
     monkeypatch.setattr(results, "_state", None)
     yield r
     os.close(r)
@@ -367,7 +367,7 @@ def test_bad_payloads_are_type_errors_naming_the_key(fake_rank: int) -> None:
 
     results.report({"loss": torch.tensor(0.5), "acc": np.float32(0.25), "ok": True}, step=1)
     frame = os.read(fake_rank, 4096)
-    rec = json.loads(frame[_channel._HEADER.size + len("metrics/unit") + 1 :])
+    rec = json.loads(frame[_wire.HEADER_SIZE + len("metrics/unit") + 1 :])
     assert rec["loss"] == 0.5 and rec["acc"] == 0.25 and rec["rank"] == 0 and rec["step"] == 1
 
 
@@ -381,11 +381,11 @@ def test_large_result_goes_through_storage(
         rh.submit_result("big.bin", b"x" * 5000)
     frame = os.read(fake_rank, 1 << 16)
     assert len(frame) < 500  # only the reference went through the channel
-    ref = json.loads(frame[_channel._HEADER.size + len("results/k") + 1 :])
+    ref = json.loads(frame[_wire.HEADER_SIZE + len("results/k") + 1 :])
     stored = tmp_path / "store" / ref["key"]
     assert stored.read_bytes() == b"x" * 5000
-    writer = results._ResultWriter(tmp_path / "out")
-    writer.write(_channel.Record("j/0/n", 0, 0, frame[_channel._HEADER.size + len("results/k") :]))
+    writer = _records.ResultWriter(tmp_path / "out")
+    writer.write(_channel.Record("j/0/n", 0, 0, frame[_wire.HEADER_SIZE + len("results/k") :]))
     writer.close()
     assert (tmp_path / "out" / "big.bin").read_bytes() == b"x" * 5000
     assert not stored.exists()  # the client removes it once written

@@ -1,0 +1,253 @@
+"""The client's job monitor: a job's metric records to a file, a progress bar and
+``Job.metrics()`` (internal; see :mod:`dask_ddp.results`).
+
+Client memory stays bounded however long the job: with an output folder every record
+goes to ``output_dir/metrics.jsonl`` and ``Job.metrics()`` replays that file; without one
+the records wait in a buffer of ``dask-ddp.results.metrics-buffer`` records (100,000 by
+default). When it is full the oldest records are dropped, and an iterator of
+``Job.metrics()`` that had not reached them yet logs a warning with the count it missed:
+pass ``output_dir`` to keep every record.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import math
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import dask.config
+
+from dask_ddp._reader import GapError, Reader, Record, follow
+from dask_ddp._records import KIND_METRIC
+from dask_ddp._wire import metrics_topic
+
+logger = logging.getLogger(__name__)
+
+
+def buffer_limit() -> int:
+    """Records a monitor keeps without an output folder (``dask-ddp.results.metrics-buffer``)."""
+    value = int(dask.config.get("dask-ddp.results.metrics-buffer", default=100_000))
+    if value <= 0:
+        raise ValueError(f"dask-ddp.results.metrics-buffer must be positive, got {value}")
+    return value
+
+
+class RecordBuffer:
+    """The last ``limit`` records, numbered from 0 in arrival order."""
+
+    def __init__(self, limit: int) -> None:
+        self.items: collections.deque[dict[str, Any]] = collections.deque(maxlen=limit)
+        self.total = 0  # records ever added
+
+    @property
+    def first(self) -> int:
+        """Number of the oldest record kept (how many were dropped)."""
+        return self.total - len(self.items)
+
+    def extend(self, batch: list[dict[str, Any]]) -> None:
+        self.items.extend(batch)
+        self.total += len(batch)
+
+    def since(self, i: int) -> tuple[int, list[dict[str, Any]]]:
+        """How many records from ``i`` on were dropped, and the kept ones after them."""
+        first = self.first
+        skipped = max(0, first - i)
+        return skipped, list(self.items)[max(i, first) - first :]
+
+
+class JobMonitor:
+    """Consumes a job's metric records on the client, in a thread.
+
+    Appends the records to ``output_dir/metrics.jsonl`` (or a bounded buffer, see the
+    module docstring) and drives a tqdm progress bar. :meth:`iter` replays them from the
+    first. Ends by itself once the job's futures are done and every record was read; the
+    topic is then removed from the scheduler, also when reading failed.
+    """
+
+    def __init__(self, job: Any, progress: bool = True) -> None:
+        self.job = job
+        self.count = 0  # metric records read
+        self.gaps: list[GapError] = []
+        self.error: BaseException | None = None
+        self.finished = False
+        self._cond = threading.Condition()
+        self._progress = progress
+        self._bar: Any = None
+        self._reader = Reader(job.client, metrics_topic(job.id), on_gap=self._on_gap)
+        out = getattr(job, "output_dir", None)
+        self.path = Path(out) / "metrics.jsonl" if out is not None else None
+        self.buffer = RecordBuffer(buffer_limit()) if self.path is None else None
+        self._offset = 0  # where this job's records start in metrics.jsonl
+        self._size = 0  # bytes of them written and flushed
+        self._file: BinaryIO | None = None
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(self.path, "ab")  # noqa: SIM115 - closed by the thread
+            self._offset = self._file.tell()
+        self._thread = threading.Thread(
+            target=self._run, name=f"dask-ddp-metrics-{job.id}", daemon=True
+        )
+        self._thread.start()
+
+    @property
+    def dropped(self) -> int:
+        """Records dropped from the full buffer (always 0 with an output folder)."""
+        return self.buffer.first if self.buffer is not None else 0
+
+    def _on_gap(self, err: GapError) -> None:
+        logger.error("%s", err)
+        self.gaps.append(err)
+
+    def _run(self) -> None:
+        try:
+            follow(self._reader, self.job.futures, self._handle, poll=0.5)
+        except BaseException as e:  # noqa: BLE001 - re-raised by stop()
+            self.error = e
+            if getattr(self.job.client, "status", None) in ("closing", "closed"):
+                # The user closed the client (e.g. after dispatch.run + process_results):
+                # nobody is left to read the records; not a failure worth a traceback.
+                logger.debug("metrics monitor of job %s ended: client closed", self.job.id)
+            else:
+                logger.exception("metrics monitor of job %s failed", self.job.id)
+        finally:
+            if self._file is not None:
+                self._file.close()
+            if self._bar is not None:
+                self._bar.close()
+            with self._cond:
+                self.finished = True
+                self._cond.notify_all()
+
+    def _handle(self, recs: list[Record]) -> None:
+        if not recs:
+            return
+        f = self._file
+        batch = []
+        n = 0
+        for rec in recs:
+            if rec.payload[:1] != KIND_METRIC:
+                logger.error("unexpected record kind on the metrics topic of job %s", self.job.id)
+                continue
+            n += 1
+            body = rec.payload[1:]
+            if f is not None:
+                f.write(body)
+                f.write(b"\n")
+            if f is None or self._progress:
+                batch.append(json.loads(body))
+        if f is not None:
+            f.flush()
+        if self._progress and batch:
+            if self._bar is None:  # first record: no bar for jobs that never report()
+                from tqdm.auto import tqdm
+
+                self._bar = tqdm(desc=str(getattr(self.job, "name", self.job.id)), unit="step")
+            _update_bar(self._bar, batch)
+        with self._cond:
+            if self.buffer is not None:
+                self.buffer.extend(batch)
+            if f is not None:
+                self._size = f.tell() - self._offset
+            self.count += n
+            self._cond.notify_all()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Wait until every record of the finished job was consumed.
+
+        Raises
+        ------
+        TimeoutError
+            The records were not all read within ``timeout`` seconds.
+        dask_ddp._channel.GapError
+            Records went missing (they were also logged as they were detected).
+        """
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise TimeoutError(f"metrics of job {self.job.id} not all read within {timeout}s")
+        if self.error is not None:
+            raise RuntimeError(f"reading the metrics of job {self.job.id} failed") from self.error
+        if self.gaps:
+            raise self.gaps[0]
+
+    def iter(self) -> Iterator[dict[str, Any]]:
+        """Every record from the first kept, live: blocks for new ones until the job ends."""
+        if self.path is not None:
+            yield from self._iter_file(self.path)
+            return
+        assert self.buffer is not None
+        i = 0
+        while True:
+            with self._cond:
+                while i >= self.buffer.total and not self.finished:
+                    self._cond.wait(1.0)
+                skipped, batch = self.buffer.since(i)
+                finished, total = self.finished, self.buffer.total
+            if skipped:
+                logger.warning(
+                    "job %s: %d metric records were dropped from the client's buffer before "
+                    "this iterator reached them (dask-ddp.results.metrics-buffer keeps %d); "
+                    "pass output_dir to keep every record",
+                    self.job.id, skipped, self.buffer.items.maxlen,
+                )
+            yield from batch
+            i = total
+            if finished:
+                return
+
+    def _iter_file(self, path: Path) -> Iterator[dict[str, Any]]:
+        """This job's records in ``path`` (not a later job's appended after them)."""
+        pending = b""
+        pos = 0
+        with open(path, "rb") as f:
+            f.seek(self._offset)
+            while True:
+                with self._cond:
+                    finished, size = self.finished, self._size
+                if size > pos:
+                    chunk = f.read(size - pos)
+                    pos += len(chunk)
+                    lines = (pending + chunk).split(b"\n")
+                    pending = lines.pop()
+                    for line in lines:
+                        if line:
+                            yield json.loads(line)
+                    continue
+                if finished:
+                    return
+                with self._cond:
+                    if self._size == size and not self.finished:
+                        self._cond.wait(1.0)
+
+
+def _update_bar(bar: Any, batch: list[dict[str, Any]]) -> None:
+    steps = [r["step"] for r in batch if isinstance(r.get("step"), int)]
+    if steps and max(steps) + 1 > bar.n:
+        bar.update(max(steps) + 1 - bar.n)
+    elif not steps:
+        bar.update(len([r for r in batch if r.get("rank") == 0]))
+    last = batch[-1]
+    post = {}
+    for key in ("epoch", "loss"):
+        v = last.get(key)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            post[key] = f"{v:.4g}" if isinstance(v, float) and math.isfinite(v) else v
+    if post:
+        bar.set_postfix(post, refresh=False)
+
+
+def start_job_monitor(job: Any, progress: bool = True) -> JobMonitor:
+    """Start consuming ``job``'s metric records (the launcher calls this after submit)."""
+    return JobMonitor(job, progress=progress)
+
+
+def iter_job_metrics(job: Any) -> Iterator[dict[str, Any]]:
+    """``job``'s metric records from the first, live, until the job ends."""
+    monitor = getattr(job, "_monitor", None)
+    if monitor is None:
+        monitor = job._monitor = start_job_monitor(job, progress=False)
+    return monitor.iter()

@@ -1,0 +1,177 @@
+"""The results channel's wire format: frames on the rank's pipe, entries on the scheduler.
+
+**Frame** (what a rank writes to its pipe, at most :data:`PIPE_BUF` bytes, one atomic
+``os.write``)::
+
+    !I data length | !Q seq | !I pid | !H topic length | !I fragment | !I fragments
+    | topic (utf-8) | data
+
+``seq`` counts the records of one process on one topic, from 0; a record larger than a
+frame is cut into consecutive fragments (same seq and pid).
+
+**Entry** (what the Forwarder puts into a topic on the scheduler and the Reader gets
+back): an :class:`Entry` of one of three kinds, told apart by ``nparts``:
+
+- ``nparts == 1``, a *run*: ``records`` whole frames from ``seq`` on, as the rank wrote them;
+- ``nparts > 1``, a *part*: part ``part`` of the one large record ``seq``;
+- ``nparts == 0``, the *end marker* of a stream: ``seq`` is the number of records in it.
+
+``source`` names the stream (``<job>/<rank>/<nonce>.<pid>``). Entries cross the Dask
+comm as plain sequences (msgpack); :meth:`Entry.of` turns one back into an ``Entry``.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator, Sequence
+from typing import Any, NamedTuple
+
+import dask.config
+from dask.utils import parse_bytes, parse_timedelta
+
+ENV_FD = "DASK_DDP_CHANNEL_FD"
+#: Writes up to this size are atomic on a pipe (POSIX PIPE_BUF on Linux).
+PIPE_BUF = 4096
+#: Consecutive frames of a stream travel together in entries of up to this size.
+PACK_MAX = 32 * 1024
+#: Entry overhead counted against a topic's budget besides the payload bytes.
+ENTRY_OVERHEAD = 96
+#: Longest topic name, in utf-8 bytes.
+MAX_TOPIC = 1024
+
+
+class FrameHeader(NamedTuple):
+    """The fixed-size head of a frame."""
+
+    length: int  # data bytes after the topic
+    seq: int
+    pid: int
+    topic_len: int
+    fragment: int  # index of this fragment of the record
+    fragments: int  # fragments of the record (1: a whole record)
+
+    def pack(self) -> bytes:
+        return _HEADER.pack(*self)
+
+    @classmethod
+    def unpack_from(cls, buf: Any, pos: int = 0) -> FrameHeader:
+        return cls(*_HEADER.unpack_from(buf, pos))
+
+
+_HEADER = struct.Struct("!IQIHII")
+#: Size of a :class:`FrameHeader` on the wire.
+HEADER_SIZE = _HEADER.size
+
+
+class Entry(NamedTuple):
+    """One entry of a topic (see the module docstring for the three kinds)."""
+
+    source: str
+    seq: int
+    records: int  # whole records in a run (1 for a part, 0 for an end marker)
+    part: int
+    nparts: int
+    payload: bytes
+
+    @classmethod
+    def of(cls, raw: Sequence[Any]) -> Entry:
+        """An entry from its wire form (a list or tuple), with checked types."""
+        source, seq, records, part, nparts, payload = raw
+        return cls(str(source), int(seq), int(records), int(part), int(nparts), bytes(payload))
+
+    @classmethod
+    def run(cls, source: str, seq: int, records: int, frames: bytes) -> Entry:
+        return cls(source, seq, records, 0, 1, frames)
+
+    @classmethod
+    def end(cls, source: str, records: int) -> Entry:
+        return cls(source, records, 0, 0, 0, b"")
+
+    @property
+    def is_end(self) -> bool:
+        return self.nparts == 0
+
+    @property
+    def is_run(self) -> bool:
+        return self.nparts == 1
+
+    @property
+    def size(self) -> int:
+        """Bytes counted against the topic's budget."""
+        return len(self.payload) + ENTRY_OVERHEAD
+
+
+def iter_run(entry: Entry) -> Iterator[tuple[FrameHeader, bytes]]:
+    """The frames of a run entry: each header and its record's data."""
+    view = memoryview(entry.payload)
+    pos = 0
+    for _ in range(entry.records):
+        head = FrameHeader.unpack_from(view, pos)
+        start = pos + HEADER_SIZE + head.topic_len
+        yield head, bytes(view[start : start + head.length])
+        pos = start + head.length
+
+
+def rank_of(source: str) -> int:
+    """The rank in a stream name ``<job>/<rank>/<nonce>.<pid>`` (-1 when it has none)."""
+    try:
+        return int(source.split("/")[-2])
+    except (IndexError, ValueError):
+        return -1
+
+
+def metrics_topic(job_id: str) -> str:
+    """The topic carrying the ``report()`` records of a job."""
+    return f"metrics/{job_id}"
+
+
+def _positive_bytes(name: str, default: str) -> int:
+    value = dask.config.get(name, default=default)
+    n = parse_bytes(value) if isinstance(value, str) else int(value)
+    if n <= 0:
+        raise ValueError(f"{name} must be positive, got {value!r}")
+    return n
+
+
+def _positive_seconds(name: str, default: str) -> float:
+    value = dask.config.get(name, default=default)
+    s = parse_timedelta(value) if isinstance(value, str) else float(value)
+    if s is None or s <= 0:
+        raise ValueError(f"{name} must be a positive duration, got {value!r}")
+    return float(s)
+
+
+def budget_bytes() -> int:
+    """The per-topic memory budget on the scheduler (``dask-ddp.results.budget``)."""
+    return _positive_bytes("dask-ddp.results.budget", "64 MiB")
+
+
+def part_size() -> int:
+    """The largest part a record is cut into on its way through the scheduler."""
+    return _positive_bytes("dask-ddp.results.part-size", "1 MiB")
+
+
+def expiry_seconds() -> float:
+    """How long a topic nobody reads, whose writers are done, stays on the scheduler
+    (``dask-ddp.results.expiry``)."""
+    return _positive_seconds("dask-ddp.results.expiry", "10 minutes")
+
+
+def put_retry_seconds() -> float:
+    """How long a Forwarder retries a put the scheduler does not answer
+    (``dask-ddp.results.put-retry``)."""
+    return _positive_seconds("dask-ddp.results.put-retry", "60 s")
+
+
+def checked_reply(reply: Any, op: str, address: str) -> dict[str, Any]:
+    """``reply`` of handler ``op``, or an error naming the scheduler when it has none.
+
+    ``distributed`` answers a call to a handler the scheduler does not have with
+    ``None`` (and a log line on the scheduler), not an exception.
+    """
+    if not isinstance(reply, dict):
+        raise RuntimeError(
+            f"the scheduler at {address} has no dask-ddp results handler {op!r} "
+            "(its extension is missing: was the scheduler restarted?)"
+        )
+    return reply

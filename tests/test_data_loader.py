@@ -231,8 +231,8 @@ def test_uint8_train_pipeline_matches_torchvision_and_the_float_path(folder: Pat
     """The PILToTensor pipeline (normalise on the GPU): each uint8 sample is torchvision's
     resized_crop + hflip of the same planned box (PIL, antialiased) within the documented
     tolerance, and exactly the float32 ToTensor pipeline's values times 255."""
-    from torchvision.transforms import functional as F
     from PIL import Image
+    from torchvision.transforms import functional as F
 
     u8 = T.Compose([T.RandomResizedCrop(32), T.RandomHorizontalFlip(), T.PILToTensor()])
     f32 = T.Compose([T.RandomResizedCrop(32), T.RandomHorizontalFlip(), T.ToTensor()])

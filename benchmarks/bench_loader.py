@@ -7,10 +7,17 @@ cores. Every figure comes from the same run:
 
 1. torchvision ImageFolder + torch DataLoader(num_workers=cores)     (baseline)
 2. dask_ddp.data.Loader from local disk                               (target >= 5x 1)
+   and its uint8 output (PILToTensor instead of ToTensor + Normalize: normalise on the
+   GPU), row "ours_uint8"
 3. libjpeg-turbo full-size decode only, all cores, bytes in memory    (2 should be >= 0.8x)
-4. from a moto S3 server on loopback: the seed's S3ImageFolder (a boto3 client and a
-   temp file per image, PIL) in a DataLoader vs Loader over s3://     (target >= 10x)
-5. peak RSS of the Loader over 10 epochs, against prefetch x batch bytes + 64 MB.
+4. NVIDIA DALI on the CPU (device_id=None, cores threads): readers.file ->
+   decoders.image_random_crop -> resize -> crop_mirror_normalize       (target >= 3x 4)
+   (optional: skipped with a note when nvidia-dali-cuda120 is not installed)
+5. from a moto S3 server on loopback: the seed's S3ImageFolder (a boto3 client and a
+   temp file per image, PIL) in a DataLoader vs Loader over s3://     (target >= 10x),
+   and AWS's s3torchconnector (S3MapDataset + PIL + torchvision in a
+   DataLoader(num_workers=cores); optional, skipped with a note when missing)
+6. peak RSS of the Loader over 10 epochs, against prefetch x batch bytes + 64 MB.
 
 Run:  python benchmarks/bench_loader.py [--n 1000] [--s3-seed-n 256]
 """
@@ -120,6 +127,51 @@ def our_transform() -> T.Transform:
     )
 
 
+def uint8_transform() -> T.Transform:
+    return T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.PILToTensor()])
+
+
+def dali_loader(root: str, cores: int) -> Any:
+    """DALI's CPU pipeline for the same work, or None (with a note) if DALI is missing."""
+    try:
+        from nvidia.dali import fn, pipeline_def, types
+        from nvidia.dali.plugin.base_iterator import LastBatchPolicy
+        from nvidia.dali.plugin.pytorch import DALIGenericIterator
+    except ImportError as e:
+        logger.info("DALI row skipped: nvidia-dali-cuda120 is not installed (%s)", e)
+        return None
+
+    @pipeline_def(batch_size=BATCH, num_threads=cores, device_id=None, seed=0)  # type: ignore[misc]
+    def pipe() -> Any:
+        jpegs, labels = fn.readers.file(file_root=root, random_shuffle=True, name="reader")
+        images = fn.decoders.image_random_crop(jpegs, device="cpu", output_type=types.RGB)
+        images = fn.resize(images, resize_x=224, resize_y=224)
+        return fn.crop_mirror_normalize(
+            images,
+            dtype=types.FLOAT,
+            output_layout="CHW",
+            mean=[m * 255 for m in MEAN],
+            std=[s * 255 for s in STD],
+            mirror=fn.random.coin_flip(probability=0.5),
+        ), labels
+
+    p = pipe()
+    p.build()
+    # auto_reset: each `for` over the iterator is one epoch. DALI keeps prefetching across
+    # the epoch boundary (prefetch_queue_depth batches, 2 by default), so an epoch of n
+    # images starts with up to 2 x BATCH already done: with small --n this flatters DALI
+    # (use the default 1000 images or more).
+    return DALIGenericIterator(
+        p, ["images", "labels"], reader_name="reader", auto_reset=True,
+        last_batch_policy=LastBatchPolicy.PARTIAL,
+    )
+
+
+def dali_epoch(it: Any) -> Iterable[Any]:
+    """One epoch of dali_loader's iterator as (images, labels) pairs."""
+    return ((b[0]["images"], b[0]["labels"]) for b in it)
+
+
 def torchvision_loader(root: str, cores: int) -> Any:
     import torchvision
 
@@ -154,14 +206,20 @@ def bench_local(
     blobs = read_blobs(root, keys)
     loaders = {
         "ours": our_loader(root, cores),
+        "ours_uint8": Loader(
+            ImageFolder(root), BATCH, transform=uint8_transform(), num_threads=cores
+        ),
         "ours_no_region": our_loader(root, cores, region_decode=False),
         "ours_no_scaled": our_loader(root, cores, scaled_decode=False),
         "ours_full_decode": our_loader(root, cores, region_decode=False, scaled_decode=False),
     }
     tv_dl = torchvision_loader(root, cores)
     epoch_rate(tv_dl)  # start the persistent workers (not timed)
+    dali = dali_loader(root, cores)
+    if dali is not None:
+        epoch_rate(dali_epoch(dali))  # warm up (not timed)
     _core.decode_throughput(blobs[:64], cores)
-    names = ["ceiling", *loaders, "torchvision"]
+    names = ["ceiling", *loaders, "torchvision", *(["dali_cpu"] if dali is not None else [])]
     rates: dict[str, list[float]] = {k: [] for k in names}
     cpu: dict[str, list[float]] = {k: [] for k in names}
     for r in range(rounds):
@@ -171,10 +229,12 @@ def bench_local(
         for name, loader in loaders.items():
             rates[name].append(loader_epoch(loader, r, cpu[name]))
         rates["torchvision"].append(epoch_rate(tv_dl, cpu["torchvision"]))
+        if dali is not None:
+            rates["dali_cpu"].append(epoch_rate(dali_epoch(dali), cpu["dali_cpu"]))
         logger.info("round %d: %s", r, {k: round(v[-1], 1) for k, v in rates.items()})
     for loader in loaders.values():
         loader.close()
-    del tv_dl
+    del tv_dl, dali
     return rates, cpu
 
 
@@ -245,6 +305,30 @@ class SeedS3ImageFolder(torch.utils.data.Dataset):  # type: ignore[type-arg]
         return self.transform(img), label
 
 
+def s3tc_loader(endpoint: str, prefix_uri: str, cores: int) -> Any:
+    """AWS's s3torchconnector: S3MapDataset + PIL + torchvision in a DataLoader, or None
+    (with a note) when it is not installed."""
+    try:
+        from s3torchconnector import S3ClientConfig, S3MapDataset
+    except ImportError as e:
+        logger.info("s3torchconnector row skipped: it is not installed (%s)", e)
+        return None
+    tv = tv_transform()
+
+    def load(reader: Any) -> tuple[Any, int]:
+        label = int(reader.key.split("/")[-2].split("_")[-1])  # class_NN/...
+        with Image.open(reader) as img:
+            return tv(img.convert("RGB")), label
+
+    ds = S3MapDataset.from_prefix(
+        prefix_uri, region="us-east-1", endpoint=endpoint, transform=load,
+        s3client_config=S3ClientConfig(force_path_style=True),
+    )
+    return torch.utils.data.DataLoader(
+        ds, batch_size=BATCH, shuffle=True, num_workers=cores, persistent_workers=True
+    )
+
+
 def start_moto() -> tuple[subprocess.Popen[bytes], str]:
     import socket
 
@@ -290,24 +374,34 @@ def bench_s3(root: str, keys: list[str], cores: int, seed_n: int) -> dict[str, f
             seed_ds, batch_size=BATCH, shuffle=True, num_workers=cores, persistent_workers=True
         )
         epoch_rate(dl)  # start the persistent workers
+        s3tc = s3tc_loader(endpoint, "s3://bench/imagenet/", cores)
+        if s3tc is not None:
+            epoch_rate(s3tc)  # start its workers (not timed)
         loader = our_loader("s3://bench/imagenet", cores)
         seed_rates: list[float] = []
         our_rates: list[float] = []
+        s3tc_rates: list[float] = []
         seed_cpu: list[float] = []
         our_cpu: list[float] = []
+        s3tc_cpu: list[float] = []
         for r in range(2):
             seed_rates.append(epoch_rate(dl, seed_cpu))
             our_rates.append(loader_epoch(loader, r, our_cpu))
-        del dl
+            if s3tc is not None:
+                s3tc_rates.append(epoch_rate(s3tc, s3tc_cpu))
+        del dl, s3tc
         loader.close()
         seed, ours = max(seed_rates), max(our_rates)
-        return {
+        out = {
             "seed": seed,
             "ours": ours,
             "ratio": ours / seed,
             "seed_cpu": min(seed_cpu),
             "ours_cpu": min(our_cpu),
         }
+        if s3tc_rates:
+            out.update(s3tc=max(s3tc_rates), s3tc_cpu=min(s3tc_cpu))
+        return out
     finally:
         proc.terminate()
         proc.wait(timeout=10)
@@ -360,6 +454,11 @@ def main() -> None:
         cost["torchvision"] / cost["ours"],
         cost["ceiling"] / cost["ours"],
     )
+    logger.info("uint8 output (PILToTensor): %.1f img/s = %.2fx the float32 Loader",
+                best["ours_uint8"], best["ours_uint8"] / best["ours"])
+    if "dali_cpu" in best:
+        logger.info("wall: Loader / DALI-CPU = %.2fx (target >= 3); CPU cost: %.2fx",
+                    best["ours"] / best["dali_cpu"], cost["dali_cpu"] / cost["ours"])
     rss = bench_rss(root, cores)
     logger.info(
         "RSS over 10 epochs: peak +%.0f MiB (bound %.0f MiB); after epoch 1 +%.0f, after 10 +%.0f",
@@ -381,6 +480,12 @@ def main() -> None:
             s3["ratio"],
             benchenv.load_average(),
         )
+        if "s3tc" in s3:
+            logger.info(
+                "S3 (moto): s3torchconnector S3MapDataset + PIL + torchvision %.1f img/s "
+                "(%.2f CPU-ms/img) -> Loader is %.1fx (target >= 5)",
+                s3["s3tc"], s3["s3tc_cpu"], s3["ours"] / s3["s3tc"],
+            )
     if tmp is not None:
         tmp.cleanup()
 

@@ -1,4 +1,4 @@
-"""Object store GET throughput: dask-ddp's batched get vs boto3 vs s3fs, same server.
+"""Object store GET throughput: dask-ddp's batched get vs boto3, s3fs, s3torchconnector.
 
 nginx (our own process, generated configuration) serves N objects as plain files at
 path-style ``/bucket/key``; it ignores the SigV4 signature, so all clients can sign as
@@ -11,8 +11,9 @@ Run from the repository root::
     .venv/bin/python benchmarks/bench_store_get.py            # 10,000 x 100 KB
     .venv/bin/python benchmarks/bench_store_get.py --objects 2000 --skip-moto
 
-Prints objects/s and MB/s for each client and the ratios dask-ddp/boto3, dask-ddp/s3fs
-and dask-ddp/wrk.
+Prints objects/s and MB/s for each client and the ratios dask-ddp/boto3, dask-ddp/s3fs,
+dask-ddp/s3torchconnector (optional: skipped with a note when the package is missing;
+S3MapDataset read by a DataLoader with one worker per core) and dask-ddp/wrk.
 """
 
 from __future__ import annotations
@@ -140,6 +141,31 @@ def run_s3fs(endpoint: str, keys: list[str]) -> int:
     return total
 
 
+def s3tc_dataset(endpoint: str, keys: list[str]) -> Any:
+    """AWS's s3torchconnector over the same objects (each item: the object's bytes), or
+    None with a note when it is not installed."""
+    try:
+        from s3torchconnector import S3ClientConfig, S3MapDataset
+    except ImportError as e:
+        report(f"  s3torchconnector row skipped: it is not installed ({e})")
+        return None
+    return S3MapDataset.from_objects(
+        [f"s3://{BUCKET}/{k}" for k in keys], region="us-east-1", endpoint=endpoint,
+        transform=lambda reader: reader.read(),
+        s3client_config=S3ClientConfig(force_path_style=True),
+    )
+
+
+def run_s3tc(ds: Any, workers: int) -> int:
+    """Every object through a DataLoader(num_workers=workers), as a training job reads."""
+    import torch
+
+    dl = torch.utils.data.DataLoader(
+        ds, batch_size=64, num_workers=workers, collate_fn=lambda items: sum(map(len, items))
+    )
+    return sum(dl)
+
+
 def run_wrk(url: str, n_keys: int, connections: int, seconds: int) -> float:
     """wrk's request rate cycling over the same objects; the server's ceiling."""
     wrk = shutil.which("wrk")
@@ -201,7 +227,7 @@ def bench_nginx(args: argparse.Namespace, data_root: Path) -> dict[str, float]:
             f"{wrk_before:>9.0f} / {wrk_after:.0f} requests/s"
         )
         rates["wrk"] = max(wrk_before, wrk_after)
-        # What limits the client: its CPU per object, signed (SigV4 by libcurl) and not.
+        # What limits the client: its CPU per object, signed (SigV4, store/s3/sigv4.h) and not.
         n = len(keys)
         client_cpu("dask-ddp signed, CPU probe", n, args.size,
                    lambda: run_ddp(f"s3://{BUCKET}", ep, keys, args.in_flight))
@@ -219,6 +245,13 @@ def bench_nginx(args: argparse.Namespace, data_root: Path) -> dict[str, float]:
         if not args.skip_s3fs:
             rates["s3fs"] = timed(
                 "s3fs cat (asyncio)", len(keys), args.size, lambda: run_s3fs(ep, keys)
+            )
+        ds = s3tc_dataset(ep, keys)
+        if ds is not None:
+            workers = os.cpu_count() or 1
+            rates["s3tc"] = timed(
+                f"s3torchconnector S3MapDataset ({workers} workers)", len(keys), args.size,
+                lambda: run_s3tc(ds, workers),
             )
     return rates
 
@@ -287,6 +320,8 @@ def main() -> None:
     line = f"  ratios: dask-ddp/boto3 = {r['ddp'] / r['boto3']:.2f}x"
     if "s3fs" in r:
         line += f", dask-ddp/s3fs = {r['ddp'] / r['s3fs']:.2f}x"
+    if "s3tc" in r:
+        line += f", dask-ddp/s3torchconnector = {r['ddp'] / r['s3tc']:.2f}x"
     report(line + f", dask-ddp/wrk = {r['ddp'] / r['wrk']:.2f}, "
            f"anonymous dask-ddp/wrk = {r['anon'] / r['wrk']:.2f}")
     if not args.skip_moto:

@@ -227,6 +227,39 @@ def test_uint8_output(folder: Path) -> None:
     assert images.dtype == torch.uint8 and images.shape == (8, 3, 16, 16)
 
 
+def test_uint8_train_pipeline_matches_torchvision_and_the_float_path(folder: Path) -> None:
+    """The PILToTensor pipeline (normalise on the GPU): each uint8 sample is torchvision's
+    resized_crop + hflip of the same planned box (PIL, antialiased) within the documented
+    tolerance, and exactly the float32 ToTensor pipeline's values times 255."""
+    from PIL import Image
+    from torchvision.transforms import functional as F
+
+    u8 = T.Compose([T.RandomResizedCrop(32), T.RandomHorizontalFlip(), T.PILToTensor()])
+    f32 = T.Compose([T.RandomResizedCrop(32), T.RandomHorizontalFlip(), T.ToTensor()])
+    ds = ImageFolder(folder)
+    kw = {"shuffle": False, "seed": 5, "scaled_decode": False, "region_decode": True}
+    a = collect(Loader(ds, 8, transform=u8, **kw))
+    b = collect(Loader(ds, 8, transform=f32, **kw))
+    images = torch.cat([x for x, _ in a])
+    assert images.dtype == torch.uint8 and images.shape == (len(ds), 3, 32, 32)
+    floats = torch.cat([x for x, _ in b])
+    assert torch.equal(images.float() * torch.tensor(1 / 255, dtype=torch.float32), floats)
+    diffs = []
+    for i, (path, _) in enumerate(ds.samples):
+        with Image.open(path) as img:
+            rgb = img.convert("RGB")
+        boxes, flips, _, _ = _core.sample_plan(*rgb.size, u8._ops(), 5, 0, i)
+        ref = F.resized_crop(rgb, *boxes[0], [32, 32], antialias=True)
+        if flips[0]:
+            ref = F.hflip(ref)
+        ref_t = tv.PILToTensor()(ref)
+        diffs.append((images[i].int() - ref_t.int()).abs().float().mean().item())
+        # A flip applied on the wrong side would be far off: check orientation per sample.
+        mirrored = (images[i].int() - F.hflip(ref_t).int()).abs().float().mean().item()
+        assert diffs[-1] <= mirrored or diffs[-1] < 1.0, (path, diffs[-1], mirrored)
+    assert float(np.mean(diffs)) <= 3.0, diffs  # DOWNSCALE_MEAN in test_data_transforms.py
+
+
 def test_torchvision_transform_is_a_type_error(folder: Path) -> None:
     ds = ImageFolder(folder, transform=tv.ToTensor())
     with pytest.raises(TypeError, match="dask_ddp.data.transforms"):

@@ -12,6 +12,19 @@ namespace ddp::image {
 namespace {
 
 constexpr int kChannels = 3;
+
+// Where finished output rows go: a packed image (`image`), or one scratch row handed to
+// `sink` as each is done.
+struct RowWriter {
+  uint8_t* image = nullptr;
+  size_t row_bytes = 0;
+  uint8_t* scratch = nullptr;
+  const RowSink* sink = nullptr;
+  uint8_t* Begin(int d) const { return image != nullptr ? image + static_cast<size_t>(d) * row_bytes : scratch; }
+  void End(int d) const {
+    if (image == nullptr) (*sink)(d, scratch);
+  }
+};
 constexpr int kCoefBits = 11;  // OpenCV's INTER_RESIZE_COEF_BITS
 constexpr int kCoefScale = 1 << kCoefBits;
 
@@ -128,7 +141,7 @@ void VerticalLinear(const int16_t* r0, const int16_t* r1, int16_t b0, int16_t b1
 }
 
 void ResizeLinear(const Rgb8View& src, int out_w, int out_h, double scale_x, double scale_y,
-                  uint8_t* out) {
+                  const RowWriter& out) {
   int last = out_w;
   const LinearTaps x = Taps(src.width, out_w, scale_x, &last);
   const LinearTaps y = Taps(src.height, out_h, scale_y, nullptr);
@@ -153,24 +166,26 @@ void ResizeLinear(const Rgb8View& src, int out_w, int out_h, double scale_x, dou
   for (int d = 0; d < out_h; ++d) {
     const int16_t* r0 = row(y.offset[d], nullptr);
     const int16_t* r1 = row(y.offset[d] + 1, r0);
-    VerticalLinear(r0, r1, y.w0[d], y.w1[d], n, out + static_cast<size_t>(d) * n);
+    VerticalLinear(r0, r1, y.w0[d], y.w1[d], n, out.Begin(d));
+    out.End(d);
   }
 }
 
 // Integer shrink factors: the rounded mean of each block (half to even; 2x2 blocks
 // half up, as OpenCV's SIMD path for them rounds).
-void ResizeAreaInteger(const Rgb8View& src, int out_w, int out_h, int fx, int fy, uint8_t* out) {
+void ResizeAreaInteger(const Rgb8View& src, int out_w, int out_h, int fx, int fy, const RowWriter& out) {
   const size_t n = static_cast<size_t>(kChannels) * out_w;
   if (fx == 2 && fy == 2) {
     for (int d = 0; d < out_h; ++d) {
       const uint8_t* a = src.data + static_cast<size_t>(2 * d) * src.stride;
       const uint8_t* b = a + src.stride;
-      uint8_t* o = out + static_cast<size_t>(d) * n;
+      uint8_t* o = out.Begin(d);
       for (int dx = 0; dx < out_w; ++dx, a += 6, b += 6, o += 3) {
         for (int c = 0; c < kChannels; ++c) {
           o[c] = static_cast<uint8_t>((a[c] + a[c + 3] + b[c] + b[c + 3] + 2) >> 2);
         }
       }
+      out.End(d);
     }
     return;
   }
@@ -192,8 +207,9 @@ void ResizeAreaInteger(const Rgb8View& src, int out_w, int out_h, int fx, int fy
         for (int c = 0; c < kChannels; ++c) sums[kChannels * dx + c] += p[kChannels * j + c];
       }
     }
-    uint8_t* o = out + static_cast<size_t>(d) * n;
+    uint8_t* o = out.Begin(d);
     for (size_t i = 0; i < n; ++i) o[i] = RoundToU8(static_cast<float>(sums[i]) * scale);
+    out.End(d);
   }
 }
 
@@ -225,7 +241,7 @@ std::vector<AreaTap> AreaTaps(int src, int dst, double scale) {
 
 // Fractional shrink factors, in float as OpenCV does (same operations, same order).
 void ResizeAreaFraction(const Rgb8View& src, int out_w, int out_h, double scale_x, double scale_y,
-                        uint8_t* out) {
+                        const RowWriter& out) {
   const std::vector<AreaTap> xtab = AreaTaps(src.width, out_w, scale_x);
   const std::vector<AreaTap> ytab = AreaTaps(src.height, out_h, scale_y);
   const size_t n = static_cast<size_t>(kChannels) * out_w;
@@ -234,8 +250,9 @@ void ResizeAreaFraction(const Rgb8View& src, int out_w, int out_h, double scale_
   float* buf = buffer.data();
   float* sum = buf + n;
   auto flush = [&](int dy) {
-    uint8_t* o = out + static_cast<size_t>(dy) * n;
+    uint8_t* o = out.Begin(dy);
     for (size_t i = 0; i < n; ++i) o[i] = RoundToU8(sum[i]);
+    out.End(dy);
   };
   // xtab is ordered by output pixel: each pixel's taps are one run.
   std::vector<int> xrun(static_cast<size_t>(out_w) + 1, 0);
@@ -270,6 +287,26 @@ void ResizeAreaFraction(const Rgb8View& src, int out_w, int out_h, double scale_
   flush(prev);
 }
 
+// Both entry points: same-size copies aside, the filters write through `out`.
+void Resize(const Rgb8View& src, int out_width, int out_height, ResizeFilter filter, const RowWriter& out) {
+  // The scale as OpenCV derives it (1 / (dst / src)), which decides its integer cases.
+  const double scale_x = 1. / (static_cast<double>(out_width) / src.width);
+  const double scale_y = 1. / (static_cast<double>(out_height) / src.height);
+  const int ix = static_cast<int>(std::lrint(scale_x)), iy = static_cast<int>(std::lrint(scale_y));
+  const bool integer = std::abs(scale_x - ix) < DBL_EPSILON && std::abs(scale_y - iy) < DBL_EPSILON;
+  // Halving both sides bilinearly is the 2x2 mean; OpenCV takes its area path for it.
+  if (filter == ResizeFilter::kBilinear && integer && ix == 2 && iy == 2) filter = ResizeFilter::kArea;
+  if (filter == ResizeFilter::kArea && scale_x >= 1 && scale_y >= 1) {
+    if (integer) {
+      ResizeAreaInteger(src, out_width, out_height, ix, iy, out);
+    } else {
+      ResizeAreaFraction(src, out_width, out_height, scale_x, scale_y, out);
+    }
+    return;
+  }
+  ResizeLinear(src, out_width, out_height, scale_x, scale_y, out);
+}
+
 }  // namespace
 
 void ResizeRgb8(const Rgb8View& src, int out_width, int out_height, ResizeFilter filter,
@@ -282,22 +319,19 @@ void ResizeRgb8(const Rgb8View& src, int out_width, int out_height, ResizeFilter
     }
     return;
   }
-  // The scale as OpenCV derives it (1 / (dst / src)), which decides its integer cases.
-  const double scale_x = 1. / (static_cast<double>(out_width) / src.width);
-  const double scale_y = 1. / (static_cast<double>(out_height) / src.height);
-  const int ix = static_cast<int>(std::lrint(scale_x)), iy = static_cast<int>(std::lrint(scale_y));
-  const bool integer = std::abs(scale_x - ix) < DBL_EPSILON && std::abs(scale_y - iy) < DBL_EPSILON;
-  // Halving both sides bilinearly is the 2x2 mean; OpenCV takes its area path for it.
-  if (filter == ResizeFilter::kBilinear && integer && ix == 2 && iy == 2) filter = ResizeFilter::kArea;
-  if (filter == ResizeFilter::kArea && scale_x >= 1 && scale_y >= 1) {
-    if (integer) {
-      ResizeAreaInteger(src, out_width, out_height, ix, iy, out.data());
-    } else {
-      ResizeAreaFraction(src, out_width, out_height, scale_x, scale_y, out.data());
-    }
+  Resize(src, out_width, out_height, filter, RowWriter{out.data(), row, nullptr, nullptr});
+}
+
+void ResizeRgb8Rows(const Rgb8View& src, int out_width, int out_height, ResizeFilter filter,
+                    const RowSink& sink) {
+  if (src.width == out_width && src.height == out_height) {
+    for (int y = 0; y < out_height; ++y) sink(y, src.data + static_cast<size_t>(y) * src.stride);
     return;
   }
-  ResizeLinear(src, out_width, out_height, scale_x, scale_y, out.data());
+  const size_t row = static_cast<size_t>(kChannels) * out_width;
+  thread_local std::vector<uint8_t> scratch;
+  if (scratch.size() < row) scratch.resize(row);
+  Resize(src, out_width, out_height, filter, RowWriter{nullptr, row, scratch.data(), &sink});
 }
 
 }  // namespace ddp::image

@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 namespace ddp::image {
@@ -31,5 +32,15 @@ enum class ResizeFilter { kBilinear, kArea };
 // used. The same size copies.
 void ResizeRgb8(const Rgb8View& src, int out_width, int out_height, ResizeFilter filter,
                 std::vector<uint8_t>& out);
+
+// Receives a resized image row by row: row `y` (3 * out_width bytes, valid only during
+// the call), each row once, in increasing order.
+using RowSink = std::function<void(int y, const uint8_t* row)>;
+
+// The same pixels as ResizeRgb8, handed to `sink` one row at a time from a small
+// per-thread scratch row instead of a whole output image, so a caller can consume each
+// row (e.g. convert it to planar float) while it is still in cache.
+void ResizeRgb8Rows(const Rgb8View& src, int out_width, int out_height, ResizeFilter filter,
+                    const RowSink& sink);
 
 }  // namespace ddp::image

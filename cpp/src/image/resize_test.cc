@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <random>
 #include <string>
 
@@ -33,6 +34,34 @@ std::vector<uint8_t> Photo(int w, int h, uint32_t seed) {
     }
   }
   return px;
+}
+
+TEST(Resize, RowsGiveTheSamePixelsAsTheWholeImage) {
+  // Every filter path: bilinear up/down, 2x2, integer area, fractional area, same size;
+  // from a strided view (a crop) as the transforms pass it.
+  const int W = 157, H = 121;
+  const std::vector<uint8_t> px = Photo(W, H, 9);
+  const Rgb8View crop{px.data() + 3 * (static_cast<size_t>(W) * 5 + 7), 140, 110, static_cast<size_t>(3) * W};
+  struct Case {
+    int w, h;
+    ResizeFilter f;
+  };
+  for (const Case& c : {Case{224, 224, ResizeFilter::kBilinear}, Case{70, 55, ResizeFilter::kBilinear},
+                        Case{70, 55, ResizeFilter::kArea}, Case{35, 22, ResizeFilter::kArea},
+                        Case{61, 47, ResizeFilter::kArea}, Case{100, 90, ResizeFilter::kBilinear},
+                        Case{140, 110, ResizeFilter::kArea}}) {
+    std::vector<uint8_t> whole;
+    ResizeRgb8(crop, c.w, c.h, c.f, whole);
+    std::vector<uint8_t> rows(static_cast<size_t>(3) * c.w * c.h, 0);
+    int next = 0;
+    ResizeRgb8Rows(crop, c.w, c.h, c.f, [&](int y, const uint8_t* row) {
+      EXPECT_EQ(y, next++);
+      std::memcpy(rows.data() + static_cast<size_t>(y) * 3 * c.w, row, static_cast<size_t>(3) * c.w);
+    });
+    EXPECT_EQ(next, c.h);
+    whole.resize(rows.size());
+    EXPECT_EQ(rows, whole) << c.w << "x" << c.h << " filter " << static_cast<int>(c.f);
+  }
 }
 
 TEST(Resize, SameSizeCopiesFromAStridedView) {

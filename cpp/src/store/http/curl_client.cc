@@ -357,10 +357,8 @@ Status Configure(CURL* e, Transfer* t, const ClientConfig& cfg, CURLSH* share) {
   if (!cfg.ca_bundle.empty()) set(CURLOPT_CAINFO, cfg.ca_bundle.c_str());
   if (cfg.no_proxy) set(CURLOPT_NOPROXY, "*");
 
-  for (const std::string& h : cfg.extra_headers) {
-    t->headers = curl_slist_append(t->headers, h.c_str());
-  }
-  for (const std::string& h : r.headers) t->headers = curl_slist_append(t->headers, h.c_str());
+  std::vector<std::string> headers = cfg.extra_headers;
+  headers.insert(headers.end(), r.headers.begin(), r.headers.end());
   if (r.method == "HEAD") {
     set(CURLOPT_NOBODY, 1L);
   } else if (r.method == "GET") {
@@ -370,31 +368,22 @@ Status Configure(CURL* e, Transfer* t, const ClientConfig& cfg, CURLSH* share) {
     set(CURLOPT_POST, 1L);
     set(CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(r.body.size()));
     set(CURLOPT_POSTFIELDS, r.body.empty() ? "" : r.body.data());
-    // Not form-encoded. libcurl adds "Expect: 100-continue" to large bodies; removing it
-    // with an empty "Expect:" entry would put it in the SigV4 signed headers without
-    // sending it (libcurl 7.88), so instead the wait for "100 Continue" is cut short.
-    if (!HasHeader(r.headers, "content-type")) {
-      t->headers = curl_slist_append(t->headers, "Content-Type: application/octet-stream");
-    }
+    // Not form-encoded. libcurl adds "Expect: 100-continue" to large bodies (unsigned,
+    // which servers accept); the wait for "100 Continue" is cut short.
+    if (!HasHeader(r.headers, "content-type")) headers.emplace_back("Content-Type: application/octet-stream");
     set(CURLOPT_EXPECT_100_TIMEOUT_MS, 1L);
   } else {
     set(CURLOPT_CUSTOMREQUEST, r.method.c_str());
   }
-  if (!cfg.sigv4.empty()) {
+  if (cfg.sign) {
     if (!cfg.signing_keys) return FailedPreconditionError(r.what + ": signed request without keys");
     Result<SigningKeys> keys = cfg.signing_keys();
     if (!keys.ok()) return keys.status().WithContext(r.what);
-    set(CURLOPT_AWS_SIGV4, cfg.sigv4.c_str());
-    // libcurl copies option strings, so the keys need not outlive this call.
-    set(CURLOPT_USERNAME, keys->access_key.c_str());
-    set(CURLOPT_PASSWORD, keys->secret_key.c_str());
-    if (!keys->session_token.empty()) {
-      std::string h = "x-amz-security-token: " + keys->session_token;
-      t->headers = curl_slist_append(t->headers, h.c_str());
-    }
-    // S3 requires the payload hash header; an unsigned payload spares hashing bodies.
-    t->headers = curl_slist_append(t->headers, "x-amz-content-sha256: UNSIGNED-PAYLOAD");
+    Result<std::vector<std::string>> signed_headers = cfg.sign(r, headers, *keys);
+    if (!signed_headers.ok()) return signed_headers.status().WithContext(r.what);
+    headers.insert(headers.end(), signed_headers->begin(), signed_headers->end());
   }
+  for (const std::string& h : headers) t->headers = curl_slist_append(t->headers, h.c_str());
   set(CURLOPT_HTTPHEADER, t->headers);
   return ok;
 }

@@ -38,7 +38,7 @@ struct HttpResponse {
   const std::string* Header(std::string_view lower_name) const;
 };
 
-// Keys for CURLOPT_AWS_SIGV4; a session token goes in x-amz-security-token.
+// Keys to sign requests with; a session token goes in x-amz-security-token.
 struct SigningKeys {
   std::string access_key;
   std::string secret_key;
@@ -53,9 +53,15 @@ struct ClientConfig {
   // Content-Length, or more bytes received, aborts the transfer with kResourceExhausted
   // naming the URL and the limit (not retried).
   uint64_t max_body_bytes = 2ull << 30;
-  // AWS signature v4 (CURLOPT_AWS_SIGV4), e.g. "aws:amz:us-east-1:s3"; empty: unsigned.
-  std::string sigv4;
-  // With sigv4: the keys to sign with, asked for before every attempt so temporary
+  // Signs each attempt of a request (s3:// sets it: store/s3/sigv4.h, not libcurl's
+  // CURLOPT_AWS_SIGV4, which derives the signing key again for every request). Given the
+  // request, the headers it carries ("Name: value") and the keys, returns the headers to
+  // add (e.g. Host, x-amz-date, Authorization). Unset: requests go unsigned.
+  std::function<Result<std::vector<std::string>>(const HttpRequest& request,
+                                                 const std::vector<std::string>& headers,
+                                                 const SigningKeys& keys)>
+      sign;
+  // With sign: the keys to sign with, asked for before every attempt so temporary
   // credentials can be refreshed between requests. An error fails the request (not
   // retried). Keys never appear in messages.
   std::function<Result<SigningKeys>()> signing_keys;

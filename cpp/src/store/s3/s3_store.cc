@@ -1,9 +1,10 @@
-// s3://bucket[/prefix]: Amazon S3 and compatible servers over libcurl, signed with
-// libcurl's own SigV4 (CURLOPT_AWS_SIGV4), configured by the AWS conventions (see
-// s3_config.h).
+// s3://bucket[/prefix]: Amazon S3 and compatible servers over libcurl, configured by the
+// AWS conventions (see s3_config.h). Requests are signed by sigv4.h, not by libcurl's
+// CURLOPT_AWS_SIGV4: a reviewed exception to ARCHITECTURE's "libcurl signs", because
+// libcurl derives the signing key again for every request (see sigv4.h).
 //
 // Query strings are written already in canonical form (parameters sorted, values
-// URI-encoded) so the signature is right whatever libcurl version canonicalises them.
+// URI-encoded).
 #include <algorithm>
 #include <atomic>
 #include <memory>
@@ -17,6 +18,8 @@
 #include "store/s3/credential_sources.h"
 #include "store/s3/s3_config.h"
 #include "store/s3/s3_xml.h"
+#include "store/s3/sigv4.h"
+#include "store/text.h"
 
 namespace ddp::store_internal {
 namespace {
@@ -279,6 +282,48 @@ class S3Store final : public Store {
   StoreOptions options_;
 };
 
+// The headers that sign `r` for S3: Host (sent as signed, not left to libcurl),
+// x-amz-date (now), x-amz-content-sha256 (UNSIGNED-PAYLOAD: bodies are not hashed; TLS
+// protects them), x-amz-security-token with temporary keys, and Authorization over
+// those and every header the request carries.
+Result<std::vector<std::string>> SignS3(SigV4Signer& signer, const HttpRequest& r,
+                                        const std::vector<std::string>& headers, const SigningKeys& keys) {
+  std::string_view rest = r.url;
+  const size_t scheme = rest.find("://");
+  if (scheme == std::string_view::npos) return InvalidArgumentError("SigV4: no scheme in " + RedactUrl(r.url));
+  rest.remove_prefix(scheme + 3);
+  const size_t slash = rest.find_first_of("/?");
+  std::string_view host = rest.substr(0, slash);
+  if (const size_t at = host.rfind('@'); at != std::string_view::npos) host.remove_prefix(at + 1);
+  rest = slash == std::string_view::npos ? std::string_view() : rest.substr(slash);
+  const size_t q = rest.find('?');
+  const std::string_view path = rest.substr(0, q);
+  const std::string_view query = q == std::string_view::npos ? std::string_view() : rest.substr(q + 1);
+
+  constexpr std::string_view kPayload = "UNSIGNED-PAYLOAD";
+  SigV4Request req{r.method, host, path, query, {}, kPayload};
+  req.headers.reserve(headers.size() + 1);
+  for (const std::string& h : headers) {
+    const size_t colon = h.find(':');
+    if (colon == std::string::npos) continue;  // "Name;" (sent empty): not signed
+    std::string_view value = Trim(std::string_view(h).substr(colon + 1));
+    if (value.empty()) continue;  // "Name:" removes a header libcurl would add
+    req.headers.emplace_back(h.substr(0, colon), std::string(value));
+  }
+  req.headers.emplace_back("x-amz-content-sha256", std::string(kPayload));
+  DDP_ASSIGN_OR_RETURN(SigV4Result s,
+                       signer.Sign(req, {keys.access_key, keys.secret_key, keys.session_token},
+                                   AmzDate(std::chrono::system_clock::now())));
+  std::vector<std::string> out;
+  out.reserve(5);
+  out.push_back("Host: " + std::string(host));
+  out.push_back("x-amz-date: " + s.amz_date);
+  out.push_back("x-amz-content-sha256: " + std::string(kPayload));
+  if (!keys.session_token.empty()) out.push_back("x-amz-security-token: " + keys.session_token);
+  out.push_back("Authorization: " + s.authorization);
+  return out;
+}
+
 }  // namespace
 
 Result<std::unique_ptr<Store>> OpenS3Store(std::string_view url, const StoreOptions& options) {
@@ -293,7 +338,9 @@ Result<std::unique_ptr<Store>> OpenS3Store(std::string_view url, const StoreOpti
   if (config.credentials || config.credential_source) {
     DDP_ASSIGN_OR_RETURN(std::shared_ptr<CredentialsProvider> provider,
                          MakeProvider(url, config, options));
-    cfg.sigv4 = "aws:amz:" + config.region + ":s3";
+    cfg.sign = [signer = std::make_shared<SigV4Signer>(config.region, "s3")](
+                   const HttpRequest& r, const std::vector<std::string>& headers,
+                   const SigningKeys& keys) { return SignS3(*signer, r, headers, keys); };
     cfg.signing_keys = [provider]() -> Result<SigningKeys> {
       DDP_ASSIGN_OR_RETURN(AwsCredentials c, provider->Get());
       return SigningKeys{std::move(c.access_key), std::move(c.secret_key),

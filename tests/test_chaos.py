@@ -11,6 +11,7 @@ result. The seed is printed; ``DASK_DDP_CHAOS_SEED=N`` replays it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from distributed import Client, LocalCluster
 
@@ -42,7 +44,7 @@ pytestmark = [pytest.mark.dask, pytest.mark.slow, pytest.mark.timeout(600)]
 logger = logging.getLogger(__name__)
 
 RUNS = 12
-STEPS = 60          # ~3 s of collectives per attempt
+STEPS = 40          # ~2 s of collectives per attempt
 FAULTS = ("worker", "rank", "raise", "client")
 CLEAN_S = 20.0      # "within seconds": the budget for everything to be gone
 
@@ -185,10 +187,18 @@ def client_run(client: Client, run: Run, tmp_path: Path) -> list[str]:
     return [job_id]
 
 
+def live_ranks(addr: str) -> list[tuple[int, str]]:
+    """(pid, command line) of the cluster's rank processes still alive."""
+    found = []
+    for p in rank_processes(addr):
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+            found.append((p.pid, " ".join(p.cmdline())))
+    return found
+
+
 def check_nothing_left(client: Client, run: Run, job_ids: list[str]) -> None:
     addr = client.scheduler.address
-    wait_until(lambda: [(p.pid, p.cmdline()) for p in rank_processes(addr)], CLEAN_S,
-               "rank processes alive")
+    wait_until(lambda: live_ranks(addr), CLEAN_S, "rank processes alive")
     wait_until(lambda: client.run_on_scheduler(active_tasks, f"{run.name}-")
                + sum((client.run_on_scheduler(active_tasks, j) for j in job_ids), []),
                CLEAN_S, "tasks of the job active on the scheduler")

@@ -187,7 +187,7 @@ class ElasticJob:
             # With an output folder the attempts append to one metrics.jsonl: stop at the
             # records this attempt's monitor wrote (the next attempt starts only after it
             # finished, so a record read before then is this attempt's).
-            monitor, n = attempt._monitor, 0
+            monitor, n = attempt.monitor, 0
             for record in attempt.metrics():
                 if monitor is not None and monitor.finished and n >= monitor.count:
                     break

@@ -142,6 +142,11 @@ class Job:
         """The job's metric records as they arrive (see :mod:`dask_ddp.results`)."""
         return results.iter_job_metrics(self)
 
+    @property
+    def monitor(self) -> Any:
+        """The :class:`~dask_ddp.results.JobMonitor` reading the job's metrics, if any."""
+        return self._monitor
+
     def root_error(self) -> BaseException | None:
         """The error naming the job's root cause, or ``None`` while no rank failed."""
         errors: list[tuple[int, BaseException]] = []

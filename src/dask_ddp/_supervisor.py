@@ -55,6 +55,8 @@ _LIVE: weakref.WeakSet[subprocess.Popen[bytes]] = weakref.WeakSet()
 ROOT_WAIT_S = 3.0
 #: Seconds to hand the rank's last records to the scheduler after it exited.
 FORWARD_CLOSE_S = 30.0
+#: Seconds after which a released job's topic is closed again (longer than a reader's poll).
+RECLOSE_S = 2.0
 _RUNNING_STATES = ("executing", "long-running")
 
 
@@ -178,10 +180,13 @@ class _Supervisor:
             logger.error("rank %d of job %r: %s", self.spec.rank, self.spec.job_name, exc)
         if not self._task_running():
             # Nobody reads this job's records any more (its client let go of the job):
-            # free its topic on the scheduler, after this rank's last put.
-            with contextlib.suppress(Exception):
-                self.client.sync(self.client.scheduler.dask_ddp_results_close,
-                                 topic=_channel.metrics_topic(self.spec.job_id))
+            # free its topic on the scheduler, after this rank's last put; and once more
+            # after a read the dead client left in flight could have made it again.
+            for pause in (0.0, RECLOSE_S):
+                time.sleep(pause)
+                with contextlib.suppress(Exception):
+                    self.client.sync(self.client.scheduler.dask_ddp_results_close,
+                                     topic=_channel.metrics_topic(self.spec.job_id))
 
     def _cwd(self) -> str:
         # The client's directory when this worker has it (a local cluster, a shared file

@@ -6,18 +6,29 @@ unpickle them by reference.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import psutil
-from distributed import LocalCluster
+from distributed import Client, LocalCluster
 
 
 def local_cluster(n_workers: int, threads_per_worker: int = 1) -> LocalCluster:
     """A real LocalCluster with worker processes and no fixed ports."""
     return LocalCluster(n_workers=n_workers, threads_per_worker=threads_per_worker,
                         processes=True, dashboard_address=":0", scheduler_port=0)
+
+
+@contextlib.contextmanager
+def cluster_client(n_workers: int) -> Iterator[Client]:
+    """A client of a fresh local cluster; on exit, no rank process of it may be left."""
+    with local_cluster(n_workers=n_workers) as cluster, Client(cluster) as c:
+        yield c
+        addr = c.scheduler.address
+    wait_no_rank_processes(addr, 10)
 
 
 def rank_processes(scheduler: str, marker: str = "dask_ddp._rank") -> list[psutil.Process]:

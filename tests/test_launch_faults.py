@@ -7,6 +7,7 @@ import signal
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from distributed import Client
@@ -14,27 +15,36 @@ from distributed import Client
 import dask_ddp
 from cluster_util import (
     local_cluster,
+    sleep_in_collectives,
     sleep_only,
     wait_no_rank_processes,
     wait_rank_processes,
 )
 from dask_ddp import dispatch
+from launch_util import wait_until
 
 pytestmark = [pytest.mark.dask, pytest.mark.slow, pytest.mark.timeout(180)]
+
+
+def seed_job_losing_a_worker(client: Client, fn: Any, victim: int) -> tuple[Any, Any, str]:
+    """Start ``fn(600.0)`` with the seed's ``dispatch.run`` on every worker, then SIGKILL
+    rank ``victim``'s worker once the ranks are inside ``fn``: (futures, job, its address)."""
+    futures = dispatch.run(client, fn, 600.0)
+    job = dispatch.job_of(futures)
+    assert job is not None
+    wait_rank_processes(client.scheduler.address, 2)
+    time.sleep(1.5)  # the ranks are inside their function
+    addr = job.workers[victim]
+    pid = client.run(os.getpid, workers=[addr])[addr]
+    os.kill(pid, signal.SIGKILL)
+    return futures, job, addr
 
 
 @pytest.mark.parametrize("victim", [1, 0])
 def test_worker_sigkill_fails_job_fast(victim: int) -> None:
     with local_cluster(n_workers=2) as cluster, Client(cluster) as client:
-        futures = dispatch.run(client, sleep_only, 600.0)
-        job = dispatch.job_of(futures)
-        assert job is not None
-        wait_rank_processes(client.scheduler.address, 2)
-        time.sleep(1.0)  # the ranks are inside their function
-        addr = job.workers[victim]
-        pid = client.run(os.getpid, workers=[addr])[addr]
+        futures, job, addr = seed_job_losing_a_worker(client, sleep_only, victim)
         t0 = time.monotonic()
-        os.kill(pid, signal.SIGKILL)
         with pytest.raises(dask_ddp.JobError) as info:
             job.result(timeout=30)
         assert time.monotonic() - t0 < 30
@@ -76,3 +86,29 @@ def test_worker_sigkill_during_run_command(tmp_path: Path) -> None:
         assert isinstance(err, dask_ddp.WorkerLostError) and err.rank == 1
         # The orphaned rank of the killed worker died with it (PR_SET_PDEATHSIG).
         wait_no_rank_processes(addr, 30 - (time.monotonic() - t0), marker=str(script))
+
+
+@pytest.mark.parametrize("victim", [1, 0])
+def test_seed_gather_names_the_dead_worker(victim: int) -> None:
+    # The seed's flow: dispatch.run + client.gather. The surviving rank's collective breaks
+    # at once ("Connection reset by peer"); every future must still name the dead rank.
+    with local_cluster(n_workers=2) as cluster, Client(cluster) as client:
+        futures, _, addr = seed_job_losing_a_worker(client, sleep_in_collectives, victim)
+        with pytest.raises(BaseException) as info:  # noqa: B017 - checked below
+            client.gather(futures)
+        names = [f"rank {victim}", addr, "left the cluster"]
+        assert all(n in str(info.value) for n in names), info.value
+        wait_until(lambda: [f for f in futures if f.status == "pending"], 30, "pending futures")
+        for rank, fut in enumerate(futures):
+            err: BaseException | None = None
+            try:
+                fut.result(timeout=10)
+            except BaseException as exc:  # noqa: BLE001 - the error under test
+                err = exc
+            assert err is not None and all(n in str(err) for n in names), (rank, err)
+            if rank != victim:
+                assert isinstance(err, dask_ddp.WorkerLostError) and err.rank == victim
+                own = err.__cause__
+                assert isinstance(own, dask_ddp.JobError) and own.rank == rank, own
+                assert f"rank {rank}" in str(err)  # the secondary failure is told too
+        wait_no_rank_processes(client.scheduler.address, 30)

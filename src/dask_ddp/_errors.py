@@ -2,7 +2,39 @@
 
 from __future__ import annotations
 
+import enum
 from typing import Any
+
+
+class FailureKind(str, enum.Enum):
+    """How a rank ended, most fundamental first (a lower :attr:`order` is likelier the root).
+
+    A ``str`` enum: ``err.kind == "lost"`` holds.
+    """
+
+    LOST = "lost"                  # its worker left the cluster
+    DIED = "died"                  # its process exited non-zero or was killed, unreported
+    RAISED_FIRST = "raised-first"  # it raised before any other rank of its job did
+    RAISED = "raised"              # it raised (after another rank failed, maybe because of it)
+    ABORTED = "aborted"            # stopped by the launcher (another rank failed, a cancel)
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def order(self) -> int:
+        return _ORDER[self]
+
+
+_ORDER = {kind: i for i, kind in enumerate(FailureKind)}
+
+
+def kind_order(kind: str) -> int:
+    """:attr:`FailureKind.order` of ``kind``; an unknown kind sorts after ``raised``."""
+    try:
+        return FailureKind(kind).order
+    except ValueError:
+        return FailureKind.RAISED.order
 
 
 class GangStartError(RuntimeError):
@@ -20,19 +52,21 @@ class JobError(RuntimeError):
         The Dask address of that rank's worker.
     remote_traceback : str
         The formatted traceback from the rank process ("" when there is none).
-    kind : str
-        How the rank ended: "raised" (its function raised), "raised-first" (it raised
-        before any other rank did), "died" (its process exited non-zero or was killed
-        without reporting), "lost" (its worker left), "aborted" (stopped by the launcher).
+    kind : FailureKind
+        How the rank ended (a ``str``): "raised" (its function raised), "raised-first" (it
+        raised before any other rank did), "died" (its process exited non-zero or was
+        killed without reporting), "lost" (its worker left), "aborted" (stopped by the
+        launcher).
     """
 
     def __init__(self, message: str, rank: int, worker: str, remote_traceback: str = "",
-                 cause: BaseException | None = None, kind: str = "raised") -> None:
+                 cause: BaseException | None = None,
+                 kind: FailureKind | str = FailureKind.RAISED) -> None:
         super().__init__(message)
         self.rank = rank
         self.worker = worker
         self.remote_traceback = remote_traceback
-        self.kind = kind
+        self.kind = FailureKind(kind)
         #: Earlier attempts of an elastic job (see :class:`dask_ddp.dispatch.Restart`),
         #: set when its restarts ran out.
         self.attempts: list[Any] = []
@@ -43,7 +77,7 @@ class JobError(RuntimeError):
         # Dask pickles exceptions to move them to the client; the default pickling of an
         # exception drops __cause__, which carries the rank's own exception.
         return (_rebuild, (type(self), str(self), self.rank, self.worker,
-                           self.remote_traceback, self.__cause__, self.kind))
+                           self.remote_traceback, self.__cause__, self.kind.value))
 
 
 def _rebuild(cls: type[JobError], message: str, rank: int, worker: str, tb: str,

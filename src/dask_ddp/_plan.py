@@ -12,39 +12,42 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ._errors import GangStartError
+from ._options import LaunchOptions
+
+#: Worker states of workers that cannot take a new rank.
+_GONE = ("closing", "closing_gracefully", "closed", "failed")
 
 
 @dataclasses.dataclass(frozen=True)
 class RankSpec:
-    """Everything a supervisor task needs to start one rank process."""
+    """Everything a supervisor task needs to start one rank process: the job's options and
+    this rank's place in the attempt."""
 
+    options: LaunchOptions
     job_id: str
-    job_name: str
+    run_id: str                  # TORCHELASTIC_RUN_ID: the job, or the elastic job across restarts
+    restart: int                 # the attempt (TORCHELASTIC_RESTART_COUNT)
     rank: int
     local_rank: int
-    world_size: int
     local_world_size: int
-    worker: str
-    proc_index: int
-    nprocs_per_worker: int
+    group_rank: int              # the index of this rank's host (torchrun's node rank)
+    group_world_size: int        # hosts in the job
+    proc_index: int              # this rank's process index on its worker
+    workers: tuple[str, ...]     # every rank's worker, in rank order
     master_addr: str
-    backend: str
-    init_kwargs: bytes
-    env: Mapping[str, str]
-    payload: bytes | None
-    command: tuple[str, ...] | None
-    pass_local_rank: bool
-    stream_output: bool
     scheduler: str
-    storage: str | None
-    output_dir: str | None
-    rendezvous_timeout: float
-    cwd: str | None = None
-    restart: int = 0
-    group_rank: int = 0          # the index of this rank's host (torchrun's node rank)
-    group_world_size: int = 1    # hosts in the job
-    run_id: str = ""             # TORCHELASTIC_RUN_ID: the job, or the elastic job across restarts
-    max_restarts: int = 0
+
+    @property
+    def worker(self) -> str:
+        return self.workers[self.rank]
+
+    @property
+    def world_size(self) -> int:
+        return len(self.workers)
+
+    @property
+    def job_name(self) -> str:
+        return self.options.name
 
 
 def worker_host(address: str) -> str:
@@ -140,3 +143,17 @@ def rank_layout(workers: Sequence[str], nprocs_per_worker: int) -> list[dict[str
                            "proc_index": proc, "group_rank": group[host],
                            "group_world_size": len(group)})
     return layout
+
+
+def available_workers(client: Any, resources: Mapping[str, float] | None,
+                      preferred: Sequence[str]) -> list[str]:
+    """Running workers that can take a rank now, those in ``preferred`` first."""
+    info = dict(client.scheduler_info(n_workers=-1))
+    info["workers"] = {a: w for a, w in info.get("workers", {}).items()
+                       if w.get("status", "running") not in _GONE}
+    try:
+        fit = choose_workers(info, None, None, resources)
+    except GangStartError:
+        return []
+    first = [w for w in preferred if w in fit]
+    return first + [w for w in fit if w not in first]

@@ -21,7 +21,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Mapping
+import socket
+import subprocess
+from collections.abc import Iterator, Mapping
 
 logger = logging.getLogger(__name__)
 
@@ -165,3 +167,58 @@ def cores_per_rank() -> int:
     except ValueError:
         local = 1
     return max(1, usable_cores() // local)
+
+
+def rotated_devices(visible: str | None, proc_index: int, nprocs: int) -> str | None:
+    """``CUDA_VISIBLE_DEVICES`` for process ``proc_index`` of a worker.
+
+    As dask-cuda does per worker, each process sees its own GPU first, so
+    ``torch.device(0)`` is a different GPU in each of the worker's rank processes.
+    """
+    if nprocs <= 1:
+        return None
+    if visible:
+        devices = [d for d in visible.split(",") if d.strip()]
+    else:
+        devices = [str(i) for i in range(_gpu_count())]
+    if not devices:
+        return None
+    k = proc_index % len(devices)
+    return ",".join(devices[k:] + devices[:k])
+
+
+def _gpu_count() -> int:
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+
+
+def interface_of(host: str) -> str | None:
+    """The name of the local network interface holding ``host``'s address, if any."""
+    try:
+        addr = socket.gethostbyname(host)
+    except OSError:
+        return None
+    for name, ip in _interface_addresses():
+        if ip == addr:
+            return name
+    return None
+
+
+def _interface_addresses() -> Iterator[tuple[str, str]]:
+    try:
+        import fcntl
+        import struct
+    except ImportError:  # not Linux: let the backend choose
+        return
+    siocgifaddr = 0x8915
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            try:
+                packed = fcntl.ioctl(s.fileno(), siocgifaddr,
+                                     struct.pack("256s", name.encode()[:15]))
+            except OSError:
+                continue
+            yield name, socket.inet_ntoa(packed[20:24])

@@ -10,26 +10,34 @@ torchrun's agent does) and publishes its address through a Dask ``Variable``.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
 import pickle
-import shutil
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Mapping
 from datetime import timedelta
 from typing import IO, Any
 
-from . import _channel, _rankenv
-from ._errors import RankAbortedError, RankFailedError, RemoteException
+from . import _channel, _rankenv, _workdir
+from ._errors import FailureKind, JobError, RankAbortedError, RankFailedError, RemoteException
+from ._failure import (
+    better_record,
+    load_exception,
+    looks_collective,
+    lost_error,
+    read_error_file,
+    record_of,
+    root_error,
+)
+from ._names import abort_event_name, failure_topic, master_variable_name, output_topic
 from ._plan import RankSpec, worker_host
 
 logger = logging.getLogger(__name__)
@@ -42,25 +50,14 @@ TERM_GRACE_S = 5.0
 _LIVE: weakref.WeakSet[subprocess.Popen[bytes]] = weakref.WeakSet()
 
 
-def abort_event_name(job_id: str) -> str:
-    return f"dask-ddp-abort-{job_id}"
-
-
-def master_variable_name(job_id: str) -> str:
-    return f"dask-ddp-master-{job_id}"
-
-
-def output_topic(job_id: str) -> str:
-    return f"dask-ddp-output-{job_id}"
-
-
-def failure_topic(job_id: str) -> str:
-    return f"dask-ddp-failure-{job_id}"
-
-
-# How fundamental a failure is: a lower value is more likely the root cause of the job's end.
-KIND_ORDER = {"lost": 0, "died": 1, "raised-first": 2, "raised": 3, "aborted": 4}
+#: Seconds the supervisor of a rank that looks like the victim of a peer's fault (its
+#: collective broke, or it was aborted) waits to learn that fault, to raise it instead.
 ROOT_WAIT_S = 3.0
+#: Seconds to hand the rank's last records to the scheduler after it exited.
+FORWARD_CLOSE_S = 30.0
+#: Seconds after which a released job's topic is closed again (longer than a reader's poll).
+RECLOSE_S = 2.0
+_RUNNING_STATES = ("executing", "long-running")
 
 
 def run_rank(spec: RankSpec) -> Any:
@@ -91,7 +88,7 @@ class _Supervisor:
         self.spec = spec
         self.worker = worker
         self.key = key
-        self.client = get_client()
+        self.client: Any = get_client()
         self.abort = Event(abort_event_name(spec.job_id), client=self.client)
         self.stderr_tail: deque[str] = deque(maxlen=30)
 
@@ -99,7 +96,8 @@ class _Supervisor:
     def run(self) -> Any:
         spec = self.spec
         store = None
-        workdir = tempfile.mkdtemp(prefix=f"dask-ddp-{spec.job_id[:8]}-r{spec.rank}-")
+        _workdir.clean_orphans()
+        workdir = _workdir.create(spec.job_id, spec.rank)
         try:
             if spec.rank == 0:
                 store = _host_store(spec)
@@ -112,7 +110,7 @@ class _Supervisor:
                 port = self._await_master_port()
             return self._run_process(port, workdir)
         finally:
-            shutil.rmtree(workdir, ignore_errors=True)
+            _workdir.remove(workdir)
             del store  # stops rank 0's rendezvous server and frees its port
 
     def _await_master_port(self) -> int:
@@ -122,23 +120,23 @@ class _Supervisor:
         # Wait on an Event (a timed-out wait is quiet; a timed-out Variable.get logs an
         # error on the scheduler), checking for an abort between waits.
         ready = Event(name, client=self.client)
-        deadline = time.monotonic() + self.spec.rendezvous_timeout
+        deadline = time.monotonic() + self.spec.options.rendezvous_timeout
         while not ready.wait(timeout=ABORT_POLL_S):
             self._check_stop(None)
             if time.monotonic() > deadline:
                 raise self._failed(
                     "rendezvous", "rank 0 did not publish its rendezvous address within "
-                    f"{self.spec.rendezvous_timeout:.0f} s", None, "")
+                    f"{self.spec.options.rendezvous_timeout:.0f} s", None, "")
         value = Variable(name, client=self.client).get()
         return int(str(value).rsplit(":", 1)[1])
 
     def _run_process(self, port: int, workdir: str) -> Any:
-        spec = self.spec
+        spec, opts = self.spec, self.spec.options
         env = self._environment(port, workdir)
         read_fd, write_fd = os.pipe()
         env["DASK_DDP_CHANNEL_FD"] = str(write_fd)
-        if spec.command is not None:
-            argv = list(spec.command)
+        if opts.command is not None:
+            argv = list(opts.command)
             if argv[0] in ("python", "python3"):
                 argv[0] = sys.executable  # the worker's Python, where dask-ddp is installed
             if sys.platform.startswith("linux"):
@@ -146,12 +144,12 @@ class _Supervisor:
                 argv = [sys.executable, guard, *argv]
         else:
             with open(os.path.join(workdir, "spec.pkl"), "wb") as f:
-                pickle.dump({"payload": spec.payload, "init_kwargs": spec.init_kwargs,
-                             "backend": spec.backend, "pass_local_rank": spec.pass_local_rank,
+                pickle.dump({"payload": opts.payload, "init_kwargs": opts.init_kwargs,
+                             "backend": opts.backend, "pass_local_rank": opts.pass_local_rank,
                              "sys_path": list(sys.path), "worker": spec.worker,
-                             "rendezvous_timeout": spec.rendezvous_timeout}, f)
+                             "rendezvous_timeout": opts.rendezvous_timeout}, f)
             argv = [sys.executable, "-m", "dask_ddp._rank", workdir]
-        pipe = subprocess.PIPE if spec.stream_output else None
+        pipe = subprocess.PIPE if opts.stream_output else None
         try:
             proc = subprocess.Popen(argv, env=env, pass_fds=(write_fd,), stdout=pipe,
                                     stderr=pipe, start_new_session=True, cwd=self._cwd())
@@ -171,13 +169,29 @@ class _Supervisor:
             for t in pumps:
                 t.join(10)
             self._log_output("eof", "")
-            fwd.close(timeout=30)
+            self._close_forwarder(fwd)
         return self._outcome(proc.returncode, workdir)
+
+    def _close_forwarder(self, fwd: _channel.Forwarder) -> None:
+        """Hand the rank's last records on; a failure here never hides the rank's outcome."""
+        try:
+            fwd.close(timeout=FORWARD_CLOSE_S)
+        except Exception as exc:
+            logger.error("rank %d of job %r: %s", self.spec.rank, self.spec.job_name, exc)
+        if not self._task_running():
+            # Nobody reads this job's records any more (its client let go of the job):
+            # free its topic on the scheduler, after this rank's last put; and once more
+            # after a read the dead client left in flight could have made it again.
+            for pause in (0.0, RECLOSE_S):
+                time.sleep(pause)
+                with contextlib.suppress(Exception):
+                    self.client.sync(self.client.scheduler.dask_ddp_results_close,
+                                     topic=_channel.metrics_topic(self.spec.job_id))
 
     def _cwd(self) -> str:
         # The client's directory when this worker has it (a local cluster, a shared file
         # system), so relative paths in a command mean what they meant to the user.
-        cwd = self.spec.cwd
+        cwd = self.spec.options.cwd
         return cwd if cwd and os.path.isdir(cwd) else os.getcwd()
 
     # -- watching -----------------------------------------------------------------------
@@ -200,8 +214,7 @@ class _Supervisor:
         from distributed.core import Status
 
         reason = None
-        ts = self.worker.state.tasks.get(self.key)
-        if ts is None or ts.state not in ("executing", "long-running"):
+        if not self._task_running():
             reason = "its task was cancelled"
         elif self.worker.status in (Status.closing, Status.closed, Status.failed):
             reason = "its worker is closing"
@@ -213,9 +226,23 @@ class _Supervisor:
             _kill_group(proc)
         msg = (f"rank {self.spec.rank} of job {self.spec.job_name!r} on worker "
                f"{self.spec.worker} was stopped: {reason}")
+        err = RankAbortedError(msg, self.spec.rank, self.spec.worker, kind=FailureKind.ABORTED)
         if reason.startswith("another rank"):
-            msg += self._root_cause_note("aborted")
-        raise RankAbortedError(msg, self.spec.rank, self.spec.worker, kind="aborted")
+            raise self._root_or(err, ROOT_WAIT_S)
+        raise err
+
+    def _task_running(self) -> bool:
+        """Whether this rank's task still runs, read on the worker's event loop (the
+        worker's state is not thread-safe)."""
+        async def running() -> bool:
+            ts = self.worker.state.tasks.get(self.key)
+            return ts is not None and ts.state in _RUNNING_STATES
+
+        try:
+            return asyncio.run_coroutine_threadsafe(
+                running(), self.worker.loop.asyncio_loop).result(timeout=10)
+        except Exception:  # the loop is gone: the worker is closing
+            return False
 
     def _outcome(self, returncode: int, workdir: str) -> Any:
         spec = self.spec
@@ -225,17 +252,19 @@ class _Supervisor:
                 report = pickle.load(f)
         if report is not None and report["status"] == "ok" and returncode == 0:
             return pickle.loads(report["value"])
-        if spec.command is not None and returncode == 0:
+        if spec.options.command is not None and returncode == 0:
             return 0
         if report is not None and report["status"] == "error":
-            cause = _load_exception(report)
             err = self._failed(
-                report["phase"], f"{report['type']}: {report['message']}", cause,
-                report["traceback"], claimed=report.get("claimed", False))
-        elif (recorded := _read_error_file(os.path.join(workdir, ERROR_FILE))) is not None:
+                report["phase"], f"{report['type']}: {report['message']}",
+                load_exception(report), report["traceback"],
+                claimed=report.get("claimed", False))
+            victim = looks_collective(report["type"], report["message"])
+        elif (recorded := read_error_file(os.path.join(workdir, ERROR_FILE))) is not None:
             # A script whose main is decorated with torch's @record.
             message, tb = recorded
             err = self._failed("run", message, None, tb)
+            victim = looks_collective("", message)
         else:
             if returncode < 0:
                 how = f"was killed by signal {signal.Signals(-returncode).name}"
@@ -244,7 +273,11 @@ class _Supervisor:
             tail = "\n".join(self.stderr_tail)
             detail = f"\nlast stderr lines:\n{tail}" if tail else ""
             err = self._failed("run", f"the rank process {how}{detail}", None, tail, died=True)
-        raise err
+            victim = returncode > 0 and looks_collective("", tail)
+        # A rank whose collective broke (or that raised after another rank) is likely the
+        # victim of a peer's fault: wait a moment to learn it and raise that instead.
+        secondary = victim or err.kind is FailureKind.RAISED
+        raise self._root_or(err, ROOT_WAIT_S if secondary else 0.0)
 
     def _failed(self, phase: str, what: str, cause: BaseException | None, tb: str,
                 claimed: bool = False, died: bool = False) -> RankFailedError:
@@ -260,37 +293,55 @@ class _Supervisor:
             msg += f"\n\nTraceback from rank {spec.rank}:\n{tb.rstrip()}"
         if cause is None and tb:
             cause = RemoteException(tb)
-        kind = "died" if died else "raised-first" if claimed else "raised"
-        self._record_failure(kind, msg)
-        if kind == "raised":
-            msg += self._root_cause_note(kind)
-        return RankFailedError(msg, spec.rank, spec.worker, tb, cause, kind)
+        kind = (FailureKind.DIED if died else
+                FailureKind.RAISED_FIRST if claimed else FailureKind.RAISED)
+        err = RankFailedError(msg, spec.rank, spec.worker, tb, cause, kind)
+        self._publish(record_of(err))
+        return err
 
-    def _record_failure(self, kind: str, msg: str) -> None:
+    def _publish(self, record: Mapping[str, Any]) -> None:
         with contextlib.suppress(Exception):
-            self.worker.log_event(failure_topic(self.spec.job_id), {
-                "rank": self.spec.rank, "kind": kind, "message": msg.split("\n\n")[0]})
+            self.worker.log_event(failure_topic(self.spec.job_id), dict(record))
 
-    def _root_cause_note(self, kind: str) -> str:
-        """Name the failure of another rank that explains ours, if one is reported soon.
+    def _root_or(self, err: JobError, wait: float) -> JobError:
+        """The job's root fault, if another rank's fault is more fundamental than ``err``
+        (``err`` chained as its ``__cause__``), else ``err``.
 
         A seed-style ``client.gather(futures)`` raises the first failed future in rank
-        order, so every secondary error says what the root cause was.
+        order: so every future of the job names the root cause. Waits up to ``wait``
+        seconds for the fault to be known (a peer's failure record, or its worker gone).
         """
-        deadline = time.monotonic() + ROOT_WAIT_S
+        deadline = time.monotonic() + wait
         while True:
-            try:
-                events = self.client.get_events(failure_topic(self.spec.job_id))
-            except Exception:
-                return ""
-            better = [m for _, m in events if m["rank"] != self.spec.rank
-                      and KIND_ORDER.get(m["kind"], 3) < KIND_ORDER[kind]]
-            if better:
-                best = min(better, key=lambda m: (KIND_ORDER.get(m["kind"], 3), m["rank"]))
-                return f"\n(root cause: {best['message']})"
-            if time.monotonic() > deadline:
-                return ""
+            best = self._better_fault(err.kind)
+            if best is not None:
+                return root_error(best, err)
+            if time.monotonic() >= deadline:
+                return err
             time.sleep(0.2)
+
+    def _better_fault(self, kind: FailureKind) -> Mapping[str, Any] | None:
+        records: list[Mapping[str, Any]] = []
+        with contextlib.suppress(Exception):
+            records = [m for _, m in self.client.get_events(failure_topic(self.spec.job_id))]
+        records += self._lost_peers()
+        return better_record(records, self.spec.rank, kind)
+
+    def _lost_peers(self) -> list[dict[str, Any]]:
+        """Failure records of the ranks whose worker left the cluster (published too)."""
+        spec = self.spec
+        peers = sorted(set(spec.workers) - {spec.worker})
+        if not peers:
+            return []
+        try:
+            present = self.client.sync(self.client.scheduler.ncores, workers=peers)
+        except Exception:
+            return []
+        lost = [record_of(lost_error(spec.job_name, r, w)) for r, w in enumerate(spec.workers)
+                if w in peers and w not in present]
+        for record in lost[:1]:
+            self._publish(record)
+        return lost
 
     # -- process setup ------------------------------------------------------------------
     def _environment(self, port: int, workdir: str) -> dict[str, str]:
@@ -298,7 +349,7 @@ class _Supervisor:
         import dask_ddp
 
         pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(dask_ddp.__file__)))
-        user_path = spec.env.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+        user_path = spec.options.env.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
         launcher = {
             "PYTHONPATH": os.pathsep.join(p for p in (pkg_root, user_path) if p),
             "RANK": str(spec.rank),
@@ -317,7 +368,7 @@ class _Supervisor:
             # believes SLURM launched each rank alone).
             "TORCHELASTIC_RUN_ID": spec.run_id or spec.job_id,
             "TORCHELASTIC_RESTART_COUNT": str(spec.restart),
-            "TORCHELASTIC_MAX_RESTARTS": str(spec.max_restarts),
+            "TORCHELASTIC_MAX_RESTARTS": str(spec.options.max_restarts),
             # torch's @record writes a failing rank's traceback here; read back on failure.
             "TORCHELASTIC_ERROR_FILE": os.path.join(workdir, ERROR_FILE),
             # Rank 0's supervisor hosts the store: every rank, rank 0 included, is a
@@ -335,19 +386,19 @@ class _Supervisor:
         # itself (MALLOC_TRIM_THRESHOLD_ doubles a CPU step), then the job's, then ours.
         env = _rankenv.rank_environment(
             os.environ, _rankenv.nanny_environ(self.worker.nanny is not None),
-            _rankenv.pre_spawn_defaults(), spec.env, launcher, spec.local_world_size)
-        if spec.storage:
-            env["DASK_DDP_STORAGE"] = spec.storage
-        if spec.output_dir:
-            env["DASK_DDP_OUTPUT_DIR"] = spec.output_dir
-        iface = _interface_of(worker_host(spec.worker))
+            _rankenv.pre_spawn_defaults(), spec.options.env, launcher, spec.local_world_size)
+        if spec.options.storage:
+            env["DASK_DDP_STORAGE"] = spec.options.storage
+        if spec.options.output_dir:
+            env["DASK_DDP_OUTPUT_DIR"] = spec.options.output_dir
+        iface = _rankenv.interface_of(worker_host(spec.worker))
         if iface:
             # The collectives must use the interface the peers reach this worker on, not
             # whatever the host name resolves to.
             env.setdefault("GLOO_SOCKET_IFNAME", iface)
             env.setdefault("NCCL_SOCKET_IFNAME", iface)
-        devices = _rotated_devices(env.get("CUDA_VISIBLE_DEVICES"), spec.proc_index,
-                                   spec.nprocs_per_worker)
+        devices = _rankenv.rotated_devices(env.get("CUDA_VISIBLE_DEVICES"), spec.proc_index,
+                                   spec.options.nprocs_per_worker)
         if devices is not None:
             env["CUDA_VISIBLE_DEVICES"] = devices
         return env
@@ -372,7 +423,7 @@ class _Supervisor:
                 self._log_output(name, line)
 
     def _log_output(self, stream: str, line: str) -> None:
-        if not self.spec.stream_output:
+        if not self.spec.options.stream_output:
             return
         with contextlib.suppress(Exception):
             self.worker.log_event(output_topic(self.spec.job_id),
@@ -384,7 +435,7 @@ def _host_store(spec: RankSpec) -> Any:
     from torch.distributed import TCPStore
 
     return TCPStore(spec.master_addr, 0, spec.world_size, True,
-                    timedelta(seconds=spec.rendezvous_timeout), wait_for_workers=False)
+                    timedelta(seconds=spec.options.rendezvous_timeout), wait_for_workers=False)
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
@@ -408,90 +459,6 @@ def _kill_all_live() -> None:
     for proc in list(_LIVE):
         with contextlib.suppress(Exception):
             os.killpg(proc.pid, signal.SIGKILL)
-
-
-def _read_error_file(path: str) -> tuple[str, str] | None:
-    """(message, traceback) from a ``TORCHELASTIC_ERROR_FILE`` torch's ``@record`` wrote."""
-    import json
-
-    try:
-        with open(path) as f:
-            data = json.load(f)
-        message = data["message"]
-        if isinstance(message, str):  # torch's format for errors without a Python trace
-            return message, ""
-        return str(message["message"]), str(message.get("extraInfo", {}).get("py_callstack", ""))
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        logger.warning("cannot read the rank's error file %s: %s", path, exc)
-        return None
-
-
-def _load_exception(report: dict[str, Any]) -> BaseException | None:
-    blob = report.get("exception")
-    if blob is None:
-        return None
-    try:
-        exc = pickle.loads(blob)
-    except Exception:
-        return None
-    return exc if isinstance(exc, BaseException) else None
-
-
-def _rotated_devices(visible: str | None, proc_index: int, nprocs: int) -> str | None:
-    """``CUDA_VISIBLE_DEVICES`` for process ``proc_index`` of a worker.
-
-    As dask-cuda does per worker, each process sees its own GPU first, so
-    ``torch.device(0)`` is a different GPU in each of the worker's rank processes.
-    """
-    if nprocs <= 1:
-        return None
-    if visible:
-        devices = [d for d in visible.split(",") if d.strip()]
-    else:
-        devices = [str(i) for i in range(_gpu_count())]
-    if not devices:
-        return None
-    k = proc_index % len(devices)
-    return ",".join(devices[k:] + devices[:k])
-
-
-def _gpu_count() -> int:
-    try:
-        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return 0
-    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
-
-
-def _interface_of(host: str) -> str | None:
-    """The name of the local network interface holding ``host``'s address, if any."""
-    try:
-        addr = socket.gethostbyname(host)
-    except OSError:
-        return None
-    for name, ip in _interface_addresses():
-        if ip == addr:
-            return name
-    return None
-
-
-def _interface_addresses() -> Iterator[tuple[str, str]]:
-    try:
-        import fcntl
-        import struct
-    except ImportError:  # not Linux: let the backend choose
-        return
-    siocgifaddr = 0x8915
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        for _, name in socket.if_nameindex():
-            try:
-                packed = fcntl.ioctl(s.fileno(), siocgifaddr,
-                                     struct.pack("256s", name.encode()[:15]))
-            except OSError:
-                continue
-            yield name, socket.inet_ntoa(packed[20:24])
 
 
 def _install_exit_hook() -> None:

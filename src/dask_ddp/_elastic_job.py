@@ -1,0 +1,291 @@
+"""A job that starts again when it fails: :class:`ElasticJob` and its :class:`Restart` records.
+
+Each attempt is a :class:`~dask_ddp._job.Job` of its own (fresh rank processes and
+rendezvous), launched with the same :class:`~dask_ddp._options.LaunchOptions`; a driver
+thread starts the next attempt on the workers available after a failure.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from ._errors import GangStartError, JobError
+from ._job import Job, launch
+from ._options import LaunchOptions
+from ._plan import available_workers
+
+logger = logging.getLogger(__name__)
+
+#: After a failure, seconds a new attempt waits for as many workers as the last one had
+#: (a nanny brings a killed worker back under a new address within a few seconds) before
+#: it goes on with fewer (elastic jobs only: fixed-size jobs wait ``elastic_timeout``).
+RESTART_GRACE_S = 10.0
+_WAIT_POLL_S = 0.25
+
+
+@dataclasses.dataclass(frozen=True)
+class Restart:
+    """One failed attempt of an :class:`ElasticJob`.
+
+    Attributes
+    ----------
+    attempt : int
+        The attempt that failed (0 is the first).
+    time : float
+        When its failure was seen (``time.time()``).
+    rank : int
+        The rank the failure is about (-1 when no rank is known).
+    worker : str
+        That rank's worker ("" when unknown).
+    kind : str
+        The failure's kind (see :class:`JobError`), or the exception's class name.
+    reason : str
+        The error message.
+    """
+
+    attempt: int
+    time: float
+    rank: int
+    worker: str
+    kind: str
+    reason: str
+
+    def __str__(self) -> str:
+        stamp = time.strftime("%H:%M:%S", time.localtime(self.time))
+        return f"attempt {self.attempt} at {stamp}: {self.reason}"
+
+
+class ElasticJob:
+    """A job that starts again when a rank fails or its worker leaves (see :func:`submit`).
+
+    It has the API of :class:`Job`; ``futures``, ``workers``, ``world_size`` and ``id``
+    are the current attempt's. Each attempt is a :class:`Job` of its own (fresh rank
+    processes and rendezvous); :meth:`result` returns the last attempt's results.
+
+    Attributes
+    ----------
+    restarts : list of Restart
+        The failed attempts so far, oldest first.
+    attempts : list of Job
+        Every attempt started so far; the last is the current one.
+    max_restarts : int
+    run_id : str
+        The ranks' ``TORCHELASTIC_RUN_ID``, the same in every attempt (as under torchrun);
+        ``id`` is the current attempt's.
+    """
+
+    def __init__(self, client: Any, options: LaunchOptions) -> None:
+        if client.asynchronous:
+            raise TypeError("dask-ddp needs a synchronous distributed.Client "
+                            "(got one created with asynchronous=True)")
+        self.client = client
+        self.options = options
+        self.name = options.name
+        self.storage = options.storage
+        self.output_dir = Path(options.output_dir) if options.output_dir is not None else None
+        self.max_restarts = options.max_restarts
+        # One run id across restarts, as torchrun's TORCHELASTIC_RUN_ID.
+        self.run_id = uuid.uuid4().hex
+        self.restarts: list[Restart] = []
+        self.attempts: list[Job] = []
+        self._preferred = list(options.workers or [])
+        self._cancelled = False
+        self._done = threading.Event()
+        self._changed = threading.Condition()
+        self._values: list[Any] | None = None
+        self._error: BaseException | None = None
+        if options.elastic:
+            first = self._start(self._wait_for_workers(minimum=options.min_workers or 1,
+                                                       target=options.max_workers, grace=0.0))
+        else:
+            first = self._start(None)
+        self._size = len(set(first.workers))
+        self._driver = threading.Thread(target=self._drive, daemon=True,
+                                        name=f"dask-ddp-elastic-{self.name}")
+        self._driver.start()
+
+    def __repr__(self) -> str:
+        state = "done" if self._done.is_set() else "running"
+        return (f"<ElasticJob {self.name!r} attempt={len(self.attempts) - 1} "
+                f"world_size={self.world_size} restarts={len(self.restarts)} {state}>")
+
+    # -- the current attempt ----------------------------------------------------------
+    @property
+    def current(self) -> Job:
+        """The attempt running now (or the last one)."""
+        return self.attempts[-1]
+
+    @property
+    def futures(self) -> list[Any]:
+        return self.current.futures
+
+    @property
+    def workers(self) -> list[str]:
+        return self.current.workers
+
+    @property
+    def world_size(self) -> int:
+        return self.current.world_size
+
+    @property
+    def id(self) -> str:
+        return self.current.id
+
+    # -- public API ---------------------------------------------------------------------
+    def done(self) -> bool:
+        """True once the job finished, failed for good or was cancelled."""
+        return self._done.is_set()
+
+    def result(self, timeout: float | None = None) -> list[Any]:
+        """Wait for the job; each rank's return value of the last attempt, in rank order.
+
+        Raises
+        ------
+        JobError
+            The last attempt's root cause once the restarts ran out; ``err.attempts``
+            lists every attempt's failure (:class:`Restart`), and the message tells them.
+        GangStartError
+            A new attempt found too few workers within ``elastic_timeout``.
+        concurrent.futures.CancelledError
+            The job was cancelled.
+        TimeoutError
+            ``timeout`` passed first; the job keeps running.
+        """
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"job {self.name!r} still running after {timeout} s")
+        if self._error is not None:
+            raise self._error
+        if self._cancelled or self._values is None:
+            raise concurrent.futures.CancelledError(f"job {self.name!r} was cancelled")
+        return list(self._values)
+
+    def cancel(self) -> None:
+        """Stop the current attempt's ranks and start no other."""
+        with self._changed:
+            self._cancelled = True
+            current = self.current
+        current.cancel()
+
+    def metrics(self) -> Iterator[dict[str, Any]]:
+        """Every attempt's metric records, attempt after attempt, live until the job ends."""
+        i = 0
+        while True:
+            with self._changed:
+                while i >= len(self.attempts) and not self._done.is_set():
+                    self._changed.wait(1.0)
+                if i >= len(self.attempts):
+                    return
+                attempt = self.attempts[i]
+            # With an output folder the attempts append to one metrics.jsonl: stop at the
+            # records this attempt's monitor wrote (the next attempt starts only after it
+            # finished, so a record read before then is this attempt's).
+            monitor, n = attempt.monitor, 0
+            for record in attempt.metrics():
+                if monitor is not None and monitor.finished and n >= monitor.count:
+                    break
+                yield record
+                n += 1
+            i += 1
+
+    # -- attempts ---------------------------------------------------------------------
+    def _start(self, workers: list[str] | None) -> Job:
+        job = launch(self.client, self.options, workers=workers, restart=len(self.attempts),
+                     run_id=self.run_id)
+        with self._changed:
+            self.attempts.append(job)
+            self._changed.notify_all()
+        return job
+
+    def _wait_for_workers(self, minimum: int, target: int | None, grace: float) -> list[str]:
+        """Workers for an attempt: ``target`` of them if they come within ``grace`` seconds,
+        else at least ``minimum`` within ``elastic_timeout``, else GangStartError."""
+        t0 = time.monotonic()
+        while True:
+            fit = available_workers(self.client, self.options.resources, self._preferred)
+            waited = time.monotonic() - t0
+            if target is not None and len(fit) >= target:
+                return fit[:target]
+            if len(fit) >= minimum and (target is None or waited >= grace):
+                return fit
+            if self._cancelled:
+                raise concurrent.futures.CancelledError(f"job {self.name!r} was cancelled")
+            timeout, resources = self.options.elastic_timeout, self.options.resources
+            if waited >= timeout:
+                raise GangStartError(
+                    f"job {self.name!r} needs at least {minimum} workers"
+                    + (f" with resources {dict(resources)}" if resources else "")
+                    + f"; {len(fit)} were available after waiting {timeout:g} s")
+            time.sleep(_WAIT_POLL_S)
+
+    def _record(self, attempt: int, err: BaseException) -> Restart:
+        if isinstance(err, JobError):
+            return Restart(attempt, time.time(), err.rank, err.worker, str(err.kind), str(err))
+        return Restart(attempt, time.time(), -1, "", type(err).__name__, str(err))
+
+    def _history(self) -> str:
+        return "\n".join(f"  {r}" for r in self.restarts)
+
+    def _drive(self) -> None:
+        try:
+            while True:
+                attempt = self.current
+                try:
+                    self._values = attempt.result()
+                    return
+                except concurrent.futures.CancelledError:
+                    self._cancelled = True
+                    return
+                except JobError as err:
+                    record = self._record(len(self.attempts) - 1, err)
+                    if self._cancelled:  # ranks stopped by cancel(): result() says so
+                        return
+                    if len(self.restarts) >= self.max_restarts:
+                        self._fail(err, record)
+                        return
+                    self.restarts.append(record)
+                    logger.warning("job %r: attempt %d failed (%s); restarting (%d of %d)",
+                                   self.name, record.attempt, err, len(self.restarts),
+                                   self.max_restarts)
+                try:
+                    if self.options.elastic:
+                        target = self.options.max_workers or self._size
+                        minimum = self.options.min_workers or 1
+                    else:
+                        target = minimum = self._size
+                    chosen = self._wait_for_workers(minimum, target, RESTART_GRACE_S)
+                    with self._changed:
+                        if self._cancelled:
+                            return
+                    self._start(chosen)
+                    self._size = len(chosen)
+                except concurrent.futures.CancelledError:
+                    return
+                except GangStartError as exc:
+                    exc.attempts = list(self.restarts)  # type: ignore[attr-defined]
+                    exc.args = (f"{exc}\nearlier attempts of job {self.name!r}:\n"
+                                f"{self._history()}",)
+                    self._error = exc
+                    return
+        except BaseException as exc:  # noqa: BLE001 - handed to result()
+            logger.exception("restarting job %r failed", self.name)
+            self._error = exc
+        finally:
+            with self._changed:
+                self._done.set()
+                self._changed.notify_all()
+
+    def _fail(self, err: JobError, record: Restart) -> None:
+        if self.restarts:
+            err.args = (f"{err}\n(attempt {record.attempt}, after {len(self.restarts)} "
+                        f"restart(s); earlier attempts of job {self.name!r}:\n"
+                        f"{self._history()})",)
+        err.attempts = [*self.restarts, record]
+        self._error = err

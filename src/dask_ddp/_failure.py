@@ -1,0 +1,127 @@
+"""A job's faults: which one is the root cause, and how every rank learns it (internal).
+
+A rank that fails records its fault on the job's failure topic on the scheduler
+(:func:`dask_ddp._names.failure_topic`); the client's watcher records a rank whose worker
+left. The client's :meth:`Job.result` and each rank's supervisor pick the root cause from
+the same order (:class:`FailureKind`), so the seed's ``client.gather(futures)`` raises the
+same root error as ``submit(...).result()``: a rank whose collective broke because a peer
+died raises the peer's fault, with its own error chained as ``__cause__``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import pickle
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from ._errors import (
+    FailureKind,
+    JobError,
+    RankFailedError,
+    RemoteException,
+    WorkerLostError,
+    kind_order,
+)
+
+logger = logging.getLogger(__name__)
+
+#: Error types and words of a rank's error that say a collective or the store broke: such
+#: a rank is likely the victim of a peer's fault, so its supervisor waits for that fault.
+_COLLECTIVE_TYPES = ("DistError", "DistBackendError", "DistNetworkError", "DistStoreError")
+_COLLECTIVE_WORDS = ("gloo", "nccl", "connection reset", "connection closed", "closed by peer",
+                     "broken pipe", "socket timeout", "connection refused", "timed out")
+
+
+def lost_error(job_name: str, rank: int, worker: str) -> WorkerLostError:
+    """The error of rank ``rank`` whose worker left the cluster while it ran."""
+    return WorkerLostError(
+        f"rank {rank} of job {job_name!r}: its worker {worker} left the cluster while the "
+        "rank ran (the worker process died or was killed)", rank, worker,
+        kind=FailureKind.LOST)
+
+
+def record_of(err: JobError) -> dict[str, Any]:
+    """What goes on the failure topic about ``err`` (plain data: the scheduler keeps it)."""
+    return {"rank": err.rank, "worker": err.worker, "kind": str(err.kind),
+            "message": str(err).split("\n\n")[0], "traceback": err.remote_traceback}
+
+
+def looks_collective(type_name: str, message: str) -> bool:
+    """True when a rank's error says its collective or rendezvous broke."""
+    low = message.lower()
+    return type_name in _COLLECTIVE_TYPES or any(w in low for w in _COLLECTIVE_WORDS)
+
+
+def better_record(records: Iterable[Mapping[str, Any]], rank: int,
+                  kind: FailureKind) -> Mapping[str, Any] | None:
+    """The most fundamental fault of another rank, more fundamental than ``kind``."""
+    better = [m for m in records if m.get("rank") != rank
+              and kind_order(m.get("kind", "")) < kind.order]
+    if not better:
+        return None
+    return min(better, key=lambda m: (kind_order(m["kind"]), m["rank"]))
+
+
+def root_error(record: Mapping[str, Any], secondary: JobError) -> JobError:
+    """The root fault ``record`` as an error, raised in place of ``secondary`` (chained).
+
+    Names the failed rank, its worker and why; the secondary rank's own error (and its
+    traceback) is ``__cause__``.
+    """
+    kind = FailureKind(record["kind"])
+    message = str(record["message"])
+    tb = str(record.get("traceback") or "")
+    if tb and kind in (FailureKind.RAISED, FailureKind.RAISED_FIRST):
+        message += f"\n\nTraceback from rank {record['rank']}:\n{tb.rstrip()}"
+    own = str(secondary).split("\n\n")[0].split("\n(root cause")[0]
+    message += f"\n\n(then {own})"
+    cls = WorkerLostError if kind is FailureKind.LOST else RankFailedError
+    return cls(message, int(record["rank"]), str(record["worker"]), tb, secondary, kind)
+
+
+def pick_root(errors: Sequence[tuple[int, BaseException]]) -> BaseException | None:
+    """The root cause among ``(rank of the future, its error)``: the most fundamental kind,
+    then the lowest rank, then the failed rank's own error (it carries the real cause)."""
+    if not errors:
+        return None
+
+    def order(item: tuple[int, BaseException]) -> tuple[int, int, int]:
+        rank, e = item
+        if isinstance(e, JobError):
+            return (e.kind.order, e.rank, 0 if e.rank == rank else 1)
+        return (len(FailureKind), len(errors), 1)
+
+    return min(errors, key=order)[1]
+
+
+def read_error_file(path: str) -> tuple[str, str] | None:
+    """(message, traceback) from a ``TORCHELASTIC_ERROR_FILE`` torch's ``@record`` wrote."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+        message = data["message"]
+        if isinstance(message, str):  # torch's format for errors without a Python trace
+            return message, ""
+        return str(message["message"]), str(message.get("extraInfo", {}).get("py_callstack", ""))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        logger.warning("cannot read the rank's error file %s: %s", path, exc)
+        return None
+
+
+def load_exception(report: Mapping[str, Any]) -> BaseException | None:
+    """The rank's own exception from its report, or a :class:`RemoteException`."""
+    blob = report.get("exception")
+    exc: Any = None
+    if blob is not None:
+        try:
+            exc = pickle.loads(blob)
+        except Exception:
+            exc = None
+    if isinstance(exc, BaseException):
+        return exc
+    tb = report.get("traceback") or ""
+    return RemoteException(tb) if tb else None

@@ -1,0 +1,319 @@
+"""One attempt of a job: :class:`Job`, and :func:`launch`, which places and submits it.
+
+Each rank runs in its own process, started and watched by a supervisor task pinned to its
+worker (:mod:`dask_ddp._supervisor`). The client side here places the ranks (raising at
+once when they cannot all be placed), submits the supervisor tasks, and runs a watcher on
+the client's event loop that notices failed ranks and lost workers, so a job ends with one
+error naming the failing rank instead of hanging.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from . import _channel, _registry, _workdir, results
+from ._errors import WorkerLostError
+from ._failure import lost_error, pick_root, record_of
+from ._names import abort_event_name, failure_topic, master_variable_name, output_topic
+from ._options import LaunchOptions
+from ._plan import RankSpec, choose_workers, rank_layout, worker_host
+from ._supervisor import run_rank
+
+logger = logging.getLogger(__name__)
+
+WATCH_POLL_S = 0.2
+WORKER_CHECK_S = 1.0
+_FINAL = ("finished", "error", "cancelled", "lost")
+
+
+class Job:
+    """A running DDP job: one supervisor task (and rank process) per rank.
+
+    Attributes
+    ----------
+    client : distributed.Client
+    id : str
+        Unique job id (hex).
+    name : str
+        The job's name; the Dask dashboard shows the rank tasks under it.
+    futures : list of distributed.Future
+        One per rank, in rank order.
+    world_size : int
+    workers : list of str
+        The worker address of every rank, in rank order.
+    storage : str or None
+        The job's storage URL (checkpoints, results), when given.
+    output_dir : pathlib.Path or None
+        Where the client writes the job's results, when given.
+    """
+
+    def __init__(self, client: Any, options: LaunchOptions, job_id: str,
+                 workers: list[str]) -> None:
+        self.client = client
+        self.options = options
+        self.id = job_id
+        self.name = options.name
+        self.futures: list[Any] = []
+        self.workers = workers
+        self.world_size = len(workers)
+        self.storage = options.storage
+        self.output_dir = Path(options.output_dir) if options.output_dir is not None else None
+        self._monitor: Any = None
+        self._lost: dict[int, WorkerLostError] = {}
+        self._cancelled = False
+        self._done = threading.Event()
+        self._eof: set[int] = set()
+        self._eof_cond = threading.Condition()
+        #: Failed attempts: always empty here (see :class:`ElasticJob`).
+        self.restarts: list[Any] = []
+
+    def __repr__(self) -> str:
+        state = "done" if self._done.is_set() else "running"
+        return f"<Job {self.name!r} id={self.id[:8]} world_size={self.world_size} {state}>"
+
+    # -- public API ---------------------------------------------------------------------
+    def done(self) -> bool:
+        """True once every rank has ended (finished, failed or cancelled)."""
+        return self._done.is_set()
+
+    def result(self, timeout: float | None = None) -> list[Any]:
+        """Wait for the job and return each rank's return value, in rank order.
+
+        Parameters
+        ----------
+        timeout : float, optional
+            Seconds to wait; ``None`` waits until the job ends.
+
+        Raises
+        ------
+        JobError
+            The root cause when the job failed: :class:`RankFailedError` (a rank raised,
+            exited non-zero or was killed; ``__cause__`` is the rank's own exception) or
+            :class:`WorkerLostError`. It names the rank and its worker.
+        concurrent.futures.CancelledError
+            The job was cancelled with :meth:`cancel`.
+        TimeoutError
+            ``timeout`` passed first; the job keeps running.
+        """
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"job {self.name!r} still running after {timeout} s")
+        monitor_timeout = 30.0 if timeout is None else max(timeout, 1.0)
+        try:
+            self._wait_output_eof(10.0)
+            error = self.root_error()
+            if error is not None:
+                raise error
+            if self._cancelled:
+                raise concurrent.futures.CancelledError(f"job {self.name!r} was cancelled")
+            values = list(self.client.gather(self.futures))
+        except BaseException:
+            # The job's own error wins over a failure to collect its metrics.
+            try:
+                self._stop_monitor(monitor_timeout)
+            except Exception:
+                logger.exception("collecting the metrics of failed job %r failed", self.name)
+            raise
+        self._stop_monitor(monitor_timeout)
+        return values
+
+    def _stop_monitor(self, timeout: float) -> None:
+        # The monitor stays attached: metrics() reads its records after the job.
+        if self._monitor is not None:
+            self._monitor.stop(timeout=timeout)
+
+    def cancel(self) -> None:
+        """Stop every rank of the job (their processes are killed) and cancel its futures."""
+        self._cancelled = True
+        self.client.sync(self._set_abort)
+        self.client.cancel(self.futures, reason="dask-ddp job cancelled",
+                           msg=f"job {self.name!r} was cancelled")
+
+    def metrics(self) -> Iterator[dict[str, Any]]:
+        """The job's metric records as they arrive (see :mod:`dask_ddp.results`)."""
+        return results.iter_job_metrics(self)
+
+    @property
+    def monitor(self) -> Any:
+        """The :class:`~dask_ddp.results.JobMonitor` reading the job's metrics, if any."""
+        return self._monitor
+
+    def root_error(self) -> BaseException | None:
+        """The error naming the job's root cause, or ``None`` while no rank failed."""
+        errors: list[tuple[int, BaseException]] = []
+        for rank, fut in enumerate(self.futures):
+            if rank in self._lost:
+                errors.append((rank, self._lost[rank]))
+            elif fut.status == "error":
+                errors.append((rank, fut.exception()))
+        return pick_root(errors)
+
+    # -- starting -------------------------------------------------------------------------
+    def _submit(self, specs: list[RankSpec], resources: list[dict[str, float] | None]) -> None:
+        """Submit the supervisor tasks, then watch them. Raises with nothing left running."""
+        try:
+            if self.options.stream_output:
+                # Subscribe before submitting, so no early line is missed.
+                self.client.subscribe_topic(output_topic(self.id), self._on_output)
+            for spec, res in zip(specs, resources, strict=True):
+                # Pinned, never moved, never retried: a rank belongs to its worker; if that
+                # worker goes, the job fails (the watcher notices) instead of waiting forever.
+                self.futures.append(self.client.submit(
+                    run_rank, spec, key=f"{self.name}-{self.id}-{spec.rank}",
+                    workers=[spec.worker], allow_other_workers=False, pure=False, retries=0,
+                    resources=res))
+            _registry.remember(self)
+            self._monitor = results.start_job_monitor(self, progress=self.options.progress)
+        except BaseException:
+            self._abandon()
+            raise
+        self.client.loop.add_callback(self._watch)
+
+    def _abandon(self) -> None:
+        """A launch failed part-way: stop the ranks submitted so far and release them."""
+        _registry.forget(self)
+        with contextlib.suppress(Exception):
+            self.client.sync(self._set_abort)
+        with contextlib.suppress(Exception):
+            self.client.cancel(self.futures, reason="dask-ddp launch failed",
+                               msg=f"launching job {self.name!r} failed")
+        with contextlib.suppress(Exception):
+            self.client.sync(self._cleanup)
+        self._done.set()
+
+    # -- the watcher (runs on the client's event loop) -----------------------------------
+    async def _set_abort(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.client.scheduler.event_set(name=abort_event_name(self.id))
+
+    async def _watch(self) -> None:
+        aborted = False
+        next_worker_check = 0.0
+        try:
+            while True:
+                statuses = [f.status for f in self.futures]
+                if all(s in _FINAL for s in statuses):
+                    break
+                if not aborted and any(s in ("error", "cancelled") for s in statuses):
+                    await self._set_abort()
+                    aborted = True
+                if time.monotonic() >= next_worker_check:
+                    next_worker_check = time.monotonic() + WORKER_CHECK_S
+                    if await self._check_workers(statuses):
+                        if not aborted:
+                            await self._set_abort()
+                            aborted = True
+                await asyncio.sleep(WATCH_POLL_S)
+        except Exception as exc:  # the client went away: nothing left to watch
+            logger.debug("watcher of job %s stopped: %s", self.name, exc)
+        finally:
+            await self._cleanup()
+            _registry.forget(self)
+            self._done.set()
+
+    async def _check_workers(self, statuses: list[str]) -> bool:
+        """Detect ranks whose worker left; cancel their futures (else they stay pending)."""
+        present = await self.client.scheduler.ncores(workers=sorted(set(self.workers)))
+        lost = [r for r, w in enumerate(self.workers)
+                if w not in present and statuses[r] == "pending" and r not in self._lost]
+        for r in lost:
+            self._lost[r] = lost_error(self.name, r, self.workers[r])
+        for r in lost:
+            # Tell the other ranks' supervisors the root cause: a rank that failed because
+            # its peer vanished then reports it at once instead of waiting for one.
+            with contextlib.suppress(Exception):
+                await self.client.scheduler.log_event(topic=failure_topic(self.id),
+                                                      msg=record_of(self._lost[r]))
+        if lost:
+            await self.client.cancel([self.futures[r] for r in lost], asynchronous=True,
+                                     reason="dask-ddp worker lost",
+                                     msg="; ".join(str(self._lost[r]) for r in lost))
+        return bool(lost)
+
+    async def _cleanup(self) -> None:
+        from distributed import Variable
+
+        # No task of an ended job stays on the scheduler (a pinned task of a lost worker
+        # would wait in no-worker and ask an adaptive cluster for workers).
+        left = [f for f in self.futures if f.status not in _FINAL]
+        if left:
+            with contextlib.suppress(Exception):
+                await self.client.cancel(left, asynchronous=True, reason="dask-ddp job ended",
+                                         msg=f"job {self.name!r} ended")
+        with contextlib.suppress(Exception):
+            Variable(master_variable_name(self.id), client=self.client).delete()
+        for event in (abort_event_name(self.id), master_variable_name(self.id)):
+            with contextlib.suppress(Exception):
+                await self.client.scheduler.event_clear(name=event)
+
+    # -- rank output --------------------------------------------------------------------
+    def _on_output(self, event: Any) -> None:
+        _, msg = event
+        rank, stream, line = msg["rank"], msg["stream"], msg["line"]
+        if stream == "eof":
+            with self._eof_cond:
+                self._eof.add(rank)
+                self._eof_cond.notify_all()
+            return
+        out = sys.stderr if stream == "stderr" else sys.stdout
+        out.write(f"[rank {rank}] {line}\n")
+        out.flush()
+
+    def _wait_output_eof(self, timeout: float) -> None:
+        if not self.options.stream_output:
+            return
+        deadline = time.monotonic() + timeout
+        # A rank whose worker died sends no end-of-output mark.
+        expected = set(range(self.world_size)) - set(self._lost)
+        with self._eof_cond:
+            while not expected <= self._eof:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._eof_cond.wait(left)
+        with contextlib.suppress(Exception):
+            self.client.unsubscribe_topic(output_topic(self.id))
+
+
+def launch(client: Any, options: LaunchOptions, *, workers: list[str] | None = None,
+           restart: int = 0, run_id: str | None = None) -> Job:
+    """Place and start one attempt of a job; ``workers`` overrides ``options``'s choice.
+
+    Raises
+    ------
+    GangStartError
+        At once, when the ranks cannot all be placed.
+    """
+    if client.asynchronous:
+        raise TypeError("dask-ddp needs a synchronous distributed.Client "
+                        "(got one created with asynchronous=True)")
+    if workers is None:
+        workers = choose_workers(client.scheduler_info(n_workers=-1), options.n_workers,
+                                 options.workers, options.resources)
+    layout = rank_layout(workers, options.nprocs_per_worker)
+    job = Job(client, options, uuid.uuid4().hex, [i["worker"] for i in layout])
+    _channel.prepare(client, job.id)
+    _workdir.install_cleaner(client)
+    scheduler = client.scheduler.address
+    specs = [RankSpec(
+        options=options, job_id=job.id, run_id=run_id or job.id, restart=restart,
+        rank=i["rank"], local_rank=i["local_rank"], local_world_size=i["local_world_size"],
+        group_rank=i["group_rank"], group_world_size=i["group_world_size"],
+        proc_index=i["proc_index"], workers=tuple(job.workers),
+        master_addr=worker_host(layout[0]["worker"]), scheduler=scheduler) for i in layout]
+    res = options.resources
+    job._submit(specs, [dict(res) if res and i["proc_index"] == 0 else None for i in layout])
+    logger.info("job %r (%s): %d ranks on %s", job.name, job.id, len(layout),
+                ", ".join(workers))
+    return job
+
+

@@ -1,0 +1,97 @@
+"""The options of one launch, built once from the public call and passed down (internal).
+
+:func:`dask_ddp.submit`, :func:`dask_ddp.dispatch.run` and :func:`dask_ddp.run_command`
+each build one :class:`LaunchOptions` (checking every value once); the job, the elastic
+job and every rank's supervisor read the same object.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import cloudpickle
+
+BACKENDS = ("auto", "gloo", "nccl", "mpi")
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchOptions:
+    """What to run and how, the same for every rank and every attempt of a job.
+
+    ``payload`` (a pickled ``(fn, args, kwargs)``) and ``command`` (an argv) exclude each
+    other. ``init_kwargs`` is pickled once here, so a bad value fails in the caller.
+    """
+
+    name: str
+    payload: bytes | None = None
+    command: tuple[str, ...] | None = None
+    n_workers: int | None = None
+    workers: tuple[str, ...] | None = None
+    nprocs_per_worker: int = 1
+    resources: Mapping[str, float] | None = None
+    backend: str = "auto"
+    init_kwargs: bytes = dataclasses.field(default_factory=lambda: cloudpickle.dumps({}))
+    env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    pass_local_rank: bool = False
+    progress: bool = True
+    output_dir: str | None = None
+    storage: str | None = None
+    stream_output: bool = False
+    rendezvous_timeout: float = 300.0
+    max_restarts: int = 0
+    min_workers: int | None = None
+    max_workers: int | None = None
+    elastic_timeout: float = 60.0
+    cwd: str = dataclasses.field(default_factory=os.getcwd)
+
+    def __post_init__(self) -> None:
+        if (self.payload is None) == (self.command is None):
+            raise ValueError("a launch runs either a function or a command")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
+        if self.n_workers is not None and self.workers is not None \
+                and self.n_workers != len(self.workers):
+            raise ValueError(f"n_workers={self.n_workers} contradicts the "
+                             f"{len(self.workers)} workers given")
+        if not isinstance(self.max_restarts, int) or self.max_restarts < 0:
+            raise ValueError(f"max_restarts must be an int >= 0, got {self.max_restarts!r}")
+        for arg, v in (("min_workers", self.min_workers), ("max_workers", self.max_workers)):
+            if v is not None and (not isinstance(v, int) or v < 1):
+                raise ValueError(f"{arg} must be an int >= 1, got {v!r}")
+        if self.min_workers is not None and self.max_workers is not None \
+                and self.min_workers > self.max_workers:
+            raise ValueError(f"min_workers={self.min_workers} is more than "
+                             f"max_workers={self.max_workers}")
+        if self.elastic and (self.n_workers is not None or self.workers is not None):
+            raise ValueError(
+                "give either n_workers/workers or min_workers/max_workers, not both "
+                f"(n_workers={self.n_workers}, workers={self.workers}, "
+                f"min_workers={self.min_workers}, max_workers={self.max_workers})")
+        if self.elastic_timeout < 0:
+            raise ValueError(f"elastic_timeout must be >= 0, got {self.elastic_timeout}")
+
+    @classmethod
+    def build(cls, *, workers: Sequence[str] | None = None,
+              init_kwargs: Mapping[str, Any] | None = None,
+              env: Mapping[str, str] | None = None,
+              resources: Mapping[str, float] | None = None,
+              output_dir: str | os.PathLike[str] | None = None, **fields: Any) -> LaunchOptions:
+        """Options from the public call's arguments (normalised: tuples, plain dicts)."""
+        return cls(workers=tuple(workers) if workers is not None else None,
+                   init_kwargs=cloudpickle.dumps(dict(init_kwargs or {})),
+                   env=dict(env or {}), resources=dict(resources) if resources else None,
+                   output_dir=os.fspath(output_dir) if output_dir is not None else None,
+                   **fields)
+
+    @property
+    def elastic(self) -> bool:
+        """Each attempt takes the workers available (``min_workers``/``max_workers``)."""
+        return self.min_workers is not None or self.max_workers is not None
+
+    @property
+    def restarting(self) -> bool:
+        """The job is an :class:`~dask_ddp.ElasticJob` (it may start again)."""
+        return self.max_restarts != 0 or self.elastic

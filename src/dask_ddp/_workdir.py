@@ -1,0 +1,85 @@
+"""Rank work directories (``$TMPDIR/dask-ddp-*``): made by the supervisor, never left behind.
+
+The supervisor removes its rank's directory when the rank ends. A worker killed outright
+cannot, so each directory names its owner (the worker process's pid and start time) and
+any dask-ddp worker on the host removes directories whose owner is gone: when its
+supervisor starts a rank, and when the worker (re)joins the cluster (a worker plugin the
+launcher installs, so a nanny's restart of a killed worker cleans up after it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import logging
+import os
+import shutil
+import tempfile
+from typing import Any
+
+from distributed.diagnostics.plugin import WorkerPlugin
+
+logger = logging.getLogger(__name__)
+
+PREFIX = "dask-ddp-"
+_OWNER = ".owner"
+
+
+def _start_time(pid: int) -> float | None:
+    import psutil
+
+    try:
+        return float(psutil.Process(pid).create_time())
+    except (psutil.NoSuchProcess, psutil.AccessDenied, ProcessLookupError):
+        return None
+
+
+def create(job_id: str, rank: int) -> str:
+    """A fresh work directory for rank ``rank`` of ``job_id``, owned by this process."""
+    path = tempfile.mkdtemp(prefix=f"{PREFIX}{job_id[:8]}-r{rank}-")
+    with open(os.path.join(path, _OWNER), "w") as f:
+        f.write(f"{os.getpid()} {_start_time(os.getpid())}\n")
+    return path
+
+
+def remove(path: str) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _orphaned(path: str) -> bool:
+    try:
+        with open(os.path.join(path, _OWNER)) as f:
+            pid_text, start_text = f.read().split()
+    except (OSError, ValueError):
+        return False  # not ours, or being created: leave it
+    start = _start_time(int(pid_text))
+    return start is None or str(start) != start_text
+
+
+def clean_orphans(root: str | None = None) -> list[str]:
+    """Remove the work directories under ``root`` (default the temp dir) whose owner died."""
+    removed = []
+    for path in glob.glob(os.path.join(root or tempfile.gettempdir(), PREFIX + "*")):
+        with contextlib.suppress(OSError):
+            if os.path.isdir(path) and _orphaned(path):
+                remove(path)
+                removed.append(path)
+    if removed:
+        logger.info("removed %d work dirs of dead dask-ddp workers: %s", len(removed),
+                    ", ".join(removed))
+    return removed
+
+
+class WorkdirCleaner(WorkerPlugin):
+    """Removes the work dirs of dead workers when a worker joins (see the module)."""
+
+    name = "dask-ddp-workdir-cleaner"
+    idempotent = True
+
+    def setup(self, worker: Any) -> None:
+        clean_orphans()
+
+
+def install_cleaner(client: Any) -> None:
+    """Have every worker, present and future, clean up after dead ones (idempotent)."""
+    client.register_plugin(WorkdirCleaner())

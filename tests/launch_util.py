@@ -1,0 +1,101 @@
+"""Rank-side functions and cluster probes of the launch defect and chaos tests.
+
+Importable by the rank processes (functions pickled by reference).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import tempfile
+import threading
+import time
+from typing import Any
+
+ACTIVE = ("processing", "waiting", "no-worker", "queued")
+
+
+def fill_results_then_raise(handler: Any, size: int, message: str) -> None:
+    """Send two results no reader takes (the second stays stuck), then fail."""
+    handler.submit_result("a.bin", b"x" * size)
+    handler.submit_result("b.bin", b"y" * size)
+    time.sleep(0.5)
+    raise ValueError(message)
+
+
+def set_forward_close(seconds: float) -> None:
+    """Worker side: the supervisor's bound on handing a rank's last records on."""
+    from dask_ddp import _supervisor
+
+    _supervisor.FORWARD_CLOSE_S = seconds
+
+
+class LoopProbe(dict):  # type: ignore[type-arg]
+    """A worker's task table that notes reads from threads other than the event loop."""
+
+    def __init__(self, data: dict[Any, Any], loop_thread: int) -> None:
+        super().__init__(data)
+        self.loop_thread = loop_thread
+        self.off_loop: list[str] = []
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        if threading.get_ident() != self.loop_thread:
+            self.off_loop.append(threading.current_thread().name)
+        return super().get(key, default)
+
+
+def install_loop_probe(dask_worker: Any) -> None:
+    """Run on the worker's event loop (``client.run``)."""
+    dask_worker.state.tasks = LoopProbe(dask_worker.state.tasks, threading.get_ident())
+
+
+def off_loop_reads(dask_worker: Any) -> list[str]:
+    tasks = dask_worker.state.tasks
+    return list(tasks.off_loop) if isinstance(tasks, LoopProbe) else ["no probe"]
+
+
+def active_tasks(job_id: str, dask_scheduler: Any = None) -> list[tuple[str, str]]:
+    """The job's tasks still active on the scheduler (``client.run_on_scheduler``)."""
+    return [(str(k), ts.state) for k, ts in dask_scheduler.tasks.items()
+            if job_id in str(k) and ts.state in ACTIVE]
+
+
+def results_topics(dask_scheduler: Any) -> list[str]:
+    ext = dask_scheduler.extensions.get("dask_ddp_results")
+    return sorted(ext.info()) if ext is not None else []
+
+
+def work_dirs(job_id: str) -> list[str]:
+    return glob.glob(os.path.join(tempfile.gettempdir(), f"dask-ddp-{job_id[:8]}-*"))
+
+
+def wait_until(check: Any, timeout: float, what: str) -> None:
+    """Poll ``check()`` (falsy: done) until ``timeout``; fail naming what is left."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = check()
+        if not left:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} after {timeout}s: {left}")
+        time.sleep(0.2)
+
+
+def chaos_train(steps: int, raise_rank: int, raise_at: int) -> dict[str, Any]:
+    """``steps`` all-reduces; on the first attempt rank ``raise_rank`` raises at step
+    ``raise_at`` (-1: never)."""
+    import torch
+    import torch.distributed as dist
+
+    import dask_ddp
+
+    info = dask_ddp.rank_info()
+    total = 0.0
+    for step in range(steps):
+        if info.restart == 0 and info.rank == raise_rank and step == raise_at:
+            raise RuntimeError(f"chaos boom on rank {info.rank}")
+        x = torch.ones(1)
+        dist.all_reduce(x)
+        total += x.item()
+        time.sleep(0.05)
+    return {"rank": info.rank, "total": total, "restart": info.restart}

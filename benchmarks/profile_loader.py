@@ -86,7 +86,8 @@ def decode_split(root: str, n: int) -> None:
     ms = {}
     for denom in (1, 8):
         _core.decode_throughput(blobs[:16], cores, 1, denom)
-        ms[denom] = 1e3 * cores / max(_core.decode_throughput(blobs, cores, 3, denom) for _ in range(3))
+        best = max(_core.decode_throughput(blobs, cores, 3, denom) for _ in range(3))
+        ms[denom] = 1e3 * cores / best
     logger.info(
         "JPEG decode split (%d files, CPU ms per image): full decode %.3f; entropy-decode floor "
         "(1/8-scale decode) %.3f = %.0f%%; IDCT + upsampling + colour conversion ~%.3f",

@@ -210,6 +210,7 @@ struct PyShardArgs {
   int64_t shuffle_buffer = 1000;
   std::string label_field;
   int lookahead_shards = 2;
+  uint64_t range_bytes = shards::ShardSourceOptions{}.range_bytes;
 };
 
 // A loader over tar shards; set_epoch_shards reaches its source.
@@ -223,6 +224,7 @@ class PyShardLoader : public PyLoader {
     so.order = {a.shuffle, a.seed, a.rank, a.world_size, a.drop_last, sa.shuffle_buffer};
     so.parse = {a.skip_errors, sa.label_field};
     so.lookahead_shards = sa.lookahead_shards;
+    so.range_bytes = sa.range_bytes;
     so.max_in_flight = a.max_in_flight;
     nb::gil_scoped_release release;
     source_ = ValueOrThrow(shards::ShardSource::Create(store.store, std::move(keys), std::move(counts), so));
@@ -253,7 +255,7 @@ void init_shards(nb::module_& m, const PyLoaderArgs& defaults) {
              const std::vector<OpSpec>& ops, int batch_size, bool shuffle, uint64_t seed, int rank,
              int world_size, bool drop_last, int num_threads, int prefetch, bool skip_errors, int max_side,
              bool scaled_decode, bool region_decode, int max_in_flight, int64_t shuffle_buffer,
-             std::string label_field, int lookahead_shards) {
+             std::string label_field, int lookahead_shards, uint64_t range_bytes) {
             PyLoaderArgs a;
             a.batch_size = batch_size;
             a.shuffle = shuffle;
@@ -269,7 +271,8 @@ void init_shards(nb::module_& m, const PyLoaderArgs& defaults) {
             a.region_decode = region_decode;
             a.max_in_flight = max_in_flight;
             new (self) PyShardLoader(store, std::move(keys), std::move(counts), ops, a,
-                                     PyShardArgs{shuffle_buffer, std::move(label_field), lookahead_shards});
+                                     PyShardArgs{shuffle_buffer, std::move(label_field), lookahead_shards,
+                                                 range_bytes});
           },
           "store"_a, "keys"_a, "counts"_a, "ops"_a, nb::kw_only(), "batch_size"_a = defaults.batch_size,
           "shuffle"_a = defaults.shuffle, "seed"_a = defaults.seed, "rank"_a = defaults.rank,
@@ -279,11 +282,13 @@ void init_shards(nb::module_& m, const PyLoaderArgs& defaults) {
           "scaled_decode"_a = defaults.scaled_decode, "region_decode"_a = defaults.region_decode,
           "max_in_flight"_a = defaults.max_in_flight, "shuffle_buffer"_a = sd.shuffle_buffer,
           "label_field"_a = sd.label_field, "lookahead_shards"_a = sd.lookahead_shards,
+          "range_bytes"_a = sd.range_bytes,
           "A loader reading the tar shards `keys` of `store` (counts[i] samples in keys[i]) "
           "in the order of shard_rank_order, as ImageLoader does objects.\n\n"
           "shuffle_buffer: samples mixed within a rank. label_field: the integer field of each "
           "sample's .json member holding its label (empty: the .cls member). lookahead_shards: "
-          "shards fetched ahead of need. skip_errors also leaves out bad tar members and "
+          "shards fetched ahead of need. range_bytes: a shard over the store's max_body_bytes is "
+          "read with ranged GETs of this size. skip_errors also leaves out bad tar members and "
           "samples without an image. Other arguments as ImageLoader.")
       .def("set_epoch_shards", &PyShardLoader::SetEpochShards, "epoch"_a, "shards"_a,
            "For `epoch` only, read these shards (indices into keys) instead of all.")
@@ -293,15 +298,17 @@ void init_shards(nb::module_& m, const PyLoaderArgs& defaults) {
   m.def(
       "tar_shard_counts",
       [](const PyStore& store, const std::vector<std::string>& keys, bool skip_errors,
-         const std::string& label_field, int max_in_flight) {
+         const std::string& label_field, int max_in_flight, uint64_t range_bytes) {
         int64_t skipped = 0;
         Result<std::vector<int64_t>> r = [&] {
           nb::gil_scoped_release release;
-          return shards::CountSamples(*store.store, keys, {skip_errors, label_field}, max_in_flight, &skipped);
+          return shards::CountSamples(*store.store, keys, {skip_errors, label_field}, max_in_flight, &skipped,
+                                      range_bytes);
         }();
         return nb::make_tuple(ValueOrThrow(std::move(r)), skipped);
       },
       "store"_a, "keys"_a, "skip_errors"_a = false, "label_field"_a = "", "max_in_flight"_a = 0,
+      "range_bytes"_a = PyShardArgs{}.range_bytes,
       "(samples per shard, samples skipped): each shard fetched and its tar headers parsed.");
 
   m.def(

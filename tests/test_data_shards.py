@@ -213,6 +213,18 @@ def test_http_and_s3_stores(http_server: tuple[str, Path], s3_bucket: str) -> No
     assert sorted(check_exact(Loader(over_s3, 3, transform=EXACT, seed=4), blobs)) == list(
         range(10)
     )
+    # Shards over the store's answer limit are read with ranged GETs in pieces.
+    limit = min(i.size for i in s3.list("")) - 1
+    capped = TarShards(
+        f"s3://{s3_bucket}/train/",
+        storage_options={"max_body_bytes": limit},
+        range_bytes=limit // 3,
+    )
+    with pytest.raises(OSError, match="max_body_bytes"):
+        capped._get_store().get("shard-000000.tar")
+    assert capped.counts == [5, 5]
+    loader = Loader(capped, 3, transform=EXACT, shuffle=False)
+    assert check_exact(loader, blobs) == list(range(10))
 
 
 # ---- order, equal batches, resume ---------------------------------------------------------

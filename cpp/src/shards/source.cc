@@ -10,6 +10,25 @@ struct ShardSource::Loaded {
   std::string url;
 };
 
+Result<std::string> GetInRanges(Store& store, const std::string& key, uint64_t range_bytes,
+                                const std::atomic<bool>& cancel) {
+  if (range_bytes == 0) return InvalidArgumentError("range_bytes must be > 0");
+  DDP_ASSIGN_OR_RETURN(ObjectInfo info, store.Stat(key));
+  std::string data;
+  data.reserve(info.size);
+  while (data.size() < info.size) {
+    if (cancel) return CancelledError(store.KeyUrl(key) + ": cancelled");
+    const uint64_t n = std::min<uint64_t>(range_bytes, info.size - data.size());
+    DDP_ASSIGN_OR_RETURN(std::string piece, store.Get(key, ByteRange{data.size(), n}));
+    if (piece.size() != n) {
+      return DataLossError(store.KeyUrl(key) + ": range at byte " + std::to_string(data.size()) + " returned " +
+                           std::to_string(piece.size()) + " of " + std::to_string(n) + " bytes");
+    }
+    data += piece;
+  }
+  return data;
+}
+
 Result<std::shared_ptr<ShardSource>> ShardSource::Create(std::shared_ptr<Store> store, std::vector<std::string> keys,
                                                          std::vector<int64_t> counts, const ShardSourceOptions& options) {
   if (!store) return InvalidArgumentError("ShardSource: no store");
@@ -136,10 +155,22 @@ Status ShardSource::Fetch(std::span<const int64_t> positions, const pipeline::Sa
     std::vector<std::string> keys;
     for (int64_t s : wanted) keys.push_back(keys_[static_cast<size_t>(s)]);
     std::vector<bool> done(wanted.size(), false);
+    std::vector<size_t> oversized;  // read in ranges once GetMany is done
     auto fail = [&](int64_t shard, const Status& why) {
       auto it = pending.find(shard);
       if (it == pending.end()) return;
       for (size_t i : it->second) cb(i, why);
+      pending.erase(it);
+    };
+    // A shard's bytes (or failure): parsed, kept, and its pending samples delivered.
+    auto arrived = [&](int64_t shard, Result<std::string> r) {
+      if (!r.ok()) return fail(shard, r.status());
+      Result<std::shared_ptr<Loaded>> l = Parse(shard, std::move(r).value());
+      if (!l.ok()) return fail(shard, l.status());
+      loaded_[shard] = std::move(l).value();
+      auto it = pending.find(shard);
+      if (it == pending.end()) return;
+      for (size_t i : it->second) Deliver(positions[i], i, cb);
       pending.erase(it);
     };
     st = store_->GetManyCancellable(
@@ -147,17 +178,17 @@ Status ShardSource::Fetch(std::span<const int64_t> positions, const pipeline::Sa
         [&](size_t k, Result<std::string> r) {
           if (k >= wanted.size() || done[k]) return;
           done[k] = true;
-          const int64_t shard = wanted[k];
-          if (!r.ok()) return fail(shard, r.status());
-          Result<std::shared_ptr<Loaded>> l = Parse(shard, std::move(r).value());
-          if (!l.ok()) return fail(shard, l.status());
-          loaded_[shard] = std::move(l).value();
-          auto it = pending.find(shard);
-          if (it == pending.end()) return;
-          for (size_t i : it->second) Deliver(positions[i], i, cb);
-          pending.erase(it);
+          if (!r.ok() && r.status().code() == Code::kResourceExhausted) {
+            oversized.push_back(k);
+            return;
+          }
+          arrived(wanted[k], std::move(r));
         },
         opt_.max_in_flight, cancel);
+    for (size_t k : oversized) {
+      if (!st.ok()) break;
+      arrived(wanted[k], GetInRanges(*store_, keys[k], opt_.range_bytes, cancel));
+    }
     const Status why = st.ok() ? InternalError("GetMany returned without a shard") : st;
     while (!pending.empty()) fail(pending.begin()->first, why);
   }
@@ -175,25 +206,37 @@ Status ShardSource::Fetch(std::span<const int64_t> positions, const pipeline::Sa
 }
 
 Result<std::vector<int64_t>> CountSamples(Store& store, const std::vector<std::string>& keys,
-                                          const TarParseOptions& options, int max_in_flight, int64_t* skipped) {
+                                          const TarParseOptions& options, int max_in_flight, int64_t* skipped,
+                                          uint64_t range_bytes) {
   std::vector<int64_t> counts(keys.size(), -1);
   Status first = Status::Ok();
   std::mutex mu;
+  std::vector<size_t> oversized;  // read in ranges once GetMany is done
+  auto count = [&](size_t i, Result<std::string> r) {
+    Result<TarShard> parsed = r.ok() ? ParseTar(*r, store.KeyUrl(keys[i]), options) : Result<TarShard>(r.status());
+    std::lock_guard<std::mutex> g(mu);
+    if (!parsed.ok()) {
+      if (first.ok()) first = parsed.status();
+      return;
+    }
+    counts[i] = static_cast<int64_t>(parsed->samples.size());
+    if (skipped) *skipped += parsed->skipped;
+  };
   Status st = store.GetMany(
       keys,
       [&](size_t i, Result<std::string> r) {
         if (i >= keys.size()) return;
-        Result<TarShard> parsed = r.ok() ? ParseTar(*r, store.KeyUrl(keys[i]), options) : Result<TarShard>(r.status());
-        std::lock_guard<std::mutex> g(mu);
-        if (!parsed.ok()) {
-          if (first.ok()) first = parsed.status();
+        if (!r.ok() && r.status().code() == Code::kResourceExhausted) {
+          std::lock_guard<std::mutex> g(mu);
+          oversized.push_back(i);
           return;
         }
-        counts[i] = static_cast<int64_t>(parsed->samples.size());
-        if (skipped) *skipped += parsed->skipped;
+        count(i, std::move(r));
       },
       max_in_flight);
   DDP_RETURN_IF_ERROR(st);
+  const std::atomic<bool> never{false};
+  for (size_t i : oversized) count(i, GetInRanges(store, keys[i], range_bytes, never));
   DDP_RETURN_IF_ERROR(first);
   for (size_t i = 0; i < keys.size(); ++i) {
     if (counts[i] < 0) return InternalError(store.KeyUrl(keys[i]) + ": GetMany returned without it");

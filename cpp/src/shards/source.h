@@ -24,6 +24,9 @@ struct ShardSourceOptions {
   TarParseOptions parse;
   int lookahead_shards = 2;  // shards fetched ahead of need
   int max_in_flight = 0;     // concurrent shard requests (0: the store's option)
+  // A shard the store refuses to return in one answer (over its max_body_bytes) is read
+  // with ranged GETs of this many bytes each.
+  uint64_t range_bytes = 256ull << 20;
 };
 
 class ShardSource : public pipeline::SampleSource {
@@ -62,9 +65,15 @@ class ShardSource : public pipeline::SampleSource {
   std::atomic<int64_t> skipped_{0};
 };
 
-// The number of samples in each shard (each fetched and parsed; several at once).
-// With options.skip_errors, bad samples are left out and added to `*skipped`.
+// The number of samples in each shard (each fetched and parsed; several at once; one
+// over the store's max_body_bytes in ranges of `range_bytes`). With options.skip_errors,
+// bad samples are left out and added to `*skipped`.
 Result<std::vector<int64_t>> CountSamples(Store& store, const std::vector<std::string>& keys,
-                                          const TarParseOptions& options, int max_in_flight, int64_t* skipped);
+                                          const TarParseOptions& options, int max_in_flight, int64_t* skipped,
+                                          uint64_t range_bytes = ShardSourceOptions{}.range_bytes);
+
+// A whole object read with ranged GETs of `range_bytes` each (stops when `cancel`).
+Result<std::string> GetInRanges(Store& store, const std::string& key, uint64_t range_bytes,
+                                const std::atomic<bool>& cancel);
 
 }  // namespace ddp::shards

@@ -19,7 +19,7 @@ std::string Header(std::string_view name, uint64_t size, char type) {
     prefix = name.substr(0, cut);
     base = name.substr(cut + 1);
   }
-  std::memcpy(h.data(), base.data(), std::min<size_t>(base.size(), 100));
+  if (!base.empty()) std::memcpy(h.data(), base.data(), std::min<size_t>(base.size(), 100));
   Octal(h.data() + 100, 8, 0644);
   Octal(h.data() + 108, 8, 0);
   Octal(h.data() + 116, 8, 0);
@@ -27,7 +27,7 @@ std::string Header(std::string_view name, uint64_t size, char type) {
   Octal(h.data() + 136, 12, 0);
   h[156] = type;
   std::memcpy(h.data() + 257, "ustar\0" "00", 8);
-  std::memcpy(h.data() + 345, prefix.data(), std::min<size_t>(prefix.size(), 155));
+  if (!prefix.empty()) std::memcpy(h.data() + 345, prefix.data(), std::min<size_t>(prefix.size(), 155));
   std::memset(h.data() + 148, ' ', 8);
   unsigned sum = 0;
   for (char c : h) sum += static_cast<unsigned char>(c);

@@ -95,6 +95,9 @@ class TarShards:
         in every rank.
     shuffle_buffer
         Samples mixed within a rank's stream (WebDataset's ``shuffle(n)``); <= 1: none.
+    range_bytes
+        A shard larger than the store's ``max_body_bytes`` (default 2 GiB) is read with
+        ranged GETs of this many bytes each instead of one GET.
     anon, storage_options
         As for the other datasets: unsigned S3 requests; store options (``endpoint_url``,
         ``region``, ``max_in_flight``, ...).
@@ -124,6 +127,7 @@ class TarShards:
         label_field: str | None = None,
         counts: Sequence[int] | None = None,
         shuffle_buffer: int = 1000,
+        range_bytes: int = 256 << 20,
         anon: bool = False,
         storage_options: dict[str, Any] | None = None,
     ) -> None:
@@ -132,6 +136,9 @@ class TarShards:
         self.transform = transform
         self.label_field = label_field or ""
         self.shuffle_buffer = int(shuffle_buffer)
+        if range_bytes < 1:
+            raise ValueError(f"range_bytes must be >= 1, got {range_bytes}")
+        self.range_bytes = int(range_bytes)
         if isinstance(urls, (str, os.PathLike)):
             pattern = os.fspath(urls)
             if pattern.endswith(".tar") or _BRACE.search(pattern):
@@ -187,7 +194,11 @@ class TarShards:
         if skip_errors not in self._counts:
             t0 = time.monotonic()
             counts, skipped = _core.tar_shard_counts(
-                self._get_store()._core, self.keys, skip_errors, self.label_field
+                self._get_store()._core,
+                self.keys,
+                skip_errors,
+                self.label_field,
+                range_bytes=self.range_bytes,
             )
             self._counts[skip_errors] = list(counts)
             self.skipped = int(skipped)
@@ -260,6 +271,7 @@ class TarShards:
             skip_errors=skip_errors,
             shuffle_buffer=self.shuffle_buffer,
             label_field=self.label_field,
+            range_bytes=self.range_bytes,
             **kwargs,
         )
 

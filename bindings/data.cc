@@ -1,4 +1,6 @@
-// Bindings of the image pipeline: dask_ddp._core.ImageLoader (the threaded batch loader),
+// Bindings of the image pipeline: dask_ddp._core.ImageLoader (the threaded batch loader)
+// and TarShardLoader (the same over WebDataset tar shards, with tar_shard_counts and
+// shard_rank_order for the dataset's bookkeeping),
 // decode_image / transform_image (one image, for tests and tools), rrc_box (torchvision's
 // RandomResizedCrop parameters from given draws) and decode_throughput (the benchmark's
 // decode-only ceiling).
@@ -9,6 +11,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/array.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
@@ -22,6 +25,7 @@
 #include "image/transforms.h"
 #include "pipeline/loader.h"
 #include "pipeline/throughput.h"
+#include "shards/source.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -122,23 +126,28 @@ struct PyLoaderArgs {
 // The binding's handle on a Loader. The Loader is shared: next() holds its own reference
 // while it waits with the GIL released, so close() from another thread stops it (next()
 // then raises "closed") and the last holder destroys it, never one under the other.
+pipeline::LoaderOptions MakeLoaderOptions(const PyLoaderArgs& a) {
+  pipeline::LoaderOptions o;
+  o.batch_size = a.batch_size;
+  o.num_threads = a.num_threads;
+  o.prefetch = a.prefetch;
+  o.drop_last = a.drop_last;
+  o.skip_errors = a.skip_errors;
+  o.skip_missing = a.skip_missing;
+  o.scaled_decode = a.scaled_decode;
+  o.region_decode = a.region_decode;
+  o.max_in_flight = a.max_in_flight;
+  o.sampler = {a.shuffle, a.seed, a.rank, a.world_size, a.drop_last};
+  o.decode.max_side = a.max_side;
+  return o;
+}
+
 class PyLoader {
  public:
   PyLoader(const PyStore& store, std::vector<std::string> keys, std::vector<int64_t> labels,
            const std::vector<OpSpec>& ops, const PyLoaderArgs& a) {
     image::Pipeline pipeline = ValueOrThrow(MakePipeline(ops));
-    pipeline::LoaderOptions o;
-    o.batch_size = a.batch_size;
-    o.num_threads = a.num_threads;
-    o.prefetch = a.prefetch;
-    o.drop_last = a.drop_last;
-    o.skip_errors = a.skip_errors;
-    o.skip_missing = a.skip_missing;
-    o.scaled_decode = a.scaled_decode;
-    o.region_decode = a.region_decode;
-    o.max_in_flight = a.max_in_flight;
-    o.sampler = {a.shuffle, a.seed, a.rank, a.world_size, a.drop_last};
-    o.decode.max_side = a.max_side;
+    pipeline::LoaderOptions o = MakeLoaderOptions(a);
     // Local files: each worker reads its own file (parallel reads, no extra thread).
     // Remote stores: one fetch thread keeps many requests in flight with GetMany.
     Result<StoreUrl> where = ParseStoreUrl(store.store->url());
@@ -191,9 +200,132 @@ class PyLoader {
     return loader_;
   }
 
- private:
+ protected:
+  PyLoader() = default;
   std::shared_ptr<pipeline::Loader> loader_;
 };
+
+// Options of the TarShardLoader binding beyond the ImageLoader's.
+struct PyShardArgs {
+  int64_t shuffle_buffer = 1000;
+  std::string label_field;
+  int lookahead_shards = 2;
+  uint64_t range_bytes = shards::ShardSourceOptions{}.range_bytes;
+};
+
+// A loader over tar shards; set_epoch_shards reaches its source.
+class PyShardLoader : public PyLoader {
+ public:
+  PyShardLoader(const PyStore& store, std::vector<std::string> keys, std::vector<int64_t> counts,
+                const std::vector<OpSpec>& ops, const PyLoaderArgs& a, const PyShardArgs& sa) {
+    image::Pipeline pipeline = ValueOrThrow(MakePipeline(ops));
+    const pipeline::LoaderOptions o = MakeLoaderOptions(a);
+    shards::ShardSourceOptions so;
+    so.order = {a.shuffle, a.seed, a.rank, a.world_size, a.drop_last, sa.shuffle_buffer};
+    so.parse = {a.skip_errors, sa.label_field};
+    so.lookahead_shards = sa.lookahead_shards;
+    so.range_bytes = sa.range_bytes;
+    so.max_in_flight = a.max_in_flight;
+    nb::gil_scoped_release release;
+    source_ = ValueOrThrow(shards::ShardSource::Create(store.store, std::move(keys), std::move(counts), so));
+    loader_ = ValueOrThrow(pipeline::Loader::Create(source_, std::move(pipeline), o));
+  }
+
+  int64_t EpochSamples(uint64_t epoch) {
+    checked();
+    return source_->NumSamples(epoch);
+  }
+
+  void SetEpochShards(uint64_t epoch, std::vector<int64_t> shards) {
+    checked();
+    ThrowIfError(source_->SetEpochShards(epoch, std::move(shards)));
+  }
+
+ private:
+  std::shared_ptr<shards::ShardSource> source_;
+};
+
+void init_shards(nb::module_& m, const PyLoaderArgs& defaults) {
+  const PyShardArgs sd;
+  nb::class_<PyShardLoader, PyLoader>(m, "TarShardLoader",
+                                      "The C++ batch loader over tar shards (use dask_ddp.data.Loader).")
+      .def(
+          "__init__",
+          [](PyShardLoader* self, const PyStore& store, std::vector<std::string> keys, std::vector<int64_t> counts,
+             const std::vector<OpSpec>& ops, int batch_size, bool shuffle, uint64_t seed, int rank,
+             int world_size, bool drop_last, int num_threads, int prefetch, bool skip_errors, int max_side,
+             bool scaled_decode, bool region_decode, int max_in_flight, int64_t shuffle_buffer,
+             std::string label_field, int lookahead_shards, uint64_t range_bytes) {
+            PyLoaderArgs a;
+            a.batch_size = batch_size;
+            a.shuffle = shuffle;
+            a.seed = seed;
+            a.rank = rank;
+            a.world_size = world_size;
+            a.drop_last = drop_last;
+            a.num_threads = num_threads;
+            a.prefetch = prefetch;
+            a.skip_errors = skip_errors;
+            a.max_side = max_side;
+            a.scaled_decode = scaled_decode;
+            a.region_decode = region_decode;
+            a.max_in_flight = max_in_flight;
+            new (self) PyShardLoader(store, std::move(keys), std::move(counts), ops, a,
+                                     PyShardArgs{shuffle_buffer, std::move(label_field), lookahead_shards,
+                                                 range_bytes});
+          },
+          "store"_a, "keys"_a, "counts"_a, "ops"_a, nb::kw_only(), "batch_size"_a = defaults.batch_size,
+          "shuffle"_a = defaults.shuffle, "seed"_a = defaults.seed, "rank"_a = defaults.rank,
+          "world_size"_a = defaults.world_size, "drop_last"_a = defaults.drop_last,
+          "num_threads"_a = defaults.num_threads, "prefetch"_a = defaults.prefetch,
+          "skip_errors"_a = defaults.skip_errors, "max_side"_a = defaults.max_side,
+          "scaled_decode"_a = defaults.scaled_decode, "region_decode"_a = defaults.region_decode,
+          "max_in_flight"_a = defaults.max_in_flight, "shuffle_buffer"_a = sd.shuffle_buffer,
+          "label_field"_a = sd.label_field, "lookahead_shards"_a = sd.lookahead_shards,
+          "range_bytes"_a = sd.range_bytes,
+          "A loader reading the tar shards `keys` of `store` (counts[i] samples in keys[i]) "
+          "in the order of shard_rank_order, as ImageLoader does objects.\n\n"
+          "shuffle_buffer: samples mixed within a rank. label_field: the integer field of each "
+          "sample's .json member holding its label (empty: the .cls member). lookahead_shards: "
+          "shards fetched ahead of need. range_bytes: a shard over the store's max_body_bytes is "
+          "read with ranged GETs of this size. skip_errors also leaves out bad tar members and "
+          "samples without an image. Other arguments as ImageLoader.")
+      .def("set_epoch_shards", &PyShardLoader::SetEpochShards, "epoch"_a, "shards"_a,
+           "For `epoch` only, read these shards (indices into keys) instead of all.")
+      .def("epoch_samples", &PyShardLoader::EpochSamples, "epoch"_a,
+           "Samples this rank yields in `epoch` (the same on every rank; padding included).");
+
+  m.def(
+      "tar_shard_counts",
+      [](const PyStore& store, const std::vector<std::string>& keys, bool skip_errors,
+         const std::string& label_field, int max_in_flight, uint64_t range_bytes) {
+        int64_t skipped = 0;
+        Result<std::vector<int64_t>> r = [&] {
+          nb::gil_scoped_release release;
+          return shards::CountSamples(*store.store, keys, {skip_errors, label_field}, max_in_flight, &skipped,
+                                      range_bytes);
+        }();
+        return nb::make_tuple(ValueOrThrow(std::move(r)), skipped);
+      },
+      "store"_a, "keys"_a, "skip_errors"_a = false, "label_field"_a = "", "max_in_flight"_a = 0,
+      "range_bytes"_a = PyShardArgs{}.range_bytes,
+      "(samples per shard, samples skipped): each shard fetched and its tar headers parsed.");
+
+  m.def(
+      "shard_rank_order",
+      [](const std::vector<int64_t>& counts, std::optional<std::vector<int64_t>> shards, uint64_t epoch, int rank,
+         int world_size, bool shuffle, uint64_t seed, bool drop_last, int64_t shuffle_buffer) {
+        const shards::ShardOrderOptions o{shuffle, seed, rank, world_size, drop_last, shuffle_buffer};
+        const std::vector<int64_t> list =
+            shards ? *shards : shards::EpochShards(static_cast<int64_t>(counts.size()), shuffle, seed, epoch);
+        shards::RankOrder r = ValueOrThrow(shards::RankSamples(counts, list, epoch, o));
+        return nb::make_tuple(r.samples, r.shards, list);
+      },
+      "counts"_a, "shards"_a.none(), "epoch"_a, "rank"_a, "world_size"_a, "shuffle"_a = true, "seed"_a = 0,
+      "drop_last"_a = false, "shuffle_buffer"_a = PyShardArgs{}.shuffle_buffer,
+      "(sample ids in order, this rank's shards, the epoch's shards) for a rank of a sharded "
+      "dataset: `shards` the epoch's shard list (None: all, shuffled by (seed, epoch)).");
+}
 
 }  // namespace
 
@@ -381,6 +513,8 @@ void init_data(nb::module_& m) {
       }, "(3, H, W) of each sample.")
       .def_prop_ro("float_output", [](PyLoader& l) { return l.checked()->pipeline().float_output(); },
                    "Whether images are float32 (else uint8).");
+
+  init_shards(m, defaults);
 }
 
 }  // namespace ddp::py

@@ -287,8 +287,11 @@ def start_moto_auth_server() -> AuthServer:
     return AuthServer(server, str(key["AccessKeyId"]), str(key["SecretAccessKey"]), session)
 
 
-def start_nginx(root: Path, *, workers: int = 1) -> ServerProcess:
-    """nginx serving ``root`` as static files, run as our own (non-daemon) process."""
+def start_nginx(root: Path, *, workers: int = 1, access_log: Path | None = None) -> ServerProcess:
+    """nginx serving ``root`` as static files, run as our own (non-daemon) process.
+
+    ``access_log``: a file to log each request to, one line each (default: none).
+    """
     nginx = shutil.which("nginx") or "/usr/sbin/nginx"
     if not os.path.exists(nginx):
         raise FileNotFoundError("nginx is not installed (Debian package nginx-light)")
@@ -304,7 +307,7 @@ pid {conf_dir}/nginx.pid;
 error_log {conf_dir}/error.log warn;
 events {{ worker_connections 4096; }}
 http {{
-  access_log off;
+  access_log {access_log or "off"};
   sendfile on;
   tcp_nopush on;
   keepalive_requests 1000000;

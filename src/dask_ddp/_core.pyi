@@ -162,3 +162,33 @@ class ImageLoader:
     @property
     def float_output(self) -> bool:
         """Whether images are float32 (else uint8)."""
+
+class TarShardLoader(ImageLoader):
+    """The C++ batch loader over tar shards (use dask_ddp.data.Loader)."""
+
+    def __init__(self, store: Store, keys: Sequence[str], counts: Sequence[int], ops: Sequence[tuple[str, Sequence[float]]], *, batch_size: int = 64, shuffle: bool = True, seed: int = 0, rank: int = 0, world_size: int = 1, drop_last: bool = False, num_threads: int = 0, prefetch: int = 4, skip_errors: bool = False, max_side: int = 16384, scaled_decode: bool = True, region_decode: bool = True, max_in_flight: int = 0, shuffle_buffer: int = 1000, label_field: str = '', lookahead_shards: int = 2, range_bytes: int = 268435456) -> None:
+        """
+        A loader reading the tar shards `keys` of `store` (counts[i] samples in keys[i]) in the order of shard_rank_order, as ImageLoader does objects.
+
+        shuffle_buffer: samples mixed within a rank. label_field: the integer field of each sample's .json member holding its label (empty: the .cls member). lookahead_shards: shards fetched ahead of need. range_bytes: a shard over the store's max_body_bytes is read with ranged GETs of this size. skip_errors also leaves out bad tar members and samples without an image. Other arguments as ImageLoader.
+        """
+
+    def set_epoch_shards(self, epoch: int, shards: Sequence[int]) -> None:
+        """
+        For `epoch` only, read these shards (indices into keys) instead of all.
+        """
+
+    def epoch_samples(self, epoch: int) -> int:
+        """
+        Samples this rank yields in `epoch` (the same on every rank; padding included).
+        """
+
+def tar_shard_counts(store: Store, keys: Sequence[str], skip_errors: bool = False, label_field: str = '', max_in_flight: int = 0, range_bytes: int = 268435456) -> tuple:
+    """
+    (samples per shard, samples skipped): each shard fetched and its tar headers parsed.
+    """
+
+def shard_rank_order(counts: Sequence[int], shards: Sequence[int] | None, epoch: int, rank: int, world_size: int, shuffle: bool = True, seed: int = 0, drop_last: bool = False, shuffle_buffer: int = 1000) -> tuple:
+    """
+    (sample ids in order, this rank's shards, the epoch's shards) for a rank of a sharded dataset: `shards` the epoch's shard list (None: all, shuffled by (seed, epoch)).
+    """

@@ -17,6 +17,20 @@ bool IsBadImage(const Status& s) {
          s.code() == Code::kResourceExhausted;
 }
 
+// The store of a Loader whose samples come from a SampleSource: never read.
+class NoStore : public Store {
+ public:
+  std::string url() const override { return "source://"; }
+  Result<std::vector<ObjectInfo>> List(std::string_view) override { return Unsupported(); }
+  Result<ObjectInfo> Stat(std::string_view) override { return Unsupported(); }
+  Result<std::string> Get(std::string_view, ByteRange) override { return Unsupported(); }
+  Status Put(std::string_view, std::string_view) override { return Unsupported(); }
+  Status Delete(std::string_view) override { return Unsupported(); }
+
+ private:
+  static Status Unsupported() { return InternalError("a sample source's loader reads no store"); }
+};
+
 }  // namespace
 
 // ---- buffers ------------------------------------------------------------------------
@@ -74,6 +88,7 @@ struct Loader::BatchState {
   std::shared_ptr<BufferLease> lease;
   std::vector<int64_t> samples;  // dataset indices, one per slot
   std::vector<Status> status;    // per slot, written by the worker that owns the slot
+  std::vector<int64_t> labels;   // per slot, from a SampleSource
   std::atomic<int64_t> remaining{0};
   std::atomic<bool> cancelled{false};
 };
@@ -82,6 +97,7 @@ struct Loader::Task {
   std::shared_ptr<BatchState> batch;
   size_t slot = 0;
   std::optional<std::string> bytes;  // already fetched (batched fetch) or not
+  std::string url = {};              // a SampleSource's name for the sample
 };
 
 Result<std::unique_ptr<Loader>> Loader::Create(std::shared_ptr<Store> store, std::vector<std::string> keys,
@@ -99,6 +115,19 @@ Result<std::unique_ptr<Loader>> Loader::Create(std::shared_ptr<Store> store, std
                        DistributedSampler::Create(static_cast<int64_t>(keys.size()), options.sampler));
   return std::unique_ptr<Loader>(new Loader(std::move(store), std::move(keys), std::move(labels),
                                             std::move(pipeline), options, std::move(sampler)));
+}
+
+Result<std::unique_ptr<Loader>> Loader::Create(std::shared_ptr<SampleSource> source, image::Pipeline pipeline,
+                                               const LoaderOptions& options) {
+  if (!source) return InvalidArgumentError("Loader: no sample source");
+  LoaderOptions o = options;
+  o.batched_fetch = true;
+  o.sampler.world_size = 1;  // the source deals samples to ranks
+  o.sampler.rank = 0;
+  DDP_ASSIGN_OR_RETURN(std::unique_ptr<Loader> loader,
+                       Create(std::make_shared<NoStore>(), {}, {}, std::move(pipeline), o));
+  loader->source_ = std::move(source);
+  return loader;
 }
 
 Loader::Loader(std::shared_ptr<Store> store, std::vector<std::string> keys, std::vector<int64_t> labels,
@@ -136,8 +165,10 @@ namespace {
 Status ClosedError() { return FailedPreconditionError("the loader is closed"); }
 }  // namespace
 
-int64_t Loader::num_batches() const {
-  const int64_t n = sampler_.num_samples(), bs = opt_.batch_size;
+int64_t Loader::num_batches() const { return BatchesOf(num_samples()); }
+
+int64_t Loader::BatchesOf(int64_t n) const {
+  const int64_t bs = opt_.batch_size;
   return opt_.drop_last ? n / bs : (n + bs - 1) / bs;
 }
 
@@ -158,7 +189,7 @@ void Loader::CancelLocked(std::unique_lock<std::mutex>& lock) {
 Status Loader::StartEpoch(uint64_t epoch, int64_t start_batch) {
   std::unique_lock<std::mutex> lock(mu_);
   if (stop_) return ClosedError();
-  const int64_t nb = num_batches();
+  const int64_t nb = source_ ? BatchesOf(source_->NumSamples(epoch)) : num_batches();
   if (start_batch < 0 || start_batch > nb) {
     return OutOfRangeError("start batch " + std::to_string(start_batch) + " is outside [0, " +
                            std::to_string(nb) + "] for this epoch");
@@ -166,7 +197,14 @@ Status Loader::StartEpoch(uint64_t epoch, int64_t start_batch) {
   CancelLocked(lock);
   ++generation_;
   epoch_ = epoch;
-  order_ = sampler_.Indices(epoch);
+  if (source_) {
+    Result<std::vector<int64_t>> order = source_->Order(epoch);
+    if (!order.ok()) return order.status();
+    order_ = std::move(order).value();
+    source_epoch_ = epoch;
+  } else {
+    order_ = sampler_.Indices(epoch);
+  }
   next_schedule_ = next_deliver_ = start_batch;
   end_batch_ = nb;
   ScheduleLocked();
@@ -189,6 +227,7 @@ void Loader::ScheduleLocked() {
     const int64_t n = std::min<int64_t>(bs, static_cast<int64_t>(order_.size()) - start);
     b->samples.assign(order_.begin() + start, order_.begin() + start + n);
     b->status.resize(static_cast<size_t>(n));
+    if (source_) b->labels.resize(static_cast<size_t>(n), -1);
     b->remaining = n;
     b->lease = std::make_shared<BufferLease>(pool_, pool_->Take());
     inflight_[b->index] = b;
@@ -250,19 +289,18 @@ void Loader::RunTask(Task& t, image::Image& img) {
     return;
   }
   const int64_t idx = b.samples[t.slot];
-  const std::string& key = keys_[static_cast<size_t>(idx)];
   std::string bytes;
   if (t.bytes.has_value()) {
     bytes = std::move(*t.bytes);
   } else {
-    Result<std::string> r = store_->Get(key);
+    Result<std::string> r = store_->Get(keys_[static_cast<size_t>(idx)]);
     if (!r.ok()) {
       FinishSample(b, t.slot, r.status());
       return;
     }
     bytes = std::move(r).value();
   }
-  const std::string url = store_->KeyUrl(key);
+  const std::string url = source_ ? t.url : store_->KeyUrl(keys_[static_cast<size_t>(idx)]);
   Result<image::ImageInfo> info = image::ReadImageInfo(bytes, url, opt_.decode);
   if (!info.ok()) {
     FinishSample(b, t.slot, info.status());
@@ -296,6 +334,16 @@ void Loader::FetchLoop() {
       fetch_cancel_ = false;  // under mu_: a cancellation clears the queue first
       ++busy_;
     }
+    if (source_) {
+      FetchFromSource(batches);
+      batches.clear();
+      {
+        std::lock_guard<std::mutex> g(mu_);
+        --busy_;
+      }
+      done_cv_.notify_all();
+      continue;
+    }
     std::vector<std::string> keys;
     std::vector<std::pair<BatchState*, size_t>> where;
     for (auto& b : batches) {
@@ -311,19 +359,12 @@ void Loader::FetchLoop() {
           if (i >= where.size() || called[i]) return;
           called[i] = true;
           auto [b, slot] = where[i];
-          if (b->cancelled) {
-            FinishSample(*b, slot, CancelledError("epoch restarted"));
-          } else if (!r.ok()) {
-            FinishSample(*b, slot, r.status());
-          } else {
-            std::shared_ptr<BatchState> owner;
-            for (auto& sp : batches) {
-              if (sp.get() == b) owner = sp;
-            }
-            std::lock_guard<std::mutex> g(mu_);
-            tasks_.push_back(Task{std::move(owner), slot, std::move(r).value()});
-            work_cv_.notify_one();
+          std::shared_ptr<BatchState> owner;
+          for (auto& sp : batches) {
+            if (sp.get() == b) owner = sp;
           }
+          if (!r.ok()) return Fetched(owner, slot, r.status(), {}, {});
+          Fetched(owner, slot, Status::Ok(), std::move(r).value(), {});
         },
         opt_.max_in_flight, fetch_cancel_);
     for (size_t i = 0; i < keys.size(); ++i) {
@@ -337,6 +378,49 @@ void Loader::FetchLoop() {
       --busy_;
     }
     done_cv_.notify_all();
+  }
+}
+
+void Loader::Fetched(const std::shared_ptr<BatchState>& b, size_t slot, Status st, std::string bytes,
+                     std::string url) {
+  if (b->cancelled) {
+    FinishSample(*b, slot, CancelledError("epoch restarted"));
+  } else if (!st.ok()) {
+    FinishSample(*b, slot, std::move(st));
+  } else {
+    std::lock_guard<std::mutex> g(mu_);
+    tasks_.push_back(Task{b, slot, std::move(bytes), std::move(url)});
+    work_cv_.notify_one();
+  }
+}
+
+void Loader::FetchFromSource(const std::vector<std::shared_ptr<BatchState>>& batches) {
+  std::vector<int64_t> positions;
+  std::vector<std::pair<BatchState*, size_t>> where;
+  std::vector<const std::shared_ptr<BatchState>*> owners;
+  for (auto& b : batches) {
+    for (size_t s = 0; s < b->samples.size(); ++s) {
+      positions.push_back(b->index * opt_.batch_size + static_cast<int64_t>(s));
+      where.emplace_back(b.get(), s);
+      owners.push_back(&b);
+    }
+  }
+  std::vector<bool> called(positions.size(), false);
+  Status st = source_->Fetch(
+      positions,
+      [&](size_t i, Result<SourceSample> r) {
+        if (i >= where.size() || called[i]) return;
+        called[i] = true;
+        auto [b, slot] = where[i];
+        if (!r.ok()) return Fetched(*owners[i], slot, r.status(), {}, {});
+        b->labels[slot] = r->label;
+        Fetched(*owners[i], slot, Status::Ok(), std::move(r->bytes), std::move(r->url));
+      },
+      fetch_cancel_);
+  for (size_t i = 0; i < positions.size(); ++i) {
+    if (called[i]) continue;
+    Status missing = st.ok() ? InternalError("sample source returned without position " + std::to_string(positions[i])) : st;
+    FinishSample(*where[i].first, where[i].second, std::move(missing));
   }
 }
 
@@ -376,7 +460,7 @@ Result<std::optional<Batch>> Loader::Next() {
       if (static_cast<int64_t>(s) != kept) {
         std::memmove(buf.images.data() + kept * sb, buf.images.data() + s * sb, sb);
       }
-      buf.labels[static_cast<size_t>(kept)] = labels_[static_cast<size_t>(b->samples[s])];
+      buf.labels[static_cast<size_t>(kept)] = source_ ? b->labels[s] : labels_[static_cast<size_t>(b->samples[s])];
       ++kept;
     }
     skipped_ += skipped;

@@ -24,6 +24,7 @@
 #include "ddp/store.h"
 #include "image/decode.h"
 #include "image/transforms.h"
+#include "pipeline/sample_source.h"
 #include "pipeline/sampler.h"
 
 namespace ddp::pipeline {
@@ -85,15 +86,20 @@ class Loader {
   static Result<std::unique_ptr<Loader>> Create(std::shared_ptr<Store> store, std::vector<std::string> keys,
                                                 std::vector<int64_t> labels, image::Pipeline pipeline,
                                                 const LoaderOptions& options);
+  // Samples from `source` (e.g. tar shards), which decides the order; options.sampler's
+  // shuffle, rank and world size are the source's business, its seed still draws each
+  // sample's augmentation. Fetching is always batched (one fetch thread).
+  static Result<std::unique_ptr<Loader>> Create(std::shared_ptr<SampleSource> source, image::Pipeline pipeline,
+                                                const LoaderOptions& options);
   ~Loader();
   Loader(const Loader&) = delete;
   Loader& operator=(const Loader&) = delete;
 
   const image::Pipeline& pipeline() const { return pipeline_; }
-  int64_t num_samples() const { return sampler_.num_samples(); }
+  int64_t num_samples() const { return source_ ? source_->NumSamples(source_epoch_.load()) : sampler_.num_samples(); }
   int64_t num_batches() const;
   // Samples skipped since the loader was made (on_error="skip").
-  int64_t skipped() const { return skipped_.load(); }
+  int64_t skipped() const { return skipped_.load() + (source_ ? source_->skipped() : 0); }
   // Bytes of decode buffers the worker threads keep between samples (each at most
   // options.decode_buffer_keep_bytes).
   int64_t decode_buffer_bytes() const { return decode_buffer_bytes_.load(); }
@@ -119,6 +125,10 @@ class Loader {
   void ScheduleLocked();
   void WorkerLoop();
   void FetchLoop();
+  void FetchFromSource(const std::vector<std::shared_ptr<BatchState>>& batches);
+  // A fetched sample (or its failure) for slot `slot` of batch `b`: queued for decoding.
+  void Fetched(const std::shared_ptr<BatchState>& b, size_t slot, Status st, std::string bytes, std::string url);
+  int64_t BatchesOf(int64_t samples) const;
   void RunTask(Task& t, image::Image& img);
   void FinishSample(BatchState& b, size_t slot, Status st);
   void CancelLocked(std::unique_lock<std::mutex>& lock);
@@ -131,6 +141,8 @@ class Loader {
   LoaderOptions opt_;
   DistributedSampler sampler_;
   std::shared_ptr<BufferPool> pool_;
+  std::shared_ptr<SampleSource> source_;  // set: samples come from it, not from keys_
+  std::atomic<uint64_t> source_epoch_{0};  // epoch_, readable without mu_ (num_samples)
 
   std::mutex mu_;
   std::condition_variable work_cv_;   // workers wait here for tasks

@@ -4,6 +4,7 @@
   :meth:`ImageList.from_csv`), :class:`ImageFolder` (class folders) and
   :class:`S3ImageFolder` (the seed's): map-style datasets (PIL images, any torchvision
   transform, torch ``DataLoader`` compatible).
+- :class:`TarShards` (WebDataset tar shards) and :func:`write_shards` (write them on Dask).
 - :class:`Loader`: decode and transform in C++ threads; batches as tensors.
 - :mod:`dask_ddp.data.transforms`: the transforms the Loader runs.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 from dask_ddp.data import transforms
 from dask_ddp.data.datasets import IMG_EXTENSIONS, ImageFolder, ImageList, S3ImageFolder
 from dask_ddp.data.loader import Loader
+from dask_ddp.data.shards import TarShards, write_shards
 
 __all__ = [
     "IMG_EXTENSIONS",
@@ -20,5 +22,7 @@ __all__ = [
     "ImageList",
     "Loader",
     "S3ImageFolder",
+    "TarShards",
     "transforms",
+    "write_shards",
 ]

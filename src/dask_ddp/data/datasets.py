@@ -38,6 +38,20 @@ logger = logging.getLogger(__name__)
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
 
+def process_store(owner: Any) -> storage.Store:
+    """The store of a dataset (its ``url``, ``anon``, ``storage_options``), opened afresh
+    in each process and kept in its ``_store`` and ``_store_pid``.
+
+    A forked DataLoader worker inherits the parent's handle but not its threads and
+    connections, and a C++ handle does not survive pickling.
+    """
+    if owner._store is None or owner._store_pid != os.getpid():
+        owner._store = storage.open(owner.url, anon=owner.anon, **owner.storage_options)
+        owner._store_pid = os.getpid()
+    store: storage.Store = owner._store
+    return store
+
+
 class ImageList(Dataset[tuple[Any, Any]]):
     """Images named by keys under a root URL, with integer labels.
 
@@ -316,12 +330,7 @@ class ImageList(Dataset[tuple[Any, Any]]):
 
     # -- the store, reopened lazily in each process --------------------------------------
     def _get_store(self) -> storage.Store:
-        # A forked DataLoader worker inherits the parent's handle but not its threads and
-        # connections: open a fresh store in each process.
-        if self._store is None or self._store_pid != os.getpid():
-            self._store = storage.open(self.url, anon=self.anon, **self.storage_options)
-            self._store_pid = os.getpid()
-        return self._store
+        return process_store(self)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()

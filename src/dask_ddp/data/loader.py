@@ -31,6 +31,7 @@ from dask_ddp import _core
 from dask_ddp._rankenv import cores_per_rank
 from dask_ddp.data import transforms as T
 from dask_ddp.data.datasets import ImageList
+from dask_ddp.data.shards import TarShards
 
 __all__ = ["Loader"]
 
@@ -76,7 +77,8 @@ class Loader:
     Parameters
     ----------
     dataset
-        An :class:`~dask_ddp.data.ImageList` (e.g. from a manifest),
+        A :class:`~dask_ddp.data.TarShards` (tar shards: see its order, padding and
+        resume rules), an :class:`~dask_ddp.data.ImageList` (e.g. from a manifest),
         :class:`~dask_ddp.data.ImageFolder` or :class:`~dask_ddp.data.S3ImageFolder`, or
         a ``torch.utils.data.Subset`` of one (e.g. a train/eval split); its ``samples``
         are read through its store. Its own (torchvision) transform is not
@@ -130,7 +132,7 @@ class Loader:
 
     def __init__(
         self,
-        dataset: ImageList | Subset[Any],
+        dataset: ImageList | TarShards | Subset[Any],
         batch_size: int,
         *,
         transform: T.Transform | None = None,
@@ -147,8 +149,11 @@ class Loader:
         region_decode: bool = True,
         max_side: int = 1 << 14,
     ) -> None:
-        folder, indices = _resolve_dataset(dataset)
-        chosen: object = folder.transform if transform is None else transform
+        shards = dataset if isinstance(dataset, TarShards) else None
+        if shards is None:
+            folder, indices = _resolve_dataset(dataset)
+        own = shards.transform if shards is not None else folder.transform
+        chosen: object = own if transform is None else transform
         if chosen is None:
             raise ValueError(
                 "Loader needs a transform with a fixed output size, e.g. "
@@ -192,6 +197,25 @@ class Loader:
         self.epoch = 0
         self._start_batch = 0
         self._position = 0
+        self._shards = shards
+        self._epoch_shards: list[int] | None = None  # the restored epoch's shards, if a subset
+        engine_options: dict[str, Any] = {
+            "batch_size": self.batch_size,
+            "shuffle": self.shuffle,
+            "seed": self.seed,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "drop_last": self.drop_last,
+            "num_threads": self.num_threads,
+            "prefetch": self.prefetch,
+            "skip_errors": on_error == "skip",
+            "max_side": int(max_side),
+            "scaled_decode": bool(scaled_decode),
+            "region_decode": bool(region_decode),
+        }
+        if shards is not None:
+            self._core = shards._make_loader(ops, **engine_options)
+            return
         keys, targets = folder._keys, folder.targets
         if indices is not None:
             keys = [keys[i] for i in indices]
@@ -203,28 +227,22 @@ class Loader:
             keys,
             targets,
             ops,
-            batch_size=self.batch_size,
-            shuffle=self.shuffle,
-            seed=self.seed,
-            rank=self.rank,
-            world_size=self.world_size,
-            drop_last=self.drop_last,
-            num_threads=self.num_threads,
-            prefetch=self.prefetch,
-            skip_errors=on_error == "skip",
-            max_side=int(max_side),
-            scaled_decode=bool(scaled_decode),
-            region_decode=bool(region_decode),
+            **engine_options,
             skip_missing=on_error == "skip" and folder._skip_missing,
         )
 
     def __len__(self) -> int:
-        """Batches per epoch for this rank."""
+        """Batches per epoch for this rank (for tar shards: in the current epoch)."""
+        if self._shards is not None:
+            n = int(self._core.epoch_samples(self.epoch))
+            return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
         return int(self._core.num_batches)
 
     @property
     def num_samples(self) -> int:
         """Samples per epoch for this rank (padding included)."""
+        if self._shards is not None:
+            return int(self._core.epoch_samples(self.epoch))
         return int(self._core.num_samples)
 
     @property
@@ -242,6 +260,7 @@ class Loader:
             raise ValueError(f"epoch must be >= 0, got {epoch}")
         if int(epoch) != self.epoch:
             self._start_batch = 0
+            self._epoch_shards = None
         self.epoch = int(epoch)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -262,7 +281,7 @@ class Loader:
     def state_dict(self) -> dict[str, Any]:
         """The position in the epoch: resuming from it yields the remaining batches,
         identical to those an uninterrupted run would have yielded."""
-        return {
+        state: dict[str, Any] = {
             "epoch": self.epoch,
             "batch": self._position,
             "seed": self.seed,
@@ -270,9 +289,21 @@ class Loader:
             "world_size": self.world_size,
             "num_batches": len(self),
         }
+        if self._shards is not None:
+            state["drop_last"] = self.drop_last
+            state["batch_size"] = self.batch_size
+            state["epoch_shards"] = self._epoch_shards
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from :meth:`state_dict`'s position on the next iteration."""
+        """Continue from :meth:`state_dict`'s position on the next iteration.
+
+        For tar shards, a state saved on another world size continues the epoch with the
+        shards no rank had finished (see :class:`~dask_ddp.data.TarShards`).
+        """
+        if self._shards is not None:
+            self._load_shards_state(state)
+            return
         for key in ("seed", "shuffle", "world_size", "num_batches"):
             mine = self.state_dict()[key]
             if key in state and state[key] != mine:
@@ -283,6 +314,45 @@ class Loader:
         if not 0 <= batch <= len(self):
             raise ValueError(f"state_dict batch {batch} is outside [0, {len(self)}]")
         self.epoch = int(state["epoch"])
+        self._start_batch = batch
+        self._position = batch
+
+    def _load_shards_state(self, state: dict[str, Any]) -> None:
+        assert self._shards is not None
+        for key in ("seed", "shuffle", "drop_last", "batch_size"):
+            mine = getattr(self, key)
+            if key in state and state[key] != mine:
+                raise ValueError(
+                    f"state_dict was saved with {key}={state[key]!r} but this loader has {mine!r}"
+                )
+        epoch, batch = int(state["epoch"]), int(state["batch"])
+        subset = state.get("epoch_shards")
+        if int(state["world_size"]) != self.world_size:
+            position = min(batch * self.batch_size, 1 << 62)
+            subset = self._shards.unread_shards(
+                epoch,
+                position,
+                world_size=int(state["world_size"]),
+                shuffle=self.shuffle,
+                seed=self.seed,
+                drop_last=self.drop_last,
+                epoch_shards=subset,
+                skip_errors=self.on_error == "skip",
+            )
+            logger.info(
+                "resuming epoch %d on %d ranks (saved on %d): %d shards left to read",
+                epoch,
+                self.world_size,
+                state["world_size"],
+                len(subset),
+            )
+            batch = 0
+        if subset is not None:
+            self._core.set_epoch_shards(epoch, list(subset))
+        self.epoch = epoch
+        self._epoch_shards = None if subset is None else list(subset)
+        if not 0 <= batch <= len(self):
+            raise ValueError(f"state_dict batch {batch} is outside [0, {len(self)}]")
         self._start_batch = batch
         self._position = batch
 

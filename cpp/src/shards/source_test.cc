@@ -1,0 +1,155 @@
+#include "shards/source.h"
+
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "image/image_testutil.h"
+#include "pipeline/loader.h"
+#include "shards/tar_testutil.h"
+
+namespace ddp::shards {
+namespace {
+
+using pipeline::Loader;
+using pipeline::LoaderOptions;
+
+// Shards in a real (in-memory) store: shard s holds counts[s] JPEGs; each sample's label
+// is its global id, so the labels a loader yields spell out the order it read.
+struct Shards {
+  std::shared_ptr<Store> store;
+  std::vector<std::string> keys;
+  std::vector<int64_t> counts;
+};
+
+Shards MakeShards(const std::string& name, const std::vector<int64_t>& counts) {
+  Shards f;
+  f.store = OpenStore("memory://" + name).value();
+  f.counts = counts;
+  int64_t id = 0;
+  for (size_t s = 0; s < counts.size(); ++s) {
+    std::string tar;
+    for (int64_t i = 0; i < counts[s]; ++i, ++id) {
+      const int w = 20 + static_cast<int>(id % 7), h = 18 + static_cast<int>(id % 5);
+      const std::string key = "s" + std::to_string(s) + "/" + std::to_string(id);
+      tar += testing::TarMember(key + ".jpg", image::testing::EncodeJpeg(image::testing::Pattern(w, h), w, h, 3, 90));
+      tar += testing::TarMember(key + ".cls", std::to_string(id));
+    }
+    tar += testing::TarEnd();
+    f.keys.push_back("shard-" + std::to_string(s) + ".tar");
+    EXPECT_TRUE(f.store->Put(f.keys.back(), tar).ok());
+  }
+  return f;
+}
+
+image::Pipeline Resize8() {
+  image::TransformOp r;
+  r.kind = image::OpKind::kResize;
+  r.height = r.width = 8;
+  image::TransformOp tt;
+  tt.kind = image::OpKind::kPILToTensor;
+  return image::Pipeline::Create({r, tt}).value();
+}
+
+std::unique_ptr<Loader> MakeLoader(const Shards& f, ShardSourceOptions so, int batch_size = 4) {
+  auto src = ShardSource::Create(f.store, f.keys, f.counts, so);
+  EXPECT_TRUE(src.ok()) << src.status().ToString();
+  LoaderOptions o;
+  o.batch_size = batch_size;
+  o.num_threads = 2;
+  o.skip_errors = so.parse.skip_errors;
+  return Loader::Create(*src, Resize8(), o).value();
+}
+
+// (labels, pixels) of every batch of an epoch from `start`.
+std::pair<std::vector<int64_t>, std::vector<uint8_t>> ReadEpoch(Loader& l, uint64_t epoch, int64_t start = 0) {
+  std::pair<std::vector<int64_t>, std::vector<uint8_t>> out;
+  EXPECT_TRUE(l.StartEpoch(epoch, start).ok());
+  for (;;) {
+    auto b = l.Next();
+    EXPECT_TRUE(b.ok()) << b.status().ToString();
+    if (!b.ok() || !b->has_value()) break;
+    const auto& batch = **b;
+    out.first.insert(out.first.end(), batch.labels, batch.labels + batch.size);
+    const auto* px = static_cast<const uint8_t*>(batch.images);
+    out.second.insert(out.second.end(), px, px + batch.size * 3 * 8 * 8);
+  }
+  return out;
+}
+
+TEST(ShardSourceTest, RanksReadTheOrderWithEqualBatchCountsAndFullCoverage) {
+  Shards f = MakeShards("shard-source-cover", {9, 9, 9, 9, 5});
+  for (uint64_t epoch : {0u, 1u}) {
+    std::set<int64_t> seen;
+    int64_t batches = -1;
+    for (int r = 0; r < 3; ++r) {
+      ShardSourceOptions so;
+      so.order = {.shuffle = true, .seed = 3, .rank = r, .world_size = 3, .shuffle_buffer = 6};
+      auto l = MakeLoader(f, so);
+      auto [labels, px] = ReadEpoch(*l, epoch);
+      const auto want = RankSamples(f.counts, EpochShards(5, true, 3, epoch), epoch, so.order).value().samples;
+      EXPECT_EQ(labels, want) << "rank " << r << " epoch " << epoch;
+      if (batches < 0) batches = l->num_batches();
+      EXPECT_EQ(l->num_batches(), batches);
+      seen.insert(labels.begin(), labels.end());
+    }
+    EXPECT_EQ(seen.size(), 41u);
+  }
+}
+
+TEST(ShardSourceTest, ResumeYieldsTheSameTail) {
+  Shards f = MakeShards("shard-source-resume", {7, 7, 7, 7});
+  ShardSourceOptions so;
+  so.order = {.shuffle = true, .seed = 1, .rank = 0, .world_size = 1, .shuffle_buffer = 5};
+  so.lookahead_shards = 1;
+  auto l = MakeLoader(f, so, 3);
+  auto full = ReadEpoch(*l, 2);
+  auto tail = ReadEpoch(*l, 2, 4);
+  ASSERT_EQ(full.first.size(), 28u);
+  EXPECT_EQ(tail.first, std::vector<int64_t>(full.first.begin() + 12, full.first.end()));
+  EXPECT_EQ(tail.second, std::vector<uint8_t>(full.second.begin() + 12 * 192, full.second.end()));
+  EXPECT_EQ(CountSamples(*f.store, f.keys, {}, 0, nullptr).value(), f.counts);
+}
+
+TEST(ShardSourceTest, ASubsetOfShardsForOneEpoch) {
+  Shards f = MakeShards("shard-source-subset", {4, 4, 4});
+  ShardSourceOptions so;
+  so.order = {.shuffle = false, .rank = 0, .world_size = 1};
+  auto src = ShardSource::Create(f.store, f.keys, f.counts, so).value();
+  ASSERT_TRUE(src->SetEpochShards(1, {2}).ok());
+  EXPECT_FALSE(src->SetEpochShards(1, {3}).ok());
+  LoaderOptions o;
+  o.batch_size = 4;
+  auto l = Loader::Create(src, Resize8(), o).value();
+  EXPECT_EQ(ReadEpoch(*l, 1).first, (std::vector<int64_t>{8, 9, 10, 11}));
+  EXPECT_EQ(ReadEpoch(*l, 0).first.size(), 12u);
+}
+
+TEST(ShardSourceTest, TruncatedShardFailsNamingItOrIsSkipped) {
+  Shards f = MakeShards("shard-source-bad", {4, 4});
+  std::string tar = f.store->Get(f.keys[1]).value();
+  ASSERT_TRUE(f.store->Put(f.keys[1], tar.substr(0, tar.size() / 2)).ok());
+  ShardSourceOptions so;
+  so.order = {.shuffle = false, .rank = 0, .world_size = 1};
+  auto l = MakeLoader(f, so);
+  ASSERT_TRUE(l->StartEpoch(0).ok());
+  ASSERT_TRUE(l->Next().ok());
+  auto bad = l->Next();
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("memory://shard-source-bad/shard-1.tar: tar member at byte"),
+            std::string::npos)
+      << bad.status().ToString();
+
+  so.parse.skip_errors = true;
+  auto skipping = MakeLoader(f, so);
+  auto [labels, px] = ReadEpoch(*skipping, 0);
+  EXPECT_LT(labels.size(), 8u);
+  EXPECT_GE(labels.size(), 4u);
+  EXPECT_GE(skipping->skipped(), 1);
+  int64_t skipped = 0;
+  EXPECT_EQ(CountSamples(*f.store, f.keys, {.skip_errors = true}, 0, &skipped).value()[0], 4);
+  EXPECT_EQ(skipped, 1);
+}
+
+}  // namespace
+}  // namespace ddp::shards

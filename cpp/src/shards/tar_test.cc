@@ -1,0 +1,151 @@
+#include "shards/tar.h"
+
+#include <gtest/gtest.h>
+
+#include "shards/tar_testutil.h"
+
+namespace ddp::shards {
+namespace {
+
+using testing::GnuLongMember;
+using testing::PaxMember;
+using testing::TarEnd;
+using testing::TarMember;
+
+constexpr char kUrl[] = "s3://bucket/shard-000001.tar";
+
+std::string_view ImageOf(const std::string& tar, const TarSample& s) {
+  return std::string_view(tar).substr(s.image_offset, s.image_size);
+}
+
+TEST(TarTest, GroupsConsecutiveMembersByKey) {
+  const std::string tar = TarMember("a/000.jpg", "JPEGDATA0") + TarMember("a/000.cls", "3\n") +
+                          TarMember("a/000.json", "{}") + TarMember("a/001.cls", " 7 ") +
+                          TarMember("a/001.PNG", std::string(700, 'p')) + TarMember("002.seg.jpeg", "mask") + TarMember("002.jpeg", "J2") +
+                          TarEnd();
+  Result<TarShard> r = ParseTar(tar, kUrl);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->samples.size(), 3u);
+  EXPECT_EQ(r->samples[0].key, "a/000");
+  EXPECT_EQ(ImageOf(tar, r->samples[0]), "JPEGDATA0");
+  EXPECT_EQ(r->samples[0].label, 3);
+  EXPECT_EQ(r->samples[1].key, "a/001");
+  EXPECT_EQ(ImageOf(tar, r->samples[1]), std::string(700, 'p'));
+  EXPECT_EQ(r->samples[1].label, 7);
+  EXPECT_EQ(r->samples[2].key, "002");  // the key ends at the first dot of the file name
+  EXPECT_EQ(ImageOf(tar, r->samples[2]), "J2");  // "seg.jpeg" is another extension
+  EXPECT_EQ(r->samples[2].label, -1);   // no label member
+  EXPECT_EQ(r->skipped, 0);
+}
+
+TEST(TarTest, PaxGnuAndUstarPrefixLongNames) {
+  const std::string dir(120, 'd');
+  const std::string tar = PaxMember(dir + "/k1.jpg", "I1") + PaxMember(dir + "/k1.cls", "1") +
+                          GnuLongMember(dir + "/k2.jpg", "I2") + TarMember("p/" + dir + "/k3.jpg", "I3") +
+                          TarMember("pax_global_header", "10 a=bcdef\n", 'g') + TarEnd();
+  Result<TarShard> r = ParseTar(tar, kUrl);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->samples.size(), 3u);
+  EXPECT_EQ(r->samples[0].key, dir + "/k1");
+  EXPECT_EQ(r->samples[0].label, 1);
+  EXPECT_EQ(ImageOf(tar, r->samples[0]), "I1");
+  EXPECT_EQ(r->samples[1].key, dir + "/k2");
+  EXPECT_EQ(ImageOf(tar, r->samples[1]), "I2");
+  EXPECT_EQ(r->samples[2].key, "p/" + dir + "/k3");
+}
+
+TEST(TarTest, EmptyShards) {
+  for (const std::string& tar : {std::string(), TarEnd(), std::string(512, '\0')}) {
+    Result<TarShard> r = ParseTar(tar, kUrl);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_TRUE(r->samples.empty());
+  }
+}
+
+TEST(TarTest, TruncatedMemberNamesShardAndOffset) {
+  const std::string good = TarMember("000.jpg", "A") + TarMember("000.cls", "0");
+  const std::string tar = good + TarMember("001.jpg", std::string(2000, 'x'));
+  const std::string cut = tar.substr(0, good.size() + 512 + 1000);
+  Result<TarShard> r = ParseTar(cut, kUrl);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Code::kDataLoss);
+  EXPECT_NE(r.status().message().find(kUrl), std::string::npos) << r.status().ToString();
+  EXPECT_NE(r.status().message().find("byte " + std::to_string(good.size())), std::string::npos)
+      << r.status().ToString();
+  EXPECT_NE(r.status().message().find("cut short"), std::string::npos);
+
+  // Cut inside a header.
+  Result<TarShard> h = ParseTar(tar.substr(0, good.size() + 100), kUrl);
+  ASSERT_FALSE(h.ok());
+  EXPECT_NE(h.status().message().find("inside a header"), std::string::npos) << h.status().ToString();
+
+  Result<TarShard> s = ParseTar(cut, kUrl, {.skip_errors = true});
+  ASSERT_TRUE(s.ok());
+  ASSERT_EQ(s->samples.size(), 1u);
+  EXPECT_EQ(s->samples[0].key, "000");
+  EXPECT_EQ(s->skipped, 1);
+}
+
+TEST(TarTest, CorruptHeaderIsAnError) {
+  std::string tar = TarMember("000.jpg", "A") + TarMember("001.jpg", "B") + TarEnd();
+  tar[1024 + 3] ^= 0x20;  // the second header's name: the checksum no longer matches
+  Result<TarShard> r = ParseTar(tar, kUrl);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Code::kDataLoss);
+  EXPECT_NE(r.status().message().find("byte 1024"), std::string::npos) << r.status().ToString();
+  EXPECT_NE(r.status().message().find("checksum"), std::string::npos);
+  Result<TarShard> s = ParseTar(tar, kUrl, {.skip_errors = true});
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->samples.size(), 1u);
+  EXPECT_EQ(s->skipped, 1);
+  // Not a tar at all.
+  Result<TarShard> junk = ParseTar(std::string(2048, 'j'), kUrl);
+  EXPECT_EQ(junk.status().code(), Code::kDataLoss);
+}
+
+TEST(TarTest, SampleWithoutImage) {
+  const std::string tar = TarMember("000.jpg", "A") + TarMember("001.cls", "1") + TarMember("001.txt", "t") +
+                          TarMember("002.jpg", "C") + TarEnd();
+  Result<TarShard> r = ParseTar(tar, kUrl);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("'001' has no image"), std::string::npos) << r.status().ToString();
+  EXPECT_NE(r.status().message().find("byte 1024"), std::string::npos) << r.status().ToString();
+  Result<TarShard> s = ParseTar(tar, kUrl, {.skip_errors = true});
+  ASSERT_TRUE(s.ok());
+  ASSERT_EQ(s->samples.size(), 2u);
+  EXPECT_EQ(s->samples[1].key, "002");
+  EXPECT_EQ(s->skipped, 1);
+}
+
+TEST(TarTest, LabelsFromClsOrJsonField) {
+  const std::string tar = TarMember("0.jpg", "A") + TarMember("0.cls", "x1") + TarEnd();
+  Result<TarShard> r = ParseTar(tar, kUrl);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("'0.cls' is not an integer"), std::string::npos) << r.status().ToString();
+
+  const std::string js = TarMember("0.jpg", "A") + TarMember("0.json", R"({"name": "x", "label" : 42})") +
+                         TarMember("1.jpg", "B") + TarMember("1.json", R"({"label": -3})") + TarEnd();
+  Result<TarShard> j = ParseTar(js, kUrl, {.label_field = "label"});
+  ASSERT_TRUE(j.ok()) << j.status().ToString();
+  EXPECT_EQ(j->samples[0].label, 42);
+  EXPECT_EQ(j->samples[1].label, -3);
+  Result<TarShard> missing = ParseTar(js, kUrl, {.label_field = "cls"});
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("no integer field \"cls\""), std::string::npos);
+  // Without a label field, json is ignored.
+  Result<TarShard> plain = ParseTar(js, kUrl);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(plain->samples[0].label, -1);
+}
+
+TEST(TarTest, DirectoriesAndLinksAreIgnored) {
+  const std::string tar = TarMember("d/", "", '5') + TarMember("d/0.jpg", "A") + TarMember("d/0.lnk", "", '2') +
+                          TarEnd();
+  Result<TarShard> r = ParseTar(tar, kUrl);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->samples.size(), 1u);
+}
+
+}  // namespace
+}  // namespace ddp::shards

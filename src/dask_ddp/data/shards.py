@@ -1,0 +1,396 @@
+"""WebDataset tar shards: read by the C++ engine, written in parallel on Dask.
+
+::
+
+    from dask_ddp.data import Loader, TarShards, write_shards, transforms as T
+
+    ds = TarShards("s3://bucket/train/shard-{000000..001023}.tar")
+    loader = Loader(ds, batch_size=64, transform=T.Compose([...]), shuffle=True, seed=0)
+
+    write_shards(ImageFolder("s3://bucket/raw"), "s3://bucket/train/shard-{:06d}.tar",
+                 samples_per_shard=1000, client=client)
+
+Format (WebDataset's): consecutive tar members sharing a key (the member name up to the
+first ``.`` of its file name) form a sample; ``key.jpg``/``.jpeg``/``.png`` is its
+image, ``key.cls`` its integer label as text (or, with ``label_field``, that integer
+field of ``key.json``); other members are ignored. The order of an epoch is computed
+from the number of samples in each shard (counted once, see :attr:`TarShards.counts`),
+so it is exact on resume: see :class:`TarShards`.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import re
+import tarfile
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from dask_ddp import _core, storage
+from dask_ddp.data.datasets import ImageList, process_store
+
+if TYPE_CHECKING:
+    from distributed import Client
+
+__all__ = ["TarShards", "expand_shard_urls", "write_shards"]
+
+logger = logging.getLogger(__name__)
+
+_BRACE = re.compile(r"\{(\d+)\.\.(\d+)\}")
+_IMAGE_EXT = {".jpg": "jpg", ".jpeg": "jpg", ".png": "png"}
+
+
+def expand_shard_urls(pattern: str) -> list[str]:
+    """Expand brace ranges: ``"shard-{000000..000003}.tar"`` -> four URLs.
+
+    The width of the first number sets the zero padding; several ranges expand as a
+    product, left to right. Raises ``ValueError`` for a descending range.
+    """
+    m = _BRACE.search(pattern)
+    if m is None:
+        return [pattern]
+    lo, hi = int(m.group(1)), int(m.group(2))
+    if hi < lo:
+        raise ValueError(f"shard pattern {pattern!r}: range {m.group(0)} is descending")
+    width = len(m.group(1))
+    head, tail = pattern[: m.start()], pattern[m.end() :]
+    return [u for i in range(lo, hi + 1) for u in expand_shard_urls(f"{head}{i:0{width}d}{tail}")]
+
+
+def _split_root(urls: Sequence[str]) -> tuple[str, list[str]]:
+    """The directory URL common to every shard, and each shard's key below it."""
+    cut = os.path.commonprefix(list(urls)).rfind("/")
+    if cut < 0:
+        return ".", list(urls)
+    root = urls[0][:cut] or "/"
+    if root.endswith((":/", "//")):
+        raise ValueError(f"no store root in shard URL {storage.redact_url(urls[0])!r}")
+    return root, [u[cut + 1 :] for u in urls]
+
+
+class TarShards:
+    """A dataset of WebDataset tar shards, for :class:`~dask_ddp.data.Loader`.
+
+    Parameters
+    ----------
+    urls
+        A brace pattern (``"s3://b/train/shard-{000000..001023}.tar"``), a list of shard
+        URLs (all in one store), or a prefix URL (``"s3://b/train/"``, a directory) whose
+        ``*.tar`` objects are the shards, sorted by key (over http the prefix needs an
+        ``_index.txt`` listing, see :mod:`dask_ddp.storage`). Any store: ``s3://``,
+        ``http(s)://``, ``file://`` or a path.
+    transform
+        The Loader's transform when it is given none (from :mod:`dask_ddp.data.transforms`).
+    label_field
+        Take each sample's label from this integer field of its ``.json`` member instead
+        of its ``.cls`` member. A sample without a label gets -1.
+    counts
+        Samples per shard, when known (e.g. from :func:`write_shards`, or ``counts`` of
+        an earlier instance); otherwise they are counted on first use by fetching every
+        shard once (headers parsed, images not decoded). Counting in the client and
+        passing the dataset to the ranks (it pickles with its counts) avoids counting
+        in every rank.
+    shuffle_buffer
+        Samples mixed within a rank's stream (WebDataset's ``shuffle(n)``); <= 1: none.
+    range_bytes
+        A shard larger than the store's ``max_body_bytes`` (default 2 GiB) is read with
+        ranged GETs of this many bytes each instead of one GET.
+    anon, storage_options
+        As for the other datasets: unsigned S3 requests; store options (``endpoint_url``,
+        ``region``, ``max_in_flight``, ...).
+
+    Notes
+    -----
+    Order of an epoch (with ``shuffle``): the shards are shuffled by (seed, epoch) and
+    dealt to ranks (rank r takes positions r, r + W, ...); each rank streams its shards'
+    samples through the shuffle buffer (random by (seed, epoch, rank)). Every rank yields
+    the **same number of batches** (an uneven split would hang DDP): without
+    ``drop_last`` the shard list is padded to a multiple of the world size by repeating
+    its head, and each rank repeats its own samples from the start of its sequence up to
+    the largest rank's count; with ``drop_last`` each rank stops at the smallest rank's
+    count (and the last incomplete batch is dropped).
+
+    Resume: ``Loader.state_dict()`` mid-epoch and ``load_state_dict()`` on the same world
+    size continue with exactly the samples of the uninterrupted epoch, in the same order.
+    On another world size, the rest of that epoch reads every shard no rank had finished
+    (read whole, so samples of partly read shards repeat), dealt to the new ranks.
+    """
+
+    def __init__(
+        self,
+        urls: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+        *,
+        transform: Any = None,
+        label_field: str | None = None,
+        counts: Sequence[int] | None = None,
+        shuffle_buffer: int = 1000,
+        range_bytes: int = 256 << 20,
+        anon: bool = False,
+        storage_options: dict[str, Any] | None = None,
+    ) -> None:
+        self.anon = bool(anon)
+        self.storage_options = dict(storage_options or {})
+        self.transform = transform
+        self.label_field = label_field or ""
+        self.shuffle_buffer = int(shuffle_buffer)
+        if range_bytes < 1:
+            raise ValueError(f"range_bytes must be >= 1, got {range_bytes}")
+        self.range_bytes = int(range_bytes)
+        if isinstance(urls, (str, os.PathLike)):
+            pattern = os.fspath(urls)
+            if pattern.endswith(".tar") or _BRACE.search(pattern):
+                listed = expand_shard_urls(pattern)
+            else:
+                listed = self._list_prefix(pattern)
+        else:
+            listed = [os.fspath(u) for u in urls]
+        if not listed:
+            raise ValueError(f"TarShards: no shards in {urls!r}")
+        self.url, self.keys = _split_root(listed)
+        self._store: storage.Store | None = None
+        self._store_pid = 0
+        self._get_store()  # a malformed URL fails here
+        self._counts: dict[bool, list[int]] = {}
+        #: Samples left out when counting with ``skip_errors`` (the Loader's ``on_error="skip"``).
+        self.skipped = 0
+        if counts is not None:
+            given = [int(c) for c in counts]
+            if len(given) != len(self.keys):
+                raise ValueError(f"TarShards: {len(given)} counts for {len(self.keys)} shards")
+            if any(c < 0 for c in given):
+                raise ValueError("TarShards: counts must be >= 0")
+            self._counts = {False: given, True: given}
+
+    def _list_prefix(self, prefix: str) -> list[str]:
+        store = storage.open(prefix, anon=self.anon, **self.storage_options)
+        base = store.url.rstrip("/")
+        found = sorted(i.key for i in store.list("") if i.key.endswith(".tar"))
+        if not found:
+            raise ValueError(f"TarShards: no *.tar objects under {storage.redact_url(prefix)!r}")
+        return [f"{base}/{k}" for k in found]
+
+    def _get_store(self) -> storage.Store:
+        return process_store(self)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_store"] = None
+        return state
+
+    @property
+    def urls(self) -> list[str]:
+        """The shards' URLs, in dataset order."""
+        base = self._get_store().url.rstrip("/")
+        return [f"{base}/{k}" for k in self.keys]
+
+    def shard_counts(self, skip_errors: bool = False) -> list[int]:
+        """Samples per shard (counted once by fetching each shard, unless given).
+
+        With ``skip_errors`` bad samples are not counted (the Loader's ``on_error="skip"``).
+        """
+        if skip_errors not in self._counts:
+            t0 = time.monotonic()
+            counts, skipped = _core.tar_shard_counts(
+                self._get_store()._core,
+                self.keys,
+                skip_errors,
+                self.label_field,
+                range_bytes=self.range_bytes,
+            )
+            self._counts[skip_errors] = list(counts)
+            self.skipped = int(skipped)
+            logger.info(
+                "%s: counted %d samples in %d shards in %.1fs (pass counts= to skip this)",
+                storage.redact_url(self.url),
+                sum(counts),
+                len(counts),
+                time.monotonic() - t0,
+            )
+        return self._counts[skip_errors]
+
+    @property
+    def counts(self) -> list[int]:
+        """Samples per shard."""
+        return self.shard_counts(False)
+
+    def __len__(self) -> int:
+        """Samples in all shards."""
+        return sum(self.counts)
+
+    def unread_shards(
+        self,
+        epoch: int,
+        position: int,
+        *,
+        world_size: int,
+        shuffle: bool,
+        seed: int,
+        drop_last: bool,
+        epoch_shards: Sequence[int] | None = None,
+        skip_errors: bool = False,
+    ) -> list[int]:
+        """The epoch's shards no rank had finished once each rank yielded ``position``
+        samples (world size ``world_size``), in the epoch's order."""
+        counts = self.shard_counts(skip_errors)
+        starts = [0]
+        for c in counts:
+            starts.append(starts[-1] + c)
+        finished: set[int] = set()
+        listed: list[int] = []
+        for rank in range(world_size):
+            order, mine, listed = _core.shard_rank_order(
+                counts,
+                None if epoch_shards is None else list(epoch_shards),
+                epoch,
+                rank,
+                world_size,
+                shuffle=shuffle,
+                seed=seed,
+                drop_last=drop_last,
+                shuffle_buffer=self.shuffle_buffer,
+            )
+            done = set(order[:position])
+            for s in set(mine):
+                if all(i in done for i in range(starts[s], starts[s + 1])):
+                    finished.add(s)
+        out: list[int] = []
+        for s in listed:
+            if s not in finished and s not in out:
+                out.append(s)
+        return out
+
+    def _make_loader(self, ops: list[Any], *, skip_errors: bool, **kwargs: Any) -> Any:
+        return _core.TarShardLoader(
+            self._get_store()._core,
+            self.keys,
+            self.shard_counts(skip_errors),
+            ops,
+            skip_errors=skip_errors,
+            shuffle_buffer=self.shuffle_buffer,
+            label_field=self.label_field,
+            range_bytes=self.range_bytes,
+            **kwargs,
+        )
+
+    def __repr__(self) -> str:
+        return f"TarShards({storage.redact_url(self.url)!r}, {len(self.keys)} shards)"
+
+
+# ---- writing ------------------------------------------------------------------------------
+
+
+def _tar_bytes(members: list[tuple[str, bytes]]) -> bytes:
+    """A tar (ustar/pax as Python writes it) holding ``members`` in order."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            info.mtime = 0  # deterministic bytes: a rerun writes the same shard
+            info.mode = 0o644
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def write_one_shard(
+    source: ImageList, first: int, stop: int, out_url: str, out_options: dict[str, Any]
+) -> tuple[str, int, bool]:
+    """Write samples ``[first, stop)`` of ``source`` as one shard at ``out_url``.
+
+    The task function of :func:`write_shards` (named, as the dashboard shows it). Bytes
+    are read through the engine (no decode) and the shard is written with one atomic
+    ``put`` (a file: temporary then rename; S3: one PUT or a completed multipart
+    upload), so a shard that exists is complete and is skipped. Returns (url, samples,
+    written).
+    """
+    cut = out_url.rfind("/")
+    out = storage.open(out_url[:cut], **out_options)
+    key = out_url[cut + 1 :]
+    if out.exists(key):
+        return out_url, stop - first, False
+    store = source._get_store()
+    keys = source._keys[first:stop]
+    data = dict(store.get_many(keys))
+    members: list[tuple[str, bytes]] = []
+    for i, k in enumerate(keys):
+        name = f"{first + i:09d}"
+        ext = _IMAGE_EXT.get(os.path.splitext(k)[1].lower())
+        if ext is None:
+            raise ValueError(f"{store.url}/{k}: not a .jpg, .jpeg or .png image")
+        members.append((f"{name}.{ext}", data[k]))
+        members.append((f"{name}.cls", str(source.targets[first + i]).encode()))
+    out.put(key, _tar_bytes(members))
+    return out_url, stop - first, True
+
+
+def write_shards(
+    dataset: ImageList,
+    pattern: str,
+    *,
+    samples_per_shard: int = 1000,
+    client: Client | None = None,
+    storage_options: dict[str, Any] | None = None,
+) -> TarShards:
+    """Write ``dataset`` as WebDataset tar shards, one Dask task per shard.
+
+    Shard ``i`` (named ``pattern.format(i)``) holds samples ``[i * n, (i + 1) * n)`` of
+    the dataset in its order, as members ``{index:09d}.jpg`` (or ``.png``, the original
+    bytes) and ``{index:09d}.cls`` (the label). Each shard is written atomically, and
+    shards that already exist are skipped, so an interrupted run is finished by running
+    it again. The result reads with ``webdataset`` too.
+
+    Parameters
+    ----------
+    dataset
+        An :class:`~dask_ddp.data.ImageList` or :class:`~dask_ddp.data.ImageFolder`.
+    pattern
+        The output URL with one ``str.format`` field for the shard number, e.g.
+        ``"s3://bucket/train/shard-{:06d}.tar"``.
+    samples_per_shard
+        Samples per shard (the last may have fewer).
+    client
+        The Dask client whose workers write; None: write in this process.
+    storage_options
+        Options of the output store (as :func:`dask_ddp.storage.open`).
+
+    Returns
+    -------
+    TarShards
+        The written shards, with their counts known.
+    """
+    if samples_per_shard < 1:
+        raise ValueError(f"samples_per_shard must be >= 1, got {samples_per_shard}")
+    try:
+        names = [pattern.format(i) for i in range(2)]
+    except (IndexError, KeyError, ValueError) as e:
+        raise ValueError(
+            f"pattern {pattern!r} needs one format field for the shard number: {e}"
+        ) from None
+    if names[0] == names[1]:
+        raise ValueError(f"pattern {pattern!r} gives every shard the same name")
+    options = dict(storage_options or {})
+    n = len(dataset)
+    spans = [(a, min(a + samples_per_shard, n)) for a in range(0, n, samples_per_shard)]
+    urls = [pattern.format(i) for i in range(len(spans))]
+    if client is None:
+        results = [
+            write_one_shard(dataset, a, b, u, options)
+            for (a, b), u in zip(spans, urls, strict=True)
+        ]
+    else:
+        ds_future = client.scatter(dataset, broadcast=False)
+        futures = [
+            client.submit(
+                write_one_shard, ds_future, a, b, u, options, key=f"write_one_shard-{u}", pure=False
+            )
+            for (a, b), u in zip(spans, urls, strict=True)
+        ]
+        results = client.gather(futures)
+    written = sum(1 for _, _, w in results if w)
+    logger.info(
+        "write_shards: %d shards written, %d already complete", written, len(results) - written
+    )
+    return TarShards(urls, counts=[c for _, c, _ in results], storage_options=options)

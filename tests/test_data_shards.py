@@ -1,0 +1,396 @@
+"""TarShards and write_shards: real tar files (Python's tarfile, webdataset's writer and
+our own), read by the engine from files, a real http server and a moto S3 server."""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from dask_ddp import _core, storage
+from dask_ddp.data import ImageList, Loader, TarShards, write_shards
+from dask_ddp.data import transforms as T
+from dask_ddp.data.shards import expand_shard_urls
+from images import encode, photo
+
+EXACT = T.Compose([T.Resize(20), T.CenterCrop(20), T.PILToTensor()])
+TRAIN = T.Compose([T.RandomResizedCrop(16), T.RandomHorizontalFlip(), T.PILToTensor()])
+SIZES = ((64, 48), (50, 70), (81, 81), (40, 90))
+
+
+def images(n: int) -> list[bytes]:
+    """n real photos, JPEG and PNG, of a few sizes."""
+    out = []
+    for i in range(n):
+        w, h = SIZES[i % len(SIZES)]
+        out.append(encode(photo(w, h, i), "png" if i % 5 == 4 else "jpeg"))
+    return out
+
+
+def ext(data: bytes) -> str:
+    return "png" if data.startswith(b"\x89PNG") else "jpg"
+
+
+def tar_shard(members: list[tuple[str, bytes]], fmt: int = tarfile.USTAR_FORMAT) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=fmt) as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def sample_members(first: int, blobs: list[bytes], prefix: str = "") -> list[tuple[str, bytes]]:
+    """Members of samples first, first+1, ...: image, label (= the sample number), json."""
+    out = []
+    for i, data in enumerate(blobs, start=first):
+        out.append((f"{prefix}{i:06d}.{ext(data)}", data))
+        out.append((f"{prefix}{i:06d}.cls", str(i).encode()))
+        out.append((f"{prefix}{i:06d}.json", b'{"label": %d}' % (1000 + i)))
+    return out
+
+
+def write_tar_shards(
+    put: Any, blobs: list[bytes], sizes: list[int], fmt: int = tarfile.USTAR_FORMAT
+) -> list[str]:
+    """Shards shard-000000.tar, ... with ``sizes`` samples each; returns their keys."""
+    keys, first = [], 0
+    for s, n in enumerate(sizes):
+        key = f"shard-{s:06d}.tar"
+        put(key, tar_shard(sample_members(first, blobs[first : first + n]), fmt))
+        keys.append(key)
+        first += n
+    return keys
+
+
+def file_put(root: Path) -> Any:
+    def put(key: str, data: bytes) -> None:
+        (root / key).parent.mkdir(parents=True, exist_ok=True)
+        (root / key).write_bytes(data)
+
+    return put
+
+
+def expected(blob: bytes, transform: Any = EXACT) -> torch.Tensor:
+    ops = T.to_ops(transform)
+    return torch.from_numpy(
+        np.asarray(_core.transform_image(blob, ops, scaled_decode=True, region_decode=True))
+    )
+
+
+def read_all(loader: Loader, epoch: int = 0) -> tuple[list[int], list[torch.Tensor]]:
+    loader.set_epoch(epoch)
+    labels: list[int] = []
+    pixels: list[torch.Tensor] = []
+    for x, y in loader:
+        labels += y.tolist()
+        pixels += [t.clone() for t in x]
+    return labels, pixels
+
+
+def check_exact(loader: Loader, blobs: list[bytes]) -> list[int]:
+    labels, pixels = read_all(loader)
+    for label, px in zip(labels, pixels, strict=True):
+        assert torch.equal(px, expected(blobs[label])), f"sample {label}"
+    return labels
+
+
+# ---- reading ---------------------------------------------------------------------------
+
+
+def test_brace_expansion() -> None:
+    assert expand_shard_urls("s3://b/s-{000..002}.tar") == [
+        f"s3://b/s-{i:03d}.tar" for i in range(3)
+    ]
+    assert expand_shard_urls("a{1..2}/b{0..1}.tar") == [
+        "a1/b0.tar",
+        "a1/b1.tar",
+        "a2/b0.tar",
+        "a2/b1.tar",
+    ]
+    with pytest.raises(ValueError, match="descending"):
+        expand_shard_urls("s-{3..1}.tar")
+
+
+@pytest.mark.parametrize("fmt", [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])
+def test_tarfile_shards_from_files_every_sample_once_and_exact(tmp_path: Path, fmt: int) -> None:
+    blobs = images(23)
+    write_tar_shards(file_put(tmp_path), blobs, [8, 8, 7], fmt)
+    ds = TarShards(str(tmp_path / "shard-{000000..000002}.tar"))
+    assert ds.counts == [8, 8, 7] and len(ds) == 23
+    loader = Loader(ds, 5, transform=EXACT, shuffle=False, num_threads=2)
+    assert len(loader) == 5
+    assert check_exact(loader, blobs) == list(range(23))
+
+
+def test_webdataset_writer_shards_and_json_labels(tmp_path: Path) -> None:
+    wds = pytest.importorskip("webdataset")
+    blobs = images(12)
+    pattern = str(tmp_path / "wds-%06d.tar")
+    with wds.ShardWriter(pattern, maxcount=5, verbose=0) as sink:
+        for i, data in enumerate(blobs):
+            sink.write(
+                {"__key__": f"s{i:04d}", ext(data): data, "cls": i, "json": {"label": 100 + i}}
+            )
+    ds = TarShards(str(tmp_path / "wds-{000000..000002}.tar"))
+    assert ds.counts == [5, 5, 2]
+    assert sorted(check_exact(Loader(ds, 4, transform=EXACT, seed=1), blobs)) == list(range(12))
+    by_json = TarShards(str(tmp_path / "wds-{000000..000002}.tar"), label_field="label")
+    labels, _ = read_all(Loader(by_json, 4, transform=EXACT, shuffle=False))
+    assert labels == [100 + i for i in range(12)]
+
+
+def test_pax_long_names_prefix_listing_and_url_list(tmp_path: Path) -> None:
+    blobs = images(6)
+    deep = "d" * 90 + "/" + "e" * 90 + "/"  # member names past ustar's 100 + 155 limit
+    (tmp_path / "train").mkdir()
+    (tmp_path / "train" / "b.tar").write_bytes(
+        tar_shard(sample_members(3, blobs[3:], deep), tarfile.PAX_FORMAT)
+    )
+    (tmp_path / "train" / "a.tar").write_bytes(
+        tar_shard(sample_members(0, blobs[:3], deep), tarfile.PAX_FORMAT)
+    )
+    (tmp_path / "train" / "notes.txt").write_bytes(b"not a shard")
+    listed = TarShards(f"file://{tmp_path}/train/")
+    assert listed.keys == ["a.tar", "b.tar"]
+    assert check_exact(Loader(listed, 4, transform=EXACT, shuffle=False), blobs) == list(range(6))
+    given = TarShards([str(tmp_path / "train" / "b.tar"), str(tmp_path / "train" / "a.tar")])
+    assert read_all(Loader(given, 4, transform=EXACT, shuffle=False))[0] == [3, 4, 5, 0, 1, 2]
+
+
+def test_truncated_empty_and_imageless_shards(tmp_path: Path) -> None:
+    blobs = images(9)
+    write_tar_shards(file_put(tmp_path), blobs, [3, 3, 3])
+    whole = (tmp_path / "shard-000001.tar").read_bytes()
+    (tmp_path / "shard-000001.tar").write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(
+        OSError,
+        match=r"shard-000001\.tar: tar member at byte \d+: member of \d+ bytes is cut short",
+    ):
+        TarShards(str(tmp_path / "shard-{000000..000002}.tar")).shard_counts()
+    skipping = TarShards(str(tmp_path / "shard-{000000..000002}.tar"))
+    loader = Loader(skipping, 4, transform=EXACT, shuffle=False, on_error="skip")
+    labels = check_exact(loader, blobs)
+    assert labels[:3] == [0, 1, 2] and labels[-3:] == [6, 7, 8] and 6 <= len(labels) < 9
+    assert loader.skipped >= 1
+
+    # An empty shard (just the end marker) and one holding a sample without an image.
+    (tmp_path / "shard-000001.tar").write_bytes(tar_shard([]))
+    (tmp_path / "shard-000003.tar").write_bytes(
+        tar_shard([("x.cls", b"1"), ("x.txt", b"no image")])
+    )
+    bad = TarShards(str(tmp_path / "shard-{000000..000003}.tar"))
+    with pytest.raises(
+        ValueError, match=r"shard-000003\.tar: tar member at byte 0: sample 'x' has no image"
+    ):
+        bad.shard_counts()
+    ok = TarShards(str(tmp_path / "shard-{000000..000003}.tar"))
+    loader = Loader(ok, 4, transform=EXACT, shuffle=False, on_error="skip")
+    assert ok.shard_counts(skip_errors=True) == [3, 0, 3, 0]
+    assert check_exact(loader, blobs) == [0, 1, 2, 6, 7, 8]
+    assert ok.skipped == 1  # found when counting; a shard without good samples is not read again
+
+
+def test_http_and_s3_stores(http_server: tuple[str, Path], s3_bucket: str) -> None:
+    blobs = images(10)
+    url, root = http_server
+    write_tar_shards(file_put(root / "shards-http"), blobs, [4, 6])
+    over_http = TarShards(f"{url}/shards-http/shard-{{000000..000001}}.tar")
+    assert check_exact(Loader(over_http, 3, transform=EXACT, shuffle=False), blobs) == list(
+        range(10)
+    )
+    s3 = storage.open(f"s3://{s3_bucket}/train")
+    write_tar_shards(s3.put, blobs, [5, 5])
+    over_s3 = TarShards(f"s3://{s3_bucket}/train/")
+    assert sorted(check_exact(Loader(over_s3, 3, transform=EXACT, seed=4), blobs)) == list(
+        range(10)
+    )
+    # Shards over the store's answer limit are read with ranged GETs in pieces.
+    limit = min(i.size for i in s3.list("")) - 1
+    capped = TarShards(
+        f"s3://{s3_bucket}/train/",
+        storage_options={"max_body_bytes": limit},
+        range_bytes=limit // 3,
+    )
+    with pytest.raises(OSError, match="max_body_bytes"):
+        capped._get_store().get("shard-000000.tar")
+    assert capped.counts == [5, 5]
+    loader = Loader(capped, 3, transform=EXACT, shuffle=False)
+    assert check_exact(loader, blobs) == list(range(10))
+
+
+# ---- order, equal batches, resume ---------------------------------------------------------
+
+
+@pytest.fixture
+def uneven(tmp_path: Path) -> TarShards:
+    """41 samples in 7 shards of uneven sizes (labels = sample numbers)."""
+    write_tar_shards(file_put(tmp_path), images(41), [7, 7, 7, 7, 7, 4, 2])
+    return TarShards(str(tmp_path / "shard-{000000..000006}.tar"), shuffle_buffer=5)
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_three_ranks_two_epochs_equal_batches_and_coverage(
+    uneven: TarShards, drop_last: bool
+) -> None:
+    for epoch in (0, 1):
+        seen: Counter[int] = Counter()
+        batches = []
+        for rank in range(3):
+            loader = Loader(
+                uneven, 4, transform=TRAIN, seed=7, rank=rank, world_size=3, drop_last=drop_last
+            )
+            loader.set_epoch(epoch)
+            n = 0
+            for _, y in loader:
+                seen.update(y.tolist())
+                n += 1
+            assert n == len(loader)
+            batches.append(n)
+        assert len(set(batches)) == 1, f"batches per rank differ: {batches}"
+        if not drop_last:
+            assert set(seen) == set(range(41)), f"epoch {epoch} missed {set(range(41)) - set(seen)}"
+        else:
+            assert max(seen.values()) == 1
+    orders = [read_all(Loader(uneven, 4, transform=TRAIN, seed=7), e)[0] for e in (0, 1)]
+    assert orders[0] != orders[1] and sorted(orders[0]) == sorted(orders[1]) == list(range(41))
+
+
+def test_exact_resume_mid_epoch(uneven: TarShards) -> None:
+    def make() -> Loader:
+        return Loader(uneven, 4, transform=TRAIN, seed=3, rank=1, world_size=2, num_threads=2)
+
+    full = make()
+    labels, pixels = read_all(full, 1)
+    stopped = make()
+    stopped.set_epoch(1)
+    it = iter(stopped)
+    for _ in range(2):
+        next(it)
+    state = stopped.state_dict()
+    resumed = make()
+    resumed.load_state_dict(state)
+    resumed.set_epoch(1)  # a training loop calls it every epoch: keeps the position
+    rest_labels, rest_pixels = [], []
+    for x, y in resumed:
+        rest_labels += y.tolist()
+        rest_pixels += [t.clone() for t in x]
+    assert rest_labels == labels[8:]
+    assert all(torch.equal(a, b) for a, b in zip(rest_pixels, pixels[8:], strict=True))
+
+
+def test_resume_on_another_world_size_reads_every_unfinished_shard(uneven: TarShards) -> None:
+    counts = uneven.counts
+    starts = np.cumsum([0, *counts])
+    before: set[int] = set()
+    states = []
+    for rank in range(3):
+        loader = Loader(uneven, 2, transform=TRAIN, seed=5, rank=rank, world_size=3)
+        loader.set_epoch(2)
+        it = iter(loader)
+        for _ in range(4):
+            before.update(next(it)[1].tolist())
+        states.append(loader.state_dict())
+    after: Counter[int] = Counter()
+    batches = set()
+    for rank in range(2):
+        loader = Loader(uneven, 2, transform=TRAIN, seed=5, rank=rank, world_size=2)
+        loader.load_state_dict(states[0])
+        loader.set_epoch(2)
+        n = 0
+        for _, y in loader:
+            after.update(y.tolist())
+            n += 1
+        batches.add(n)
+        assert loader.state_dict()["epoch_shards"] is not None
+    assert len(batches) == 1
+    unfinished = [
+        s for s in range(len(counts)) if not set(range(starts[s], starts[s + 1])) <= before
+    ]
+    assert unfinished, "the test must stop mid-epoch"
+    for s in unfinished:
+        assert set(range(starts[s], starts[s + 1])) <= set(after), (
+            f"shard {s} not read after resizing"
+        )
+    finished = [s for s in range(len(counts)) if s not in unfinished]
+    for s in finished:
+        assert not set(range(starts[s], starts[s + 1])) & set(after), (
+            f"finished shard {s} read again"
+        )
+    assert set(range(41)) <= before | set(after)
+
+
+# ---- writing ----------------------------------------------------------------------------
+
+
+def make_image_list(root: Path, n: int) -> tuple[ImageList, list[bytes]]:
+    blobs = images(n)
+    keys = []
+    for i, data in enumerate(blobs):
+        key = f"c{i % 3}/img{i:03d}.{'png' if ext(data) == 'png' else 'jpeg'}"
+        (root / key).parent.mkdir(parents=True, exist_ok=True)
+        (root / key).write_bytes(data)
+        keys.append(key)
+    return ImageList(root, keys, list(range(n))), blobs
+
+
+@pytest.mark.dask
+@pytest.mark.timeout(180)
+def test_write_shards_on_dask_reads_back_both_ways_and_restarts(tmp_path: Path) -> None:
+    from distributed import Client, LocalCluster
+
+    wds = pytest.importorskip("webdataset")
+    source, blobs = make_image_list(tmp_path / "raw", 17)
+    out = tmp_path / "out"
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        ds = write_shards(source, str(out / "shard-{:06d}.tar"), samples_per_shard=5, client=client)
+        assert ds.counts == [5, 5, 5, 2]
+        assert sorted(os.listdir(out)) == [f"shard-{i:06d}.tar" for i in range(4)]
+        assert check_exact(Loader(ds, 4, transform=EXACT, shuffle=False), blobs) == list(range(17))
+        # webdataset reads our shards.
+        got = {}
+        for sample in wds.WebDataset(str(out / "shard-{000000..000003}.tar"), shardshuffle=False):
+            img = sample.get("jpg", sample.get("png"))
+            got[int(sample["cls"])] = img
+        assert got == dict(enumerate(blobs))
+        # Restart: complete shards are skipped, a missing one is written again (same bytes).
+        before = {p: (out / p).stat().st_mtime_ns for p in os.listdir(out)}
+        first = (out / "shard-000002.tar").read_bytes()
+        (out / "shard-000002.tar").unlink()
+        again = write_shards(
+            source, str(out / "shard-{:06d}.tar"), samples_per_shard=5, client=client
+        )
+        assert again.counts == ds.counts
+        assert (out / "shard-000002.tar").read_bytes() == first
+        for p, t in before.items():
+            if p != "shard-000002.tar":
+                assert (out / p).stat().st_mtime_ns == t, f"{p} was rewritten"
+    assert not [p for p in os.listdir(out) if not p.endswith(".tar")], "temporary files left"
+
+
+def test_write_shards_to_s3_and_bad_patterns(tmp_path: Path, s3_bucket: str) -> None:
+    source, blobs = make_image_list(tmp_path / "raw", 7)
+    ds = write_shards(source, f"s3://{s3_bucket}/train/shard-{{:03d}}.tar", samples_per_shard=3)
+    assert [i.key for i in storage.open(f"s3://{s3_bucket}/train").list("")] == [
+        "shard-000.tar",
+        "shard-001.tar",
+        "shard-002.tar",
+    ]
+    assert check_exact(Loader(ds, 4, transform=EXACT, shuffle=False), blobs) == list(range(7))
+    with pytest.raises(ValueError, match="same name"):
+        write_shards(source, str(tmp_path / "one.tar"))
+    with pytest.raises(ValueError, match="samples_per_shard"):
+        write_shards(source, str(tmp_path / "s-{}.tar"), samples_per_shard=0)

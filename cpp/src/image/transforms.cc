@@ -267,7 +267,11 @@ Status Pipeline::Apply(const Image& img, const SamplePlan& plan, void* out) cons
   for (size_t i = 0; i < ops_.size(); ++i) {
     if (IsGeometric(ops_[i].kind)) last_geom = i;
   }
-  const auto [out_h, out_w] = OutputSize(plan.src_width, plan.src_height);
+  // Plain variables, not a structured binding: the lambda below captures them, which
+  // clang before 16 rejects for bindings (the fuzz build uses clang).
+  const std::array<int, 2> out_size = OutputSize(plan.src_width, plan.src_height);
+  const int out_h = out_size[0];
+  const int out_w = out_size[1];
   // Resizes `src` to the output size and writes each row straight into `out` as CHW,
   // with the flips still pending after this op applied (no intermediate image).
   auto fuse = [&](const Rgb8View& src, int nh, int nw, bool antialias) -> Status {

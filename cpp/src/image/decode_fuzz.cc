@@ -47,8 +47,8 @@ const Pipeline& Eval() {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view bytes(reinterpret_cast<const char*>(data), size);
   DecodeOptions opt;
-  opt.max_side = 2048;         // keep each input fast; the limit path is fuzzed too
-  opt.max_pixels = 1u << 20;
+  opt.max_side = 1024;         // keep each input fast; the limit path is fuzzed too
+  opt.max_pixels = 1u << 16;
   auto info = ReadImageInfo(bytes, "fuzz://input", opt);
   if (!info.ok()) return 0;
   const uint64_t h = size * 0x9E3779B97F4A7C15ull;

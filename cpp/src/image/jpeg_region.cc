@@ -101,7 +101,7 @@ Outcome Run(Job& job) {
   auto clampi = [](int v, int lo, int hi) { return v < lo ? lo : (v > hi ? hi : v); };
   // A margin of one iMCU (16 output pixels) on each side: chroma upsampling reads
   // neighbouring rows/columns, so the region's pixels then equal a full decode's.
-  constexpr int kMargin = 16;
+  constexpr int kMargin = 2;
   int x0 = clampi(job.region.left / d - kMargin, 0, full_w - 1);
   int x1 = clampi((job.region.left + job.region.width + d - 1) / d + kMargin, x0 + 1, full_w);
   int y0 = clampi(job.region.top / d - kMargin, 0, full_h - 1);

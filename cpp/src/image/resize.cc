@@ -1,14 +1,32 @@
 #include "image/resize.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cfloat>
 #include <cmath>
 #include <cstring>
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
+#if defined(__x86_64__) || defined(__i386__)
+#include <tmmintrin.h>  // SSSE3, used only behind a run-time CPU check
+#define DDP_RESIZE_SSSE3 1
+#endif
 
 namespace ddp::image {
+namespace internal {
+std::atomic<bool> g_disable_ssse3{false};
+void SetSsse3ForTesting(bool enabled) { g_disable_ssse3.store(!enabled); }
+bool Ssse3Enabled() {
+#if defined(__x86_64__) || defined(__i386__)
+  static const bool has = __builtin_cpu_supports("ssse3");
+  return has && !g_disable_ssse3.load(std::memory_order_relaxed);
+#else
+  return false;
+#endif
+}
+}  // namespace internal
+
 namespace {
 
 constexpr int kChannels = 3;
@@ -37,10 +55,41 @@ inline int16_t RoundToI16(float v) {
   return static_cast<int16_t>(std::clamp(std::lrint(v), -32768L, 32767L));
 }
 
+// n floats rounded (half to even) and saturated to 0..255, as RoundToU8 does each.
+void RoundRowToU8(const float* v, size_t n, uint8_t* out) {
+  size_t i = 0;
+#if defined(__SSE2__)
+  // cvtps2dq rounds as lrint does (the default mode: half to even); the two packs saturate.
+  for (; i + 8 <= n; i += 8) {
+    const __m128i a = _mm_cvtps_epi32(_mm_loadu_ps(v + i));
+    const __m128i b = _mm_cvtps_epi32(_mm_loadu_ps(v + i + 4));
+    const __m128i w = _mm_packs_epi32(a, b);
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(out + i), _mm_packus_epi16(w, w));
+  }
+#endif
+  for (; i < n; ++i) out[i] = RoundToU8(v[i]);
+}
+
+// sum[i] = w * v[i] (`add` false) or sum[i] += w * v[i]: a product then a sum, rounded
+// each, as the scalar expressions are (no fused multiply-add).
+void AccumulateRow(const float* v, float w, bool add, size_t n, float* sum) {
+  size_t i = 0;
+#if defined(__SSE2__)
+  const __m128 vw = _mm_set1_ps(w);
+  for (; i + 4 <= n; i += 4) {
+    const __m128 p = _mm_mul_ps(vw, _mm_loadu_ps(v + i));
+    _mm_storeu_ps(sum + i, add ? _mm_add_ps(_mm_loadu_ps(sum + i), p) : p);
+  }
+#endif
+  for (; i < n; ++i) sum[i] = add ? sum[i] + w * v[i] : w * v[i];
+}
+
 // Two taps per output position, with the source offset of the first.
 struct LinearTaps {
   std::vector<int> offset;  // first tap: pixel index (x) or row (y); may be clamped
   std::vector<int16_t> w0, w1;
+  // Per position (w0 w1 w0 w1 w0 w1 0 0): the SIMD horizontal pass loads it whole.
+  std::vector<int16_t> w8;
 };
 
 // OpenCV's bilinear coordinates (half-pixel centres, computed in float), with the
@@ -73,34 +122,23 @@ LinearTaps Taps(int src, int dst, double scale, int* last) {
     t.w0[d] = RoundToI16((1.f - f) * kCoefScale);
     t.w1[d] = RoundToI16(f * kCoefScale);
   }
+  if (last != nullptr) {
+    t.w8.assign(8 * static_cast<size_t>(dst), 0);
+    for (int d = 0; d < dst; ++d) {
+      for (int c = 0; c < kChannels; ++c) {
+        t.w8[8 * static_cast<size_t>(d) + 2 * c] = t.w0[d];
+        t.w8[8 * static_cast<size_t>(d) + 2 * c + 1] = t.w1[d];
+      }
+    }
+  }
   return t;
 }
 
-// One source row filtered horizontally: 3 * out_width sums in 11-bit fixed point, kept
-// divided by 16 (the vertical pass uses nothing finer), so that they fit in 16 bits.
-// `out` has room for one more value (the SIMD loop writes 4 per pixel).
-void HorizontalLinear(const uint8_t* row, int row_bytes, const LinearTaps& x, int last, int out_width,
-                      int16_t* out) {
+// The scalar tail of HorizontalLinear from position `d`.
+void HorizontalLinearTail(const uint8_t* row, const LinearTaps& x, int last, int out_width, int d, int16_t* out) {
   const int* offset = x.offset.data();
   const int16_t* w0 = x.w0.data();
   const int16_t* w1 = x.w1.data();
-  int d = 0;
-#if defined(__SSE2__)
-  // Per pixel: the two 4-byte groups at the taps interleaved (r r' g g' b b' . .), widened
-  // to 16 bits and multiplied-added with (w0 w1 w0 w1 w0 w1 0 0): OpenCV's dot product.
-  const __m128i zero = _mm_setzero_si128();
-  for (; d < last; ++d) {
-    const int o = kChannels * offset[d];
-    if (o + kChannels + 4 > row_bytes) break;  // offsets only grow: the rest is scalar
-    int32_t a = 0, b = 0;
-    std::memcpy(&a, row + o, 4);
-    std::memcpy(&b, row + o + kChannels, 4);
-    const __m128i ab = _mm_unpacklo_epi8(_mm_unpacklo_epi8(_mm_cvtsi32_si128(a), _mm_cvtsi32_si128(b)), zero);
-    const __m128i w = _mm_set_epi16(0, 0, w1[d], w0[d], w1[d], w0[d], w1[d], w0[d]);
-    const __m128i sum = _mm_srai_epi32(_mm_madd_epi16(ab, w), 4);
-    _mm_storel_epi64(reinterpret_cast<__m128i*>(out + kChannels * d), _mm_packs_epi32(sum, sum));
-  }
-#endif
   for (; d < last; ++d) {
     const uint8_t* s = row + kChannels * offset[d];
     const int32_t a0 = w0[d], a1 = w1[d];
@@ -115,6 +153,59 @@ void HorizontalLinear(const uint8_t* row, int row_bytes, const LinearTaps& x, in
     const uint8_t* s = row + kChannels * offset[d];
     for (int c = 0; c < kChannels; ++c) out[kChannels * d + c] = static_cast<int16_t>(s[c] * (kCoefScale >> 4));
   }
+}
+
+#if DDP_RESIZE_SSSE3
+// HorizontalLinear with one 8-byte load per pixel, its two taps put side by side
+// (r r' g g' b b' 0 0, widened to 16 bits) by one byte shuffle.
+__attribute__((target("ssse3"))) void HorizontalLinearSsse3(const uint8_t* row, int row_bytes,
+                                                            const LinearTaps& x, int last, int out_width,
+                                                            int16_t* out) {
+  const int* offset = x.offset.data();
+  const __m128i* w = reinterpret_cast<const __m128i*>(x.w8.data());
+  const __m128i pairs = _mm_setr_epi8(0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1);
+  int d = 0;
+  for (; d < last; ++d) {
+    const int o = kChannels * offset[d];
+    if (o + 8 > row_bytes) break;  // offsets only grow: the rest is scalar
+    const __m128i px = _mm_shuffle_epi8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + o)), pairs);
+    const __m128i sum = _mm_srai_epi32(_mm_madd_epi16(px, _mm_loadu_si128(w + d)), 4);
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(out + kChannels * d), _mm_packs_epi32(sum, sum));
+  }
+  HorizontalLinearTail(row, x, last, out_width, d, out);
+}
+#endif
+
+// One source row filtered horizontally: 3 * out_width sums in 11-bit fixed point, kept
+// divided by 16 (the vertical pass uses nothing finer), so that they fit in 16 bits.
+// `out` has room for one more value (the SIMD loop writes 4 per pixel).
+void HorizontalLinear(const uint8_t* row, int row_bytes, const LinearTaps& x, int last, int out_width,
+                      int16_t* out) {
+#if DDP_RESIZE_SSSE3
+  if (internal::Ssse3Enabled()) {
+    HorizontalLinearSsse3(row, row_bytes, x, last, out_width, out);
+    return;
+  }
+#endif
+  int d = 0;
+#if defined(__SSE2__)
+  // Per pixel: the two 4-byte groups at the taps interleaved (r r' g g' b b' . .), widened
+  // to 16 bits and multiplied-added with (w0 w1 w0 w1 w0 w1 0 0): OpenCV's dot product.
+  const int* offset = x.offset.data();
+  const __m128i* w = reinterpret_cast<const __m128i*>(x.w8.data());
+  const __m128i zero = _mm_setzero_si128();
+  for (; d < last; ++d) {
+    const int o = kChannels * offset[d];
+    if (o + kChannels + 4 > row_bytes) break;  // offsets only grow: the rest is scalar
+    int32_t a = 0, b = 0;
+    std::memcpy(&a, row + o, 4);
+    std::memcpy(&b, row + o + kChannels, 4);
+    const __m128i ab = _mm_unpacklo_epi8(_mm_unpacklo_epi8(_mm_cvtsi32_si128(a), _mm_cvtsi32_si128(b)), zero);
+    const __m128i sum = _mm_srai_epi32(_mm_madd_epi16(ab, _mm_loadu_si128(w + d)), 4);
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(out + kChannels * d), _mm_packs_epi32(sum, sum));
+  }
+#endif
+  HorizontalLinearTail(row, x, last, out_width, d, out);
 }
 
 // Blends two horizontally filtered rows with the rounding of OpenCV's SIMD path (which
@@ -207,8 +298,10 @@ void ResizeAreaInteger(const Rgb8View& src, int out_w, int out_h, int fx, int fy
         for (int c = 0; c < kChannels; ++c) sums[kChannels * dx + c] += p[kChannels * j + c];
       }
     }
-    uint8_t* o = out.Begin(d);
-    for (size_t i = 0; i < n; ++i) o[i] = RoundToU8(static_cast<float>(sums[i]) * scale);
+    thread_local std::vector<float> scaled;
+    scaled.resize(n);
+    for (size_t i = 0; i < n; ++i) scaled[i] = static_cast<float>(sums[i]) * scale;
+    RoundRowToU8(scaled.data(), n, out.Begin(d));
     out.End(d);
   }
 }
@@ -246,12 +339,11 @@ void ResizeAreaFraction(const Rgb8View& src, int out_w, int out_h, double scale_
   const std::vector<AreaTap> ytab = AreaTaps(src.height, out_h, scale_y);
   const size_t n = static_cast<size_t>(kChannels) * out_w;
   thread_local std::vector<float> buffer;
-  buffer.assign(2 * n, 0.f);
-  float* buf = buffer.data();
-  float* sum = buf + n;
+  buffer.assign(2 * n + 1, 0.f);
+  float* buf = buffer.data();  // n values and one more the SIMD store may write
+  float* sum = buf + n + 1;
   auto flush = [&](int dy) {
-    uint8_t* o = out.Begin(dy);
-    for (size_t i = 0; i < n; ++i) o[i] = RoundToU8(sum[i]);
+    RoundRowToU8(sum, n, out.Begin(dy));
     out.End(dy);
   };
   // xtab is ordered by output pixel: each pixel's taps are one run.
@@ -263,7 +355,27 @@ void ResizeAreaFraction(const Rgb8View& src, int out_w, int out_h, double scale_
     const uint8_t* s = src.data + static_cast<size_t>(ty.in) * src.stride;
     // Each pixel's sum in registers, added in the taps' order (the same float result
     // as accumulating in memory).
-    for (int d = 0; d < out_w; ++d) {
+    int d = 0;
+#if defined(__SSE2__)
+    // A pixel's three channels in one register, read with one 4-byte load (where the
+    // row has 4 bytes left): the same products and sums, in the same order, per lane.
+    const int row_bytes = kChannels * src.width;
+    const __m128i zero = _mm_setzero_si128();
+    for (; d < out_w; ++d) {
+      // Taps only move right: from the first pixel whose last tap is too near the end
+      // (or that has none), the scalar loop.
+      if (xrun[d + 1] == xrun[d] || kChannels * xtab[xrun[d + 1] - 1].in + 4 > row_bytes) break;
+      __m128 acc = _mm_setzero_ps();
+      for (int k = xrun[d]; k < xrun[d + 1]; ++k) {
+        int32_t px = 0;
+        std::memcpy(&px, s + kChannels * xtab[k].in, 4);
+        const __m128i v = _mm_unpacklo_epi16(_mm_unpacklo_epi8(_mm_cvtsi32_si128(px), zero), zero);
+        acc = _mm_add_ps(acc, _mm_mul_ps(_mm_cvtepi32_ps(v), _mm_set1_ps(xtab[k].weight)));
+      }
+      _mm_storeu_ps(buf + kChannels * d, acc);
+    }
+#endif
+    for (; d < out_w; ++d) {
       float a0 = 0.f, a1 = 0.f, a2 = 0.f;
       for (int k = xrun[d]; k < xrun[d + 1]; ++k) {
         const uint8_t* p = s + kChannels * xtab[k].in;
@@ -278,10 +390,10 @@ void ResizeAreaFraction(const Rgb8View& src, int out_w, int out_h, double scale_
     }
     if (ty.out != prev) {
       flush(prev);
-      for (size_t i = 0; i < n; ++i) sum[i] = ty.weight * buf[i];
+      AccumulateRow(buf, ty.weight, false, n, sum);
       prev = ty.out;
     } else {
-      for (size_t i = 0; i < n; ++i) sum[i] += ty.weight * buf[i];
+      AccumulateRow(buf, ty.weight, true, n, sum);
     }
   }
   flush(prev);

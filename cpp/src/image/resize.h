@@ -43,4 +43,13 @@ using RowSink = std::function<void(int y, const uint8_t* row)>;
 void ResizeRgb8Rows(const Rgb8View& src, int out_width, int out_height, ResizeFilter filter,
                     const RowSink& sink);
 
+namespace internal {
+// Whether the SSSE3 loops run: the CPU has SSSE3 (checked once; every x86-64 CPU since
+// ~2008 but the oldest AMD ones) and a test has not turned them off. The wheel's
+// baseline is SSE2, so they are chosen at run time; the SSE2 loops give the same values.
+bool Ssse3Enabled();
+// Tests only: false makes the SSE2 loops run, to compare both.
+void SetSsse3ForTesting(bool enabled);
+}  // namespace internal
+
 }  // namespace ddp::image

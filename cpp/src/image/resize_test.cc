@@ -64,6 +64,30 @@ TEST(Resize, RowsGiveTheSamePixelsAsTheWholeImage) {
   }
 }
 
+// The SSSE3 loops (chosen at run time) and the SSE2 ones give the same pixels, for every
+// filter path, odd widths (the SIMD/scalar split) and strided views.
+TEST(Resize, Ssse3AndSse2LoopsGiveTheSamePixels) {
+  if (!internal::Ssse3Enabled()) GTEST_SKIP() << "no SSSE3 on this CPU: only the SSE2 loops run";
+  const int W = 611, H = 203;
+  const std::vector<uint8_t> px = Photo(W, H, 17);
+  const int sizes[][4] = {{600, 200, 224, 224}, {301, 203, 224, 224}, {500, 150, 224, 224},
+                          {611, 203, 97, 61},   {150, 120, 224, 224}, {17, 13, 5, 3},
+                          {400, 200, 200, 100}, {333, 201, 111, 67},  {5, 7, 31, 29}};
+  for (const auto& sz : sizes) {
+    const Rgb8View view{px.data() + 3 * (W - sz[0]), sz[0], sz[1], static_cast<size_t>(3) * W};
+    for (ResizeFilter f : {ResizeFilter::kBilinear, ResizeFilter::kArea}) {
+      std::vector<uint8_t> fast, plain;
+      internal::SetSsse3ForTesting(true);
+      ResizeRgb8(view, sz[2], sz[3], f, fast);
+      internal::SetSsse3ForTesting(false);
+      ResizeRgb8(view, sz[2], sz[3], f, plain);
+      internal::SetSsse3ForTesting(true);
+      EXPECT_EQ(fast, plain) << sz[0] << "x" << sz[1] << " -> " << sz[2] << "x" << sz[3] << " filter "
+                             << static_cast<int>(f);
+    }
+  }
+}
+
 TEST(Resize, SameSizeCopiesFromAStridedView) {
   // A 2x2 view into a 4-pixel-wide image.
   std::vector<uint8_t> px(3 * 4 * 2);

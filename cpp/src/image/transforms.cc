@@ -5,6 +5,10 @@
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
+#if defined(__x86_64__) || defined(__i386__)
+#include <tmmintrin.h>  // SSSE3, used only behind a run-time CPU check
+#define DDP_TRANSFORMS_SSSE3 1
+#endif
 
 #include "image/resize.h"
 
@@ -57,6 +61,58 @@ void ToFloat(const uint8_t* px, int n, float m, float a, float* out) {
   for (; x < n; ++x) out[x] = static_cast<float>(px[x]) * m + a;
 }
 
+#if DDP_TRANSFORMS_SSSE3
+// WriteRow's first 16 * floor(out_w / 16) pixels with SSSE3: each 48-byte run of RGB
+// pixels is split into three 16-byte planes by byte shuffles (mirrored by one more when
+// `flip`), then stored as uint8 or converted to float (px * m + a, as ToFloat). Returns
+// how many output pixels it wrote; WriteRow does the rest.
+__attribute__((target("ssse3"))) int WriteRowSsse3(const uint8_t* row, int out_w, bool flip, bool float_out,
+                                                   const std::array<float, 3>& mul,
+                                                   const std::array<float, 3>& add, uint8_t* const u8[3],
+                                                   float* const f32[3]) {
+  // For each plane, where its 16 bytes sit in the three loads (-1: none from this one).
+  const __m128i take[3][3] = {
+      {_mm_setr_epi8(0, 3, 6, 9, 12, 15, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1),
+       _mm_setr_epi8(-1, -1, -1, -1, -1, -1, 2, 5, 8, 11, 14, -1, -1, -1, -1, -1),
+       _mm_setr_epi8(-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 1, 4, 7, 10, 13)},
+      {_mm_setr_epi8(1, 4, 7, 10, 13, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1),
+       _mm_setr_epi8(-1, -1, -1, -1, -1, 0, 3, 6, 9, 12, 15, -1, -1, -1, -1, -1),
+       _mm_setr_epi8(-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 2, 5, 8, 11, 14)},
+      {_mm_setr_epi8(2, 5, 8, 11, 14, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1),
+       _mm_setr_epi8(-1, -1, -1, -1, -1, 1, 4, 7, 10, 13, -1, -1, -1, -1, -1, -1),
+       _mm_setr_epi8(-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 3, 6, 9, 12, 15)},
+  };
+  const __m128i reverse = _mm_setr_epi8(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  const __m128i zero = _mm_setzero_si128();
+  const int blocks = out_w / 16;
+  for (int k = 0; k < blocks; ++k) {
+    const int x = 16 * k;                      // first output pixel of the block
+    const int sx = flip ? out_w - 16 - x : x;  // first source pixel of the block
+    const uint8_t* s = row + 3 * static_cast<size_t>(sx);
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s));
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 16));
+    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 32));
+    for (int ch = 0; ch < 3; ++ch) {
+      __m128i v = _mm_or_si128(_mm_or_si128(_mm_shuffle_epi8(a, take[ch][0]), _mm_shuffle_epi8(b, take[ch][1])),
+                               _mm_shuffle_epi8(c, take[ch][2]));
+      if (flip) v = _mm_shuffle_epi8(v, reverse);
+      if (!float_out) {
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(u8[ch] + x), v);
+        continue;
+      }
+      const __m128 m = _mm_set1_ps(mul[ch]), ad = _mm_set1_ps(add[ch]);
+      const __m128i lo = _mm_unpacklo_epi8(v, zero), hi = _mm_unpackhi_epi8(v, zero);
+      const __m128i q[4] = {_mm_unpacklo_epi16(lo, zero), _mm_unpackhi_epi16(lo, zero),
+                            _mm_unpacklo_epi16(hi, zero), _mm_unpackhi_epi16(hi, zero)};
+      for (int j = 0; j < 4; ++j) {
+        _mm_storeu_ps(f32[ch] + x + 4 * j, _mm_add_ps(_mm_mul_ps(_mm_cvtepi32_ps(q[j]), m), ad));
+      }
+    }
+  }
+  return 16 * blocks;
+}
+#endif
+
 // One HWC RGB8 row of the output written as row `y` of the three CHW planes of `out`
 // (mirrored when `flip`): float32 px * mul + add, or uint8 unchanged. The last step of
 // every sample; each output value is written once. The row is split into planes first
@@ -65,34 +121,50 @@ void WriteRow(const uint8_t* row, int y, int out_h, int out_w, bool flip, bool f
               const std::array<float, 3>& mul, const std::array<float, 3>& add, void* out) {
   const size_t plane = static_cast<size_t>(out_h) * out_w;
   const size_t at = static_cast<size_t>(y) * out_w;
+  int done = 0;
+#if DDP_TRANSFORMS_SSSE3
+  if (internal::Ssse3Enabled()) {
+    uint8_t* const u8[3] = {static_cast<uint8_t*>(out) + at, static_cast<uint8_t*>(out) + plane + at,
+                            static_cast<uint8_t*>(out) + 2 * plane + at};
+    float* const f32[3] = {static_cast<float*>(out) + at, static_cast<float*>(out) + plane + at,
+                           static_cast<float*>(out) + 2 * plane + at};
+    done = WriteRowSsse3(row, out_w, flip, float_out, mul, add, float_out ? nullptr : u8,
+                         float_out ? f32 : nullptr);
+    if (done == out_w) return;
+  }
+#endif
+  // The rest (all of it without SSSE3): output pixels done..out_w-1.
+  const int rest = out_w - done;
   thread_local std::vector<uint8_t> split;
   uint8_t* p[3];
   if (float_out) {
-    if (split.size() < static_cast<size_t>(3) * out_w) split.resize(static_cast<size_t>(3) * out_w);
-    for (int c = 0; c < 3; ++c) p[c] = split.data() + static_cast<size_t>(c) * out_w;
+    if (split.size() < static_cast<size_t>(3) * rest) split.resize(static_cast<size_t>(3) * rest);
+    for (int c = 0; c < 3; ++c) p[c] = split.data() + static_cast<size_t>(c) * rest;
   } else {
-    for (int c = 0; c < 3; ++c) p[c] = static_cast<uint8_t*>(out) + c * plane + at;
+    for (int c = 0; c < 3; ++c) p[c] = static_cast<uint8_t*>(out) + c * plane + at + done;
   }
   uint8_t* p0 = p[0];
   uint8_t* p1 = p[1];
   uint8_t* p2 = p[2];
   if (flip) {
-    for (int x = 0; x < out_w; ++x) {
-      const uint8_t* s = row + 3 * static_cast<size_t>(out_w - 1 - x);
+    for (int x = 0; x < rest; ++x) {
+      const uint8_t* s = row + 3 * static_cast<size_t>(out_w - 1 - done - x);
       p0[x] = s[0];
       p1[x] = s[1];
       p2[x] = s[2];
     }
   } else {
-    for (int x = 0; x < out_w; ++x) {
-      const uint8_t* s = row + 3 * static_cast<size_t>(x);
+    for (int x = 0; x < rest; ++x) {
+      const uint8_t* s = row + 3 * static_cast<size_t>(done + x);
       p0[x] = s[0];
       p1[x] = s[1];
       p2[x] = s[2];
     }
   }
   if (!float_out) return;
-  for (int c = 0; c < 3; ++c) ToFloat(p[c], out_w, mul[c], add[c], static_cast<float*>(out) + c * plane + at);
+  for (int c = 0; c < 3; ++c) {
+    ToFloat(p[c], rest, mul[c], add[c], static_cast<float*>(out) + c * plane + at + done);
+  }
 }
 
 // A view of a packed buffer of `w` x `h` RGB8 pixels.

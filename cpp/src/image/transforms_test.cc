@@ -189,35 +189,43 @@ TEST(Transforms, FusedResizeWritesTheSameValuesAsSeparatePasses) {
       {{flip, Op(OpKind::kResize, 300, 250), Op(OpKind::kToTensor), norm}, 300, 250, true, false},
       {{flip, Op(OpKind::kResize, 90, 120), flip, Op(OpKind::kPILToTensor)}, 90, 120, false, false},
       {{Op(OpKind::kResize, 151, 203), Op(OpKind::kPILToTensor)}, 151, 203, false, false},
+      {{Op(OpKind::kResize, 40, 224), flip, Op(OpKind::kToTensor), norm}, 40, 224, true, false},
+      {{Op(OpKind::kResize, 40, 224), flip, Op(OpKind::kPILToTensor)}, 40, 224, true, false},
+      {{Op(OpKind::kResize, 30, 15), Op(OpKind::kToTensor), norm}, 30, 15, false, true},
   };
-  for (const Case& c : cases) {
-    auto p = Pipeline::Create(c.ops);
-    ASSERT_TRUE(p.ok()) << p.status().message();
-    Rng rng(1);
-    std::vector<uint8_t> got(p->sample_bytes());
-    ASSERT_TRUE(p->Apply(img, p->Plan(W, H, rng, false), got.data()).ok());
-    std::vector<uint8_t> hwc;
-    ResizeRgb8(whole, c.ow, c.oh, c.area ? ResizeFilter::kArea : ResizeFilter::kBilinear, hwc);
-    const size_t plane = static_cast<size_t>(c.oh) * c.ow;
-    for (int ch = 0; ch < 3; ++ch) {
-      const float m = p->float_output() ? static_cast<float>(1.0f / 255.0f / norm.std[ch]) : 1.0f;
-      const float a = p->float_output() ? static_cast<float>((0.0 - norm.mean[ch]) / norm.std[ch]) : 0.0f;
-      for (int y = 0; y < c.oh; ++y) {
-        for (int x = 0; x < c.ow; ++x) {
-          const int sx = c.flip ? c.ow - 1 - x : x;
-          const uint8_t px = hwc[(static_cast<size_t>(y) * c.ow + sx) * 3 + ch];
-          const size_t at = ch * plane + static_cast<size_t>(y) * c.ow + x;
-          if (p->float_output()) {
-            float v;
-            std::memcpy(&v, got.data() + at * sizeof(float), sizeof v);
-            ASSERT_EQ(v, px * m + a) << ch << " " << y << " " << x;
-          } else {
-            ASSERT_EQ(got[at], px) << ch << " " << y << " " << x;
+  // Both the SSSE3 output loop (where the CPU has it) and the portable one.
+  for (const bool ssse3 : {true, false}) {
+    internal::SetSsse3ForTesting(ssse3);
+    for (const Case& c : cases) {
+      auto p = Pipeline::Create(c.ops);
+      ASSERT_TRUE(p.ok()) << p.status().message();
+      Rng rng(1);
+      std::vector<uint8_t> got(p->sample_bytes());
+      ASSERT_TRUE(p->Apply(img, p->Plan(W, H, rng, false), got.data()).ok());
+      std::vector<uint8_t> hwc;
+      ResizeRgb8(whole, c.ow, c.oh, c.area ? ResizeFilter::kArea : ResizeFilter::kBilinear, hwc);
+      const size_t plane = static_cast<size_t>(c.oh) * c.ow;
+      for (int ch = 0; ch < 3; ++ch) {
+        const float m = p->float_output() ? static_cast<float>(1.0f / 255.0f / norm.std[ch]) : 1.0f;
+        const float a = p->float_output() ? static_cast<float>((0.0 - norm.mean[ch]) / norm.std[ch]) : 0.0f;
+        for (int y = 0; y < c.oh; ++y) {
+          for (int x = 0; x < c.ow; ++x) {
+            const int sx = c.flip ? c.ow - 1 - x : x;
+            const uint8_t px = hwc[(static_cast<size_t>(y) * c.ow + sx) * 3 + ch];
+            const size_t at = ch * plane + static_cast<size_t>(y) * c.ow + x;
+            if (p->float_output()) {
+              float v;
+              std::memcpy(&v, got.data() + at * sizeof(float), sizeof v);
+              ASSERT_EQ(v, px * m + a) << ch << " " << y << " " << x;
+            } else {
+              ASSERT_EQ(got[at], px) << ch << " " << y << " " << x;
+            }
           }
         }
       }
     }
   }
+  internal::SetSsse3ForTesting(true);
 }
 
 }  // namespace

@@ -46,9 +46,11 @@ STAGES: list[tuple[str, str]] = [
     ("IDCT", r"idct"),
     ("colour conversion", r"ycc_rgb|rgb_convert|gray_rgb|null_convert|color_convert|cmyk"
                           r"|upsample|merged|h2v1|h2v2|sep_upsample"),
-    ("other JPEG", r"libturbojpeg|libjpeg|jpeg_|tj[A-Z]|jinit|jcopy|jzero|ReadRegion|jpeg_region"),
+    ("other JPEG", r"libturbojpeg|libjpeg|jpeg_|tj[A-Z]|jinit|jcopy|jzero|ReadRegion|jpeg_region"
+                   r"|DecodeJpeg|image::\(anonymous namespace\)::Run\b"),
     ("PNG decode", r"spng|inflate|adler32|crc32|libz"),
-    ("resize", r"Resize|HorizontalLinear|VerticalLinear|AreaTaps|Taps\b|RowWriter"),
+    ("resize", r"Resize|HorizontalLinear|VerticalLinear|AreaTaps|Taps\b|RowWriter|AccumulateRow"
+               r"|RoundRowToU8"),
     ("flip/normalize/CHW", r"WriteRow|Pipeline::Apply|materialize_flip"),
     ("batching", r"Loader::Next|BufferPool|BufferLease|FinishSample|Loader::RunTask"
                  r"|Loader::WorkerLoop|Loader::Schedule"),
@@ -115,9 +117,13 @@ def worker(args: argparse.Namespace) -> None:
         for images, _ in loader:
             n += int(images.shape[0])
     dt = time.perf_counter() - t0
-    loader.close()
     logger.info("profiled: %d images in %.2f s = %.0f img/s (perf's sampling included)",
                 n, dt, n / dt)
+    # perf stops before this process tears down (interpreter shutdown runs the garbage
+    # collector over torch's objects, which is no part of loading).
+    print("done", flush=True)  # noqa: T201 - the parent's protocol, on stdout
+    sys.stdin.readline()
+    loader.close()
 
 
 def main() -> None:
@@ -158,10 +164,15 @@ def main() -> None:
         time.sleep(1.0)  # perf is attached
         w.stdin.write("go\n")
         w.stdin.flush()
+        finished = w.stdout.readline().strip() == "done"
+        rec.send_signal(signal.SIGINT)
+        if rec.wait(timeout=60) not in (0, -signal.SIGINT):
+            sys.exit("perf record failed")
+        w.stdin.write("exit\n")
+        w.stdin.flush()
         w.wait()
-    rec.send_signal(signal.SIGINT)
-    if rec.wait(timeout=60) not in (0, -signal.SIGINT):
-        sys.exit("perf record failed")
+    if not finished:
+        sys.exit("the profiled Loader did not finish")
     report = subprocess.run(
         [perf, "report", "-i", data, "--no-children", "--sort", "dso,sym", "--stdio", "-q",
          "--percent-limit", "0"],

@@ -27,11 +27,11 @@ std::vector<uint8_t> Pattern(int w, int h, int channels) {
 }
 
 std::string EncodeJpeg(const std::vector<uint8_t>& px, int w, int h, int channels, int quality,
-                       bool progressive) {
+                       bool progressive, int subsamp) {
   tjhandle tj = tjInitCompress();
   if (tj == nullptr) throw std::runtime_error("tjInitCompress failed");
   const int pf = channels == 1 ? TJPF_GRAY : channels == 4 ? TJPF_CMYK : TJPF_RGB;
-  const int subsamp = channels == 1 ? TJSAMP_GRAY : TJSAMP_420;
+  if (subsamp < 0) subsamp = channels == 1 ? TJSAMP_GRAY : TJSAMP_420;
   unsigned char* out = nullptr;
   unsigned long size = 0;
   const int flags = progressive ? TJFLAG_PROGRESSIVE : 0;

@@ -10,9 +10,10 @@ namespace ddp::image::testing {
 // A smooth, non-trivial RGB8 pattern (gradients plus a diagonal), w x h.
 std::vector<uint8_t> Pattern(int w, int h, int channels = 3);
 
-// JPEG via TurboJPEG. channels: 1 (gray), 3 (RGB) or 4 (CMYK).
+// JPEG via TurboJPEG. channels: 1 (gray), 3 (RGB) or 4 (CMYK). subsamp: a TJSAMP_*
+// value, or -1 for 4:2:0 (colour) / gray.
 std::string EncodeJpeg(const std::vector<uint8_t>& px, int w, int h, int channels, int quality = 95,
-                       bool progressive = false);
+                       bool progressive = false, int subsamp = -1);
 
 // A grayscale progressive JPEG with 1 + 63 * (max_al + 1) scans (libjpeg with a custom
 // scan script: each AC coefficient in its own band, refined bit by bit from `max_al`;

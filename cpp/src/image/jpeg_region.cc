@@ -99,8 +99,11 @@ Outcome Run(Job& job) {
   const auto full_h = static_cast<int>(cinfo.output_height);
   const int d = job.denom;
   auto clampi = [](int v, int lo, int hi) { return v < lo ? lo : (v > hi ? hi : v); };
-  // A margin of one iMCU (16 output pixels) on each side: chroma upsampling reads
-  // neighbouring rows/columns, so the region's pixels then equal a full decode's.
+  // A margin of 2 output pixels on each side: fancy chroma upsampling reads one
+  // neighbouring chroma sample, so the region's pixels then equal a full decode's
+  // (Decode.RegionDecodeIsExactForEverySubsamplingAndScale: every subsampling, scale and
+  // progressive mode; it fails with no margin). libjpeg widens the columns to whole iMCUs
+  // itself. The margin was 16 (one iMCU), decoding up to 30% more of a 224-px crop.
   constexpr int kMargin = 2;
   int x0 = clampi(job.region.left / d - kMargin, 0, full_w - 1);
   int x1 = clampi((job.region.left + job.region.width + d - 1) / d + kMargin, x0 + 1, full_w);

@@ -18,6 +18,12 @@ cores. Every figure comes from the same run:
    and AWS's s3torchconnector (S3MapDataset + PIL + torchvision in a
    DataLoader(num_workers=cores); optional, skipped with a note when missing)
 6. peak RSS of the Loader over 10 epochs, against prefetch x batch bytes + 64 MB.
+7. from an S3 endpoint that is not the bottleneck (nginx on loopback serving the images
+   as path-style /bucket/key files; it ignores the signature, every client signs): the
+   Loader over an ImageList of s3:// keys against s3torchconnector (S3MapDataset of the
+   same object URIs + PIL + torchvision, DataLoader(num_workers=cores))  (target >= 5x).
+   nginx's own CPU is not counted; it shares the cores. moto (5.) serves ~170 objects/s
+   to any client, so its rows measure moto.
 
 Run:  python benchmarks/bench_loader.py [--n 1000] [--s3-seed-n 256]
 """
@@ -34,6 +40,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import benchenv  # noqa: F401 - first: the clean environment, before distributed
@@ -43,10 +50,11 @@ import torch
 from PIL import Image
 
 from dask_ddp import _core
-from dask_ddp.data import ImageFolder, Loader
+from dask_ddp.data import ImageFolder, ImageList, Loader
 from dask_ddp.data import transforms as T
 
 logger = logging.getLogger("bench_loader")
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "immunohistochemistry", "hubble_deep_field")
@@ -407,6 +415,68 @@ def bench_s3(root: str, keys: list[str], cores: int, seed_n: int) -> dict[str, f
         proc.wait(timeout=10)
 
 
+def exclude_server(pid: int) -> None:
+    """Leave a server process and its workers out of the clients' CPU time."""
+    EXCLUDE_PIDS.add(pid)
+    EXCLUDE_PIDS.update(c.pid for c in psutil.Process(pid).children(recursive=True))
+
+
+def bench_s3_nginx(root: str, keys: list[str], cores: int, rounds: int) -> dict[str, float]:
+    """Loader vs s3torchconnector from nginx serving `root` as bucket "bench"."""
+    sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))  # shared server helpers
+    from storage_servers import start_nginx
+
+    serve = tempfile.mkdtemp(prefix="bench_loader_nginx_")
+    os.makedirs(os.path.join(serve, "bench"))
+    os.symlink(os.path.abspath(root), os.path.join(serve, "bench", "imagenet"))
+    os.chmod(serve, 0o755)
+    targets = [int(k.split("/")[0].split("_")[-1]) for k in keys]  # class_NN/...
+    # Dummy credentials: nginx ignores the signature, but both clients sign.
+    for var, value in (("AWS_ACCESS_KEY_ID", "bench"), ("AWS_SECRET_ACCESS_KEY", "bench"),
+                       ("AWS_REGION", "us-east-1")):
+        os.environ.setdefault(var, value)
+    with start_nginx(Path(serve)) as nginx:
+        exclude_server(nginx.proc.pid)
+        ds = ImageList("s3://bench/imagenet", keys, targets,
+                       storage_options={"endpoint_url": nginx.url, "region": "us-east-1"})
+        loader = Loader(ds, BATCH, transform=our_transform(), num_threads=cores)
+        s3tc = None
+        try:
+            from s3torchconnector import S3ClientConfig, S3MapDataset
+        except ImportError as e:
+            logger.info("s3torchconnector row (nginx) skipped: it is not installed (%s)", e)
+        else:
+            tv = tv_transform()
+
+            def load(reader: Any) -> tuple[Any, int]:
+                label = int(reader.key.split("/")[-2].split("_")[-1])
+                with Image.open(reader) as img:
+                    return tv(img.convert("RGB")), label
+
+            s3ds = S3MapDataset.from_objects(
+                [f"s3://bench/imagenet/{k}" for k in keys], region="us-east-1",
+                endpoint=nginx.url, transform=load,
+                s3client_config=S3ClientConfig(force_path_style=True),
+            )
+            s3tc = torch.utils.data.DataLoader(
+                s3ds, batch_size=BATCH, shuffle=True, num_workers=cores, persistent_workers=True
+            )
+            epoch_rate(s3tc)  # start its workers (not timed)
+        loader_epoch(loader, 0)  # warm nginx's open files and the page cache
+        rates: dict[str, list[float]] = {"ours": [], "s3tc": []}
+        cpu: dict[str, list[float]] = {"ours": [], "s3tc": []}
+        for r in range(rounds):
+            rates["ours"].append(loader_epoch(loader, r + 1, cpu["ours"]))
+            if s3tc is not None:
+                rates["s3tc"].append(epoch_rate(s3tc, cpu["s3tc"]))
+        loader.close()
+        del s3tc
+    out = {"ours": max(rates["ours"]), "ours_cpu": min(cpu["ours"])}
+    if rates["s3tc"]:
+        out.update(s3tc=max(rates["s3tc"]), s3tc_cpu=min(cpu["s3tc"]))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--n", type=int, default=1000, help="images (default 1000)")
@@ -486,6 +556,14 @@ def main() -> None:
                 "(%.2f CPU-ms/img) -> Loader is %.1fx (target >= 5)",
                 s3["s3tc"], s3["s3tc_cpu"], s3["ours"] / s3["s3tc"],
             )
+        nginx = bench_s3_nginx(root, keys, cores, args.rounds)
+        line = (f"S3 (nginx, signed): Loader {nginx['ours']:.1f} img/s "
+                f"({nginx['ours_cpu']:.2f} CPU-ms/img)")
+        if "s3tc" in nginx:
+            line += (f"; s3torchconnector S3MapDataset + PIL + torchvision {nginx['s3tc']:.1f} "
+                     f"img/s ({nginx['s3tc_cpu']:.2f} CPU-ms/img) -> Loader is "
+                     f"{nginx['ours'] / nginx['s3tc']:.2f}x (target >= 5)")
+        logger.info("%s; %s", line, benchenv.load_average())
     if tmp is not None:
         tmp.cleanup()
 

@@ -9,21 +9,26 @@
 #include <emmintrin.h>
 #endif
 #if defined(__x86_64__) || defined(__i386__)
-#include <tmmintrin.h>  // SSSE3, used only behind a run-time CPU check
+#include <immintrin.h>  // SSSE3 and AVX2, used only behind a run-time CPU check
 #define DDP_RESIZE_SSSE3 1
 #endif
 
 namespace ddp::image {
 namespace internal {
-std::atomic<bool> g_disable_ssse3{false};
-void SetSsse3ForTesting(bool enabled) { g_disable_ssse3.store(!enabled); }
-bool Ssse3Enabled() {
+namespace {
+std::atomic<int> g_simd_cap{static_cast<int>(Simd::kAvx2)};
+Simd CpuSimd() {
 #if defined(__x86_64__) || defined(__i386__)
-  static const bool has = __builtin_cpu_supports("ssse3");
-  return has && !g_disable_ssse3.load(std::memory_order_relaxed);
-#else
-  return false;
+  if (__builtin_cpu_supports("avx2")) return Simd::kAvx2;
+  if (__builtin_cpu_supports("ssse3")) return Simd::kSsse3;
 #endif
+  return Simd::kSse2;
+}
+}  // namespace
+void CapSimdForTesting(Simd cap) { g_simd_cap.store(static_cast<int>(cap)); }
+Simd SimdLevel() {
+  static const Simd cpu = CpuSimd();
+  return static_cast<Simd>(std::min(static_cast<int>(cpu), g_simd_cap.load(std::memory_order_relaxed)));
 }
 }  // namespace internal
 
@@ -68,6 +73,23 @@ void RoundRowToU8(const float* v, size_t n, uint8_t* out) {
   }
 #endif
   for (; i < n; ++i) out[i] = RoundToU8(v[i]);
+}
+
+// n bytes as floats.
+void BytesToFloat(const uint8_t* b, int n, float* out) {
+  int i = 0;
+#if defined(__SSE2__)
+  const __m128i zero = _mm_setzero_si128();
+  for (; i + 16 <= n; i += 16) {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + i));
+    const __m128i lo = _mm_unpacklo_epi8(v, zero), hi = _mm_unpackhi_epi8(v, zero);
+    _mm_storeu_ps(out + i, _mm_cvtepi32_ps(_mm_unpacklo_epi16(lo, zero)));
+    _mm_storeu_ps(out + i + 4, _mm_cvtepi32_ps(_mm_unpackhi_epi16(lo, zero)));
+    _mm_storeu_ps(out + i + 8, _mm_cvtepi32_ps(_mm_unpacklo_epi16(hi, zero)));
+    _mm_storeu_ps(out + i + 12, _mm_cvtepi32_ps(_mm_unpackhi_epi16(hi, zero)));
+  }
+#endif
+  for (; i < n; ++i) out[i] = static_cast<float>(b[i]);
 }
 
 // sum[i] = w * v[i] (`add` false) or sum[i] += w * v[i]: a product then a sum, rounded
@@ -156,15 +178,14 @@ void HorizontalLinearTail(const uint8_t* row, const LinearTaps& x, int last, int
 }
 
 #if DDP_RESIZE_SSSE3
-// HorizontalLinear with one 8-byte load per pixel, its two taps put side by side
-// (r r' g g' b b' 0 0, widened to 16 bits) by one byte shuffle.
+// HorizontalLinear from position `d` with one 8-byte load per pixel, its two taps put side
+// by side (r r' g g' b b' 0 0, widened to 16 bits) by one byte shuffle.
 __attribute__((target("ssse3"))) void HorizontalLinearSsse3(const uint8_t* row, int row_bytes,
                                                             const LinearTaps& x, int last, int out_width,
-                                                            int16_t* out) {
+                                                            int d, int16_t* out) {
   const int* offset = x.offset.data();
   const __m128i* w = reinterpret_cast<const __m128i*>(x.w8.data());
   const __m128i pairs = _mm_setr_epi8(0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1);
-  int d = 0;
   for (; d < last; ++d) {
     const int o = kChannels * offset[d];
     if (o + 8 > row_bytes) break;  // offsets only grow: the rest is scalar
@@ -174,16 +195,46 @@ __attribute__((target("ssse3"))) void HorizontalLinearSsse3(const uint8_t* row, 
   }
   HorizontalLinearTail(row, x, last, out_width, d, out);
 }
+
+// Two pixels per step, one in each 128-bit lane: the same shuffle, multiply-add and shift,
+// then each lane's three sums (0..32640, so their low 16 bits are the saturated values)
+// gathered by a second shuffle and stored, the second lane straight from the register
+// (16 bytes: `out` has 8 values of slack). Returns where it stopped.
+__attribute__((target("avx2"))) int HorizontalLinearAvx2(const uint8_t* row, int row_bytes, const LinearTaps& x,
+                                                         int last, int16_t* out) {
+  const int* offset = x.offset.data();
+  const int16_t* w = x.w8.data();
+  const __m256i pairs = _mm256_setr_epi8(0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1,  //
+                                         0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1);
+  const __m256i low16 = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,  //
+                                         0, 1, 4, 5, 8, 9, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+  int d = 0;
+  for (; d + 1 < last; d += 2) {
+    const int o0 = kChannels * offset[d], o1 = kChannels * offset[d + 1];
+    if (o1 + 16 > row_bytes) break;  // offsets only grow: the rest one at a time
+    const __m256i px = _mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + o0))),
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + o1)), 1);
+    const __m256i wd = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 8 * static_cast<size_t>(d)));
+    const __m256i sum = _mm256_srai_epi32(_mm256_madd_epi16(_mm256_shuffle_epi8(px, pairs), wd), 4);
+    const __m256i v = _mm256_shuffle_epi8(sum, low16);
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(out + kChannels * d), _mm256_castsi256_si128(v));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + kChannels * (d + 1)), _mm256_extracti128_si256(v, 1));
+  }
+  return d;
+}
 #endif
 
 // One source row filtered horizontally: 3 * out_width sums in 11-bit fixed point, kept
 // divided by 16 (the vertical pass uses nothing finer), so that they fit in 16 bits.
-// `out` has room for one more value (the SIMD loop writes 4 per pixel).
+// `out` has room for 8 more values (the SIMD loops write past the last pixel).
 void HorizontalLinear(const uint8_t* row, int row_bytes, const LinearTaps& x, int last, int out_width,
                       int16_t* out) {
 #if DDP_RESIZE_SSSE3
-  if (internal::Ssse3Enabled()) {
-    HorizontalLinearSsse3(row, row_bytes, x, last, out_width, out);
+  const internal::Simd simd = internal::SimdLevel();
+  if (simd >= internal::Simd::kSsse3) {
+    const int d = simd == internal::Simd::kAvx2 ? HorizontalLinearAvx2(row, row_bytes, x, last, out) : 0;
+    HorizontalLinearSsse3(row, row_bytes, x, last, out_width, d, out);
     return;
   }
 #endif
@@ -239,8 +290,8 @@ void ResizeLinear(const Rgb8View& src, int out_w, int out_h, double scale_x, dou
   const int n = kChannels * out_w;
   // Two filtered source rows, reused while consecutive output rows read the same ones.
   thread_local std::vector<int16_t> rows;
-  rows.resize(2 * (static_cast<size_t>(n) + 1));
-  int16_t* slot[2] = {rows.data(), rows.data() + n + 1};
+  rows.resize(2 * (static_cast<size_t>(n) + 8));
+  int16_t* slot[2] = {rows.data(), rows.data() + n + 8};
   int have[2] = {-1, -1};
   // Rows are read in increasing order; a new row replaces the older one, never `keep`.
   auto row = [&](int sy, const int16_t* keep) -> const int16_t* {
@@ -350,43 +401,66 @@ void ResizeAreaFraction(const Rgb8View& src, int out_w, int out_h, double scale_
   std::vector<int> xrun(static_cast<size_t>(out_w) + 1, 0);
   for (const AreaTap& t : xtab) ++xrun[t.out + 1];
   for (int d = 0; d < out_w; ++d) xrun[d + 1] += xrun[d];
+#if defined(__SSE2__)
+  // Every pixel gets the same number of taps, K (the most any has), the missing ones with
+  // weight zero at its last tap: adding p * 0 = +0 to a sum of non-negative terms leaves it
+  // unchanged, so the sums are the same, but the tap loop has a fixed trip count (a
+  // variable one mispredicted about once per pixel, most of this filter's time).
+  int taps = 0;
+  for (int d = 0; d < out_w; ++d) taps = std::max(taps, xrun[d + 1] - xrun[d]);
+  thread_local std::vector<int> tap_at;
+  thread_local std::vector<float> tap_w;
+  tap_at.assign(static_cast<size_t>(out_w) * taps, 0);
+  tap_w.assign(static_cast<size_t>(out_w) * taps, 0.f);
+  for (int d = 0; d < out_w; ++d) {
+    for (int j = 0; j < taps; ++j) {
+      const int k = std::min(xrun[d] + j, xrun[d + 1] - 1);
+      const size_t at = static_cast<size_t>(d) * taps + j;
+      if (k < xrun[d]) continue;  // no taps at all: zeros
+      tap_at[at] = kChannels * xtab[k].in;
+      if (xrun[d] + j < xrun[d + 1]) tap_w[at] = xtab[k].weight;
+    }
+  }
+  // Each source row converted to float once (one spare value: a pixel is read as 4).
+  thread_local std::vector<float> rowf;
+  rowf.assign(static_cast<size_t>(kChannels) * src.width + 1, 0.f);
+#endif
   int prev = ytab.empty() ? 0 : ytab.front().out;
+  int filtered = -1;  // the source row `buf` holds
   for (const AreaTap& ty : ytab) {
     const uint8_t* s = src.data + static_cast<size_t>(ty.in) * src.stride;
-    // Each pixel's sum in registers, added in the taps' order (the same float result
-    // as accumulating in memory).
-    int d = 0;
+    // A row split between two output rows comes twice in a row: filter it once.
+    if (ty.in != filtered) {
+      filtered = ty.in;
 #if defined(__SSE2__)
-    // A pixel's three channels in one register, read with one 4-byte load (where the
-    // row has 4 bytes left): the same products and sums, in the same order, per lane.
-    const int row_bytes = kChannels * src.width;
-    const __m128i zero = _mm_setzero_si128();
-    for (; d < out_w; ++d) {
-      // Taps only move right: from the first pixel whose last tap is too near the end
-      // (or that has none), the scalar loop.
-      if (xrun[d + 1] == xrun[d] || kChannels * xtab[xrun[d + 1] - 1].in + 4 > row_bytes) break;
-      __m128 acc = _mm_setzero_ps();
-      for (int k = xrun[d]; k < xrun[d + 1]; ++k) {
-        int32_t px = 0;
-        std::memcpy(&px, s + kChannels * xtab[k].in, 4);
-        const __m128i v = _mm_unpacklo_epi16(_mm_unpacklo_epi8(_mm_cvtsi32_si128(px), zero), zero);
-        acc = _mm_add_ps(acc, _mm_mul_ps(_mm_cvtepi32_ps(v), _mm_set1_ps(xtab[k].weight)));
+      // A pixel's three channels in one register: the same products and sums, in the same
+      // order, per lane.
+      BytesToFloat(s, kChannels * src.width, rowf.data());
+      const float* f = rowf.data();
+      const int* at = tap_at.data();
+      const float* w = tap_w.data();
+      for (int d = 0; d < out_w; ++d, at += taps, w += taps) {
+        __m128 acc = _mm_setzero_ps();
+        for (int j = 0; j < taps; ++j) acc = _mm_add_ps(acc, _mm_mul_ps(_mm_loadu_ps(f + at[j]), _mm_set1_ps(w[j])));
+        _mm_storeu_ps(buf + kChannels * d, acc);
       }
-      _mm_storeu_ps(buf + kChannels * d, acc);
-    }
+#else
+      // Each pixel's sum in registers, added in the taps' order (the same float result
+      // as accumulating in memory).
+      for (int d = 0; d < out_w; ++d) {
+        float a0 = 0.f, a1 = 0.f, a2 = 0.f;
+        for (int k = xrun[d]; k < xrun[d + 1]; ++k) {
+          const uint8_t* p = s + kChannels * xtab[k].in;
+          const float w = xtab[k].weight;
+          a0 = a0 + p[0] * w;
+          a1 = a1 + p[1] * w;
+          a2 = a2 + p[2] * w;
+        }
+        buf[kChannels * d] = a0;
+        buf[kChannels * d + 1] = a1;
+        buf[kChannels * d + 2] = a2;
+      }
 #endif
-    for (; d < out_w; ++d) {
-      float a0 = 0.f, a1 = 0.f, a2 = 0.f;
-      for (int k = xrun[d]; k < xrun[d + 1]; ++k) {
-        const uint8_t* p = s + kChannels * xtab[k].in;
-        const float w = xtab[k].weight;
-        a0 = a0 + p[0] * w;
-        a1 = a1 + p[1] * w;
-        a2 = a2 + p[2] * w;
-      }
-      buf[kChannels * d] = a0;
-      buf[kChannels * d + 1] = a1;
-      buf[kChannels * d + 2] = a2;
     }
     if (ty.out != prev) {
       flush(prev);

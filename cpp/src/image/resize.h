@@ -44,12 +44,14 @@ void ResizeRgb8Rows(const Rgb8View& src, int out_width, int out_height, ResizeFi
                     const RowSink& sink);
 
 namespace internal {
-// Whether the SSSE3 loops run: the CPU has SSSE3 (checked once; every x86-64 CPU since
-// ~2008 but the oldest AMD ones) and a test has not turned them off. The wheel's
-// baseline is SSE2, so they are chosen at run time; the SSE2 loops give the same values.
-bool Ssse3Enabled();
-// Tests only: false makes the SSE2 loops run, to compare both.
-void SetSsse3ForTesting(bool enabled);
+// The SIMD loops this CPU runs: the best it has (checked once), unless a test capped it.
+// The wheel's baseline is SSE2 (every x86-64 CPU); the SSSE3 (every x86-64 CPU since
+// ~2008 but the oldest AMD ones) and AVX2 loops are chosen at run time and give the same
+// values as the SSE2 ones.
+enum class Simd { kSse2 = 0, kSsse3 = 1, kAvx2 = 2 };
+Simd SimdLevel();
+// Tests only: run at most the loops of `cap`, to compare every level.
+void CapSimdForTesting(Simd cap);
 }  // namespace internal
 
 }  // namespace ddp::image

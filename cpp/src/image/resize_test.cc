@@ -64,28 +64,33 @@ TEST(Resize, RowsGiveTheSamePixelsAsTheWholeImage) {
   }
 }
 
-// The SSSE3 loops (chosen at run time) and the SSE2 ones give the same pixels, for every
-// filter path, odd widths (the SIMD/scalar split) and strided views.
-TEST(Resize, Ssse3AndSse2LoopsGiveTheSamePixels) {
-  if (!internal::Ssse3Enabled()) GTEST_SKIP() << "no SSSE3 on this CPU: only the SSE2 loops run";
+// The AVX2 and SSSE3 loops (chosen at run time) give the pixels of the SSE2 ones, for
+// every filter path, odd widths (the SIMD/scalar split) and strided views.
+TEST(Resize, EverySimdLevelGivesTheSamePixels) {
+  using internal::Simd;
+  if (internal::SimdLevel() == Simd::kSse2) GTEST_SKIP() << "only the SSE2 loops run on this CPU";
   const int W = 611, H = 203;
   const std::vector<uint8_t> px = Photo(W, H, 17);
   const int sizes[][4] = {{600, 200, 224, 224}, {301, 203, 224, 224}, {500, 150, 224, 224},
                           {611, 203, 97, 61},   {150, 120, 224, 224}, {17, 13, 5, 3},
-                          {400, 200, 200, 100}, {333, 201, 111, 67},  {5, 7, 31, 29}};
+                          {400, 200, 200, 100}, {333, 201, 111, 67},  {5, 7, 31, 29},
+                          {6, 3, 2, 2},         {611, 203, 610, 202}, {64, 64, 223, 225}};
   for (const auto& sz : sizes) {
     const Rgb8View view{px.data() + 3 * (W - sz[0]), sz[0], sz[1], static_cast<size_t>(3) * W};
     for (ResizeFilter f : {ResizeFilter::kBilinear, ResizeFilter::kArea}) {
-      std::vector<uint8_t> fast, plain;
-      internal::SetSsse3ForTesting(true);
-      ResizeRgb8(view, sz[2], sz[3], f, fast);
-      internal::SetSsse3ForTesting(false);
+      std::vector<uint8_t> plain;
+      internal::CapSimdForTesting(Simd::kSse2);
       ResizeRgb8(view, sz[2], sz[3], f, plain);
-      internal::SetSsse3ForTesting(true);
-      EXPECT_EQ(fast, plain) << sz[0] << "x" << sz[1] << " -> " << sz[2] << "x" << sz[3] << " filter "
-                             << static_cast<int>(f);
+      for (Simd level : {Simd::kSsse3, Simd::kAvx2}) {
+        std::vector<uint8_t> fast;
+        internal::CapSimdForTesting(level);
+        ResizeRgb8(view, sz[2], sz[3], f, fast);
+        EXPECT_EQ(fast, plain) << sz[0] << "x" << sz[1] << " -> " << sz[2] << "x" << sz[3] << " filter "
+                               << static_cast<int>(f) << " level " << static_cast<int>(level);
+      }
     }
   }
+  internal::CapSimdForTesting(Simd::kAvx2);
 }
 
 TEST(Resize, SameSizeCopiesFromAStridedView) {

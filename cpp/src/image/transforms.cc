@@ -123,7 +123,7 @@ void WriteRow(const uint8_t* row, int y, int out_h, int out_w, bool flip, bool f
   const size_t at = static_cast<size_t>(y) * out_w;
   int done = 0;
 #if DDP_TRANSFORMS_SSSE3
-  if (internal::Ssse3Enabled()) {
+  if (internal::SimdLevel() >= internal::Simd::kSsse3) {
     uint8_t* const u8[3] = {static_cast<uint8_t*>(out) + at, static_cast<uint8_t*>(out) + plane + at,
                             static_cast<uint8_t*>(out) + 2 * plane + at};
     float* const f32[3] = {static_cast<float*>(out) + at, static_cast<float*>(out) + plane + at,

@@ -193,9 +193,9 @@ TEST(Transforms, FusedResizeWritesTheSameValuesAsSeparatePasses) {
       {{Op(OpKind::kResize, 40, 224), flip, Op(OpKind::kPILToTensor)}, 40, 224, true, false},
       {{Op(OpKind::kResize, 30, 15), Op(OpKind::kToTensor), norm}, 30, 15, false, true},
   };
-  // Both the SSSE3 output loop (where the CPU has it) and the portable one.
-  for (const bool ssse3 : {true, false}) {
-    internal::SetSsse3ForTesting(ssse3);
+  // Every SIMD level of the resize and output loops the CPU has (the SSE2 ones everywhere).
+  for (const internal::Simd level : {internal::Simd::kAvx2, internal::Simd::kSsse3, internal::Simd::kSse2}) {
+    internal::CapSimdForTesting(level);
     for (const Case& c : cases) {
       auto p = Pipeline::Create(c.ops);
       ASSERT_TRUE(p.ok()) << p.status().message();
@@ -225,7 +225,7 @@ TEST(Transforms, FusedResizeWritesTheSameValuesAsSeparatePasses) {
       }
     }
   }
-  internal::SetSsse3ForTesting(true);
+  internal::CapSimdForTesting(internal::Simd::kAvx2);
 }
 
 }  // namespace

@@ -64,6 +64,8 @@ for t in decode url flat_json tar; do
   fi
 done
 
+# Crash, timeout and slow-unit inputs go to the build directory, not the working one.
+mkdir -p "$build/artifacts"
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
 for t in $targets; do
@@ -77,5 +79,5 @@ for t in $targets; do
   fi
   echo "fuzz_smoke: $t ${limit[*]}" >&2
   "$build/$t" "${limit[@]}" -timeout=10 -rss_limit_mb=2048 -max_len=65536 \
-    -print_final_stats=1 "$build/corpus/$name"
+    -artifact_prefix="$build/artifacts/" -print_final_stats=1 "$build/corpus/$name"
 done

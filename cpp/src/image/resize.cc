@@ -334,6 +334,8 @@ void ResizeAreaInteger(const Rgb8View& src, int out_w, int out_h, int fx, int fy
   const float scale = 1.f / static_cast<float>(fx * fy);
   thread_local std::vector<int32_t> sums;
   sums.resize(n);
+  thread_local std::vector<float> scaled;
+  scaled.resize(n);
   for (int d = 0; d < out_h; ++d) {
     // Sum the block's rows first (vectorizes), then each pixel's fx columns.
     std::fill(sums.begin(), sums.end(), 0);
@@ -349,8 +351,6 @@ void ResizeAreaInteger(const Rgb8View& src, int out_w, int out_h, int fx, int fy
         for (int c = 0; c < kChannels; ++c) sums[kChannels * dx + c] += p[kChannels * j + c];
       }
     }
-    thread_local std::vector<float> scaled;
-    scaled.resize(n);
     for (size_t i = 0; i < n; ++i) scaled[i] = static_cast<float>(sums[i]) * scale;
     RoundRowToU8(scaled.data(), n, out.Begin(d));
     out.End(d);
@@ -402,10 +402,9 @@ void ResizeAreaFraction(const Rgb8View& src, int out_w, int out_h, double scale_
   for (const AreaTap& t : xtab) ++xrun[t.out + 1];
   for (int d = 0; d < out_w; ++d) xrun[d + 1] += xrun[d];
 #if defined(__SSE2__)
-  // Every pixel gets the same number of taps, K (the most any has), the missing ones with
+  // Every pixel gets the same number of taps (the most any has), the missing ones with
   // weight zero at its last tap: adding p * 0 = +0 to a sum of non-negative terms leaves it
-  // unchanged, so the sums are the same, but the tap loop has a fixed trip count (a
-  // variable one mispredicted about once per pixel, most of this filter's time).
+  // unchanged, so the sums are the same, and the tap loop is one plain loop over a table.
   int taps = 0;
   for (int d = 0; d < out_w; ++d) taps = std::max(taps, xrun[d + 1] - xrun[d]);
   thread_local std::vector<int> tap_at;

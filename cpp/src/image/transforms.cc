@@ -124,12 +124,15 @@ void WriteRow(const uint8_t* row, int y, int out_h, int out_w, bool flip, bool f
   int done = 0;
 #if DDP_TRANSFORMS_SSSE3
   if (internal::SimdLevel() >= internal::Simd::kSsse3) {
-    uint8_t* const u8[3] = {static_cast<uint8_t*>(out) + at, static_cast<uint8_t*>(out) + plane + at,
-                            static_cast<uint8_t*>(out) + 2 * plane + at};
-    float* const f32[3] = {static_cast<float*>(out) + at, static_cast<float*>(out) + plane + at,
-                           static_cast<float*>(out) + 2 * plane + at};
-    done = WriteRowSsse3(row, out_w, flip, float_out, mul, add, float_out ? nullptr : u8,
-                         float_out ? f32 : nullptr);
+    if (float_out) {
+      float* const f32[3] = {static_cast<float*>(out) + at, static_cast<float*>(out) + plane + at,
+                             static_cast<float*>(out) + 2 * plane + at};
+      done = WriteRowSsse3(row, out_w, flip, true, mul, add, nullptr, f32);
+    } else {
+      uint8_t* const u8[3] = {static_cast<uint8_t*>(out) + at, static_cast<uint8_t*>(out) + plane + at,
+                              static_cast<uint8_t*>(out) + 2 * plane + at};
+      done = WriteRowSsse3(row, out_w, flip, false, mul, add, u8, nullptr);
+    }
     if (done == out_w) return;
   }
 #endif

@@ -426,7 +426,8 @@ def bench_s3_nginx(root: str, keys: list[str], cores: int, rounds: int) -> dict[
     sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))  # shared server helpers
     from storage_servers import start_nginx
 
-    serve = tempfile.mkdtemp(prefix="bench_loader_nginx_")
+    serve_dir = tempfile.TemporaryDirectory(prefix="bench_loader_nginx_")
+    serve = serve_dir.name
     os.makedirs(os.path.join(serve, "bench"))
     os.symlink(os.path.abspath(root), os.path.join(serve, "bench", "imagenet"))
     os.chmod(serve, 0o755)
@@ -471,6 +472,7 @@ def bench_s3_nginx(root: str, keys: list[str], cores: int, rounds: int) -> dict[
                 rates["s3tc"].append(epoch_rate(s3tc, cpu["s3tc"]))
         loader.close()
         del s3tc
+    serve_dir.cleanup()
     out = {"ours": max(rates["ours"]), "ours_cpu": min(cpu["ours"])}
     if rates["s3tc"]:
         out.update(s3tc=max(rates["s3tc"]), s3tc_cpu=min(cpu["s3tc"]))

@@ -9,8 +9,8 @@
 #include <emmintrin.h>
 #endif
 #if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>  // SSSE3 and AVX2, used only behind a run-time CPU check
-#define DDP_RESIZE_SSSE3 1
+#include <immintrin.h>  // AVX2, used only behind a run-time CPU check
+#define DDP_RESIZE_AVX2 1
 #endif
 
 namespace ddp::image {
@@ -156,48 +156,10 @@ LinearTaps Taps(int src, int dst, double scale, int* last) {
   return t;
 }
 
-// The scalar tail of HorizontalLinear from position `d`.
-void HorizontalLinearTail(const uint8_t* row, const LinearTaps& x, int last, int out_width, int d, int16_t* out) {
-  const int* offset = x.offset.data();
-  const int16_t* w0 = x.w0.data();
-  const int16_t* w1 = x.w1.data();
-  for (; d < last; ++d) {
-    const uint8_t* s = row + kChannels * offset[d];
-    const int32_t a0 = w0[d], a1 = w1[d];
-    const int32_t s0 = s[0], s1 = s[1], s2 = s[2], s3 = s[3], s4 = s[4], s5 = s[5];
-    int16_t* o = out + kChannels * d;
-    o[0] = static_cast<int16_t>((s0 * a0 + s3 * a1) >> 4);
-    o[1] = static_cast<int16_t>((s1 * a0 + s4 * a1) >> 4);
-    o[2] = static_cast<int16_t>((s2 * a0 + s5 * a1) >> 4);
-  }
-  // Past `last` (the right edge) one tap with weight one.
-  for (; d < out_width; ++d) {
-    const uint8_t* s = row + kChannels * offset[d];
-    for (int c = 0; c < kChannels; ++c) out[kChannels * d + c] = static_cast<int16_t>(s[c] * (kCoefScale >> 4));
-  }
-}
-
-#if DDP_RESIZE_SSSE3
-// HorizontalLinear from position `d` with one 8-byte load per pixel, its two taps put side
-// by side (r r' g g' b b' 0 0, widened to 16 bits) by one byte shuffle.
-__attribute__((target("ssse3"))) void HorizontalLinearSsse3(const uint8_t* row, int row_bytes,
-                                                            const LinearTaps& x, int last, int out_width,
-                                                            int d, int16_t* out) {
-  const int* offset = x.offset.data();
-  const __m128i* w = reinterpret_cast<const __m128i*>(x.w8.data());
-  const __m128i pairs = _mm_setr_epi8(0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1);
-  for (; d < last; ++d) {
-    const int o = kChannels * offset[d];
-    if (o + 8 > row_bytes) break;  // offsets only grow: the rest is scalar
-    const __m128i px = _mm_shuffle_epi8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + o)), pairs);
-    const __m128i sum = _mm_srai_epi32(_mm_madd_epi16(px, _mm_loadu_si128(w + d)), 4);
-    _mm_storel_epi64(reinterpret_cast<__m128i*>(out + kChannels * d), _mm_packs_epi32(sum, sum));
-  }
-  HorizontalLinearTail(row, x, last, out_width, d, out);
-}
-
-// Two pixels per step, one in each 128-bit lane: the same shuffle, multiply-add and shift,
-// then each lane's three sums (0..32640, so their low 16 bits are the saturated values)
+#if DDP_RESIZE_AVX2
+// Two pixels per step, one in each 128-bit lane: a byte shuffle puts each pixel's two taps
+// side by side (r r' g g' b b' 0 0, widened to 16 bits), then the multiply-add with the
+// weights and the shift of the SSE2 loop below; each lane's three sums (0..32640, so their low 16 bits are the saturated values)
 // gathered by a second shuffle and stored, the second lane straight from the register
 // (16 bytes: `out` has 8 values of slack). Returns where it stopped.
 __attribute__((target("avx2"))) int HorizontalLinearAvx2(const uint8_t* row, int row_bytes, const LinearTaps& x,
@@ -230,19 +192,16 @@ __attribute__((target("avx2"))) int HorizontalLinearAvx2(const uint8_t* row, int
 // `out` has room for 8 more values (the SIMD loops write past the last pixel).
 void HorizontalLinear(const uint8_t* row, int row_bytes, const LinearTaps& x, int last, int out_width,
                       int16_t* out) {
-#if DDP_RESIZE_SSSE3
-  const internal::Simd simd = internal::SimdLevel();
-  if (simd >= internal::Simd::kSsse3) {
-    const int d = simd == internal::Simd::kAvx2 ? HorizontalLinearAvx2(row, row_bytes, x, last, out) : 0;
-    HorizontalLinearSsse3(row, row_bytes, x, last, out_width, d, out);
-    return;
-  }
-#endif
+  const int* offset = x.offset.data();
   int d = 0;
+#if DDP_RESIZE_AVX2
+  // AVX2 does pairs of pixels; the rest goes one at a time below. (An SSSE3 loop with one
+  // byte shuffle per pixel measured no faster than this SSE2 one, so there is none.)
+  if (internal::SimdLevel() == internal::Simd::kAvx2) d = HorizontalLinearAvx2(row, row_bytes, x, last, out);
+#endif
 #if defined(__SSE2__)
   // Per pixel: the two 4-byte groups at the taps interleaved (r r' g g' b b' . .), widened
   // to 16 bits and multiplied-added with (w0 w1 w0 w1 w0 w1 0 0): OpenCV's dot product.
-  const int* offset = x.offset.data();
   const __m128i* w = reinterpret_cast<const __m128i*>(x.w8.data());
   const __m128i zero = _mm_setzero_si128();
   for (; d < last; ++d) {
@@ -256,7 +215,22 @@ void HorizontalLinear(const uint8_t* row, int row_bytes, const LinearTaps& x, in
     _mm_storel_epi64(reinterpret_cast<__m128i*>(out + kChannels * d), _mm_packs_epi32(sum, sum));
   }
 #endif
-  HorizontalLinearTail(row, x, last, out_width, d, out);
+  const int16_t* w0 = x.w0.data();
+  const int16_t* w1 = x.w1.data();
+  for (; d < last; ++d) {
+    const uint8_t* s = row + kChannels * offset[d];
+    const int32_t a0 = w0[d], a1 = w1[d];
+    const int32_t s0 = s[0], s1 = s[1], s2 = s[2], s3 = s[3], s4 = s[4], s5 = s[5];
+    int16_t* o = out + kChannels * d;
+    o[0] = static_cast<int16_t>((s0 * a0 + s3 * a1) >> 4);
+    o[1] = static_cast<int16_t>((s1 * a0 + s4 * a1) >> 4);
+    o[2] = static_cast<int16_t>((s2 * a0 + s5 * a1) >> 4);
+  }
+  // Past `last` (the right edge) one tap with weight one.
+  for (; d < out_width; ++d) {
+    const uint8_t* s = row + kChannels * offset[d];
+    for (int c = 0; c < kChannels; ++c) out[kChannels * d + c] = static_cast<int16_t>(s[c] * (kCoefScale >> 4));
+  }
 }
 
 // Blends two horizontally filtered rows with the rounding of OpenCV's SIMD path (which

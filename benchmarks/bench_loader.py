@@ -313,9 +313,10 @@ class SeedS3ImageFolder(torch.utils.data.Dataset):  # type: ignore[type-arg]
         return self.transform(img), label
 
 
-def s3tc_loader(endpoint: str, prefix_uri: str, cores: int) -> Any:
+def s3tc_loader(endpoint: str, source: str | list[str], cores: int) -> Any:
     """AWS's s3torchconnector: S3MapDataset + PIL + torchvision in a DataLoader, or None
-    (with a note) when it is not installed."""
+    (with a note) when it is not installed. `source`: a prefix URI (listed) or the object
+    URIs."""
     try:
         from s3torchconnector import S3ClientConfig, S3MapDataset
     except ImportError as e:
@@ -328,10 +329,14 @@ def s3tc_loader(endpoint: str, prefix_uri: str, cores: int) -> Any:
         with Image.open(reader) as img:
             return tv(img.convert("RGB")), label
 
-    ds = S3MapDataset.from_prefix(
-        prefix_uri, region="us-east-1", endpoint=endpoint, transform=load,
-        s3client_config=S3ClientConfig(force_path_style=True),
-    )
+    opts: dict[str, Any] = {
+        "region": "us-east-1", "endpoint": endpoint, "transform": load,
+        "s3client_config": S3ClientConfig(force_path_style=True),
+    }
+    if isinstance(source, str):
+        ds = S3MapDataset.from_prefix(source, **opts)
+    else:
+        ds = S3MapDataset.from_objects(source, **opts)
     return torch.utils.data.DataLoader(
         ds, batch_size=BATCH, shuffle=True, num_workers=cores, persistent_workers=True
     )
@@ -441,27 +446,8 @@ def bench_s3_nginx(root: str, keys: list[str], cores: int, rounds: int) -> dict[
         ds = ImageList("s3://bench/imagenet", keys, targets,
                        storage_options={"endpoint_url": nginx.url, "region": "us-east-1"})
         loader = Loader(ds, BATCH, transform=our_transform(), num_threads=cores)
-        s3tc = None
-        try:
-            from s3torchconnector import S3ClientConfig, S3MapDataset
-        except ImportError as e:
-            logger.info("s3torchconnector row (nginx) skipped: it is not installed (%s)", e)
-        else:
-            tv = tv_transform()
-
-            def load(reader: Any) -> tuple[Any, int]:
-                label = int(reader.key.split("/")[-2].split("_")[-1])
-                with Image.open(reader) as img:
-                    return tv(img.convert("RGB")), label
-
-            s3ds = S3MapDataset.from_objects(
-                [f"s3://bench/imagenet/{k}" for k in keys], region="us-east-1",
-                endpoint=nginx.url, transform=load,
-                s3client_config=S3ClientConfig(force_path_style=True),
-            )
-            s3tc = torch.utils.data.DataLoader(
-                s3ds, batch_size=BATCH, shuffle=True, num_workers=cores, persistent_workers=True
-            )
+        s3tc = s3tc_loader(nginx.url, [f"s3://bench/imagenet/{k}" for k in keys], cores)
+        if s3tc is not None:
             epoch_rate(s3tc)  # start its workers (not timed)
         loader_epoch(loader, 0)  # warm nginx's open files and the page cache
         rates: dict[str, list[float]] = {"ours": [], "s3tc": []}

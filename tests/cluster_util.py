@@ -31,7 +31,7 @@ def cluster_client(n_workers: int) -> Iterator[Client]:
     wait_no_rank_processes(addr, 10)
 
 
-def rank_processes(scheduler: str, marker: str = "dask_ddp._rank") -> list[psutil.Process]:
+def rank_processes(scheduler: str, marker: str = "dask_ddp._launch.rank") -> list[psutil.Process]:
     """Live rank processes of jobs on the cluster at ``scheduler``.
 
     Matched by ``marker`` in the command line and the ``DASK_DDP_SCHEDULER`` the launcher
@@ -53,7 +53,7 @@ def rank_processes(scheduler: str, marker: str = "dask_ddp._rank") -> list[psuti
 
 
 def wait_no_rank_processes(scheduler: str, timeout: float = 30.0,
-                           marker: str = "dask_ddp._rank") -> None:
+                           marker: str = "dask_ddp._launch.rank") -> None:
     """Fail unless every rank process of the cluster is gone within ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while True:
@@ -67,7 +67,7 @@ def wait_no_rank_processes(scheduler: str, timeout: float = 30.0,
 
 
 def wait_rank_processes(scheduler: str, n: int, timeout: float = 60.0,
-                        marker: str = "dask_ddp._rank") -> None:
+                        marker: str = "dask_ddp._launch.rank") -> None:
     """Wait until at least ``n`` rank processes of the cluster run."""
     deadline = time.monotonic() + timeout
     while len(rank_processes(scheduler, marker)) < n:

@@ -135,7 +135,7 @@ def main(action: str, args: dict[str, Any]) -> None:
             # Step 3: rank 1 dies after writing some of its objects (one per tensor).
             from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-            from dask_ddp.checkpoint_sharded import save_sharded
+            from dask_ddp.checkpoint import save_sharded
 
             train_steps(model, opt, 2, 3)
             planner = _kill_self_after(args["kill_at"]) if rank == 1 else None

@@ -25,7 +25,7 @@ def fill_results_then_raise(handler: Any, size: int, message: str) -> None:
 
 def set_forward_close(seconds: float) -> None:
     """Worker side: the supervisor's bound on handing a rank's last records on."""
-    from dask_ddp import _supervisor
+    from dask_ddp._launch import supervisor as _supervisor
 
     _supervisor.FORWARD_CLOSE_S = seconds
 

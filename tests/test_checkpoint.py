@@ -94,7 +94,7 @@ def test_unavailable_newest_raises_instead_of_resuming_older(
 ) -> None:
     """A 503 storm on the newest checkpoint is not "no checkpoint": the restore raises,
     naming the object, rather than silently resuming from an older step (it used to)."""
-    from dask_ddp.elastic import Checkpointer
+    from dask_ddp.checkpoint import Checkpointer
     from storage_servers import FlakyProxy
 
     url = f"s3://{s3_bucket}/run"

@@ -22,8 +22,13 @@ import torch.distributed.checkpoint as dcp
 
 import dask_ddp
 from dask_ddp import storage
-from dask_ddp.checkpoint import StorageReader, StorageWriter, latest_sharded_step
-from dask_ddp.checkpoint_sharded import list_sharded_checkpoints, step_url
+from dask_ddp.checkpoint import (
+    StorageReader,
+    StorageWriter,
+    latest_sharded_step,
+    list_sharded_checkpoints,
+    step_url,
+)
 
 pytestmark = [
     pytest.mark.timeout(600),  # two or three 2-rank launches; slow on a loaded machine
@@ -134,7 +139,7 @@ def test_http_reader_fetches_only_its_ranges(tmp_path: Path, http_server: Any) -
 
 
 def test_ranges_are_merged_and_partial() -> None:
-    from dask_ddp.checkpoint_dcp import _ranges
+    from dask_ddp.checkpoint.dcp import _ranges
 
     class Item:
         def __init__(self, i: int) -> None:

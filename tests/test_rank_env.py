@@ -18,7 +18,8 @@ from distributed import Client, LocalCluster
 
 import dask_ddp
 from cluster_util import local_cluster, wait_no_rank_processes
-from dask_ddp import _rankenv
+from dask_ddp import _identity
+from dask_ddp._launch import rank_env as _rankenv
 
 pytestmark = [pytest.mark.dask, pytest.mark.timeout(180)]
 
@@ -35,7 +36,7 @@ def start_environ() -> dict[str, str]:
 
 def rank_env_and_threads() -> dict[str, Any]:
     """Rank side: the rank's environment and the Loader's default thread count."""
-    from dask_ddp._rankenv import cores_per_rank, usable_cores
+    from dask_ddp._identity import cores_per_rank, usable_cores
 
     return {"env": dict(os.environ), "cores_per_rank": cores_per_rank(),
             "usable": usable_cores()}
@@ -82,13 +83,13 @@ def test_rank_environment_order_and_omp_rule() -> None:
 def test_cores_per_rank_divides_the_affinity_mask(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(96)), raising=False)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
-    assert _rankenv.cores_per_rank() == 12
+    assert _identity.cores_per_rank() == 12
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "200")
-    assert _rankenv.cores_per_rank() == 1  # never zero threads
+    assert _identity.cores_per_rank() == 1  # never zero threads
     monkeypatch.delenv("LOCAL_WORLD_SIZE")
-    assert _rankenv.cores_per_rank() == 96  # not a launched rank: the whole mask
+    assert _identity.cores_per_rank() == 96  # not a launched rank: the whole mask
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {5}, raising=False)
-    assert _rankenv.usable_cores() == 1
+    assert _identity.usable_cores() == 1
 
 
 def test_loader_default_threads_follow_local_world_size(
@@ -203,7 +204,7 @@ def test_dask_worker_started_with_the_variable_keeps_it() -> None:
 # -- torchrun's whole contract ---------------------------------------------------------------
 
 def test_rank_layout_numbers_hosts_as_torchrun_numbers_nodes() -> None:
-    from dask_ddp._plan import rank_layout
+    from dask_ddp._launch.placement import rank_layout
 
     workers = ["tcp://10.0.0.2:1", "tcp://10.0.0.3:1", "tcp://10.0.0.2:2"]
     layout = rank_layout(workers, nprocs_per_worker=2)

@@ -24,7 +24,10 @@ from distributed import Client, LocalCluster
 from _rankproc import run_rank
 from cluster_util import local_cluster
 from conftest import free_port
-from dask_ddp import _channel, _rankwriter, _records, _wire, results
+from dask_ddp import _channel, results
+from dask_ddp._channel import rank_writer as _rankwriter
+from dask_ddp._channel import records as _records
+from dask_ddp._channel import wire as _wire
 
 pytestmark = [pytest.mark.dask, pytest.mark.timeout(300)]
 
@@ -325,7 +328,7 @@ def test_gaps_are_reported_and_duplicates_dropped(
     client.sync(put, topic=topic, entries=[[other, 0, 2, 0, 1, frame(0, b"x") + frame(1, b"y")]])
     assert [(r.seq, r.payload) for r in reader.fetch(timeout=1)] == [(0, b"x"), (1, b"y")]
     assert reader.unfinished() == [other]
-    with caplog.at_level(logging.WARNING, logger="dask_ddp._reader"):
+    with caplog.at_level(logging.WARNING, logger="dask_ddp._channel.reader"):
         reader.close()
     assert "job/1/def.2 (rank 1) has no end marker after 2 records" in caplog.text
     strict = _channel.Reader(client, f"results/{uuid.uuid4().hex}")

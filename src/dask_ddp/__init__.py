@@ -3,46 +3,68 @@
 The public API:
 
 - launching: :func:`dask_ddp.dispatch.run` (seed-compatible), :func:`submit`, :class:`Job`,
-  :func:`run_command`, :func:`rank_info`
-- data: :mod:`dask_ddp.data` (``ImageList``, ``ImageFolder``, ``S3ImageFolder``, ``Loader``,
-  ``transforms``)
+  :class:`ElasticJob`, :func:`run_command`, :func:`rank_info`
+- data: :mod:`dask_ddp.data` (``ImageList``, ``ImageFolder``, ``S3ImageFolder``,
+  ``TarShards``, ``Loader``, ``transforms``)
 - storage: :mod:`dask_ddp.storage` (object stores by URL)
-- results: :mod:`dask_ddp.results` (``DaskResultsHandler``, ``report``, checkpoints)
+- results: :mod:`dask_ddp.results` (``DaskResultsHandler``, ``report``)
+- checkpoints: :mod:`dask_ddp.checkpoint` (``save_checkpoint``, ``load_checkpoint``,
+  ``Checkpointer`` for exact resume, sharded checkpoints through DCP)
+- errors: :mod:`dask_ddp.errors`
+
+Every name is imported on first use (PEP 562): a rank process that calls ``report()``
+imports the results channel's writer, not the launcher (distributed, tornado,
+cloudpickle), and ``import dask_ddp`` alone costs milliseconds.
 """
 
 from __future__ import annotations
 
-from . import dispatch
-from ._env import RankInfo, rank_info
-from ._errors import GangStartError, JobError, RankAbortedError, RankFailedError, WorkerLostError
-from .dispatch import ElasticJob, Job, Restart, run_command, submit
+from typing import TYPE_CHECKING
+
+from dask_ddp._lazy import attribute_loader
+
+if TYPE_CHECKING:
+    from dask_ddp import checkpoint, data, dispatch, errors, results, storage
+    from dask_ddp._identity import RankInfo, rank_info
+    from dask_ddp.checkpoint import (
+        Checkpointer,
+        load_checkpoint,
+        restore_training_state,
+        save_checkpoint,
+        training_state,
+    )
+    from dask_ddp.dispatch import ElasticJob, Job, Restart, run_command, submit
+    from dask_ddp.errors import (
+        GangStartError,
+        JobError,
+        RankAbortedError,
+        RankFailedError,
+        WorkerLostError,
+    )
+    from dask_ddp.results import report
 
 __version__ = "0.1.0"
 
+_WHERE = {
+    **{m: f"dask_ddp.{m}" for m in ("checkpoint", "data", "dispatch", "errors", "results",
+                                    "storage")},
+    **{n: f"dask_ddp._identity:{n}" for n in ("RankInfo", "rank_info")},
+    **{n: f"dask_ddp.dispatch:{n}"
+       for n in ("ElasticJob", "Job", "Restart", "run_command", "submit")},
+    **{n: f"dask_ddp.errors:{n}"
+       for n in ("GangStartError", "JobError", "RankAbortedError", "RankFailedError",
+                 "WorkerLostError")},
+    **{n: f"dask_ddp.checkpoint:{n}"
+       for n in ("Checkpointer", "load_checkpoint", "restore_training_state",
+                 "save_checkpoint", "training_state")},
+    "report": "dask_ddp.results:report",
+}
+
 __all__ = [
-    "ElasticJob",
-    "GangStartError",
-    "Job",
-    "JobError",
-    "RankAbortedError",
-    "RankFailedError",
-    "RankInfo",
-    "Restart",
-    "WorkerLostError",
-    "__version__",
-    "dispatch",
-    "rank_info",
-    "run_command",
-    "submit",
+    "Checkpointer", "ElasticJob", "GangStartError", "Job", "JobError", "RankAbortedError",
+    "RankFailedError", "RankInfo", "Restart", "WorkerLostError", "__version__", "checkpoint",
+    "data", "dispatch", "errors", "load_checkpoint", "rank_info", "report",
+    "restore_training_state", "results", "run_command", "save_checkpoint", "storage", "submit",
+    "training_state",
 ]
-
-# -- results, metrics and checkpoints (owned by the results issue) --------------------
-from .checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
-from .results import report  # noqa: E402
-
-__all__ += ["load_checkpoint", "report", "save_checkpoint"]
-
-# -- fault tolerance: exact resume (owned by the elastic issue) -------------------------
-from .elastic import Checkpointer, restore_training_state, training_state  # noqa: E402
-
-__all__ += ["Checkpointer", "restore_training_state", "training_state"]
+__getattr__ = attribute_loader(__name__, _WHERE)

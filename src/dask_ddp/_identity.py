@@ -1,4 +1,4 @@
-"""What a rank process knows about itself, read from its environment."""
+"""Who this process is in its job: rank identity, process group, share of the cores."""
 
 from __future__ import annotations
 
@@ -53,3 +53,36 @@ def rank_info() -> RankInfo:
         job_id=env.get("DASK_DDP_JOB_ID", ""),
         restart=int(env.get("DASK_DDP_RESTART", "0")),
     )
+
+
+def process_group() -> tuple[int, int] | None:
+    """(rank, world size) of the default process group when one is up, else ``None``.
+
+    Imports ``torch.distributed`` only when called: the data and checkpoint layers ask
+    this, and importing them must stay cheap.
+    """
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return None
+
+
+def usable_cores() -> int:
+    """CPUs this process may run on (its affinity mask, e.g. a container's cpuset)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def cores_per_rank() -> int:
+    """This rank's share of the host's usable cores: cores / ``LOCAL_WORLD_SIZE``, >= 1.
+
+    Outside a launched rank (no ``LOCAL_WORLD_SIZE``) the process has every usable core.
+    """
+    try:
+        local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        local = 1
+    return max(1, usable_cores() // local)

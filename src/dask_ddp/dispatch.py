@@ -1,6 +1,6 @@
 """Launching a job's ranks on Dask: seed-compatible :func:`run`, :func:`submit` and
-:func:`run_command` (the public functions; the job lives in :mod:`dask_ddp._job` and
-:mod:`dask_ddp._elastic_job`).
+:func:`run_command` (the public functions; the job lives in :mod:`dask_ddp._launch.job` and
+:mod:`dask_ddp._launch.elastic_job`).
 
 Each rank runs in its own process, started and watched by a supervisor task pinned to its
 worker. A job ends with one error naming the failing rank instead of hanging.
@@ -15,17 +15,17 @@ from typing import Any
 
 import cloudpickle
 
-from . import _registry
-from ._elastic_job import ElasticJob, Restart
-from ._errors import (
+from dask_ddp._launch import jobs
+from dask_ddp._launch.elastic_job import ElasticJob, Restart
+from dask_ddp._launch.job import Job, launch
+from dask_ddp._launch.options import LaunchOptions
+from dask_ddp.errors import (
     GangStartError,
     JobError,
     RankAbortedError,
     RankFailedError,
     WorkerLostError,
 )
-from ._job import Job, launch
-from ._options import LaunchOptions
 
 __all__ = ["ElasticJob", "Job", "Restart", "job_of", "run", "run_command", "submit",
            "GangStartError", "JobError", "RankAbortedError", "RankFailedError",
@@ -38,7 +38,7 @@ def job_of(futures: Any) -> Job | None:
     Returns ``None`` for futures of no dask-ddp job. The job stays known as long as its
     futures are held; dask-ddp keeps no finished job alive by itself.
     """
-    job: Job | None = _registry.job_of(futures)
+    job: Job | None = jobs.job_of(futures)
     return job
 
 

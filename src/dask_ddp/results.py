@@ -17,8 +17,8 @@ blocks the rank instead of dropping).
 Client side
 -----------
 - :meth:`DaskResultsHandler.process_results` writes the results under a folder.
-- The launcher calls :func:`start_job_monitor` (progress bar, ``metrics.jsonl``) and
-  ``Job.metrics()`` returns :func:`iter_job_metrics` (both in :mod:`dask_ddp._monitor`).
+- A job's :class:`JobMonitor` (progress bar, ``metrics.jsonl``) reads its metrics on the
+  client; ``Job.metrics()`` iterates over them (:mod:`dask_ddp._channel.monitor`).
 
 Configuration (Dask config, e.g. ``DASK_DASK_DDP__RESULTS__BUDGET="16 MiB"``)
 ---------------------------------------------------------------------------
@@ -54,11 +54,10 @@ import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from dask_ddp import _channel
-from dask_ddp._monitor import JobMonitor, iter_job_metrics, start_job_monitor
-from dask_ddp._records import (
+from dask_ddp._channel.rank_writer import in_rank, write
+from dask_ddp._channel.records import (
     ResultWriter,
     StoredRef,
     check_path,
@@ -66,7 +65,13 @@ from dask_ddp._records import (
     encode_result,
     encode_stored,
 )
-from dask_ddp.checkpoint import load_checkpoint, save_checkpoint
+from dask_ddp._channel.wire import metrics_topic
+from dask_ddp._lazy import attribute_loader
+
+if TYPE_CHECKING:
+    from dask_ddp._channel.monitor import JobMonitor, iter_job_metrics, start_job_monitor
+    from dask_ddp._channel.reader import GapError, Record
+    from dask_ddp.checkpoint import load_checkpoint, save_checkpoint
 
 logger = logging.getLogger(__name__)
 
@@ -94,10 +99,10 @@ class _RankState:
 
     def __init__(self) -> None:
         self.pid = os.getpid()
-        self.enabled = _channel.in_rank()
+        self.enabled = in_rank()
         self.rank = int(os.environ.get("RANK", "0"))
         self.job_id = os.environ.get("DASK_DDP_JOB_ID", "")
-        self.topic = _channel.metrics_topic(self.job_id)
+        self.topic = metrics_topic(self.job_id)
 
 
 _state: _RankState | None = None
@@ -188,7 +193,7 @@ def report(metrics: dict[str, Any], step: int | None = None) -> None:
             _warned_outside = True
             logger.warning("report() outside a dask-ddp rank: metrics are not sent")
         return
-    _channel.write(s.topic, payload)
+    write(s.topic, payload)
 
 
 def _inline_max() -> int:
@@ -221,10 +226,12 @@ class DaskResultsHandler:
         self.pub_sub_key = pub_sub_key if pub_sub_key is not None else uuid.uuid4().hex
         if not isinstance(self.pub_sub_key, str) or not self.pub_sub_key:
             raise TypeError(f"pub_sub_key must be a non-empty str, got {pub_sub_key!r}")
-        if not _channel.in_rank():
+        if not in_rank():
             client = _current_client()
             if client is not None:
-                _channel.open_topic(client, self.topic)
+                from dask_ddp._channel.reader import open_topic  # client side only
+
+                open_topic(client, self.topic)
 
     @property
     def topic(self) -> str:
@@ -268,9 +275,9 @@ class DaskResultsHandler:
 
             _storage.open(storage).put(key, body)
             ref = StoredRef(path=path, url=storage, key=key, kind=kind.decode())
-            _channel.write(self.topic, encode_stored(ref))
+            write(self.topic, encode_stored(ref))
             return
-        _channel.write(self.topic, encode_result(path, kind, body))
+        write(self.topic, encode_result(path, kind, body))
 
     # -- client side
 
@@ -297,7 +304,7 @@ class DaskResultsHandler:
         reported: set[str] = set()
         first_error: tuple[Any, float] | None = None
 
-        def handle(records: list[_channel.Record]) -> bool:
+        def handle(records: list[Record]) -> bool:
             nonlocal first_error
             for rec in records:
                 writer.write(rec)
@@ -312,9 +319,11 @@ class DaskResultsHandler:
             # Other ranks are being stopped by the launcher; do not wait forever.
             return first_error is not None and time.monotonic() - first_error[1] > 10
 
+        from dask_ddp._channel.reader import Reader, follow  # client side only
+
         try:
-            reader = _channel.Reader(client, self.topic, on_gap=None if raise_errors else _log_gap)
-            _channel.follow(reader, futures, handle, poll=0.2)  # closes the topic, always
+            reader = Reader(client, self.topic, on_gap=None if raise_errors else _log_gap)
+            follow(reader, futures, handle, poll=0.2)  # closes the topic, always
         finally:
             writer.close()
         if first_error is not None:
@@ -330,7 +339,7 @@ def _exception(future: Any) -> BaseException | None:
         return e
 
 
-def _log_gap(err: _channel.GapError) -> None:
+def _log_gap(err: GapError) -> None:
     logger.error("%s", err)
 
 
@@ -343,3 +352,12 @@ def _current_client() -> Any:
         return None
 
 
+
+
+# Re-exported names, imported on first use: a rank that only reports never loads the
+# client's reader or torch's checkpoint code.
+__getattr__ = attribute_loader(__name__, {
+    **{n: f"dask_ddp._channel.monitor:{n}"
+       for n in ("JobMonitor", "iter_job_metrics", "start_job_monitor")},
+    **{n: f"dask_ddp.checkpoint:{n}" for n in ("load_checkpoint", "save_checkpoint")},
+})

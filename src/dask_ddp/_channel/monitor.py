@@ -22,9 +22,9 @@ from typing import Any, BinaryIO
 
 import dask.config
 
-from dask_ddp._reader import GapError, Reader, Record, follow
-from dask_ddp._records import KIND_METRIC
-from dask_ddp._wire import metrics_topic
+from dask_ddp._channel.reader import GapError, Reader, Record, follow
+from dask_ddp._channel.records import KIND_METRIC
+from dask_ddp._channel.wire import metrics_topic
 
 logger = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 - **Rank side**: each record is written to the pipe whose write end is
   ``DASK_DDP_CHANNEL_FD`` before the call returns, as frames of at most ``PIPE_BUF`` bytes
-  (see :mod:`dask_ddp._wire`): each frame is one atomic ``os.write``, so frames stay whole
+  (see :mod:`dask_ddp._channel.wire`): each frame is one atomic ``os.write``, so frames stay whole
   even when the rank's threads and the processes it forked (DataLoader workers, which
   inherit the pipe) write at once. Nothing is buffered in the rank's memory, so a record
   whose ``write`` returned survives ``os._exit`` and ``SIGKILL``, and a full pipe blocks
@@ -28,7 +28,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from dask_ddp._wire import (
+from dask_ddp._channel.wire import (
     ENV_FD,
     HEADER_SIZE,
     MAX_TOPIC,

@@ -15,8 +15,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dask_ddp._extension import ResultsPlugin
-from dask_ddp._wire import (
+from dask_ddp._channel.scheduler import ResultsPlugin
+from dask_ddp._channel.wire import (
     Entry,
     budget_bytes,
     checked_reply,

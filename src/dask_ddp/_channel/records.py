@@ -17,9 +17,10 @@ import os
 import struct
 import uuid
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from dask_ddp._reader import Record
+if TYPE_CHECKING:
+    from dask_ddp._channel.reader import Record
 
 logger = logging.getLogger(__name__)
 

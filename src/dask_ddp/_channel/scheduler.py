@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 from distributed.diagnostics.plugin import SchedulerPlugin
 from tornado.ioloop import PeriodicCallback
 
-from dask_ddp._wire import Entry, budget_bytes, expiry_seconds
+from dask_ddp._channel.wire import Entry, budget_bytes, expiry_seconds
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """A job that starts again when it fails: :class:`ElasticJob` and its :class:`Restart` records.
 
-Each attempt is a :class:`~dask_ddp._job.Job` of its own (fresh rank processes and
-rendezvous), launched with the same :class:`~dask_ddp._options.LaunchOptions`; a driver
+Each attempt is a :class:`~dask_ddp._launch.job.Job` of its own (fresh rank processes and
+rendezvous), launched with the same :class:`~dask_ddp._launch.options.LaunchOptions`; a driver
 thread starts the next attempt on the workers available after a failure.
 """
 
@@ -17,10 +17,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ._errors import GangStartError, JobError
-from ._job import Job, launch
-from ._options import LaunchOptions
-from ._plan import available_workers
+from dask_ddp._launch.job import Job, launch
+from dask_ddp._launch.options import LaunchOptions
+from dask_ddp._launch.placement import available_workers
+from dask_ddp.errors import GangStartError, JobError
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """One attempt of a job: :class:`Job`, and :func:`launch`, which places and submits it.
 
 Each rank runs in its own process, started and watched by a supervisor task pinned to its
-worker (:mod:`dask_ddp._supervisor`). The client side here places the ranks (raising at
+worker (:mod:`dask_ddp._launch.supervisor`). The client side here places the ranks (raising at
 once when they cannot all be placed), submits the supervisor tasks, and runs a watcher on
 the client's event loop that notices failed ranks and lost workers, so a job ends with one
 error naming the failing rank instead of hanging.
@@ -21,13 +21,20 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from . import _channel, _registry, _workdir, results
-from ._errors import WorkerLostError
-from ._failure import lost_error, pick_root, record_of
-from ._names import abort_event_name, failure_topic, master_variable_name, output_topic
-from ._options import LaunchOptions
-from ._plan import RankSpec, choose_workers, rank_layout, worker_host
-from ._supervisor import run_rank
+from dask_ddp._channel.monitor import JobMonitor
+from dask_ddp._channel.reader import prepare as prepare_channel
+from dask_ddp._launch import jobs, workdir
+from dask_ddp._launch.names import (
+    abort_event_name,
+    failure_topic,
+    master_variable_name,
+    output_topic,
+)
+from dask_ddp._launch.options import LaunchOptions
+from dask_ddp._launch.placement import RankSpec, choose_workers, rank_layout, worker_host
+from dask_ddp._launch.root_cause import lost_error, pick_root, record_of
+from dask_ddp._launch.supervisor import run_rank
+from dask_ddp.errors import WorkerLostError
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +75,7 @@ class Job:
         self.world_size = len(workers)
         self.storage = options.storage
         self.output_dir = Path(options.output_dir) if options.output_dir is not None else None
-        self._monitor: Any = None
+        self._monitor: JobMonitor | None = None
         self._lost: dict[int, WorkerLostError] = {}
         self._cancelled = False
         self._done = threading.Event()
@@ -140,7 +147,9 @@ class Job:
 
     def metrics(self) -> Iterator[dict[str, Any]]:
         """The job's metric records as they arrive (see :mod:`dask_ddp.results`)."""
-        return results.iter_job_metrics(self)
+        if self._monitor is None:
+            self._monitor = JobMonitor(self, progress=False)
+        return self._monitor.iter()
 
     @property
     def monitor(self) -> Any:
@@ -171,8 +180,8 @@ class Job:
                     run_rank, spec, key=f"{self.name}-{self.id}-{spec.rank}",
                     workers=[spec.worker], allow_other_workers=False, pure=False, retries=0,
                     resources=res))
-            _registry.remember(self)
-            self._monitor = results.start_job_monitor(self, progress=self.options.progress)
+            jobs.remember(self)
+            self._monitor = JobMonitor(self, progress=self.options.progress)
         except BaseException:
             self._abandon()
             raise
@@ -180,7 +189,7 @@ class Job:
 
     def _abandon(self) -> None:
         """A launch failed part-way: stop the ranks submitted so far and release them."""
-        _registry.forget(self)
+        jobs.forget(self)
         with contextlib.suppress(Exception):
             self.client.sync(self._set_abort)
         with contextlib.suppress(Exception):
@@ -217,7 +226,7 @@ class Job:
             logger.debug("watcher of job %s stopped: %s", self.name, exc)
         finally:
             await self._cleanup()
-            _registry.forget(self)
+            jobs.forget(self)
             self._done.set()
 
     async def _check_workers(self, statuses: list[str]) -> bool:
@@ -301,8 +310,8 @@ def launch(client: Any, options: LaunchOptions, *, workers: list[str] | None = N
                                  options.workers, options.resources)
     layout = rank_layout(workers, options.nprocs_per_worker)
     job = Job(client, options, uuid.uuid4().hex, [i["worker"] for i in layout])
-    _channel.prepare(client, job.id)
-    _workdir.install_cleaner(client)
+    prepare_channel(client, job.id)
+    workdir.install_cleaner(client)
     scheduler = client.scheduler.address
     specs = [RankSpec(
         options=options, job_id=job.id, run_id=run_id or job.id, restart=restart,

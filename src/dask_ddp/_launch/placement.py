@@ -11,8 +11,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
-from ._errors import GangStartError
-from ._options import LaunchOptions
+from dask_ddp._launch.options import LaunchOptions
+from dask_ddp.errors import GangStartError
 
 #: Worker states of workers that cannot take a new rank.
 _GONE = ("closing", "closing_gracefully", "closed", "failed")

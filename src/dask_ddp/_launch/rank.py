@@ -1,6 +1,6 @@
-"""The rank process: ``python -m dask_ddp._rank WORKDIR`` (internal).
+"""The rank process: ``python -m dask_ddp._launch.rank WORKDIR`` (internal).
 
-Started by the supervisor task (:mod:`dask_ddp._supervisor`) with the torchrun-style
+Started by the supervisor task (:mod:`dask_ddp._launch.supervisor`) with the torchrun-style
 environment set. It loads the user's function from ``WORKDIR/spec.pkl``, joins the job's
 rendezvous store, agrees on the backend, calls ``init_process_group``, runs the function,
 and writes ``WORKDIR/result.pkl``: the pickled return value, or the failing phase, the
@@ -10,7 +10,6 @@ formatted traceback and the pickled exception.
 from __future__ import annotations
 
 import atexit
-import contextlib
 import os
 import pickle
 import signal
@@ -32,11 +31,9 @@ def _watch_parent() -> None:
     killed before this ran has already made the rank an orphan.
     """
     expected = int(os.environ.get("DASK_DDP_SUPERVISOR_PID", os.getppid()))
-    with contextlib.suppress(Exception):
-        import ctypes
+    from dask_ddp._launch.tether import die_with_parent
 
-        pr_set_pdeathsig = 1
-        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    die_with_parent()  # best effort: the thread below covers a kernel without it
 
     def orphaned() -> bool:
         return os.getppid() != expected
@@ -167,6 +164,6 @@ def main(workdir: str) -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
-        sys.stderr.write("usage: python -m dask_ddp._rank WORKDIR (started by dask-ddp)\n")
+        sys.stderr.write("usage: python -m dask_ddp._launch.rank WORKDIR (started by dask-ddp)\n")
         sys.exit(2)
     main(sys.argv[1])

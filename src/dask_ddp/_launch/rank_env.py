@@ -149,26 +149,6 @@ def rank_environment(worker_env: Mapping[str, str], nanny_env: Mapping[str, str]
     return env
 
 
-def usable_cores() -> int:
-    """CPUs this process may run on (its affinity mask, e.g. a container's cpuset)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):  # not Linux
-        return max(1, os.cpu_count() or 1)
-
-
-def cores_per_rank() -> int:
-    """This rank's share of the host's usable cores: cores / ``LOCAL_WORLD_SIZE``, >= 1.
-
-    Outside a launched rank (no ``LOCAL_WORLD_SIZE``) the process has every usable core.
-    """
-    try:
-        local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    except ValueError:
-        local = 1
-    return max(1, usable_cores() // local)
-
-
 def rotated_devices(visible: str | None, proc_index: int, nprocs: int) -> str | None:
     """``CUDA_VISIBLE_DEVICES`` for process ``proc_index`` of a worker.
 

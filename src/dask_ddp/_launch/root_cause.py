@@ -1,7 +1,7 @@
 """A job's faults: which one is the root cause, and how every rank learns it (internal).
 
 A rank that fails records its fault on the job's failure topic on the scheduler
-(:func:`dask_ddp._names.failure_topic`); the client's watcher records a rank whose worker
+(:func:`dask_ddp._launch.names.failure_topic`); the client's watcher records a rank whose worker
 left. The client's :meth:`Job.result` and each rank's supervisor pick the root cause from
 the same order (:class:`FailureKind`), so the seed's ``client.gather(futures)`` raises the
 same root error as ``submit(...).result()``: a rank whose collective broke because a peer
@@ -16,7 +16,7 @@ import pickle
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from ._errors import (
+from dask_ddp.errors import (
     FailureKind,
     JobError,
     RankFailedError,

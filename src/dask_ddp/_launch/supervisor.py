@@ -1,7 +1,7 @@
 """The supervisor task: runs in a Dask worker and owns one rank process (internal).
 
 One supervisor task per rank, pinned to its worker. It starts the rank process
-(``python -m dask_ddp._rank`` for a function, the user's command for ``run_command``),
+(``python -m dask_ddp._launch.rank`` for a function, the user's command for ``run_command``),
 watches it, the job-wide abort event and its own task's state, and kills the rank's
 process group when the job is aborted, the task is cancelled or the worker closes. Rank
 0's supervisor hosts the job's rendezvous store (a ``TCPStore`` on a free port, as
@@ -26,9 +26,17 @@ from collections.abc import Mapping
 from datetime import timedelta
 from typing import IO, Any
 
-from . import _channel, _rankenv, _workdir
-from ._errors import FailureKind, JobError, RankAbortedError, RankFailedError, RemoteException
-from ._failure import (
+from dask_ddp._channel.rank_writer import Forwarder
+from dask_ddp._channel.wire import metrics_topic
+from dask_ddp._launch import rank_env
+from dask_ddp._launch.names import (
+    abort_event_name,
+    failure_topic,
+    master_variable_name,
+    output_topic,
+)
+from dask_ddp._launch.placement import RankSpec, worker_host
+from dask_ddp._launch.root_cause import (
     better_record,
     load_exception,
     looks_collective,
@@ -37,8 +45,14 @@ from ._failure import (
     record_of,
     root_error,
 )
-from ._names import abort_event_name, failure_topic, master_variable_name, output_topic
-from ._plan import RankSpec, worker_host
+from dask_ddp._launch.workdir import clean_orphans, create_workdir, remove_workdir
+from dask_ddp.errors import (
+    FailureKind,
+    JobError,
+    RankAbortedError,
+    RankFailedError,
+    RemoteException,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -96,8 +110,8 @@ class _Supervisor:
     def run(self) -> Any:
         spec = self.spec
         store = None
-        _workdir.clean_orphans()
-        workdir = _workdir.create(spec.job_id, spec.rank)
+        clean_orphans()
+        workdir = create_workdir(spec.job_id, spec.rank)
         try:
             if spec.rank == 0:
                 store = _host_store(spec)
@@ -110,7 +124,7 @@ class _Supervisor:
                 port = self._await_master_port()
             return self._run_process(port, workdir)
         finally:
-            _workdir.remove(workdir)
+            remove_workdir(workdir)
             del store  # stops rank 0's rendezvous server and frees its port
 
     def _await_master_port(self) -> int:
@@ -140,7 +154,7 @@ class _Supervisor:
             if argv[0] in ("python", "python3"):
                 argv[0] = sys.executable  # the worker's Python, where dask-ddp is installed
             if sys.platform.startswith("linux"):
-                guard = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_guard.py")
+                guard = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tether.py")
                 argv = [sys.executable, guard, *argv]
         else:
             with open(os.path.join(workdir, "spec.pkl"), "wb") as f:
@@ -148,7 +162,7 @@ class _Supervisor:
                              "backend": opts.backend, "pass_local_rank": opts.pass_local_rank,
                              "sys_path": list(sys.path), "worker": spec.worker,
                              "rendezvous_timeout": opts.rendezvous_timeout}, f)
-            argv = [sys.executable, "-m", "dask_ddp._rank", workdir]
+            argv = [sys.executable, "-m", "dask_ddp._launch.rank", workdir]
         pipe = subprocess.PIPE if opts.stream_output else None
         try:
             proc = subprocess.Popen(argv, env=env, pass_fds=(write_fd,), stdout=pipe,
@@ -158,8 +172,9 @@ class _Supervisor:
             raise self._failed("start", f"could not start {argv[0]!r}: {exc}", exc, "") from exc
         finally:
             os.close(write_fd)
+        _install_exit_hook()
         _LIVE.add(proc)
-        fwd = _channel.Forwarder(spec.job_id, spec.rank, read_fd)
+        fwd = Forwarder(spec.job_id, spec.rank, read_fd)
         fwd.start()
         pumps = self._start_pumps(proc)
         try:
@@ -172,7 +187,7 @@ class _Supervisor:
             self._close_forwarder(fwd)
         return self._outcome(proc.returncode, workdir)
 
-    def _close_forwarder(self, fwd: _channel.Forwarder) -> None:
+    def _close_forwarder(self, fwd: Forwarder) -> None:
         """Hand the rank's last records on; a failure here never hides the rank's outcome."""
         try:
             fwd.close(timeout=FORWARD_CLOSE_S)
@@ -186,7 +201,7 @@ class _Supervisor:
                 time.sleep(pause)
                 with contextlib.suppress(Exception):
                     self.client.sync(self.client.scheduler.dask_ddp_results_close,
-                                     topic=_channel.metrics_topic(self.spec.job_id))
+                                     topic=metrics_topic(self.spec.job_id))
 
     def _cwd(self) -> str:
         # The client's directory when this worker has it (a local cluster, a shared file
@@ -384,20 +399,20 @@ class _Supervisor:
         }
         # The worker's environment less what the nanny added for the worker process
         # itself (MALLOC_TRIM_THRESHOLD_ doubles a CPU step), then the job's, then ours.
-        env = _rankenv.rank_environment(
-            os.environ, _rankenv.nanny_environ(self.worker.nanny is not None),
-            _rankenv.pre_spawn_defaults(), spec.options.env, launcher, spec.local_world_size)
+        env = rank_env.rank_environment(
+            os.environ, rank_env.nanny_environ(self.worker.nanny is not None),
+            rank_env.pre_spawn_defaults(), spec.options.env, launcher, spec.local_world_size)
         if spec.options.storage:
             env["DASK_DDP_STORAGE"] = spec.options.storage
         if spec.options.output_dir:
             env["DASK_DDP_OUTPUT_DIR"] = spec.options.output_dir
-        iface = _rankenv.interface_of(worker_host(spec.worker))
+        iface = rank_env.interface_of(worker_host(spec.worker))
         if iface:
             # The collectives must use the interface the peers reach this worker on, not
             # whatever the host name resolves to.
             env.setdefault("GLOO_SOCKET_IFNAME", iface)
             env.setdefault("NCCL_SOCKET_IFNAME", iface)
-        devices = _rankenv.rotated_devices(env.get("CUDA_VISIBLE_DEVICES"), spec.proc_index,
+        devices = rank_env.rotated_devices(env.get("CUDA_VISIBLE_DEVICES"), spec.proc_index,
                                    spec.options.nprocs_per_worker)
         if devices is not None:
             env["CUDA_VISIBLE_DEVICES"] = devices
@@ -461,9 +476,20 @@ def _kill_all_live() -> None:
             os.killpg(proc.pid, signal.SIGKILL)
 
 
+_exit_hook_installed = False
+
+
 def _install_exit_hook() -> None:
-    # A worker that exits normally (nanny restart, cluster close) kills its ranks; a worker
-    # killed outright is covered by the rank process watching its parent.
+    """Kill this process's live ranks when it exits (installed with its first rank).
+
+    A worker that exits normally (nanny restart, cluster close) kills its ranks; a worker
+    killed outright is covered by the rank process watching its parent.
+    """
+    global _exit_hook_installed
+    with _exit_hook_lock:
+        if _exit_hook_installed:
+            return
+        _exit_hook_installed = True
     import atexit
     from multiprocessing import util
 
@@ -471,4 +497,4 @@ def _install_exit_hook() -> None:
     util.Finalize(None, _kill_all_live, exitpriority=100)
 
 
-_install_exit_hook()
+_exit_hook_lock = threading.Lock()

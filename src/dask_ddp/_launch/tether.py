@@ -1,4 +1,4 @@
-"""``python _guard.py CMD ARGS...``: exec CMD so that it dies with its supervisor (internal).
+"""``python tether.py CMD ARGS...``: exec CMD so that it dies with its supervisor (internal).
 
 Run as a script (standard library only, no package import, ~20 ms): it asks the kernel
 to SIGKILL this process when the supervisor's thread ends (``PR_SET_PDEATHSIG``, kept
@@ -17,14 +17,28 @@ import sys
 PR_SET_PDEATHSIG = 1
 
 
+def die_with_parent() -> str | None:
+    """Ask the kernel to SIGKILL this process when its parent's thread ends.
+
+    Returns ``None``, or why it could not (not Linux, or prctl failed). The setting is
+    kept across ``exec``; the rank process (:mod:`dask_ddp._launch.rank`) sets it too.
+    """
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL) != 0:
+            return f"prctl(PR_SET_PDEATHSIG) failed: {os.strerror(ctypes.get_errno())}"
+    except (OSError, AttributeError) as exc:  # no libc prctl (not Linux)
+        return f"prctl(PR_SET_PDEATHSIG) unavailable: {exc}"
+    return None
+
+
 def main(argv: list[str]) -> None:
     if not argv:
-        sys.stderr.write("usage: python _guard.py CMD [ARGS...] (started by dask-ddp)\n")
+        sys.stderr.write("usage: python tether.py CMD [ARGS...] (started by dask-ddp)\n")
         sys.exit(2)
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL) != 0:
-        sys.stderr.write(f"dask-ddp: prctl(PR_SET_PDEATHSIG) failed: "
-                         f"{os.strerror(ctypes.get_errno())}\n")
+    problem = die_with_parent()
+    if problem is not None:
+        sys.stderr.write(f"dask-ddp: {problem}\n")
     expected = os.environ.get("DASK_DDP_SUPERVISOR_PID")
     if expected is not None and os.getppid() != int(expected):
         sys.exit(137)  # the worker is gone already

@@ -34,7 +34,7 @@ def _start_time(pid: int) -> float | None:
         return None
 
 
-def create(job_id: str, rank: int) -> str:
+def create_workdir(job_id: str, rank: int) -> str:
     """A fresh work directory for rank ``rank`` of ``job_id``, owned by this process."""
     path = tempfile.mkdtemp(prefix=f"{PREFIX}{job_id[:8]}-r{rank}-")
     with open(os.path.join(path, _OWNER), "w") as f:
@@ -42,7 +42,7 @@ def create(job_id: str, rank: int) -> str:
     return path
 
 
-def remove(path: str) -> None:
+def remove_workdir(path: str) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
@@ -62,7 +62,7 @@ def clean_orphans(root: str | None = None) -> list[str]:
     for path in glob.glob(os.path.join(root or tempfile.gettempdir(), PREFIX + "*")):
         with contextlib.suppress(OSError):
             if os.path.isdir(path) and _orphaned(path):
-                remove(path)
+                remove_workdir(path)
                 removed.append(path)
     if removed:
         logger.info("removed %d work dirs of dead dask-ddp workers: %s", len(removed),

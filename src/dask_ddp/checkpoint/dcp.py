@@ -30,7 +30,7 @@ every rank, naming the URL, key and rank.
 Reading fetches only what the rank needs: ranged GETs of the byte ranges of the items in the
 rank's load plan (neighbouring ranges of one object merged), in parallel.
 
-:mod:`dask_ddp.checkpoint_sharded` adds the step layout of :mod:`dask_ddp.checkpoint`
+:mod:`dask_ddp.checkpoint.sharded` adds the step layout of :mod:`dask_ddp.checkpoint`
 (``checkpoints/step-000000000100/``), the newest-complete-step lookup and retention, and
 :class:`dask_ddp.Checkpointer`'s ``sharded=True`` mode.
 """
@@ -67,7 +67,8 @@ from torch.distributed.checkpoint.planner import (
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
-from .checkpoint import _retry
+from dask_ddp._identity import process_group
+from dask_ddp.checkpoint.layout import open_store, retry
 
 if TYPE_CHECKING:
     from dask_ddp.storage import Store
@@ -91,17 +92,8 @@ _MERGE_GAP = 1 << 20
 def _rank_of(rank: int | None) -> int:
     if rank is not None:
         return rank
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank()
-    return int(os.environ.get("RANK", "0"))
-
-
-def _no_dist() -> bool:
-    import torch.distributed as dist
-
-    return not (dist.is_available() and dist.is_initialized())
+    group = process_group()
+    return group[0] if group is not None else int(os.environ.get("RANK", "0"))
 
 
 @contextlib.contextmanager
@@ -110,12 +102,6 @@ def _quiet_single_process() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         yield
-
-
-def _open_store(url: str, options: dict[str, Any]) -> Store:
-    from dask_ddp import storage
-
-    return storage.open(url, **options)
 
 
 def _check_url(url: str | os.PathLike[str], schemes: Sequence[str], who: str) -> str:
@@ -211,7 +197,7 @@ class StorageWriter(dcp.StorageWriter):
         # Runs on the coordinator before any rank writes: clear an older checkpoint in the
         # folder, .metadata first, so it never describes a mix of old and new objects. Only
         # it matters (objects it does not name are never read): its deletion must succeed.
-        _retry(
+        retry(
             lambda: self.store.delete(METADATA),
             attempts=self.put_attempts,
             on_error=lambda e: self._errors().wrap("deleting the old", METADATA, e),
@@ -270,7 +256,7 @@ class StorageWriter(dcp.StorageWriter):
     @property
     def store(self) -> Store:
         if self._store is None:
-            self._store = _open_store(self.url, self.store_options)
+            self._store = open_store(self.url, **self.store_options)
         return self._store
 
     def _errors(self) -> _Errors:
@@ -299,7 +285,7 @@ class StorageWriter(dcp.StorageWriter):
         return results
 
     def _put(self, key: str, data: bytes | memoryview) -> None:
-        _retry(
+        retry(
             lambda: self.store.put(key, data),
             attempts=self.put_attempts,
             on_error=lambda e: self._errors().wrap("writing", key, e),
@@ -414,12 +400,12 @@ class StorageReader(dcp.StorageReader):
     @property
     def store(self) -> Store:
         if self._store is None:
-            self._store = _open_store(self.url, self.store_options)
+            self._store = open_store(self.url, **self.store_options)
         return self._store
 
     def _get(self, key: str, offset: int, length: int | None) -> bytes:
         errors = _Errors("StorageReader", self.url, _rank_of(self.rank))
-        data = _retry(
+        data = retry(
             lambda: self.store.get_range(key, offset, length),
             attempts=1,
             on_error=lambda e: errors.wrap("reading", key, e),

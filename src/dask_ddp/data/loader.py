@@ -28,7 +28,7 @@ import torch
 from torch.utils.data import Subset
 
 from dask_ddp import _core
-from dask_ddp._rankenv import cores_per_rank
+from dask_ddp._identity import cores_per_rank, process_group
 from dask_ddp.data import transforms as T
 from dask_ddp.data.datasets import ImageList
 from dask_ddp.data.shards import TarShards
@@ -38,14 +38,6 @@ __all__ = ["Loader"]
 logger = logging.getLogger(__name__)
 
 _ON_ERROR = ("raise", "skip")
-
-
-def _process_group() -> tuple[int, int] | None:
-    """(rank, world_size) of the default process group, or None when there is none."""
-    dist = torch.distributed
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return None
 
 
 def _resolve_dataset(dataset: object) -> tuple[ImageList, list[int] | None]:
@@ -168,7 +160,7 @@ class Loader:
             raise ValueError(f"prefetch must be >= 1, got {prefetch}")
         if num_threads is not None and num_threads < 1:
             raise ValueError(f"num_threads must be >= 1, got {num_threads}")
-        group = _process_group()
+        group = process_group()
         if rank is None or world_size is None:
             if group is not None:
                 rank = group[0] if rank is None else rank

@@ -14,25 +14,27 @@ rank load the same step.
 
 from __future__ import annotations
 
+import concurrent.futures
+import io
 import logging
 import random
 from typing import Any
 
-from .checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
+from dask_ddp._identity import process_group
+from dask_ddp.checkpoint.full import (
+    list_checkpoints,
+    load_checkpoint,
+    read_verified,
+    save_checkpoint,
+    wait_checkpoints,
+)
+from dask_ddp.checkpoint.layout import open_store, storage_url
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["Checkpointer", "restore_training_state", "training_state"]
 
 _FORMAT = 1
-
-
-def _group() -> tuple[int, int] | None:
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return None
 
 
 def _unwrap(model: Any) -> Any:
@@ -109,7 +111,7 @@ def training_state(model: Any, optimizer: Any = None, scheduler: Any = None,
     """
     mine = {"rng": _rng_state(),
             "loader": loader.state_dict() if loader is not None else None}
-    group = _group()
+    group = process_group()
     if group is None:
         ranks = [mine]
     else:
@@ -169,7 +171,7 @@ def restore_training_state(state: dict[str, Any], model: Any, optimizer: Any = N
     if not isinstance(state, dict) or state.get("format") != _FORMAT:
         raise ValueError("restore_training_state() needs a dict made by training_state(), "
                          f"got {type(state).__name__}")
-    group = _group()
+    group = process_group()
     rank, world = group if group is not None else (0, 1)
     if model is not None and state["model"] is not None:
         _unwrap(model).load_state_dict(state["model"])
@@ -193,7 +195,7 @@ def restore_training_state(state: dict[str, Any], model: Any, optimizer: Any = N
 
 def _chosen_by_rank0(choose: Any) -> Any:
     """``choose()`` on rank 0, broadcast to every rank (collective in a job)."""
-    group = _group()
+    group = process_group()
     if group is None:
         return choose()
     import torch.distributed as dist
@@ -236,7 +238,7 @@ class Checkpointer:
         Save through ``torch.distributed.checkpoint`` (DCP): every rank writes its own
         shards of the model and optimizer (``get_state_dict``: FSDP2, DDP or a plain
         module), and a restore reshards to any world size. See
-        :mod:`dask_ddp.checkpoint_sharded`.
+        :mod:`dask_ddp.checkpoint.sharded`.
     async_save : bool
         Sharded only: ``dcp.async_save``, so :meth:`save` returns once the state is copied
         to memory and the upload overlaps training. Call :meth:`wait` before the training
@@ -273,8 +275,11 @@ class Checkpointer:
                              "checkpoints upload in the background already)")
         self.sharded = sharded
         self.async_save = async_save
-        #: Sharded mode's state (dask_ddp.checkpoint_sharded.ShardedState), made at first use.
-        self._dcp: Any = None
+        #: Sharded mode: the gloo group of async saves (their collectives must not
+        #: interleave with training's), made at the first async save.
+        self._save_group: Any = None
+        #: Sharded mode: the async save in flight, if any (one at a time: bounded memory).
+        self._pending: concurrent.futures.Future[str] | None = None
         self.model = model
         self.optimizer = optimizer
         self.scheduler = scheduler
@@ -292,9 +297,7 @@ class Checkpointer:
         ranks.
         """
         if self.sharded:
-            from .checkpoint_sharded import save_training
-
-            return save_training(self, step, extra)
+            return self._save_sharded(step, extra)
         state = training_state(self.model, self.optimizer, self.scheduler, self.loader,
                                **{"step": step, **extra})
         return save_checkpoint(state, step, storage=self.storage, rank=0, keep=self.keep)
@@ -311,9 +314,7 @@ class Checkpointer:
             is no checkpoint yet (a fresh start).
         """
         if self.sharded:
-            from .checkpoint_sharded import restore_training
-
-            return restore_training(self)
+            return self._restore_sharded()
         step = _chosen_by_rank0(self._newest)
         self.restored_step = step
         if step is None:
@@ -330,21 +331,81 @@ class Checkpointer:
         """Wait until this process's checkpoints are complete in storage (raises their
         error)."""
         if self.sharded:
-            from .checkpoint_sharded import wait_training
-
-            wait_training(self, timeout)
+            pending, self._pending = self._pending, None
+            if pending is not None:
+                pending.result(timeout)
         else:
-            from .checkpoint import wait_checkpoints
-
             wait_checkpoints(timeout)
 
     def _newest(self) -> int | None:
         # The newest step whose data matches its manifest (load_checkpoint's choice).
-        from .checkpoint import _open, _read_verified, _storage_url
-
-        url = _storage_url(self.storage)
-        store = _open(url)
+        url = storage_url(self.storage)
+        store = open_store(url)
         for s in reversed(list_checkpoints(url)):
-            if _read_verified(store, url, s) is not None:
+            if read_verified(store, url, s) is not None:
                 return s
         return None
+
+    # -- sharded=True: the model and optimizer through DCP -------------------------------
+
+    def _model_and_optim(self) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
+
+        if self.optimizer is None:
+            return {"model": get_model_state_dict(self.model)}
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        return {"model": model_sd, "optim": optim_sd}
+
+    def _save_sharded(self, step: int, extra: dict[str, Any]) -> Any:
+        """The model and optimizer go through DCP, sharded as they are in memory; the rest
+        of the training state (scheduler, every rank's RNG states and loader position,
+        ``extra``) is :func:`training_state` without the model, one small object in the
+        same checkpoint."""
+        import torch
+
+        from dask_ddp.checkpoint.sharded import save_sharded
+
+        if self._pending is not None:  # one staged copy at a time: bounded memory
+            self.wait()
+        rest = training_state(None, None, self.scheduler, self.loader, **{"step": step, **extra})
+        buf = io.BytesIO()
+        torch.save(rest, buf)
+        state = {**self._model_and_optim(), "train": buf.getvalue()}
+        if not self.async_save:
+            return save_sharded(state, step, storage=self.storage, keep=self.keep)
+        if self._save_group is None and process_group() is not None:
+            import torch.distributed as dist
+
+            self._save_group = dist.new_group(backend="gloo")
+        self._pending = save_sharded(
+            state, step, storage=self.storage, keep=self.keep, async_save=True,
+            process_group=self._save_group,
+        )
+        return self._pending
+
+    def _restore_sharded(self) -> dict[str, Any]:
+        """Rank 0 picks the newest complete step and tells the others; every rank then
+        reads the shards it needs for its own part of the model and optimizer, whatever
+        world size saved them."""
+        import torch
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        from dask_ddp.checkpoint.sharded import latest_sharded_step, load_sharded
+
+        url = storage_url(self.storage)
+        step = _chosen_by_rank0(lambda: latest_sharded_step(url))
+        self.restored_step = step
+        if step is None:
+            return {}
+        state = {**self._model_and_optim(), "train": b""}
+        load_sharded(state, storage=url, step=step)
+        if self.optimizer is None:
+            set_state_dict(self.model, [], model_state_dict=state["model"], optim_state_dict={})
+        else:
+            set_state_dict(
+                self.model, self.optimizer, model_state_dict=state["model"],
+                optim_state_dict=state["optim"],
+            )
+        rest = torch.load(io.BytesIO(state["train"]), weights_only=True)
+        logger.info("restored sharded checkpoint step %d from %s", step, url)
+        return restore_training_state(rest, None, None, self.scheduler, self.loader)

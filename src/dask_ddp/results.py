@@ -197,11 +197,9 @@ def report(metrics: dict[str, Any], step: int | None = None) -> None:
 
 
 def _inline_max() -> int:
-    import dask.config
-    from dask.utils import parse_bytes
+    from dask_ddp._config import positive_bytes
 
-    value = dask.config.get("dask-ddp.results.inline-max", default="4 MiB")
-    return parse_bytes(value) if isinstance(value, str) else int(value)
+    return positive_bytes("dask-ddp.results.inline-max", allow_zero=True)
 
 
 class DaskResultsHandler:

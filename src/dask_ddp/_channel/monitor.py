@@ -20,21 +20,17 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
-import dask.config
-
 from dask_ddp._channel.reader import GapError, Reader, Record, follow
 from dask_ddp._channel.records import KIND_METRIC
 from dask_ddp._channel.wire import metrics_topic
+from dask_ddp._config import positive_int
 
 logger = logging.getLogger(__name__)
 
 
 def buffer_limit() -> int:
     """Records a monitor keeps without an output folder (``dask-ddp.results.metrics-buffer``)."""
-    value = int(dask.config.get("dask-ddp.results.metrics-buffer", default=100_000))
-    if value <= 0:
-        raise ValueError(f"dask-ddp.results.metrics-buffer must be positive, got {value}")
-    return value
+    return positive_int("dask-ddp.results.metrics-buffer")
 
 
 class RecordBuffer:

@@ -26,8 +26,7 @@ import struct
 from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
-import dask.config
-from dask.utils import parse_bytes, parse_timedelta
+from dask_ddp._config import positive_bytes, positive_seconds
 
 ENV_FD = "DASK_DDP_CHANNEL_FD"
 #: Writes up to this size are atomic on a pipe (POSIX PIPE_BUF on Linux).
@@ -125,42 +124,26 @@ def metrics_topic(job_id: str) -> str:
     return f"metrics/{job_id}"
 
 
-def _positive_bytes(name: str, default: str) -> int:
-    value = dask.config.get(name, default=default)
-    n = parse_bytes(value) if isinstance(value, str) else int(value)
-    if n <= 0:
-        raise ValueError(f"{name} must be positive, got {value!r}")
-    return n
-
-
-def _positive_seconds(name: str, default: str) -> float:
-    value = dask.config.get(name, default=default)
-    s = parse_timedelta(value) if isinstance(value, str) else float(value)
-    if s is None or s <= 0:
-        raise ValueError(f"{name} must be a positive duration, got {value!r}")
-    return float(s)
-
-
 def budget_bytes() -> int:
     """The per-topic memory budget on the scheduler (``dask-ddp.results.budget``)."""
-    return _positive_bytes("dask-ddp.results.budget", "64 MiB")
+    return positive_bytes("dask-ddp.results.budget")
 
 
 def part_size() -> int:
     """The largest part a record is cut into on its way through the scheduler."""
-    return _positive_bytes("dask-ddp.results.part-size", "1 MiB")
+    return positive_bytes("dask-ddp.results.part-size")
 
 
 def expiry_seconds() -> float:
     """How long a topic nobody reads, whose writers are done, stays on the scheduler
     (``dask-ddp.results.expiry``)."""
-    return _positive_seconds("dask-ddp.results.expiry", "10 minutes")
+    return positive_seconds("dask-ddp.results.expiry")
 
 
 def put_retry_seconds() -> float:
     """How long a Forwarder retries a put the scheduler does not answer
     (``dask-ddp.results.put-retry``)."""
-    return _positive_seconds("dask-ddp.results.put-retry", "60 s")
+    return positive_seconds("dask-ddp.results.put-retry")
 
 
 def checked_reply(reply: Any, op: str, address: str) -> dict[str, Any]:

@@ -16,20 +16,35 @@ export PYTHONPATH := $(ROOT)/src$(if $(PYTHONPATH),:$(PYTHONPATH))
 # The environment's tools first (cmake, ninja and ctest come from PyPI into it).
 export PATH := $(ROOT)/.venv/bin:$(PATH)
 
-.PHONY: help setup apt venv build develop test test-cpp test-py asan lint stubs demo bench bench-deps fuzz clean \
-	sdist wheel check-wheel
+# What `make test-quick` leaves out: tests that start a LocalCluster, a server or are slow
+# (the markers are applied from the fixtures a test uses: tests/conftest.py).
+QUICK_MARKERS := not dask and not s3 and not server and not slow
+# Setup (apt packages, the Python environment, the dev install) runs again only when one of
+# these changed since it last ran, or the environment is gone.
+SETUP_INPUTS := tools/setup_apt.sh tools/setup_venv.sh pyproject.toml
+SETUP_STAMP := $(BUILD)/.setup-stamp
+
+.PHONY: help setup apt venv build develop test test-quick test-cpp test-py asan lint stubs demo \
+	bench bench-deps fuzz clean sdist wheel check-wheel
 
 help:
-	@echo "make demo   - set up, then train on a local Dask cluster (the embedded default)"
-	@echo "make test   - set up, then run the C++ tests (CTest) and pytest"
-	@echo "make asan   - build and run the C++ tests under ASan+UBSan"
-	@echo "make lint   - ruff and mypy"
-	@echo "make stubs  - regenerate src/dask_ddp/_core.pyi after changing bindings/"
-	@echo "make bench  - run the benchmarks (see BENCHMARKS.md)"
-	@echo "make wheel  - dist/: the sdist and a self-contained manylinux wheel built from it"
+	@echo "make demo       - set up, then train on a local Dask cluster (the embedded default)"
+	@echo "make test       - set up, then the C++ tests (CTest) and the whole pytest suite"
+	@echo "make test-quick - the C++ tests and the Python tests that start no cluster or server"
+	@echo "make setup      - apt packages, the Python environment, the C++ build (what changed)"
+	@echo "make asan       - build and run the C++ tests under ASan+UBSan"
+	@echo "make lint       - ruff, mypy and the import layers (import-linter)"
+	@echo "make stubs      - regenerate src/dask_ddp/_core.pyi after changing bindings/"
+	@echo "make bench      - run the benchmarks (see BENCHMARKS.md)"
+	@echo "make wheel      - dist/: the sdist and a self-contained manylinux wheel built from it"
 	@echo "make check-wheel - install the wheel in a fresh venv and run it with the system libraries hidden"
 
-setup: apt venv build develop
+setup:
+	@if [ ! -x .venv/bin/python ] || [ ! -f $(SETUP_STAMP) ] || \
+	    [ -n "$$(find $(SETUP_INPUTS) -newer $(SETUP_STAMP) 2>/dev/null)" ]; then \
+	  $(MAKE) --no-print-directory apt venv develop && mkdir -p $(BUILD) && touch $(SETUP_STAMP); \
+	fi
+	@$(MAKE) --no-print-directory build
 
 apt:
 	@bash tools/setup_apt.sh
@@ -37,9 +52,17 @@ apt:
 venv:
 	@bash tools/setup_venv.sh
 
-build: venv
-	@$(CMAKE) -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-	  -DPython_EXECUTABLE=$(PY) -DDDP_BUILD_TESTS=ON $(CMAKE_FLAGS) >/dev/null
+# The environment, made when missing (targets below need it but do not re-check it).
+$(PY):
+	@bash tools/setup_venv.sh
+
+# Configured again only when the flags differ from the last configure (ninja re-runs CMake
+# itself when a CMakeLists.txt changes).
+build: | $(PY)
+	@flags="-DCMAKE_BUILD_TYPE=RelWithDebInfo -DPython_EXECUTABLE=$(PY) -DDDP_BUILD_TESTS=ON $(CMAKE_FLAGS)"; \
+	if [ ! -f $(BUILD)/build.ninja ] || [ "$$(cat $(BUILD)/.configure-flags 2>/dev/null)" != "$$flags" ]; then \
+	  $(CMAKE) -S . -B $(BUILD) -G Ninja $$flags >/dev/null && echo "$$flags" > $(BUILD)/.configure-flags; \
+	fi
 	@$(CMAKE) --build $(BUILD) -j $(JOBS)
 
 # Make this checkout the package the environment imports (a .pth to src/) and install the
@@ -53,11 +76,15 @@ develop: venv
 
 test: setup test-cpp test-py
 
+test-quick: build
+	cd $(BUILD) && $(ROOT)/.venv/bin/ctest --output-on-failure -j $(JOBS)
+	$(PY) -m pytest -m "$(QUICK_MARKERS)" -q $(PYTEST_ARGS)
+
 test-cpp:
 	cd $(BUILD) && $(ROOT)/.venv/bin/ctest --output-on-failure -j $(JOBS)
 
 test-py:
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest --durations=15 $(PYTEST_ARGS)
 
 asan: apt venv
 	@$(CMAKE) -S . -B $(ASAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DDDP_SANITIZE=ON \
@@ -66,9 +93,10 @@ asan: apt venv
 	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  $(ROOT)/.venv/bin/ctest --output-on-failure -j $(JOBS)
 
-lint: venv
+lint: | $(PY)
 	$(ROOT)/.venv/bin/ruff check src tests benchmarks examples
 	$(ROOT)/.venv/bin/mypy
+	$(ROOT)/.venv/bin/lint-imports --no-cache
 
 # The type stub of the C++ module, checked in (tests/test_stubs.py fails when it is stale).
 stubs: build

@@ -11,6 +11,45 @@ from collections.abc import Iterator
 
 import pytest
 
+#: Fixtures that start something outside the test process, and the marker each implies. A
+#: test using one (directly or through another fixture) gets the marker, so
+#: ``make test-quick`` (``-m "not dask and not s3 and not server and not slow"``) never
+#: starts a cluster or a server. Tests that start a LocalCluster in their body carry the
+#: ``dask`` marker themselves; :func:`_unmarked_tests_start_no_cluster` holds them to it.
+FIXTURE_MARKERS = {
+    "client": "dask",
+    "cluster": "dask",
+    "s3_server": "s3",
+    "s3_bucket": "s3",
+    "s3_auth_server": "s3",
+    "fault_server": "server",
+    "http_server": "server",
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        for name in getattr(item, "fixturenames", ()):
+            marker = FIXTURE_MARKERS.get(name)
+            if marker is not None and item.get_closest_marker(marker) is None:
+                item.add_marker(marker)
+
+
+@pytest.fixture(autouse=True)
+def _unmarked_tests_start_no_cluster(request: pytest.FixtureRequest,
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test without the ``dask`` marker that starts a LocalCluster fails, naming the fix."""
+    if request.node.get_closest_marker("dask") is not None:
+        return
+    from distributed.deploy.spec import SpecCluster
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError(
+            f"{request.node.nodeid} starts a Dask cluster but is not marked 'dask': add "
+            "pytest.mark.dask (make test-quick must start no cluster)")
+
+    monkeypatch.setattr(SpecCluster, "__init__", refuse)
+
 
 def free_port() -> int:
     """Return a TCP port on 127.0.0.1 that was free a moment ago."""

@@ -49,6 +49,7 @@ def assert_settled(client: Client, job: dask_ddp.ElasticJob) -> None:
 
 # -- argument checks and the resume helpers, in this process ------------------------------
 
+@pytest.mark.dask
 def test_arguments_are_validated() -> None:
     with local_cluster(n_workers=1) as cluster, Client(cluster) as client:
         for kwargs, name in (({"max_restarts": -1}, "max_restarts"),

@@ -1,4 +1,4 @@
-"""The results channel leaves nothing behind and never hangs (issue 12).
+"""The results channel leaves nothing behind and never hangs.
 
 Real LocalCluster, real rank subprocesses behind real Forwarders, a real client process
 killed with SIGKILL. Each test names the defect it proves fixed.

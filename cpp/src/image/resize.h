@@ -44,10 +44,11 @@ void ResizeRgb8Rows(const Rgb8View& src, int out_width, int out_height, ResizeFi
                     const RowSink& sink);
 
 namespace internal {
-// The SIMD loops this CPU runs: the best it has (checked once), unless a test capped it.
-// The wheel's baseline is SSE2 (every x86-64 CPU); the SSSE3 (every x86-64 CPU since
-// ~2008 but the oldest AMD ones) and AVX2 loops are chosen at run time and give the same
-// values as the SSE2 ones.
+// The SIMD level this CPU runs: the best it has (checked once), unless a test capped it.
+// The wheel's baseline is SSE2 (every x86-64 CPU); higher levels are chosen at run time
+// and give the same values as the SSE2 loops. Resize has SSE2 and AVX2 loops (at the SSSE3
+// level it runs the SSE2 ones); the SSSE3 level is the fused output write's
+// (transforms.cc).
 enum class Simd { kSse2 = 0, kSsse3 = 1, kAvx2 = 2 };
 Simd SimdLevel();
 // Tests only: run at most the loops of `cap`, to compare every level.

@@ -64,8 +64,9 @@ TEST(Resize, RowsGiveTheSamePixelsAsTheWholeImage) {
   }
 }
 
-// The AVX2 and SSSE3 loops (chosen at run time) give the pixels of the SSE2 ones, for
-// every filter path, odd widths (the SIMD/scalar split) and strided views.
+// Every SIMD level (chosen at run time: the AVX2 loops, and at the SSSE3 level the SSE2
+// ones) gives the pixels of the SSE2 loops, for every filter path, odd widths (the
+// SIMD/scalar split) and strided views.
 TEST(Resize, EverySimdLevelGivesTheSamePixels) {
   using internal::Simd;
   if (internal::SimdLevel() == Simd::kSse2) GTEST_SKIP() << "only the SSE2 loops run on this CPU";

@@ -4,7 +4,7 @@
 // derives the signing key (four chained HMAC-SHA256s over date, region, service and
 // "aws4_request") again for every request and parses the request's headers to build the
 // canonical request; with many small GETs that was about a third of the client's CPU per
-// object (issue 11). libcurl has no hook to cache the key, so this signer keeps the
+// object (measured with perf on get_many from nginx). libcurl has no hook to cache the key, so this signer keeps the
 // derived key per (date, secret) and signs with one SHA-256 and one HMAC per request.
 // The crypto is OpenSSL's libcrypto (the TLS library libcurl already links).
 //

@@ -1,34 +1,46 @@
 """The package's configuration: Dask config keys under ``dask-ddp``, defaults in YAML.
 
 The defaults live in ``dask-ddp.yaml`` beside this file and are merged into Dask's
-configuration (``dask.config.update_defaults``) when this module is first imported, so a
-value the user set (a YAML file, ``dask.config.set``, ``DASK_DASK_DDP__...`` variables)
-wins. Every module that reads a ``dask-ddp.*`` key reads it through here.
+configuration (``dask.config.update_defaults``) when the first key is read, so a value the
+user set (a YAML file, ``dask.config.set``, ``DASK_DASK_DDP__...`` variables) wins. Every
+module that reads a ``dask-ddp.*`` key reads it through here. Importing this module costs
+nothing: ``dask`` is imported with the first read (a rank that only writes records never
+reads a key, and never imports dask).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
-import dask.config
-import yaml
-from dask.utils import parse_bytes, parse_timedelta
-
 _FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dask-ddp.yaml")
 
-with open(_FILE, encoding="utf-8") as _f:
-    DEFAULTS: dict[str, Any] = yaml.safe_load(_f)
-dask.config.update_defaults(DEFAULTS)
+
+@functools.cache
+def defaults() -> dict[str, Any]:
+    """The package's defaults (``dask-ddp.yaml``), merged into Dask's config once."""
+    import dask.config
+    import yaml
+
+    with open(_FILE, encoding="utf-8") as f:
+        values: dict[str, Any] = yaml.safe_load(f)
+    dask.config.update_defaults(values)
+    return values
 
 
 def get(key: str) -> Any:
     """The value of ``key`` (``"dask-ddp.results.budget"``)."""
+    import dask.config
+
+    defaults()
     return dask.config.get(key)
 
 
 def positive_bytes(key: str, *, allow_zero: bool = False) -> int:
     """``key`` as a positive number of bytes (``"64 MiB"`` or an int)."""
+    from dask.utils import parse_bytes
+
     value = get(key)
     n = parse_bytes(value) if isinstance(value, str) else int(value)
     if n < 0 or (n == 0 and not allow_zero):
@@ -38,6 +50,8 @@ def positive_bytes(key: str, *, allow_zero: bool = False) -> int:
 
 def positive_seconds(key: str) -> float:
     """``key`` as a positive duration in seconds (``"30 s"`` or a number)."""
+    from dask.utils import parse_timedelta
+
     value = get(key)
     s = parse_timedelta(value) if isinstance(value, str) else float(value)
     if s is None or s <= 0:

@@ -26,7 +26,7 @@ import struct
 from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
-from dask_ddp._config import positive_bytes, positive_seconds
+from dask_ddp import _config
 
 ENV_FD = "DASK_DDP_CHANNEL_FD"
 #: Writes up to this size are atomic on a pipe (POSIX PIPE_BUF on Linux).
@@ -126,24 +126,24 @@ def metrics_topic(job_id: str) -> str:
 
 def budget_bytes() -> int:
     """The per-topic memory budget on the scheduler (``dask-ddp.results.budget``)."""
-    return positive_bytes("dask-ddp.results.budget")
+    return _config.positive_bytes("dask-ddp.results.budget")
 
 
 def part_size() -> int:
     """The largest part a record is cut into on its way through the scheduler."""
-    return positive_bytes("dask-ddp.results.part-size")
+    return _config.positive_bytes("dask-ddp.results.part-size")
 
 
 def expiry_seconds() -> float:
     """How long a topic nobody reads, whose writers are done, stays on the scheduler
     (``dask-ddp.results.expiry``)."""
-    return positive_seconds("dask-ddp.results.expiry")
+    return _config.positive_seconds("dask-ddp.results.expiry")
 
 
 def put_retry_seconds() -> float:
     """How long a Forwarder retries a put the scheduler does not answer
     (``dask-ddp.results.put-retry``)."""
-    return positive_seconds("dask-ddp.results.put-retry")
+    return _config.positive_seconds("dask-ddp.results.put-retry")
 
 
 def checked_reply(reply: Any, op: str, address: str) -> dict[str, Any]:

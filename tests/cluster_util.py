@@ -13,7 +13,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import psutil
+import pytest
 from distributed import Client, LocalCluster
+
+from waits import wait_until
 
 
 def local_cluster(n_workers: int, threads_per_worker: int = 1) -> LocalCluster:
@@ -23,12 +26,27 @@ def local_cluster(n_workers: int, threads_per_worker: int = 1) -> LocalCluster:
 
 
 @contextlib.contextmanager
-def cluster_client(n_workers: int) -> Iterator[Client]:
+def cluster_client(n_workers: int, threads_per_worker: int = 1) -> Iterator[Client]:
     """A client of a fresh local cluster; on exit, no rank process of it may be left."""
-    with local_cluster(n_workers=n_workers) as cluster, Client(cluster) as c:
+    with local_cluster(n_workers, threads_per_worker) as cluster, Client(cluster) as c:
         yield c
         addr = c.scheduler.address
     wait_no_rank_processes(addr, 10)
+
+
+def client_fixture(n_workers: int, threads_per_worker: int = 1) -> Any:
+    """A module's ``client`` fixture: one fresh cluster for the module's tests.
+
+    Use as ``client = client_fixture(2)`` at module level; the ``dask`` marker follows
+    from the fixture's name (tests/conftest.py).
+    """
+
+    @pytest.fixture(scope="module")
+    def client() -> Iterator[Client]:
+        with cluster_client(n_workers, threads_per_worker) as c:
+            yield c
+
+    return client
 
 
 def rank_processes(scheduler: str, marker: str = "dask_ddp._launch.rank") -> list[psutil.Process]:
@@ -55,25 +73,18 @@ def rank_processes(scheduler: str, marker: str = "dask_ddp._launch.rank") -> lis
 def wait_no_rank_processes(scheduler: str, timeout: float = 30.0,
                            marker: str = "dask_ddp._launch.rank") -> None:
     """Fail unless every rank process of the cluster is gone within ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        left = rank_processes(scheduler, marker)
-        if not left:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"rank processes still running after {timeout}s: "
-                                 f"{[(p.pid, p.cmdline()) for p in left]}")
-        time.sleep(0.2)
+    wait_until(lambda: [(p.pid, p.cmdline()) for p in rank_processes(scheduler, marker)],
+               timeout, "rank processes still running")
 
 
 def wait_rank_processes(scheduler: str, n: int, timeout: float = 60.0,
                         marker: str = "dask_ddp._launch.rank") -> None:
     """Wait until at least ``n`` rank processes of the cluster run."""
-    deadline = time.monotonic() + timeout
-    while len(rank_processes(scheduler, marker)) < n:
-        if time.monotonic() > deadline:
-            raise AssertionError(f"fewer than {n} rank processes after {timeout}s")
-        time.sleep(0.2)
+    def fewer() -> str | None:
+        running = len(rank_processes(scheduler, marker))
+        return f"{running} running" if running < n else None
+
+    wait_until(fewer, timeout, f"fewer than {n} rank processes")
 
 
 # -- functions run inside rank processes ----------------------------------------------------

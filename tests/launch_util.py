@@ -12,6 +12,8 @@ import threading
 import time
 from typing import Any
 
+from waits import wait_until  # noqa: F401 - re-exported for the launch tests
+
 ACTIVE = ("processing", "waiting", "no-worker", "queued")
 
 
@@ -67,18 +69,6 @@ def results_topics(dask_scheduler: Any) -> list[str]:
 
 def work_dirs(job_id: str) -> list[str]:
     return glob.glob(os.path.join(tempfile.gettempdir(), f"dask-ddp-{job_id[:8]}-*"))
-
-
-def wait_until(check: Any, timeout: float, what: str) -> None:
-    """Poll ``check()`` (falsy: done) until ``timeout``; fail naming what is left."""
-    deadline = time.monotonic() + timeout
-    while True:
-        left = check()
-        if not left:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} after {timeout}s: {left}")
-        time.sleep(0.2)
 
 
 def chaos_train(steps: int, raise_rank: int, raise_at: int) -> dict[str, Any]:

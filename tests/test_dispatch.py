@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import time
-from collections.abc import Iterator
 
 import psutil
 import pytest
@@ -14,10 +13,10 @@ from distributed import Client
 import dask_ddp
 from cluster_util import (
     all_reduce_rank,
+    client_fixture,
     dataloader_rank,
     ddp_train,
     exit_on_rank,
-    local_cluster,
     print_rank,
     raise_on_rank,
     sleep_in_collectives,
@@ -31,12 +30,7 @@ from dask_ddp import dispatch
 pytestmark = [pytest.mark.dask, pytest.mark.timeout(180)]
 
 
-@pytest.fixture(scope="module")
-def client() -> Iterator[Client]:
-    with local_cluster(n_workers=4, threads_per_worker=2) as cluster, Client(cluster) as c:
-        yield c
-        addr = c.scheduler.address
-    wait_no_rank_processes(addr, 10)
+client = client_fixture(4, threads_per_worker=2)
 
 
 @pytest.mark.parametrize("n", [2, 4])

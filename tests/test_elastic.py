@@ -19,18 +19,15 @@ import dask_ddp
 from cluster_util import local_cluster, wait_no_rank_processes
 from elastic_util import collectives_until, raise_with_attempt, resumable_train
 from images import file_putter, write_folder
+from waits import wait_until
 
 TIMEOUT = pytest.mark.timeout(150)
 
 
 def wait_marks(folder: Path, names: list[str], timeout: float = 60.0) -> float:
     """Wait until every mark file exists; return when (monotonic)."""
-    deadline = time.monotonic() + timeout
-    while not all((folder / n).exists() for n in names):
-        if time.monotonic() > deadline:
-            have = sorted(p.name for p in folder.iterdir())
-            raise AssertionError(f"marks {names} not all there after {timeout}s: {have}")
-        time.sleep(0.02)
+    wait_until(lambda: [n for n in names if not (folder / n).exists()], timeout,
+               f"marks missing in {folder}", interval=0.02)
     return time.monotonic()
 
 
@@ -204,8 +201,14 @@ def test_repeated_kills_leave_nothing_behind(tmp_path: Path) -> None:
     with local_cluster(n_workers=2) as cluster, Client(cluster) as client:
         job = dask_ddp.submit(client, collectives_until, 600.0, 0.5, 2, str(marks),
                               progress=False, max_restarts=3, output_dir=tmp_path / "out")
+        metrics = tmp_path / "out" / "metrics.jsonl"
         for attempt in (0, 1):
             wait_marks(marks, [f"start-a{attempt}-r0", f"start-a{attempt}-r1"])
+            # A record still in its worker's pipe dies with the worker: kill only once this
+            # attempt's record has reached the client.
+            wait_until(lambda a=attempt: not metrics.exists() or len(
+                metrics.read_text().splitlines()) <= a, 60,
+                f"attempt {attempt}'s metric record not in {metrics}")
             kill_worker(client, job.workers[attempt % 2])
         out = job.result(timeout=90)
         assert [o["restart"] for o in out] == [2, 2]

@@ -6,14 +6,13 @@ import os
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from distributed import Client
 
 import dask_ddp
-from cluster_util import local_cluster, wait_no_rank_processes
+from cluster_util import client_fixture, wait_no_rank_processes
 
 pytestmark = [pytest.mark.dask, pytest.mark.timeout(180)]
 
@@ -36,10 +35,7 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.fixture(scope="module")
-def client() -> Iterator[Client]:
-    with local_cluster(n_workers=2) as cluster, Client(cluster) as c:
-        yield c
+client = client_fixture(2)
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gc
 import weakref
-from collections.abc import Iterator
 from pathlib import Path
 
 import dask
@@ -13,7 +12,7 @@ from distributed import Client
 
 import dask_ddp
 from cluster_util import (
-    cluster_client,
+    client_fixture,
     local_cluster,
     rank_processes,
     sleep_in_collectives,
@@ -34,10 +33,7 @@ from launch_util import (
 pytestmark = [pytest.mark.dask, pytest.mark.timeout(240)]
 
 
-@pytest.fixture(scope="module")
-def client() -> Iterator[Client]:
-    with cluster_client(2) as c:
-        yield c
+client = client_fixture(2)
 
 
 def test_forwarder_close_failure_keeps_the_rank_outcome() -> None:

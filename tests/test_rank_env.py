@@ -10,14 +10,13 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from distributed import Client, LocalCluster
 
 import dask_ddp
-from cluster_util import local_cluster, wait_no_rank_processes
+from cluster_util import client_fixture, wait_no_rank_processes
 from dask_ddp import _identity
 from dask_ddp._launch import rank_env as _rankenv
 
@@ -117,12 +116,7 @@ def test_loader_default_threads_follow_local_world_size(
 
 # -- on a LocalCluster: the nanny runs in this process ---------------------------------------
 
-@pytest.fixture(scope="module")
-def client() -> Iterator[Client]:
-    with local_cluster(n_workers=2) as cluster, Client(cluster) as c:
-        yield c
-        addr = c.scheduler.address
-    wait_no_rank_processes(addr, 10)
+client = client_fixture(2)
 
 
 def test_local_cluster_rank_lacks_the_nannys_settings(client: Client) -> None:

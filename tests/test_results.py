@@ -22,7 +22,7 @@ import pytest
 from distributed import Client, LocalCluster
 
 from _rankproc import run_rank
-from cluster_util import local_cluster
+from cluster_util import client_fixture
 from conftest import free_port
 from dask_ddp import _channel, results
 from dask_ddp._channel import rank_writer as _rankwriter
@@ -32,10 +32,7 @@ from dask_ddp._channel import wire as _wire
 pytestmark = [pytest.mark.dask, pytest.mark.timeout(300)]
 
 
-@pytest.fixture(scope="module")
-def client() -> Any:
-    with local_cluster(2, threads_per_worker=2) as cluster, Client(cluster) as c:
-        yield c
+client = client_fixture(2, threads_per_worker=2)
 
 
 @dataclass

@@ -8,14 +8,14 @@ from __future__ import annotations
 import json
 import pickle
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from distributed import Client
 
 import dask_ddp
-from cluster_util import local_cluster
+from cluster_util import client_fixture
 from dask_ddp import dispatch, results
 from dask_ddp.checkpoint import load_checkpoint
 from dask_ddp.plot import main as plot_main
@@ -23,10 +23,7 @@ from dask_ddp.plot import main as plot_main
 pytestmark = [pytest.mark.dask, pytest.mark.slow, pytest.mark.timeout(300)]
 
 
-@pytest.fixture(scope="module")
-def client() -> Iterator[Client]:
-    with local_cluster(2, threads_per_worker=2) as cluster, Client(cluster) as c:
-        yield c
+client = client_fixture(2, threads_per_worker=2)
 
 
 def make_seed_training(rh: results.DaskResultsHandler) -> Callable[..., None]:

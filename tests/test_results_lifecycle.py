@@ -21,13 +21,13 @@ from typing import Any
 
 import dask.config
 import pytest
-from distributed import Client
 from distributed.core import rpc
 
-from cluster_util import local_cluster
+from cluster_util import client_fixture
 from conftest import free_port
 from dask_ddp import _channel, results
 from test_results import REPORT_N, JobLike, launch
+from waits import wait_until
 
 pytestmark = [pytest.mark.dask, pytest.mark.timeout(300)]
 
@@ -35,10 +35,7 @@ pytestmark = [pytest.mark.dask, pytest.mark.timeout(300)]
 _FRAME = struct.Struct("!IQIHII")
 
 
-@pytest.fixture(scope="module")
-def client() -> Any:
-    with local_cluster(2, threads_per_worker=2) as cluster, Client(cluster) as c:
-        yield c
+client = client_fixture(2, threads_per_worker=2)
 
 
 def topics(client: Any) -> dict[str, Any]:
@@ -47,14 +44,8 @@ def topics(client: Any) -> dict[str, Any]:
 
 def wait_gone(client: Any, names: list[str], timeout: float) -> float:
     """Seconds until none of ``names`` is a topic on the scheduler; fails after ``timeout``."""
-    t0 = time.monotonic()
-    while True:
-        left = [n for n in names if n in topics(client)]
-        if not left:
-            return time.monotonic() - t0
-        if time.monotonic() - t0 > timeout:
-            raise AssertionError(f"topics still on the scheduler after {timeout} s: {left}")
-        time.sleep(0.2)
+    return wait_until(lambda: [n for n in names if n in topics(client)], timeout,
+                      "topics still on the scheduler")
 
 
 def frames(topic: str, n: int, size: int) -> bytes:

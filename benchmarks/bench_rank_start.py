@@ -86,7 +86,7 @@ def main() -> None:
     here = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
     trees = {"this checkout": here, "baseline": os.path.abspath(args.baseline_src)}
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
-    for name, src in trees.items():  # warm the page cache once each
+    for src in trees.values():  # warm the page cache once each
         one_run(src)
     for _ in range(args.runs):
         for name, src in trees.items():
@@ -102,7 +102,8 @@ def main() -> None:
         loaded = [k[6:] for k in ("loads_distributed", "loads_tornado")
                   if any(k in r for r in results)]
         logger.info("%s: %s", name, cells)
-        logger.info("  the rank imports %s", " and ".join(loaded) or "neither distributed nor tornado")
+        logger.info("  the rank imports %s",
+                    " and ".join(loaded) or "neither distributed nor tornado")
     ratio = (statistics.median(r["wall_s"] for r in runs["this checkout"])
              / statistics.median(r["wall_s"] for r in runs["baseline"]))
     logger.info("wall time, this checkout / baseline: %.2f", ratio)

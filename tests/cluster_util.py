@@ -129,15 +129,18 @@ def exit_on_rank(bad_rank: int, code: int) -> int:
 
 
 def sleep_in_collectives(seconds: float) -> int:
+    """All-reduce until ``seconds`` passed; the ranks decide to stop together (each step
+    all-reduces "my time is up" with MAX), so no rank leaves a peer in a collective."""
     import torch
     import torch.distributed as dist
 
-    t = torch.ones(1)
     deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        dist.all_reduce(t)
+    while True:
+        done = torch.tensor([1.0 if time.monotonic() >= deadline else 0.0])
+        dist.all_reduce(done, op=dist.ReduceOp.MAX)
+        if done.item() > 0:
+            return dist.get_rank()
         time.sleep(0.05)
-    return dist.get_rank()
 
 
 def print_rank() -> None:

@@ -51,6 +51,27 @@ def _unmarked_tests_start_no_cluster(request: pytest.FixtureRequest,
     monkeypatch.setattr(SpecCluster, "__init__", refuse)
 
 
+#: The launcher's waits in tests: short, so a fault is a diagnosis within the test's own
+#: timeout, generous enough for a loaded 2-core machine. Read in the client when a job is
+#: built and carried to the workers in the job's options.
+SHORT_LAUNCH_WAITS = {
+    "dask-ddp.launch.stall-timeout": "30 s",
+    "dask-ddp.launch.term-grace": "2 s",
+    "dask-ddp.launch.forward-close": "20 s",
+    "dask-ddp.launch.reclose": "1 s",
+    "dask-ddp.launch.scheduler-call": "20 s",
+    "dask-ddp.launch.stacks-timeout": "5 s",
+}
+
+
+@pytest.fixture(autouse=True)
+def _short_launch_waits() -> Iterator[None]:
+    import dask
+
+    with dask.config.set(SHORT_LAUNCH_WAITS):
+        yield
+
+
 def free_port() -> int:
     """Return a TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket() as s:

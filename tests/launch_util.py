@@ -25,13 +25,6 @@ def fill_results_then_raise(handler: Any, size: int, message: str) -> None:
     raise ValueError(message)
 
 
-def set_forward_close(seconds: float) -> None:
-    """Worker side: the supervisor's bound on handing a rank's last records on."""
-    from dask_ddp._launch import supervisor as _supervisor
-
-    _supervisor.FORWARD_CLOSE_S = seconds
-
-
 class LoopProbe(dict):  # type: ignore[type-arg]
     """A worker's task table that notes reads from threads other than the event loop."""
 
@@ -89,3 +82,48 @@ def chaos_train(steps: int, raise_rank: int, raise_at: int) -> dict[str, Any]:
         total += x.item()
         time.sleep(0.05)
     return {"rank": info.rank, "total": total, "restart": info.restart}
+
+
+def uneven_collectives(pause: float) -> int:
+    """Rank r all-reduces 3 + r times: rank 0 returns, rank 1 waits in its 4th for good
+    (the most common real hang: uneven data, an early break)."""
+    import torch
+    import torch.distributed as dist
+
+    time.sleep(pause)
+    t = torch.ones(1)
+    for _ in range(3 + dist.get_rank()):
+        dist.all_reduce(t)
+    return dist.get_rank()
+
+
+def long_eval_on_rank0(seconds: float, others: str) -> int:
+    """Rank 0 alone computes for ``seconds`` while the others wait (``others``: "barrier":
+    in ``dist.barrier()``; "return": returned from the function): a healthy job."""
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    if rank == 0:
+        deadline = time.monotonic() + seconds
+        x = 0
+        while time.monotonic() < deadline:  # busy, as an evaluation is
+            x += 1
+    if others == "barrier":
+        dist.barrier()
+    return rank
+
+
+def collectives_forever() -> int:
+    """All-reduce until stopped (a frozen peer leaves the others blocked in one)."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.ones(1)
+    while True:
+        dist.all_reduce(t)
+        time.sleep(0.02)
+
+
+def failure_records(job_id: str, dask_scheduler: Any = None) -> list[dict[str, Any]]:
+    """The job's failure-topic records on the scheduler (``client.run_on_scheduler``)."""
+    return [dict(m) for _, m in dask_scheduler.get_events(f"dask-ddp-failure-{job_id}")]

@@ -26,7 +26,6 @@ from launch_util import (
     fill_results_then_raise,
     install_loop_probe,
     off_loop_reads,
-    set_forward_close,
     wait_until,
 )
 
@@ -40,9 +39,9 @@ def test_forwarder_close_failure_keeps_the_rank_outcome() -> None:
     # A results topic nobody reads fills its budget: the rank's last record cannot be
     # handed on, and the supervisor's close of its forwarder times out. The rank's own
     # error must still be the job's error.
-    with dask.config.set({"dask-ddp.results.budget": "64 KiB"}), \
+    with dask.config.set({"dask-ddp.results.budget": "64 KiB",
+                          "dask-ddp.launch.forward-close": "2 s"}), \
             local_cluster(n_workers=1) as cluster, Client(cluster) as client:
-        client.run(set_forward_close, 2.0)
         handler = DaskResultsHandler("never-read")
         job = dask_ddp.submit(client, fill_results_then_raise, handler, 200_000, "the real cause",
                               n_workers=1)

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
         JobError,
         RankAbortedError,
         RankFailedError,
+        StallError,
         WorkerLostError,
     )
     from dask_ddp.results import report
@@ -53,7 +54,7 @@ _WHERE = {
        for n in ("ElasticJob", "Job", "Restart", "run_command", "submit")},
     **{n: f"dask_ddp.errors:{n}"
        for n in ("GangStartError", "JobError", "RankAbortedError", "RankFailedError",
-                 "WorkerLostError")},
+                 "StallError", "WorkerLostError")},
     **{n: f"dask_ddp.checkpoint:{n}"
        for n in ("Checkpointer", "load_checkpoint", "restore_training_state",
                  "save_checkpoint", "training_state")},
@@ -62,8 +63,8 @@ _WHERE = {
 
 __all__ = [
     "Checkpointer", "ElasticJob", "GangStartError", "Job", "JobError", "RankAbortedError",
-    "RankFailedError", "RankInfo", "Restart", "WorkerLostError", "__version__", "checkpoint",
-    "data", "dispatch", "errors", "load_checkpoint", "rank_info", "report",
+    "RankFailedError", "RankInfo", "Restart", "StallError", "WorkerLostError", "__version__",
+    "checkpoint", "data", "dispatch", "errors", "load_checkpoint", "rank_info", "report",
     "restore_training_state", "results", "run_command", "save_checkpoint", "storage", "submit",
     "training_state",
 ]

@@ -33,8 +33,14 @@ def get(key: str) -> Any:
     """The value of ``key`` (``"dask-ddp.results.budget"``)."""
     import dask.config
 
-    defaults()
-    return dask.config.get(key)
+    values = defaults()
+    try:
+        return dask.config.get(key)
+    except KeyError:
+        # The defaults were merged inside a ``dask.config.set`` block whose exit removed
+        # the whole ``dask-ddp`` section again: merge them once more (set values win).
+        dask.config.update_defaults(values)
+        return dask.config.get(key)
 
 
 def positive_bytes(key: str, *, allow_zero: bool = False) -> int:
@@ -65,3 +71,36 @@ def positive_int(key: str) -> int:
     if value <= 0:
         raise ValueError(f"{key} must be positive, got {value}")
     return value
+
+
+def duration(value: Any, what: str, *, allow_none: bool = False) -> float | None:
+    """``value`` (seconds, ``"30 s"``, a ``timedelta``, or ``None`` when allowed) as a
+    positive number of seconds; ``what`` names it in the error."""
+    import datetime
+
+    from dask.utils import parse_timedelta
+
+    if value is None:
+        if allow_none:
+            return None
+        raise ValueError(f"{what} must be a positive duration, got None")
+    try:
+        if isinstance(value, datetime.timedelta):
+            s = value.total_seconds()
+        elif isinstance(value, str):
+            s = parse_timedelta(value)
+        elif isinstance(value, bool):
+            raise TypeError
+        else:
+            s = float(value)
+    except (TypeError, ValueError, KeyError):
+        raise ValueError(f"{what} must be a duration (seconds, '30 s' or a timedelta), "
+                         f"got {value!r}") from None
+    if s is None or s <= 0:
+        raise ValueError(f"{what} must be a positive duration, got {value!r}")
+    return float(s)
+
+
+def seconds(key: str, *, allow_none: bool = False) -> float | None:
+    """``key`` as a positive duration in seconds, or ``None`` (off) when allowed."""
+    return duration(get(key), key, allow_none=allow_none)

@@ -2,6 +2,8 @@
 
 - ``dask-ddp run [--scheduler ADDR] [--n-workers N] [--nprocs-per-worker K] SCRIPT ARGS...``:
   torchrun over Dask. Without ``--scheduler`` it starts a local cluster.
+- ``dask-ddp stacks --scheduler ADDR [JOB]``: the live Python stacks of a running job's
+  ranks (JOB: its name or id; default every job).
 - ``dask-ddp plot ...``: plots of a job's metrics (:func:`dask_ddp.plot.main`).
 """
 
@@ -18,6 +20,7 @@ USAGE = """usage: dask-ddp COMMAND [ARGS...]
 
 commands:
   run     run a training script on a Dask cluster, one process per rank (torchrun over Dask)
+  stacks  print the live Python stacks of a running job's ranks
   plot    plot a job's metrics
 
 'dask-ddp COMMAND --help' describes a command.
@@ -33,6 +36,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     command, rest = args[0], args[1:]
     if command == "run":
         return run_main(rest)
+    if command == "stacks":
+        return stacks_main(rest)
     if command == "plot":
         from dask_ddp.plot import main as plot_main  # lazily: matplotlib is optional
 
@@ -57,12 +62,32 @@ def _run_parser() -> argparse.ArgumentParser:
                    help="rank processes per worker (default 1)")
     p.add_argument("--name", help="job name shown on the Dask dashboard")
     p.add_argument("--timeout", type=float, default=None, help="seconds before giving up")
+    p.add_argument("--stall-timeout", type=_stall_seconds, default="config", metavar="SECONDS",
+                   help="end the job when its ranks are blocked in a collective that can no "
+                        "longer complete for this long ('none' turns it off; default the "
+                        "dask-ddp.launch.stall-timeout key, 60 s)")
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", type=_env_pair,
                    help="set an environment variable in every rank (repeatable), e.g. "
                         "--env AWS_PROFILE=training --env OMP_NUM_THREADS=4")
     p.add_argument("script", help="the training script (a .py file or a program)")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments of the script")
     return p
+
+
+def _stall_seconds(text: str) -> float | str | None:
+    """``--stall-timeout``: seconds, "none", or "config" (the config key's value)."""
+    if text == "config":
+        return text
+    if text.strip().lower() in ("none", "off"):
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--stall-timeout wants seconds or 'none', got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"--stall-timeout must be positive, got {text!r}")
+    return value
 
 
 def _env_pair(text: str) -> tuple[str, str]:
@@ -97,7 +122,8 @@ def run_main(argv: Sequence[str]) -> int:
         with client:
             run_command(client, command, n_workers=n_workers,
                         nprocs_per_worker=opts.nprocs_per_worker, name=opts.name,
-                        timeout=opts.timeout, env=dict(opts.env) or None)
+                        timeout=opts.timeout, env=dict(opts.env) or None,
+                        stall_timeout=opts.stall_timeout)
     except JobError as exc:
         logger.error("%s", exc)
         return 1
@@ -107,4 +133,54 @@ def run_main(argv: Sequence[str]) -> int:
     finally:
         if cluster is not None:
             cluster.close()
+    return 0
+
+
+def stacks_main(argv: Sequence[str]) -> int:
+    """``dask-ddp stacks``: print the live stacks of a job's ranks; 1 when none was found."""
+    p = argparse.ArgumentParser(
+        prog="dask-ddp stacks",
+        description="Print the current Python stack of every thread of each rank process "
+                    "of a running dask-ddp job (read with faulthandler in the rank).")
+    p.add_argument("--scheduler", metavar="ADDR", required=True,
+                   help="address of the job's Dask scheduler")
+    p.add_argument("--timeout", type=float, default=10.0,
+                   help="seconds to wait for the ranks' answers (default 10)")
+    p.add_argument("job", nargs="?", default="",
+                   help="the job's name or id (or its first 8 characters); default every job")
+    opts = p.parse_args(list(argv))
+    logging.basicConfig(level=logging.WARNING, format="dask-ddp: %(message)s")
+    from distributed import Client
+
+    from dask_ddp._launch.supervisor import collect_stacks
+
+    try:
+        with Client(opts.scheduler, timeout=opts.timeout) as client:
+            replies = client.run(collect_stacks, opts.job, opts.timeout, on_error="return")
+    except (OSError, TimeoutError) as exc:
+        logger.error("cannot reach the scheduler at %s: %s", opts.scheduler, exc)
+        return 1
+    jobs: dict[str, dict[str, object]] = {}
+    for worker, reply in sorted(replies.items()):
+        if not isinstance(reply, dict):
+            logger.error("worker %s did not answer: %s", worker, reply)
+            continue
+        for job_id, entry in reply.items():
+            slot = jobs.setdefault(job_id, {"name": entry["name"], "stacks": {}})
+            stacks = slot["stacks"]
+            assert isinstance(stacks, dict)
+            stacks.update({rank: (worker, text) for rank, text in entry["stacks"].items()})
+    if not jobs:
+        logger.error("no running rank of job %r on the cluster at %s",
+                     opts.job or "(any)", opts.scheduler)
+        return 1
+    out = []
+    for job_id, slot in jobs.items():
+        out.append(f"=== job {slot['name']!r} ({job_id}) ===")
+        stacks = slot["stacks"]
+        assert isinstance(stacks, dict)
+        for rank in sorted(stacks):
+            worker, text = stacks[rank]
+            out.append(f"--- rank {rank} on worker {worker} ---\n{text}")
+    sys.stdout.write("\n".join(out) + "\n")
     return 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -18,18 +19,22 @@ import cloudpickle
 from dask_ddp._launch import jobs
 from dask_ddp._launch.elastic_job import ElasticJob, Restart
 from dask_ddp._launch.job import Job, launch
-from dask_ddp._launch.options import LaunchOptions
+from dask_ddp._launch.options import FROM_CONFIG, LaunchOptions
 from dask_ddp.errors import (
     GangStartError,
     JobError,
     RankAbortedError,
     RankFailedError,
+    StallError,
     WorkerLostError,
 )
 
 __all__ = ["ElasticJob", "Job", "Restart", "job_of", "run", "run_command", "submit",
            "GangStartError", "JobError", "RankAbortedError", "RankFailedError",
-           "WorkerLostError"]
+           "StallError", "WorkerLostError"]
+
+#: ``stall_timeout`` not given: ``dask-ddp.launch.stall-timeout`` (60 s).
+_FROM_CONFIG: Any = FROM_CONFIG
 
 
 def job_of(futures: Any) -> Job | None:
@@ -64,6 +69,7 @@ def submit(
     min_workers: int | None = None,
     max_workers: int | None = None,
     elastic_timeout: float = 60.0,
+    stall_timeout: float | str | timedelta | None = _FROM_CONFIG,
     **kwargs: Any,
 ) -> Job | ElasticJob:
     """Run ``fn(*args, **kwargs)`` as a DDP job: one process per rank, on Dask workers.
@@ -121,6 +127,12 @@ def submit(
     elastic_timeout : float
         Seconds an attempt waits for enough workers before failing with
         :class:`GangStartError`.
+    stall_timeout : float, str, timedelta or None
+        End the job with a :class:`StallError` (naming the stuck ranks, the collective and
+        every rank's Python stack) when ranks are blocked in a collective that can no
+        longer complete (every other rank blocked too, returned from ``fn`` or frozen) for
+        this long. ``None`` turns it off; default ``dask-ddp.launch.stall-timeout`` (60 s).
+        A rank that computes (rank 0's long evaluation) never counts as a stall.
 
     Returns
     -------
@@ -145,14 +157,17 @@ def submit(
         init_kwargs=init_kwargs, env=env, pass_local_rank=pass_local_rank, progress=progress,
         output_dir=output_dir, storage=storage, stream_output=stream_output,
         rendezvous_timeout=rendezvous_timeout, max_restarts=max_restarts,
-        min_workers=min_workers, max_workers=max_workers, elastic_timeout=elastic_timeout)
+        min_workers=min_workers, max_workers=max_workers, elastic_timeout=elastic_timeout,
+        stall_timeout=stall_timeout)
     if options.restarting:
         return ElasticJob(client, options)
     return launch(client, options)
 
 
 def run(client: Any, pytorch_function: Callable[..., Any], *args: Any, backend: str = "auto",
-        pass_local_rank: bool = False, **kwargs: Any) -> list[Any]:
+        pass_local_rank: bool = False,
+        stall_timeout: float | str | timedelta | None = _FROM_CONFIG,
+        **kwargs: Any) -> list[Any]:
     """Run ``pytorch_function`` on every worker of the cluster, one rank per worker.
 
     The seed's ``dask_pytorch_ddp.dispatch.run``: same call, same result (a list of
@@ -169,13 +184,15 @@ def run(client: Any, pytorch_function: Callable[..., Any], *args: Any, backend: 
         "auto": nccl when every rank sees CUDA, else gloo. "nccl" without CUDA raises.
     pass_local_rank : bool
         Pass ``local_rank=`` to the function.
+    stall_timeout : float, str, timedelta or None
+        As for :func:`submit` (default ``dask-ddp.launch.stall-timeout``).
     """
-    # Every keyword goes to the function, as in the seed, even one named like a submit()
-    # option.
+    # Every other keyword goes to the function, as in the seed, even one named like a
+    # submit() option.
     job = launch(client, LaunchOptions.build(
         name=getattr(pytorch_function, "__name__", None) or "dask-ddp",
         payload=cloudpickle.dumps((pytorch_function, args, kwargs)), backend=backend,
-        pass_local_rank=pass_local_rank))
+        pass_local_rank=pass_local_rank, stall_timeout=stall_timeout))
     return list(job.futures)
 
 
@@ -192,6 +209,7 @@ def run_command(
     stream_output: bool = True,
     timeout: float | None = None,
     rendezvous_timeout: float = 300.0,
+    stall_timeout: float | str | timedelta | None = _FROM_CONFIG,
 ) -> list[int]:
     """Run a torchrun-style command on the cluster, one process per rank ("torchrun over Dask").
 
@@ -199,6 +217,9 @@ def run_command(
     ``init_process_group()`` itself. A leading ``python``/``python3``, or a leading
     ``*.py`` script, runs with the worker's Python. Each rank's stdout and stderr reach
     this process prefixed with ``[rank N]`` as they come.
+
+    ``stall_timeout`` is :func:`submit`'s: a Python script's ranks are watched as a
+    function's are.
 
     Returns
     -------
@@ -217,7 +238,8 @@ def run_command(
     job = launch(client, LaunchOptions.build(
         name=job_name, command=tuple(argv), n_workers=n_workers, workers=workers,
         nprocs_per_worker=nprocs_per_worker, resources=resources, env=env, progress=False,
-        stream_output=stream_output, rendezvous_timeout=rendezvous_timeout))
+        stream_output=stream_output, rendezvous_timeout=rendezvous_timeout,
+        stall_timeout=stall_timeout))
     try:
         return [int(x) for x in job.result(timeout=timeout)]
     except TimeoutError:

@@ -16,6 +16,7 @@ class FailureKind(str, enum.Enum):
     DIED = "died"                  # its process exited non-zero or was killed, unreported
     RAISED_FIRST = "raised-first"  # it raised before any other rank of its job did
     RAISED = "raised"              # it raised (after another rank failed, maybe because of it)
+    STALLED = "stalled"            # it was blocked in a collective that could not complete
     ABORTED = "aborted"            # stopped by the launcher (another rank failed, a cancel)
 
     def __str__(self) -> str:
@@ -95,6 +96,46 @@ class WorkerLostError(JobError):
 
 class RankAbortedError(JobError):
     """A rank was stopped because another rank of its job failed or the job was cancelled."""
+
+
+class StallError(JobError):
+    """The job stalled: ranks were blocked in a collective that could no longer complete.
+
+    Raised when no rank made progress for the job's ``stall_timeout`` (some rank blocked
+    in a collective, every other rank blocked too, returned from its function, or
+    frozen). :attr:`rank` is the first stuck rank.
+
+    Attributes
+    ----------
+    ranks : list of int
+        The ranks blocked in a collective (or frozen).
+    collective : str
+        The collective the first stuck rank was blocked in (``"all_reduce"``...), or
+        ``""`` when the stuck ranks were frozen.
+    stacks : dict of int to str
+        The Python stack of every thread of each rank still running when the stall was
+        found (``{rank: text}``).
+    """
+
+    def __init__(self, message: str, rank: int, worker: str, remote_traceback: str = "",
+                 cause: BaseException | None = None,
+                 kind: FailureKind | str = FailureKind.STALLED, *,
+                 ranks: list[int] | None = None, collective: str = "",
+                 stacks: dict[int, str] | None = None) -> None:
+        super().__init__(message, rank, worker, remote_traceback, cause, kind)
+        self.ranks = list(ranks) if ranks is not None else [rank]
+        self.collective = collective
+        self.stacks = dict(stacks or {})
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_stall, (str(self), self.rank, self.worker, self.__cause__,
+                                 self.ranks, self.collective, self.stacks))
+
+
+def _rebuild_stall(message: str, rank: int, worker: str, cause: BaseException | None,
+                   ranks: list[int], collective: str, stacks: dict[int, str]) -> StallError:
+    return StallError(message, rank, worker, "", cause, ranks=ranks, collective=collective,
+                      stacks=stacks)
 
 
 class RemoteException(Exception):

@@ -24,11 +24,6 @@ from dask_ddp.errors import GangStartError, JobError
 
 logger = logging.getLogger(__name__)
 
-#: After a failure, seconds a new attempt waits for as many workers as the last one had
-#: (a nanny brings a killed worker back under a new address within a few seconds) before
-#: it goes on with fewer (elastic jobs only: fixed-size jobs wait ``elastic_timeout``).
-RESTART_GRACE_S = 10.0
-_WAIT_POLL_S = 0.25
 
 
 @dataclasses.dataclass(frozen=True)
@@ -223,7 +218,7 @@ class ElasticJob:
                     f"job {self.name!r} needs at least {minimum} workers"
                     + (f" with resources {dict(resources)}" if resources else "")
                     + f"; {len(fit)} were available after waiting {timeout:g} s")
-            time.sleep(_WAIT_POLL_S)
+            time.sleep(self.options.waits.worker_poll)
 
     def _record(self, attempt: int, err: BaseException) -> Restart:
         if isinstance(err, JobError):
@@ -260,7 +255,8 @@ class ElasticJob:
                         minimum = self.options.min_workers or 1
                     else:
                         target = minimum = self._size
-                    chosen = self._wait_for_workers(minimum, target, RESTART_GRACE_S)
+                    chosen = self._wait_for_workers(minimum, target,
+                                                    self.options.waits.restart_grace)
                     with self._changed:
                         if self._cancelled:
                             return

@@ -23,23 +23,22 @@ from typing import Any
 
 from dask_ddp._channel.monitor import JobMonitor
 from dask_ddp._channel.reader import prepare as prepare_channel
-from dask_ddp._launch import jobs, workdir
+from dask_ddp._launch import jobs, stall, workdir
 from dask_ddp._launch.names import (
     abort_event_name,
     failure_topic,
     master_variable_name,
     output_topic,
+    progress_topic,
 )
 from dask_ddp._launch.options import LaunchOptions
 from dask_ddp._launch.placement import RankSpec, choose_workers, rank_layout, worker_host
 from dask_ddp._launch.root_cause import lost_error, pick_root, record_of
-from dask_ddp._launch.supervisor import run_rank
-from dask_ddp.errors import WorkerLostError
+from dask_ddp._launch.supervisor import collect_stacks, run_rank
+from dask_ddp.errors import StallError, WorkerLostError
 
 logger = logging.getLogger(__name__)
 
-WATCH_POLL_S = 0.2
-WORKER_CHECK_S = 1.0
 _FINAL = ("finished", "error", "cancelled", "lost")
 
 
@@ -77,6 +76,8 @@ class Job:
         self.output_dir = Path(options.output_dir) if options.output_dir is not None else None
         self._monitor: JobMonitor | None = None
         self._lost: dict[int, WorkerLostError] = {}
+        self._stall: StallError | None = None
+        self._states: dict[int, Any] = {}
         self._cancelled = False
         self._done = threading.Event()
         self._eof: set[int] = set()
@@ -113,10 +114,11 @@ class Job:
             ``timeout`` passed first; the job keeps running.
         """
         if not self._done.wait(timeout):
-            raise TimeoutError(f"job {self.name!r} still running after {timeout} s")
+            raise TimeoutError(f"job {self.name!r} still running after {timeout} s"
+                               + self._stacks_note())
         monitor_timeout = 30.0 if timeout is None else max(timeout, 1.0)
         try:
-            self._wait_output_eof(10.0)
+            self._wait_output_eof(self.options.waits.output_eof)
             error = self.root_error()
             if error is not None:
                 raise error
@@ -156,8 +158,53 @@ class Job:
         """The :class:`~dask_ddp.results.JobMonitor` reading the job's metrics, if any."""
         return self._monitor
 
+    def stacks(self, timeout: float | None = None) -> dict[int, str]:
+        """The live Python stack of every thread of each running rank process.
+
+        Returns ``{rank: text}`` (faulthandler's format); a rank that cannot answer (its
+        process is stopped, or it runs a command) says why in its text; a rank that ended
+        is absent. Waits at most ``timeout`` seconds (``dask-ddp.launch.stacks-timeout``).
+        """
+        wait = self.options.waits.stacks_timeout if timeout is None else timeout
+        return dict(self.client.sync(self._stacks, wait, callback_timeout=wait + 10))
+
+    async def _stacks(self, timeout: float) -> dict[int, str]:
+        replies = await self.client.run(collect_stacks, self.id, timeout,
+                                        workers=sorted(set(self.workers)), on_error="return",
+                                        asynchronous=True)
+        stacks: dict[int, str] = {}
+        for reply in replies.values():
+            if isinstance(reply, dict) and self.id in reply:
+                stacks.update(reply[self.id]["stacks"])
+        return dict(sorted(stacks.items()))
+
+    def _stacks_note(self) -> str:
+        """The ranks' stacks for an error message ("" when they cannot be read)."""
+        if self._done.is_set():
+            return ""
+        try:
+            stacks = self.stacks()
+        except Exception as exc:  # the error it goes into matters more
+            return f"\n(the ranks' stacks could not be read: {exc})"
+        if not stacks:
+            return ""
+        return "\n\nPython stacks of the ranks:\n" + stall.stacks_text(stacks, self.workers)
+
+    @property
+    def stalled(self) -> StallError | None:
+        """The :class:`~dask_ddp.StallError` that ended the job, if it stalled."""
+        return self._stall
+
+    def rank_states(self) -> dict[int, dict[str, Any]]:
+        """Each rank's last recorded state: ``{"state": "working" | "blocked" |
+        "returned" | "frozen", "collective": name, "since": time.time()}`` (stall
+        detection's view; updated by the watcher while ``stall_timeout`` is set)."""
+        return {r: dict(s) for r, s in sorted(self._states.items())}
+
     def root_error(self) -> BaseException | None:
         """The error naming the job's root cause, or ``None`` while no rank failed."""
+        if self._stall is not None:
+            return self._stall
         errors: list[tuple[int, BaseException]] = []
         for rank, fut in enumerate(self.futures):
             if rank in self._lost:
@@ -205,29 +252,71 @@ class Job:
             await self.client.scheduler.event_set(name=abort_event_name(self.id))
 
     async def _watch(self) -> None:
+        waits = self.options.waits
         aborted = False
-        next_worker_check = 0.0
+        next_check = 0.0
         try:
             while True:
                 statuses = [f.status for f in self.futures]
                 if all(s in _FINAL for s in statuses):
                     break
-                if not aborted and any(s in ("error", "cancelled") for s in statuses):
-                    await self._set_abort()
-                    aborted = True
-                if time.monotonic() >= next_worker_check:
-                    next_worker_check = time.monotonic() + WORKER_CHECK_S
-                    if await self._check_workers(statuses):
-                        if not aborted:
-                            await self._set_abort()
+                if self.client.status in ("closing", "closed"):
+                    break  # nothing left to watch with
+                try:
+                    if not aborted and any(s in ("error", "cancelled") for s in statuses):
+                        await self._bounded(self._set_abort())
+                        aborted = True
+                    if time.monotonic() >= next_check:
+                        next_check = time.monotonic() + waits.worker_check
+                        found = await self._bounded(self._check_workers(statuses))
+                        if not found and self.options.stall_timeout is not None:
+                            found = await self._check_stall(statuses)
+                        if found and not aborted:
+                            await self._bounded(self._set_abort())
                             aborted = True
-                await asyncio.sleep(WATCH_POLL_S)
-        except Exception as exc:  # the client went away: nothing left to watch
-            logger.debug("watcher of job %s stopped: %s", self.name, exc)
+                except Exception as exc:
+                    # One poll failed (the scheduler is slow or away for a moment): the
+                    # job goes on and the next poll tries again.
+                    logger.warning("watcher of job %r: %s: %s (retrying)", self.name,
+                                   type(exc).__name__, exc)
+                await asyncio.sleep(waits.watch_poll)
+        except Exception:
+            logger.exception("watcher of job %r failed; stopping the job", self.name)
         finally:
             await self._cleanup()
             jobs.forget(self)
             self._done.set()
+
+    async def _bounded(self, coro: Any) -> Any:
+        """Await a call to the scheduler for at most ``dask-ddp.launch.scheduler-call``."""
+        return await asyncio.wait_for(coro, self.options.waits.scheduler_call)
+
+    async def _check_stall(self, statuses: list[str]) -> bool:
+        """Read the ranks' states; end the job with a :class:`StallError` when it stalled."""
+        timeout = self.options.stall_timeout
+        assert timeout is not None
+        events = await self._bounded(
+            self.client.scheduler.events(topic=progress_topic(self.id)))
+        self._states = dict(stall.latest_states(events))
+        finished = [r for r, s in enumerate(statuses) if s == "finished"]
+        now = time.time()
+        found = stall.find_stall(self._states, finished, self.world_size, now, timeout)
+        if found is None or self._stall is not None:
+            return False
+        try:
+            stacks = await asyncio.wait_for(self._stacks(self.options.waits.stacks_timeout),
+                                            self.options.waits.stacks_timeout + 10)
+        except Exception as exc:
+            logger.warning("job %r stalled; its stacks could not be read: %s", self.name, exc)
+            stacks = {}
+        err = stall.stall_error(found, self.name, self.workers, timeout, stacks, now)
+        self._stall = err
+        logger.error("%s", str(err).split("\n\n")[0])
+        # Every rank's supervisor raises this in place of its abort (the seed's gather
+        # names the stall too); a dashboard reads it on the failure topic.
+        await self._bounded(self.client.scheduler.log_event(
+            topic=failure_topic(self.id), msg=stall.stall_record(err)))
+        return True
 
     async def _check_workers(self, statuses: list[str]) -> bool:
         """Detect ranks whose worker left; cancel their futures (else they stay pending)."""
@@ -249,20 +338,20 @@ class Job:
         return bool(lost)
 
     async def _cleanup(self) -> None:
-        from distributed import Variable
-
         # No task of an ended job stays on the scheduler (a pinned task of a lost worker
         # would wait in no-worker and ask an adaptive cluster for workers).
         left = [f for f in self.futures if f.status not in _FINAL]
         if left:
             with contextlib.suppress(Exception):
-                await self.client.cancel(left, asynchronous=True, reason="dask-ddp job ended",
-                                         msg=f"job {self.name!r} ended")
+                await self._bounded(self.client.cancel(
+                    left, asynchronous=True, reason="dask-ddp job ended",
+                    msg=f"job {self.name!r} ended"))
         with contextlib.suppress(Exception):
-            Variable(master_variable_name(self.id), client=self.client).delete()
+            await self._bounded(self.client.scheduler.variable_delete(
+                name=master_variable_name(self.id)))
         for event in (abort_event_name(self.id), master_variable_name(self.id)):
             with contextlib.suppress(Exception):
-                await self.client.scheduler.event_clear(name=event)
+                await self._bounded(self.client.scheduler.event_clear(name=event))
 
     # -- rank output --------------------------------------------------------------------
     def _on_output(self, event: Any) -> None:

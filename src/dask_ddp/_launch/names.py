@@ -21,3 +21,9 @@ def output_topic(job_id: str) -> str:
 def failure_topic(job_id: str) -> str:
     """The event topic where a failing rank (or the client) records the job's faults."""
     return f"dask-ddp-failure-{job_id}"
+
+
+def progress_topic(job_id: str) -> str:
+    """The event topic where each rank's supervisor records its rank's state changes
+    (working, blocked in a collective, returned, frozen): what stall detection reads."""
+    return f"dask-ddp-progress-{job_id}"

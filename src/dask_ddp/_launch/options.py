@@ -15,6 +15,52 @@ from typing import Any
 import cloudpickle
 
 BACKENDS = ("auto", "gloo", "nccl", "mpi")
+#: ``stall_timeout`` not given: read ``dask-ddp.launch.stall-timeout``.
+FROM_CONFIG = "config"
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchWaits:
+    """The launcher's waits and poll intervals, in seconds (``dask-ddp.launch.*`` keys).
+
+    Read once in the client when a job is built and carried in its options to every
+    supervisor, so a value set with ``dask.config.set`` in the client reaches the workers.
+    """
+
+    blocked_after: float = 2.0
+    restart_grace: float = 10.0
+    term_grace: float = 5.0
+    root_wait: float = 3.0
+    forward_close: float = 30.0
+    reclose: float = 2.0
+    abort_poll: float = 0.5
+    watch_poll: float = 0.2
+    worker_check: float = 1.0
+    worker_poll: float = 0.25
+    scheduler_call: float = 30.0
+    stacks_timeout: float = 10.0
+    output_eof: float = 10.0
+
+    @classmethod
+    def from_config(cls) -> LaunchWaits:
+        """The values of the ``dask-ddp.launch.*`` keys now."""
+        from dask_ddp import _config
+
+        values: dict[str, float] = {}
+        for f in dataclasses.fields(cls):
+            key = "dask-ddp.launch." + f.name.replace("_", "-")
+            values[f.name] = _config.positive_seconds(key)
+        return cls(**values)
+
+
+def stall_timeout_of(value: Any) -> float | None:
+    """``submit``'s ``stall_timeout`` in seconds (``None``: off), the config's when not
+    given."""
+    from dask_ddp import _config
+
+    if isinstance(value, str) and value == FROM_CONFIG:
+        return _config.seconds("dask-ddp.launch.stall-timeout", allow_none=True)
+    return _config.duration(value, "stall_timeout", allow_none=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +91,8 @@ class LaunchOptions:
     min_workers: int | None = None
     max_workers: int | None = None
     elastic_timeout: float = 60.0
+    stall_timeout: float | None = None
+    waits: LaunchWaits = dataclasses.field(default_factory=LaunchWaits.from_config)
     cwd: str = dataclasses.field(default_factory=os.getcwd)
 
     def __post_init__(self) -> None:
@@ -78,9 +126,12 @@ class LaunchOptions:
               init_kwargs: Mapping[str, Any] | None = None,
               env: Mapping[str, str] | None = None,
               resources: Mapping[str, float] | None = None,
-              output_dir: str | os.PathLike[str] | None = None, **fields: Any) -> LaunchOptions:
-        """Options from the public call's arguments (normalised: tuples, plain dicts)."""
-        return cls(workers=tuple(workers) if workers is not None else None,
+              output_dir: str | os.PathLike[str] | None = None,
+              stall_timeout: Any = FROM_CONFIG, **fields: Any) -> LaunchOptions:
+        """Options from the public call's arguments (normalised: tuples, plain dicts;
+        ``stall_timeout`` in seconds, the config's when not given)."""
+        return cls(stall_timeout=stall_timeout_of(stall_timeout),
+                   workers=tuple(workers) if workers is not None else None,
                    init_kwargs=cloudpickle.dumps(dict(init_kwargs or {})),
                    env=dict(env or {}), resources=dict(resources) if resources else None,
                    output_dir=os.fspath(output_dir) if output_dir is not None else None,

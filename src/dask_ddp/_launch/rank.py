@@ -90,7 +90,9 @@ def _finish_barrier(store: Any, world: int) -> None:
     torch has no barrier after ``init_process_group`` and gloo can still be completing a
     connection or a last transfer to a peer that returned early; a rank that exits then
     breaks its peers ("Connection closed by peer"). The store (not gloo) carries this
-    barrier; a rank that never arrives is stopped by the launcher, not by a timeout here.
+    barrier. Its bound is the job's: a peer that fails aborts the job, and a peer blocked
+    for good in a collective while this rank waits here is a stall (``stall_timeout``); a
+    peer still computing (rank 0's long evaluation) is waited for.
     """
     if store.add("dask_ddp/finished", 1) == world:
         store.set("dask_ddp/all_finished", "1")
@@ -131,6 +133,10 @@ def main(workdir: str) -> None:
         phase = "rendezvous"
         import torch.distributed as dist
 
+        from dask_ddp._launch import probe
+
+        probe.install(workdir)
+
         timeout = timedelta(seconds=spec["rendezvous_timeout"])
         store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
                               world, False, timeout)
@@ -143,6 +149,7 @@ def main(workdir: str) -> None:
             kwargs = {**kwargs, "local_rank": int(os.environ["LOCAL_RANK"])}
         value = fn(*args, **kwargs)
         phase = "teardown"
+        probe.mark_returned()
         _finish_barrier(store, world)
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -21,6 +21,7 @@ from dask_ddp.errors import (
     JobError,
     RankFailedError,
     RemoteException,
+    StallError,
     WorkerLostError,
     kind_order,
 )
@@ -57,7 +58,9 @@ def looks_collective(type_name: str, message: str) -> bool:
 def better_record(records: Iterable[Mapping[str, Any]], rank: int,
                   kind: FailureKind) -> Mapping[str, Any] | None:
     """The most fundamental fault of another rank, more fundamental than ``kind``."""
-    better = [m for m in records if m.get("rank") != rank
+    # A stall is the job's fault, not one rank's: the stuck rank raises it too.
+    better = [m for m in records
+              if (m.get("rank") != rank or m.get("kind") == FailureKind.STALLED.value)
               and kind_order(m.get("kind", "")) < kind.order]
     if not better:
         return None
@@ -77,6 +80,11 @@ def root_error(record: Mapping[str, Any], secondary: JobError) -> JobError:
         message += f"\n\nTraceback from rank {record['rank']}:\n{tb.rstrip()}"
     own = str(secondary).split("\n\n")[0].split("\n(root cause")[0]
     message += f"\n\n(then {own})"
+    if kind is FailureKind.STALLED:
+        stacks = {int(r): str(t) for r, t in dict(record.get("stacks") or {}).items()}
+        return StallError(message, int(record["rank"]), str(record["worker"]), "", secondary,
+                          ranks=[int(r) for r in record.get("ranks") or [record["rank"]]],
+                          collective=str(record.get("collective", "")), stacks=stacks)
     cls = WorkerLostError if kind is FailureKind.LOST else RankFailedError
     return cls(message, int(record["rank"]), str(record["worker"]), tb, secondary, kind)
 

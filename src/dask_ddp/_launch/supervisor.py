@@ -28,12 +28,13 @@ from typing import IO, Any
 
 from dask_ddp._channel.rank_writer import Forwarder
 from dask_ddp._channel.wire import metrics_topic
-from dask_ddp._launch import rank_env
+from dask_ddp._launch import probe, rank_env
 from dask_ddp._launch.names import (
     abort_event_name,
     failure_topic,
     master_variable_name,
     output_topic,
+    progress_topic,
 )
 from dask_ddp._launch.placement import RankSpec, worker_host
 from dask_ddp._launch.root_cause import (
@@ -56,21 +57,15 @@ from dask_ddp.errors import (
 
 logger = logging.getLogger(__name__)
 
-ABORT_POLL_S = 0.5
 ERROR_FILE = "error.json"
-TERM_GRACE_S = 5.0
 
 # Rank processes alive in this worker, killed if the worker process exits under us.
 _LIVE: weakref.WeakSet[subprocess.Popen[bytes]] = weakref.WeakSet()
+# The ranks this worker supervises now, by (job id, rank): where stack requests go.
+_RUNNING: dict[tuple[str, int], tuple[str, subprocess.Popen[bytes], str]] = {}
+_running_lock = threading.Lock()
 
 
-#: Seconds the supervisor of a rank that looks like the victim of a peer's fault (its
-#: collective broke, or it was aborted) waits to learn that fault, to raise it instead.
-ROOT_WAIT_S = 3.0
-#: Seconds to hand the rank's last records to the scheduler after it exited.
-FORWARD_CLOSE_S = 30.0
-#: Seconds after which a released job's topic is closed again (longer than a reader's poll).
-RECLOSE_S = 2.0
 _RUNNING_STATES = ("executing", "long-running")
 
 
@@ -105,13 +100,18 @@ class _Supervisor:
         self.client: Any = get_client()
         self.abort = Event(abort_event_name(spec.job_id), client=self.client)
         self.stderr_tail: deque[str] = deque(maxlen=30)
+        self.waits = spec.options.waits
+        self.workdir = ""
+        # The rank's state last recorded on the progress topic, and since when.
+        self._reported: tuple[str, str] | None = ("working", "")
+        self._reported_since = 0.0
 
     # -- the task -----------------------------------------------------------------------
     def run(self) -> Any:
         spec = self.spec
         store = None
         clean_orphans()
-        workdir = create_workdir(spec.job_id, spec.rank)
+        workdir = self.workdir = create_workdir(spec.job_id, spec.rank)
         try:
             if spec.rank == 0:
                 store = _host_store(spec)
@@ -135,7 +135,7 @@ class _Supervisor:
         # error on the scheduler), checking for an abort between waits.
         ready = Event(name, client=self.client)
         deadline = time.monotonic() + self.spec.options.rendezvous_timeout
-        while not ready.wait(timeout=ABORT_POLL_S):
+        while not ready.wait(timeout=self.waits.abort_poll):
             self._check_stop(None)
             if time.monotonic() > deadline:
                 raise self._failed(
@@ -153,6 +153,10 @@ class _Supervisor:
             argv = list(opts.command)
             if argv[0] in ("python", "python3"):
                 argv[0] = sys.executable  # the worker's Python, where dask-ddp is installed
+                if len(argv) > 1 and argv[1].endswith(".py") and os.path.isfile(argv[1]):
+                    # A script runs behind the probe (stall detection, live stacks).
+                    argv[1:2] = ["-m", "dask_ddp._launch.script", argv[1]]
+                    env["DASK_DDP_WORKDIR"] = workdir
             if sys.platform.startswith("linux"):
                 guard = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tether.py")
                 argv = [sys.executable, guard, *argv]
@@ -174,13 +178,17 @@ class _Supervisor:
             os.close(write_fd)
         _install_exit_hook()
         _LIVE.add(proc)
+        with _running_lock:
+            _RUNNING[(spec.job_id, spec.rank)] = (spec.job_name, proc, workdir)
         fwd = Forwarder(spec.job_id, spec.rank, read_fd)
         fwd.start()
         pumps = self._start_pumps(proc)
         try:
             self._watch(proc)
         finally:
-            _kill_group(proc)
+            with _running_lock:
+                _RUNNING.pop((spec.job_id, spec.rank), None)
+            _kill_group(proc, self.waits.term_grace)
             for t in pumps:
                 t.join(10)
             self._log_output("eof", "")
@@ -190,14 +198,14 @@ class _Supervisor:
     def _close_forwarder(self, fwd: Forwarder) -> None:
         """Hand the rank's last records on; a failure here never hides the rank's outcome."""
         try:
-            fwd.close(timeout=FORWARD_CLOSE_S)
+            fwd.close(timeout=self.waits.forward_close)
         except Exception as exc:
             logger.error("rank %d of job %r: %s", self.spec.rank, self.spec.job_name, exc)
         if not self._task_running():
             # Nobody reads this job's records any more (its client let go of the job):
             # free its topic on the scheduler, after this rank's last put; and once more
             # after a read the dead client left in flight could have made it again.
-            for pause in (0.0, RECLOSE_S):
+            for pause in (0.0, self.waits.reclose):
                 time.sleep(pause)
                 with contextlib.suppress(Exception):
                     self.client.sync(self.client.scheduler.dask_ddp_results_close,
@@ -221,8 +229,43 @@ class _Supervisor:
 
         threading.Thread(target=reap, name=f"dask-ddp-reap-{self.spec.rank}",
                          daemon=True).start()
-        while not exited.wait(ABORT_POLL_S):
-            self._check_stop(proc)
+        state = probe.RankState(self.workdir)
+        try:
+            while not exited.wait(self.waits.abort_poll):
+                self._check_stop(proc)
+                self._observe(proc, state)
+        finally:
+            state.close()
+
+    def _observe(self, proc: subprocess.Popen[bytes], state: probe.RankState) -> None:
+        """Record on the job's progress topic when the rank's state changes: blocked in a
+        collective (for ``blocked_after``), working again, returned, frozen."""
+        seen = state.read()
+        now = time.time()
+        if probe.is_stopped(proc.pid):
+            current: tuple[str, str] = ("frozen", "")
+            age = 0.0 if self._reported is None or self._reported[0] != "frozen" \
+                else now - self._reported_since
+        elif seen is None:
+            return
+        else:
+            what, name, age = seen
+            if what == "collective":
+                if age < self.waits.blocked_after:
+                    what, name, age = "working", "", 0.0
+                else:
+                    what = "blocked"
+            current = (what, name)
+        if current == self._reported:
+            return
+        self._reported, self._reported_since = current, now - age
+        try:
+            self.worker.log_event(progress_topic(self.spec.job_id), {
+                "rank": self.spec.rank, "worker": self.spec.worker, "state": current[0],
+                "collective": current[1], "since": now - age})
+        except Exception as exc:  # the next change is recorded again
+            logger.warning("rank %d of job %r: recording its state failed: %s",
+                           self.spec.rank, self.spec.job_name, exc)
 
     def _check_stop(self, proc: subprocess.Popen[bytes] | None) -> None:
         """Raise :class:`RankAbortedError` (after killing the rank) if the rank must stop."""
@@ -238,12 +281,12 @@ class _Supervisor:
         if reason is None:
             return
         if proc is not None:
-            _kill_group(proc)
+            _kill_group(proc, self.waits.term_grace)
         msg = (f"rank {self.spec.rank} of job {self.spec.job_name!r} on worker "
                f"{self.spec.worker} was stopped: {reason}")
         err = RankAbortedError(msg, self.spec.rank, self.spec.worker, kind=FailureKind.ABORTED)
         if reason.startswith("another rank"):
-            raise self._root_or(err, ROOT_WAIT_S)
+            raise self._root_or(err, self.waits.root_wait)
         raise err
 
     def _task_running(self) -> bool:
@@ -292,11 +335,11 @@ class _Supervisor:
         # A rank whose collective broke (or that raised after another rank) is likely the
         # victim of a peer's fault: wait a moment to learn it and raise that instead.
         secondary = victim or err.kind is FailureKind.RAISED
-        raise self._root_or(err, ROOT_WAIT_S if secondary else 0.0)
+        raise self._root_or(err, self.waits.root_wait if secondary else 0.0)
 
     def _failed(self, phase: str, what: str, cause: BaseException | None, tb: str,
                 claimed: bool = False, died: bool = False) -> RankFailedError:
-        # Tell the peers first: they stop within ABORT_POLL_S instead of waiting in a
+        # Tell the peers first: they stop within one abort poll instead of waiting in a
         # collective until the backend's timeout.
         with contextlib.suppress(Exception):
             self.abort.set()
@@ -453,13 +496,13 @@ def _host_store(spec: RankSpec) -> Any:
                     timedelta(seconds=spec.options.rendezvous_timeout), wait_for_workers=False)
 
 
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+def _kill_group(proc: subprocess.Popen[bytes], grace: float) -> None:
     """SIGTERM then SIGKILL the rank's process group (its DataLoader workers too)."""
     if proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)
         try:
-            proc.wait(TERM_GRACE_S)
+            proc.wait(grace)
         except subprocess.TimeoutExpired:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -468,6 +511,26 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
     _LIVE.discard(proc)
+
+
+async def collect_stacks(job: str, timeout: float,
+                         dask_worker: Any = None) -> dict[str, dict[str, Any]]:
+    """The live Python stacks of the ranks of ``job`` (an id, an id's prefix of at least 8
+    characters, or a name; ``""``: every job) that this worker supervises.
+
+    Run on a worker with ``client.run``: ``{job_id: {"name": str, "stacks": {rank: text}}}``.
+    """
+    with _running_lock:
+        chosen = [(key, entry) for key, entry in _RUNNING.items()
+                  if not job or entry[0] == job or key[0] == job
+                  or (len(job) >= 8 and key[0].startswith(job))]
+    texts = await asyncio.gather(*(
+        asyncio.to_thread(probe.read_stacks, proc.pid, workdir, timeout)
+        for _, (_, proc, workdir) in chosen))
+    found: dict[str, dict[str, Any]] = {}
+    for ((job_id, rank), (name, _, _)), text in zip(chosen, texts, strict=True):
+        found.setdefault(job_id, {"name": name, "stacks": {}})["stacks"][rank] = text
+    return found
 
 
 def _kill_all_live() -> None:

@@ -1,0 +1,163 @@
+"""Stall detection and live stacks: a job whose ranks can no longer make progress ends
+with an error naming the stuck ranks, the collective and every rank's stack; a healthy job
+where rank 0 alone computes for long is never taken for one."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+import pytest
+from distributed import Client
+
+import dask_ddp
+from cluster_util import client_fixture, rank_processes, sleep_only, wait_rank_processes
+from dask_ddp import dispatch
+from dask_ddp._launch.stall import find_stall
+from launch_util import (
+    collectives_forever,
+    failure_records,
+    long_eval_on_rank0,
+    uneven_collectives,
+    wait_until,
+)
+
+pytestmark = [pytest.mark.timeout(180)]
+
+client = client_fixture(2)
+
+STALL_S = 4.0
+
+
+def test_ranks_disagreeing_on_collective_count_end_as_a_stall(client: Client) -> None:
+    job = dask_ddp.submit(client, uneven_collectives, 0.0, n_workers=2, progress=False,
+                          stall_timeout=STALL_S)
+    t0 = time.monotonic()
+    with pytest.raises(dask_ddp.StallError) as info:
+        job.result(timeout=90)
+    took = time.monotonic() - t0
+    err = info.value
+    text = str(err)
+    assert err.ranks == [1] and err.rank == 1 and err.collective == "all_reduce", text
+    assert "rank 1 blocked in all_reduce" in text and "rank 0 returned" in text, text
+    # Each rank's stack: rank 1 inside all_reduce, rank 0 in the launcher's finish barrier.
+    assert set(err.stacks) == {0, 1}, err.stacks
+    assert "all_reduce" in err.stacks[1] and "uneven_collectives" in err.stacks[1]
+    assert "_finish_barrier" in err.stacks[0]
+    assert "Python stacks of the ranks" in text
+    assert job.stalled is err
+    # The seed's gather names the stall too, from every rank's future.
+    with pytest.raises(dask_ddp.StallError):
+        client.gather(job.futures)
+    # The scheduler holds the stall (a dashboard reads it): rank, collective, stacks.
+    records = client.run_on_scheduler(failure_records, job.id)
+    stall = [r for r in records if r["kind"] == "stalled"]
+    assert stall and list(stall[0]["ranks"]) == [1] and stall[0]["collective"] == "all_reduce"
+    assert "all_reduce" in stall[0]["stacks"]["1"]
+    logging.getLogger(__name__).warning("stall error after %.1f s (stall_timeout %g s):\n%s",
+                                        took, STALL_S, text)
+
+
+@pytest.mark.parametrize("others", ["barrier", "return"])
+def test_rank0_long_evaluation_is_not_a_stall(client: Client, others: str) -> None:
+    # Rank 0 computes for 4x the stall timeout while rank 1 waits (in a barrier, or at the
+    # end): rank 0 works, so the job is healthy however long it takes.
+    job = dask_ddp.submit(client, long_eval_on_rank0, 4 * STALL_S, others, n_workers=2,
+                          progress=False, stall_timeout=STALL_S)
+    assert job.result(timeout=120) == [0, 1]
+    assert job.stalled is None
+    if others == "barrier":
+        # The watcher saw rank 1 blocked in the barrier: stall detection was looking.
+        assert job.rank_states()[1]["state"] in ("blocked", "working"), job.rank_states()
+
+
+def inside(job: Any, fn: str) -> Any:
+    """What is missing for every rank of ``job`` to be inside ``fn`` (its live stacks)."""
+    stacks = job.stacks()
+    if len(stacks) == job.world_size and all(fn in t for t in stacks.values()):
+        return None
+    return stacks or "no rank answered yet"
+
+
+def test_frozen_rank_ends_as_a_stall(client: Client) -> None:
+    job = dask_ddp.submit(client, collectives_forever, n_workers=2, progress=False,
+                          stall_timeout=STALL_S)
+    victim = None
+    try:
+        wait_until(lambda: inside(job, "collectives_forever"), 60,
+                   "ranks not inside collectives_forever")
+        victim = next(p for p in rank_processes(client.scheduler.address)
+                      if p.environ().get("DASK_DDP_JOB_ID") == job.id
+                      and p.environ().get("RANK") == "1")
+        os.kill(victim.pid, signal.SIGSTOP)
+        with pytest.raises(dask_ddp.StallError) as info:
+            job.result(timeout=90)
+    finally:
+        if victim is not None and victim.is_running():
+            os.kill(victim.pid, signal.SIGCONT)
+        job.cancel()
+    err = info.value
+    assert 1 in err.ranks and "rank 1 frozen" in str(err), str(err)
+    assert "stopped" in err.stacks[1]
+    assert "all_reduce" in err.stacks[0]
+
+
+def test_stacks_of_a_running_job(client: Client) -> None:
+    job = dask_ddp.submit(client, sleep_only, 120.0, n_workers=2, progress=False)
+    try:
+        wait_until(lambda: inside(job, "sleep_only"), 60, "ranks not inside sleep_only")
+        # The command line prints them, found by the job's name.
+        out = subprocess.run(
+            [sys.executable, "-m", "dask_ddp", "stacks", "--scheduler",
+             client.scheduler.address, "sleep_only"],
+            capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert "rank 0 on worker" in out.stdout and "rank 1 on worker" in out.stdout
+        assert out.stdout.count("sleep_only") >= 2, out.stdout
+    finally:
+        job.cancel()
+    with pytest.raises(Exception):  # noqa: B017 - cancelled
+        job.result(timeout=60)
+
+
+def test_result_timeout_carries_the_stacks(client: Client) -> None:
+    job = dask_ddp.submit(client, sleep_only, 120.0, n_workers=2, progress=False)
+    try:
+        wait_rank_processes(client.scheduler.address, 2)
+        time.sleep(2.0)
+        with pytest.raises(TimeoutError) as info:
+            job.result(timeout=1)
+        assert "sleep_only" in str(info.value), str(info.value)
+    finally:
+        job.cancel()
+
+
+def test_dispatch_run_takes_stall_timeout(client: Client) -> None:
+    futures = dispatch.run(client, uneven_collectives, 0.0, stall_timeout=STALL_S)
+    with pytest.raises(dask_ddp.StallError):
+        client.gather(futures, errors="raise")
+
+
+def test_stall_rule() -> None:
+    blocked = {"state": "blocked", "collective": "all_reduce", "since": 100.0}
+    returned = {"state": "returned", "since": 99.0}
+    working = {"state": "working", "since": 99.0}
+    frozen = {"state": "frozen", "since": 101.0}
+    # A peer returned: a stall once it lasted the timeout.
+    assert find_stall({0: returned, 1: blocked}, [], 2, 104.0, 5.0) is None
+    found = find_stall({0: returned, 1: blocked}, [], 2, 105.0, 5.0)
+    assert found is not None and found.stuck == [1] and found.collective == "all_reduce"
+    # A rank that works keeps the job alive; a rank with no state works.
+    assert find_stall({0: working, 1: blocked}, [], 2, 1000.0, 5.0) is None
+    assert find_stall({1: blocked}, [], 2, 1000.0, 5.0) is None
+    # A finished task counts as returned; a frozen rank is stuck.
+    assert find_stall({1: blocked}, [0], 2, 1000.0, 5.0) is not None
+    found = find_stall({0: blocked, 1: frozen}, [], 2, 106.0, 5.0)
+    assert found is not None and found.stuck == [0, 1]
+    # Everyone returned: not a stall (the finish barrier completes).
+    assert find_stall({0: returned, 1: returned}, [], 2, 1000.0, 5.0) is None

@@ -25,7 +25,7 @@ SETUP_INPUTS := tools/setup_apt.sh tools/setup_venv.sh pyproject.toml
 SETUP_STAMP := $(BUILD)/.setup-stamp
 
 .PHONY: help setup apt venv build develop test test-quick test-cpp test-py asan lint stubs demo \
-	bench bench-deps fuzz clean sdist wheel check-wheel
+	bench bench-deps fuzz clean sdist wheel check-wheel stress
 
 help:
 	@echo "make demo       - set up, then train on a local Dask cluster (the embedded default)"
@@ -33,6 +33,7 @@ help:
 	@echo "make test-quick - the C++ tests and the Python tests that start no cluster or server"
 	@echo "make setup      - apt packages, the Python environment, the C++ build (what changed)"
 	@echo "make asan       - build and run the C++ tests under ASan+UBSan"
+	@echo "make stress     - the launch, results and chaos tests 20 times beside a CPU hog (not CI)"
 	@echo "make lint       - ruff, mypy and the import layers (import-linter)"
 	@echo "make stubs      - regenerate src/dask_ddp/_core.pyi after changing bindings/"
 	@echo "make bench      - run the benchmarks (see BENCHMARKS.md)"
@@ -85,6 +86,24 @@ test-cpp:
 
 test-py:
 	$(PY) -m pytest --durations=15 $(PYTEST_ARGS)
+
+# The launch, results and chaos tests STRESS_RUNS times beside a CPU hog (one busy process
+# per core): timing faults show up as flakes here. Not in CI; prints the count of failures.
+STRESS_RUNS ?= 20
+STRESS_TESTS ?= tests/test_launch_defects.py tests/test_launch_faults.py \
+	tests/test_launch_stall.py tests/test_launch_waits.py tests/test_launch_restarts.py \
+	tests/test_launch_command.py tests/test_results.py tests/test_results_lifecycle.py \
+	tests/test_results_e2e.py tests/test_chaos.py
+stress: build
+	@mkdir -p $(BUILD)/stress; hogs=""; \
+	for i in $$(seq $(JOBS)); do $(PY) -c 'while True: pass' & hogs="$$hogs $$!"; done; \
+	trap 'kill $$hogs 2>/dev/null' EXIT; fails=0; \
+	for i in $$(seq $(STRESS_RUNS)); do \
+	  if $(PY) -m pytest -q -p no:cacheprovider $(STRESS_TESTS) > $(BUILD)/stress/run-$$i.log 2>&1; \
+	  then echo "stress run $$i/$(STRESS_RUNS): ok"; \
+	  else fails=$$((fails + 1)); echo "stress run $$i/$(STRESS_RUNS): FAILED ($(BUILD)/stress/run-$$i.log)"; \
+	    grep -E '^(FAILED|ERROR)|chaos seed' $(BUILD)/stress/run-$$i.log || true; fi; \
+	done; echo "stress: $$fails of $(STRESS_RUNS) runs failed"; test $$fails -eq 0
 
 asan: apt venv
 	@$(CMAKE) -S . -B $(ASAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DDDP_SANITIZE=ON \

@@ -2,7 +2,8 @@
 
 Each run starts a 2-rank job (``submit``, the seed's ``dispatch.run`` + ``gather``, or a
 job submitted by a client in a subprocess) and, at a random time, SIGKILLs a rank's worker
-(its nanny brings it back), SIGKILLs a rank process, makes a rank raise, or SIGKILLs the
+(its nanny brings it back), SIGKILLs a rank process, makes a rank raise, SIGSTOPs a rank
+(a frozen rank: the job must end as a stall within ``stall_timeout``), or SIGKILLs the
 client process; half the runs have ``max_restarts=1``. After each: no rank process, no
 task of the job active on the scheduler, no results topic on the scheduler, no work dir of
 the job; and the error names the root cause, or the restarted job returned the right
@@ -45,7 +46,8 @@ logger = logging.getLogger(__name__)
 
 RUNS = 12
 STEPS = 40          # ~2 s of collectives per attempt
-FAULTS = ("worker", "rank", "raise", "client")
+FAULTS = ("worker", "rank", "raise", "stop", "client")
+STALL_S = 8.0       # the jobs' stall_timeout: a frozen rank ends the job within it
 CLEAN_S = 20.0      # "within seconds": the budget for everything to be gone
 
 CLIENT_SCRIPT = """
@@ -123,21 +125,23 @@ def one_run(client: Client, run: Run, tmp_path: Path) -> list[str]:
     raise_at = int(run.delay / 0.05) if run.fault == "raise" else -1
     args = (chaos_train, STEPS, run.victim if run.fault == "raise" else -1, raise_at)
     if run.seed_api:
-        futures = dispatch.run(client, *args)
+        futures = dispatch.run(client, *args, stall_timeout=STALL_S)
         job: Any = dispatch.job_of(futures)
     else:
         job = dask_ddp.submit(client, *args, n_workers=2, name=run.name,
-                              max_restarts=run.restarts, progress=False)
+                              max_restarts=run.restarts, progress=False,
+                              stall_timeout=STALL_S)
     workers = list(job.workers)
     wait_rank_processes(addr, 2)
     time.sleep(run.delay)
     if run.fault == "worker":
         pid = client.run(os.getpid, workers=[workers[run.victim]])[workers[run.victim]]
         os.kill(pid, signal.SIGKILL)
-    elif run.fault == "rank":
+    elif run.fault in ("rank", "stop"):
         procs = [p for p in rank_processes(addr) if p.environ().get("RANK") == str(run.victim)]
         assert procs, "the victim's rank process is gone before the fault"
-        procs[0].send_signal(signal.SIGKILL)
+        procs[0].send_signal(signal.SIGKILL if run.fault == "rank" else signal.SIGSTOP)
+    t_fault = time.monotonic()
     try:
         if run.seed_api:
             value = client.gather(futures)
@@ -146,11 +150,17 @@ def one_run(client: Client, run: Run, tmp_path: Path) -> list[str]:
     except BaseException as exc:  # noqa: BLE001 - checked against the fault
         assert not run.restarts, f"the restarted job failed: {exc!r}"
         check_root_cause(run, workers, exc)
+        if run.fault == "stop":  # stall_timeout, plus the ranks' polls and the stacks
+            assert time.monotonic() - t_fault < STALL_S + 30, "the stall came late"
     else:
         assert run.restarts, f"the job survived a {run.fault} fault: {value}"
         assert [v["rank"] for v in value] == [0, 1]
         assert all(v["total"] == 2.0 * STEPS and v["restart"] == 1 for v in value), value
-        assert len(job.restarts) == 1 and job.restarts[0].rank == run.victim, job.restarts
+        assert len(job.restarts) == 1, job.restarts
+        if run.fault == "stop":
+            assert job.restarts[0].kind == "stalled", job.restarts
+        else:
+            assert job.restarts[0].rank == run.victim, job.restarts
     attempts = getattr(job, "attempts", [job])
     return [a.id for a in attempts]
 
@@ -162,6 +172,9 @@ def check_root_cause(run: Run, workers: list[str], exc: BaseException) -> None:
         assert workers[run.victim] in text and "left the cluster" in text, text
     elif run.fault == "rank":
         assert "killed by signal SIGKILL" in text, text
+    elif run.fault == "stop":
+        assert isinstance(exc, dask_ddp.StallError), repr(exc)
+        assert run.victim in exc.ranks and f"rank {run.victim} frozen" in text, text
     else:
         assert f"chaos boom on rank {run.victim}" in text, text
 

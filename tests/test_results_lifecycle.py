@@ -180,6 +180,10 @@ SLOW = """
 import os, time
 from dask_ddp.results import DaskResultsHandler
 DaskResultsHandler(os.environ["KEY"]).submit_result("a.txt", "first")
+if os.environ.get("MARK"):  # when the record was handed to the channel
+    with open(os.environ["MARK"] + ".tmp", "w") as f:
+        f.write(repr(time.time()))
+    os.replace(os.environ["MARK"] + ".tmp", os.environ["MARK"])
 time.sleep(float(os.environ["SLEEP"]))
 """
 
@@ -198,29 +202,53 @@ def test_process_results_closes_its_topic_on_error(client: Any, tmp_path: Path) 
 
 
 def test_process_results_closes_its_topic_on_interrupt(client: Any, tmp_path: Path) -> None:
-    """(c) Ctrl-C in process_results removes the topic."""
+    """(c) Ctrl-C in process_results removes the topic. The rank's first record reaches
+    the client within 5 s of its submit_result, while the rank still runs.
+
+    The 5 s used to count from the launch, so a rank process slow to start (python and
+    the package's imports on a loaded machine) was interrupted before it had written its
+    record; the window now starts when the rank handed the record over (its MARK file).
+    """
     key = uuid.uuid4().hex
     rh = results.DaskResultsHandler(key)
-    _, futures = launch(client, SLOW, world_size=1, env={"KEY": key, "SLEEP": "20"})
+    out, mark = tmp_path / "out", tmp_path / "mark"
+    _, futures = launch(client, SLOW, world_size=1,
+                        env={"KEY": key, "SLEEP": "60", "MARK": str(mark)})
     main = threading.main_thread().ident
+    stop = threading.Event()
+    seen: dict[str, Any] = {}
 
     def interrupt() -> None:
-        # Once the first result is written, or after 5 s: the rank sleeps 20 s, so either
-        # way process_results is still following it. (In the full suite under load the
-        # first record has been seen arriving only as the rank ended; see the note.)
-        deadline = time.monotonic() + 5
-        while not (tmp_path / "a.txt").exists() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        signal.pthread_kill(main, signal.SIGINT)  # type: ignore[arg-type]
+        # Wait for the record (bounded: the rank may be slow to start), note when it
+        # came, then interrupt process_results; stop early when the test ends first.
+        deadline = time.monotonic() + 90
+        while not (out / "a.txt").exists():
+            if stop.wait(0.05) or time.monotonic() > deadline:
+                seen["missing"] = True
+                break
+        seen["arrived"] = time.time()
+        seen["rank_running"] = not any(f.done() for f in futures)
+        if not stop.is_set():
+            signal.pthread_kill(main, signal.SIGINT)  # type: ignore[arg-type]
 
-    threading.Thread(target=interrupt, daemon=True).start()
+    watcher = threading.Thread(target=interrupt, daemon=True)
+    watcher.start()
     try:
-        rh.process_results(tmp_path, futures)
+        rh.process_results(out, futures)
     except KeyboardInterrupt:
         pass
-    else:  # the rank must still be sleeping: say what ended it (seen once in CI)
+    else:  # the rank must still be sleeping: say what ended it
         outcome = [(f.status, f.result(5) if f.status == "finished" else None) for f in futures]
         pytest.fail(f"process_results returned without the interrupt; rank tasks: {outcome}")
+    finally:
+        stop.set()
+        watcher.join(10)
+    assert not watcher.is_alive()
+    submitted = float(mark.read_text()) if mark.exists() else None
+    assert not seen.get("missing"), f"the first record never arrived (rank submitted it " \
+                                    f"at {submitted})"
+    assert submitted is not None and seen["arrived"] - submitted < 5.0, (seen, submitted)
+    assert seen["rank_running"], "the record arrived only as the rank ended"
     wait_gone(client, [rh.topic], 2)
     client.cancel(futures)
 

@@ -369,6 +369,10 @@ class Forwarder:
             try:
                 return fut.result(timeout=_POLL_S)
             except concurrent.futures.TimeoutError:
+                if fut.done():
+                    # The call itself raised TimeoutError (on Python 3.11 the same class
+                    # as this poll's): its error, not ours.
+                    return fut.result()
                 if self._stop.is_set():
                     fut.cancel()
                     raise ForwarderStopped from None

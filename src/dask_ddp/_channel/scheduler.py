@@ -201,6 +201,8 @@ class ResultsExtension:
             if topic in self.removed:
                 return {"accepted": len(entries), "dropped": self.removed[topic].reason}
             t = self._topic(topic)
+            if writer:
+                t.writers.add(writer)
             n = t.accept(batch)
         if n:
             t.notify()
@@ -215,10 +217,14 @@ class ResultsExtension:
         client: str | None = None,
     ) -> dict[str, Any]:
         """Entries from offset ``cursor`` on; frees (acknowledges) every entry before it."""
-        if topic in self.removed:
+        gone = self.removed.get(topic)
+        if gone is not None and gone.reason == "its reader closed it":
+            # A get its reader had in flight when it closed the topic: nothing more.
+            return {"entries": [], "cursor": cursor, "closed": True}
+        if gone is not None:
             raise LookupError(
                 f"results topic {topic!r} was removed from the scheduler: "
-                f"{self.removed[topic].reason}"
+                f"{gone.reason}"
             )
         t = self._topic(topic)
         if cursor < t.base:
@@ -257,17 +263,26 @@ class ResultsExtension:
         return {"entries": out, "cursor": cursor + len(out)}
 
     def close(self, topic: str) -> None:
-        """Forget a topic and free its memory (its reader is done)."""
+        """Forget a topic and free its memory (its reader is done).
+
+        A tombstone stays: later puts of its writers are dropped instead of making the
+        topic again with no reader (where, once full, they would wait for good). A reader
+        that opens it again, or a writer it never had, makes it anew.
+        """
         t = self.topics.pop(topic, None)
         if t is not None:
+            self._bury(topic, "its reader closed it", t)
             t.notify()
+
+    def _bury(self, topic: str, reason: str, t: Topic | None) -> None:
+        self.removed[topic] = Tombstone(reason, frozenset(t.writers) if t else frozenset())
+        while len(self.removed) > TOMBSTONES:
+            self.removed.popitem(last=False)
 
     def remove(self, topic: str, reason: str) -> None:
         """Drop an abandoned topic; later puts to it are dropped too."""
         t = self.topics.pop(topic, None)
-        self.removed[topic] = Tombstone(reason, frozenset(t.writers) if t else frozenset())
-        while len(self.removed) > TOMBSTONES:
-            self.removed.popitem(last=False)
+        self._bury(topic, reason, t)
         if t is not None:
             if t.used:
                 logger.warning(

@@ -217,8 +217,31 @@ class ElasticJob:
                 raise GangStartError(
                     f"job {self.name!r} needs at least {minimum} workers"
                     + (f" with resources {dict(resources)}" if resources else "")
-                    + f"; {len(fit)} were available after waiting {timeout:g} s")
+                    + f"; {len(fit)} were available after waiting {timeout:g} s"
+                    + self._missing(fit))
             time.sleep(self.options.waits.worker_poll)
+
+    def _missing(self, fit: list[str]) -> str:
+        """Which workers of the last attempt are missing now, and why (for an error)."""
+        if not self.attempts:
+            return ""
+        try:
+            known = dict(self.client.scheduler_info(n_workers=-1).get("workers", {}))
+        except Exception:
+            known = {}
+        lost = {r.worker for r in self.restarts if r.kind == "lost"}
+        why = []
+        for w in sorted(set(self.current.workers) - set(fit)):
+            if w in known:
+                status = known[w].get("status", "?")
+                why.append(f"{w} (status {status}: it cannot take a rank)")
+            elif w in lost:
+                why.append(f"{w} (it died during an attempt; no worker came back in its "
+                           "place: was it killed again soon after its nanny restarted "
+                           "it? distributed.deploy.lost-worker-timeout)")
+            else:
+                why.append(f"{w} (it left the cluster)")
+        return "; missing: " + ", ".join(why) if why else ""
 
     def _record(self, attempt: int, err: BaseException) -> Restart:
         if isinstance(err, JobError):
@@ -255,13 +278,7 @@ class ElasticJob:
                         minimum = self.options.min_workers or 1
                     else:
                         target = minimum = self._size
-                    chosen = self._wait_for_workers(minimum, target,
-                                                    self.options.waits.restart_grace)
-                    with self._changed:
-                        if self._cancelled:
-                            return
-                    self._start(chosen)
-                    self._size = len(chosen)
+                    self._restart(minimum, target)
                 except concurrent.futures.CancelledError:
                     return
                 except GangStartError as exc:
@@ -277,6 +294,27 @@ class ElasticJob:
             with self._changed:
                 self._done.set()
                 self._changed.notify_all()
+
+    def _restart(self, minimum: int, target: int | None) -> None:
+        """Start the next attempt once enough workers are there. A worker chosen that
+        leaves before its rank is placed (killed again) is waited for again, within
+        ``elastic_timeout``, instead of failing the job."""
+        deadline = time.monotonic() + self.options.elastic_timeout
+        while True:
+            chosen = self._wait_for_workers(minimum, target, self.options.waits.restart_grace)
+            with self._changed:
+                if self._cancelled:
+                    raise concurrent.futures.CancelledError(f"job {self.name!r} was cancelled")
+            try:
+                self._start(chosen)
+            except GangStartError as exc:
+                if time.monotonic() >= deadline:
+                    raise
+                logger.warning("job %r: placing the restart failed (%s); waiting for "
+                               "workers again", self.name, exc)
+                continue
+            self._size = len(chosen)
+            return
 
     def _fail(self, err: JobError, record: Restart) -> None:
         if self.restarts:

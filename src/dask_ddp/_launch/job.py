@@ -143,7 +143,7 @@ class Job:
     def cancel(self) -> None:
         """Stop every rank of the job (their processes are killed) and cancel its futures."""
         self._cancelled = True
-        self.client.sync(self._set_abort)
+        self.client.sync(self._set_abort, callback_timeout=self.options.waits.scheduler_call)
         self.client.cancel(self.futures, reason="dask-ddp job cancelled",
                            msg=f"job {self.name!r} was cancelled")
 
@@ -237,13 +237,14 @@ class Job:
     def _abandon(self) -> None:
         """A launch failed part-way: stop the ranks submitted so far and release them."""
         jobs.forget(self)
+        bound = self.options.waits.scheduler_call
         with contextlib.suppress(Exception):
-            self.client.sync(self._set_abort)
+            self.client.sync(self._set_abort, callback_timeout=bound)
         with contextlib.suppress(Exception):
             self.client.cancel(self.futures, reason="dask-ddp launch failed",
                                msg=f"launching job {self.name!r} failed")
         with contextlib.suppress(Exception):
-            self.client.sync(self._cleanup)
+            self.client.sync(self._cleanup, callback_timeout=4 * bound)
         self._done.set()
 
     # -- the watcher (runs on the client's event loop) -----------------------------------

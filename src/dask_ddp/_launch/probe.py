@@ -27,7 +27,7 @@ import os
 import signal
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 #: The collectives of ``torch.distributed`` whose calls are tracked.
@@ -36,7 +36,7 @@ COLLECTIVES = (
     "all_to_all", "all_to_all_single", "barrier", "monitored_barrier", "broadcast",
     "broadcast_object_list", "gather", "gather_object", "reduce", "reduce_scatter",
     "reduce_scatter_tensor", "scatter", "scatter_object_list", "send", "recv",
-    "batch_isend_irecv",
+    "batch_isend_irecv", "rendezvous",
 )
 #: States in the file: working (in the function, outside a collective), returned (the
 #: function returned; the rank waits for its peers), then one per collective.
@@ -113,6 +113,22 @@ def install(workdir: str) -> None:
         setattr(c10d, name, tracked)  # the calls between collectives inside torch
         if getattr(dist, name, None) is fn:
             setattr(dist, name, tracked)
+
+
+@contextlib.contextmanager
+def waiting_for_peers(name: str) -> Iterator[None]:
+    """Mark a wait on the peers that is not a torch collective (the launcher's
+    rendezvous: the store, the backend's agreement, ``init_process_group``) as one."""
+    if _state is None:
+        yield
+        return
+    _state.depth += 1
+    _state.set(FIRST_COLLECTIVE + COLLECTIVES.index(name))
+    try:
+        yield
+    finally:
+        _state.depth -= 1
+        _state.set(WORKING)
 
 
 def mark_returned() -> None:

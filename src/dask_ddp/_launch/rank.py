@@ -138,12 +138,14 @@ def main(workdir: str) -> None:
         probe.install(workdir)
 
         timeout = timedelta(seconds=spec["rendezvous_timeout"])
-        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                              world, False, timeout)
-        phase = "init_process_group"
-        backend = _resolve_backend(spec["backend"], store, rank, world, spec["worker"])
-        dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world,
-                                **init_kwargs)
+        # A peer frozen before the function starts leaves this rank waiting here: a stall.
+        with probe.waiting_for_peers("rendezvous"):
+            store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                                  world, False, timeout)
+            phase = "init_process_group"
+            backend = _resolve_backend(spec["backend"], store, rank, world, spec["worker"])
+            dist.init_process_group(backend=backend, store=store, rank=rank,
+                                    world_size=world, **init_kwargs)
         phase = "run"
         if spec["pass_local_rank"]:
             kwargs = {**kwargs, "local_rank": int(os.environ["LOCAL_RANK"])}

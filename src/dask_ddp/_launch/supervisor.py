@@ -11,6 +11,7 @@ torchrun's agent does) and publishes its address through a Dask ``Variable``.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import os
@@ -116,16 +117,30 @@ class _Supervisor:
             if spec.rank == 0:
                 store = _host_store(spec)
                 port = int(store.port)
-                from distributed import Event, Variable
-                Variable(master_variable_name(spec.job_id), client=self.client).set(
-                    f"{spec.master_addr}:{port}")
-                Event(master_variable_name(spec.job_id), client=self.client).set()
+                self._publish_master(port)
             else:
                 port = self._await_master_port()
             return self._run_process(port, workdir)
         finally:
             remove_workdir(workdir)
             del store  # stops rank 0's rendezvous server and frees its port
+
+    def _publish_master(self, port: int) -> None:
+        """Publish rank 0's rendezvous address; taken back when the job ended meanwhile
+        (its client's cleanup may have run before this: nothing of it must stay)."""
+        from distributed import Event, Variable
+
+        name = master_variable_name(self.spec.job_id)
+        Variable(name, client=self.client).set(f"{self.spec.master_addr}:{port}")
+        Event(name, client=self.client).set()
+        try:
+            self._check_stop(None)
+        except JobError:
+            with contextlib.suppress(Exception):
+                Variable(name, client=self.client).delete()
+            with contextlib.suppress(Exception):
+                Event(name, client=self.client).clear()
+            raise
 
     def _await_master_port(self) -> int:
         from distributed import Event, Variable
@@ -141,8 +156,20 @@ class _Supervisor:
                 raise self._failed(
                     "rendezvous", "rank 0 did not publish its rendezvous address within "
                     f"{self.spec.options.rendezvous_timeout:.0f} s", None, "")
-        value = Variable(name, client=self.client).get()
-        return int(str(value).rsplit(":", 1)[1])
+        # The Event was set after the Variable; the Variable can still be gone (the job
+        # ended in between): read it with a bound, checking for the job's end between reads.
+        variable = Variable(name, client=self.client)
+        while True:
+            try:
+                value = variable.get(timeout=max(self.waits.abort_poll, 1.0))
+                return int(str(value).rsplit(":", 1)[1])
+            except TimeoutError:
+                self._check_stop(None)
+                if time.monotonic() > deadline:
+                    raise self._failed(
+                        "rendezvous", "rank 0's rendezvous address was withdrawn (its job "
+                        "ended) and not published again within "
+                        f"{self.spec.options.rendezvous_timeout:.0f} s", None, "") from None
 
     def _run_process(self, port: int, workdir: str) -> Any:
         spec, opts = self.spec, self.spec.options
@@ -209,7 +236,8 @@ class _Supervisor:
                 time.sleep(pause)
                 with contextlib.suppress(Exception):
                     self.client.sync(self.client.scheduler.dask_ddp_results_close,
-                                     topic=metrics_topic(self.spec.job_id))
+                                     topic=metrics_topic(self.spec.job_id),
+                                     callback_timeout=self.waits.scheduler_call)
 
     def _cwd(self) -> str:
         # The client's directory when this worker has it (a local cluster, a shared file
@@ -224,7 +252,7 @@ class _Supervisor:
         exited = threading.Event()
 
         def reap() -> None:
-            proc.wait()
+            _wait_exit(proc, None)
             exited.set()
 
         threading.Thread(target=reap, name=f"dask-ddp-reap-{self.spec.rank}",
@@ -276,7 +304,7 @@ class _Supervisor:
             reason = "its task was cancelled"
         elif self.worker.status in (Status.closing, Status.closed, Status.failed):
             reason = "its worker is closing"
-        elif self.abort.is_set():
+        elif self._aborted():
             reason = "another rank of the job failed or the job was cancelled"
         if reason is None:
             return
@@ -289,6 +317,18 @@ class _Supervisor:
             raise self._root_or(err, self.waits.root_wait)
         raise err
 
+    def _aborted(self) -> bool:
+        """Whether the job's abort event is set; a scheduler that does not answer within
+        ``scheduler-call`` counts as "not yet" (the next poll asks again)."""
+        try:
+            return bool(self.client.sync(self.client.scheduler.event_is_set,
+                                         name=abort_event_name(self.spec.job_id),
+                                         callback_timeout=self.waits.scheduler_call))
+        except (TimeoutError, OSError) as exc:
+            logger.warning("rank %d of job %r: the abort event could not be read: %s",
+                           self.spec.rank, self.spec.job_name, exc)
+            return False
+
     def _task_running(self) -> bool:
         """Whether this rank's task still runs, read on the worker's event loop (the
         worker's state is not thread-safe)."""
@@ -297,9 +337,17 @@ class _Supervisor:
             return ts is not None and ts.state in _RUNNING_STATES
 
         try:
-            return asyncio.run_coroutine_threadsafe(
-                running(), self.worker.loop.asyncio_loop).result(timeout=10)
+            fut = asyncio.run_coroutine_threadsafe(running(), self.worker.loop.asyncio_loop)
         except Exception:  # the loop is gone: the worker is closing
+            return False
+        try:
+            return fut.result(timeout=self.waits.abort_poll)
+        except concurrent.futures.TimeoutError:
+            # The worker's loop is busy (a long task holding the GIL, a slow handler): no
+            # answer is not "cancelled"; the next poll asks again.
+            fut.cancel()
+            return True
+        except Exception:
             return False
 
     def _outcome(self, returncode: int, workdir: str) -> Any:
@@ -381,7 +429,9 @@ class _Supervisor:
     def _better_fault(self, kind: FailureKind) -> Mapping[str, Any] | None:
         records: list[Mapping[str, Any]] = []
         with contextlib.suppress(Exception):
-            records = [m for _, m in self.client.get_events(failure_topic(self.spec.job_id))]
+            records = [m for _, m in self.client.sync(
+                self.client.scheduler.events, topic=failure_topic(self.spec.job_id),
+                callback_timeout=self.waits.scheduler_call)]
         records += self._lost_peers()
         return better_record(records, self.spec.rank, kind)
 
@@ -392,7 +442,8 @@ class _Supervisor:
         if not peers:
             return []
         try:
-            present = self.client.sync(self.client.scheduler.ncores, workers=peers)
+            present = self.client.sync(self.client.scheduler.ncores, workers=peers,
+                                       callback_timeout=self.waits.scheduler_call)
         except Exception:
             return []
         lost = [record_of(lost_error(spec.job_name, r, w)) for r, w in enumerate(spec.workers)
@@ -496,20 +547,41 @@ def _host_store(spec: RankSpec) -> Any:
                     timedelta(seconds=spec.options.rendezvous_timeout), wait_for_workers=False)
 
 
+def _wait_exit(proc: subprocess.Popen[bytes], timeout: float | None) -> bool:
+    """Wait until the rank process exited, without reaping it (``WNOWAIT``): while it is
+    not reaped its pid, which is its process group's id, cannot be reused, so a later
+    ``killpg`` reaches its own group and no stranger's. True once it exited."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        if proc.returncode is not None:
+            return True
+        flags = os.WEXITED | os.WNOWAIT | (os.WNOHANG if deadline is not None else 0)
+        try:
+            if os.waitid(os.P_PID, proc.pid, flags) is not None:
+                return True
+        except ChildProcessError:
+            return True  # reaped already
+        if deadline is not None:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+
+
 def _kill_group(proc: subprocess.Popen[bytes], grace: float) -> None:
-    """SIGTERM then SIGKILL the rank's process group (its DataLoader workers too)."""
-    if proc.poll() is None:
+    """SIGTERM then SIGKILL the rank's process group (its DataLoader workers too); the
+    rank is reaped only after its group was killed (see :func:`_wait_exit`)."""
+    if not _wait_exit(proc, 0.0):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(grace)
-        except subprocess.TimeoutExpired:
+        if not _wait_exit(proc, grace):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            _wait_exit(proc, None)
     # Children left behind by the rank (its group outlives its leader).
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
+    if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
     _LIVE.discard(proc)
 
 

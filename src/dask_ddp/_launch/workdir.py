@@ -23,6 +23,8 @@ logger = logging.getLogger(__name__)
 
 PREFIX = "dask-ddp-"
 _OWNER = ".owner"
+#: Start times of one process differ by less than this between reads.
+_SAME_START_S = 0.05
 
 
 def _start_time(pid: int) -> float | None:
@@ -52,8 +54,15 @@ def _orphaned(path: str) -> bool:
             pid_text, start_text = f.read().split()
     except (OSError, ValueError):
         return False  # not ours, or being created: leave it
+    try:
+        recorded = float(start_text)
+    except ValueError:
+        return False
     start = _start_time(int(pid_text))
-    return start is None or str(start) != start_text
+    # The same process's start time reads differently in its last digits from one read to
+    # the next (psutil derives it from the boot time and clock ticks); another process
+    # with the same pid started at least a tick later.
+    return start is None or abs(start - recorded) > _SAME_START_S
 
 
 def clean_orphans(root: str | None = None) -> list[str]:

@@ -1,0 +1,57 @@
+"""Restarts that survive a second fault, and leave no task of any attempt behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+import pytest
+from distributed import Client
+
+import dask_ddp
+from cluster_util import cluster_client
+from launch_util import active_tasks, chaos_train, wait_until
+
+pytestmark = [pytest.mark.dask, pytest.mark.slow, pytest.mark.timeout(300)]
+
+STEPS = 200  # ~10 s of collectives per attempt
+
+
+def ranks_running(client: Client, job_id: str) -> Any:
+    """What is missing for both ranks of attempt ``job_id`` to be running."""
+    states = client.run_on_scheduler(active_tasks, job_id)
+    running = [k for k, s in states if s == "processing"]
+    return None if len(running) == 2 else states or "no task yet"
+
+
+def kill_worker(client: Client, addr: str) -> None:
+    pid = client.run(os.getpid, workers=[addr])[addr]
+    os.kill(pid, signal.SIGKILL)
+
+
+def test_second_fault_during_a_restart_is_survived() -> None:
+    # Three workers, two ranks: the first fault kills rank 1's worker; the second kills
+    # the worker the restart placed rank 1 on, while it runs. max_restarts=2 survives
+    # both with the right result, and no task of any attempt stays on the scheduler.
+    with cluster_client(3) as client:
+        job = dask_ddp.submit(client, chaos_train, STEPS, -1, -1, n_workers=2,
+                              max_restarts=2, progress=False)
+        assert isinstance(job, dask_ddp.ElasticJob)
+        for attempt in range(2):
+            wait_until(lambda n=attempt: len(job.attempts) <= n, 120,
+                       f"attempt {attempt} not started")
+            current = job.attempts[attempt]
+            wait_until(lambda i=current.id: ranks_running(client, i), 120,
+                       f"attempt {attempt}'s ranks not running")
+            time.sleep(2.0)  # inside their collectives
+            kill_worker(client, current.workers[1])
+        values = job.result(timeout=240)
+        assert [v["rank"] for v in values] == [0, 1]
+        assert all(v["total"] == 2.0 * STEPS and v["restart"] == 2 for v in values), values
+        assert len(job.restarts) == 2 and all(r.kind == "lost" for r in job.restarts), \
+            job.restarts
+        ids = [a.id for a in job.attempts]
+        wait_until(lambda: [t for i in ids for t in client.run_on_scheduler(active_tasks, i)],
+                   30, "tasks of the job's attempts left on the scheduler")

@@ -1,0 +1,207 @@
+"""Every wait of the launcher is bounded or tied to the job's end: each test here names a
+wait that had no bound and proves it has one now (each failed, or hung past its bound,
+before the fix)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from distributed import Client, Event, get_worker
+
+import dask_ddp
+from cluster_util import client_fixture, rank_processes, sleep_only, wait_no_rank_processes
+from dask_ddp._channel.rank_writer import Forwarder
+from dask_ddp._launch import workdir
+from dask_ddp._launch.names import master_variable_name
+from dask_ddp._launch.options import LaunchOptions
+from dask_ddp._launch.placement import RankSpec
+from launch_util import active_tasks, wait_until
+
+pytestmark = [pytest.mark.timeout(180)]
+
+client = client_fixture(2)
+
+
+def master_port_without_variable(job_id: str, rendezvous_timeout: float) -> str:
+    """In a worker: rank 0's Event says the address is published, but the Variable is gone
+    (the job ended between the two): a rank's supervisor must not wait forever."""
+    from dask_ddp._launch.supervisor import _Supervisor
+
+    worker = get_worker()
+    Event(master_variable_name(job_id)).set()
+    options = LaunchOptions.build(name="orphan", payload=b"x",
+                                  rendezvous_timeout=rendezvous_timeout)
+    spec = RankSpec(options=options, job_id=job_id, run_id=job_id, restart=0, rank=1,
+                    local_rank=0, local_world_size=1, group_rank=1, group_world_size=2,
+                    proc_index=0, workers=(worker.address, worker.address),
+                    master_addr="127.0.0.1", scheduler=worker.scheduler.address)
+    sup = _Supervisor(spec, worker, worker.get_current_task())
+    try:
+        sup._await_master_port()
+    except dask_ddp.JobError as exc:
+        return str(exc)
+    finally:
+        Event(master_variable_name(job_id)).clear()
+    return "returned a port"
+
+
+def test_master_port_wait_ends_when_the_variable_is_gone(client: Client) -> None:
+    fut = client.submit(master_port_without_variable, "f" * 32, 3.0, pure=False)
+    message = fut.result(timeout=60)
+    assert "rendezvous" in message and "3 s" in message, message
+
+
+def block_event_loop(seconds: float) -> None:
+    """Run on a worker's event loop (``client.run``): keep it busy for ``seconds``."""
+    time.sleep(seconds)
+
+
+def test_busy_worker_loop_does_not_kill_the_rank(client: Client) -> None:
+    # A worker's event loop busy for longer than the supervisor's look at its task state
+    # (10 s) made the supervisor believe its task was cancelled, and kill a healthy rank.
+    job = dask_ddp.submit(client, sleep_only, 25.0, n_workers=2, progress=False)
+    wait_until(lambda: len([p for p in rank_processes(client.scheduler.address)
+                            if p.environ().get("DASK_DDP_JOB_ID") == job.id]) < 2,
+               60, "ranks not started")
+    busy = threading.Thread(target=client.run, args=(block_event_loop, 14.0),
+                            kwargs={"workers": [job.workers[1]]}, daemon=True)
+    busy.start()
+    assert job.result(timeout=120) == [0, 0]
+    busy.join(60)
+    assert not busy.is_alive()
+
+
+def test_forwarder_call_tells_a_put_timeout_from_its_poll() -> None:
+    # On Python 3.11 concurrent.futures.TimeoutError is TimeoutError: a put that raised
+    # TimeoutError looked like the forwarder's own poll timing out, and was waited on
+    # until the whole deadline passed.
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        worker = type("W", (), {"loop": type("L", (), {"asyncio_loop": loop})()})()
+        r, w = os.pipe()
+        os.close(w)
+        fwd = Forwarder.__new__(Forwarder)
+        fwd._worker = worker
+        fwd._stop = threading.Event()
+
+        async def put_that_times_out() -> None:
+            raise TimeoutError("the scheduler's own timeout")
+
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError, match="the scheduler's own timeout"):
+            fwd._call(put_that_times_out(), 20.0)
+        assert time.monotonic() - t0 < 10.0
+        os.close(r)
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
+
+
+def test_workdir_of_a_live_owner_is_kept(tmp_path: Path) -> None:
+    # The owner's start time was compared as a float string: psutil's create_time of the
+    # same process can differ in its last digits between reads, and a live worker's
+    # directory was then removed under its rank.
+    path = tmp_path / f"{workdir.PREFIX}live-r0-x"
+    path.mkdir()
+    start = workdir._start_time(os.getpid())
+    assert start is not None
+    (path / ".owner").write_text(f"{os.getpid()} {start + 0.004}\n")
+    assert workdir.clean_orphans(str(tmp_path)) == []
+    assert path.exists()
+    # A dead owner's directory still goes.
+    (path / ".owner").write_text(f"{os.getpid()} {start - 100.0}\n")
+    assert workdir.clean_orphans(str(tmp_path)) == [str(path)]
+
+
+def coordination_objects(job_id: str, dask_scheduler: Any = None) -> list[str]:
+    """The job's Variables and Events left on the scheduler."""
+    left = []
+    variables = dask_scheduler.extensions.get("variables")
+    if variables is not None:
+        left += [n for n in variables.variables if job_id in n]
+    events = dask_scheduler.extensions.get("events")
+    if events is not None:
+        left += [n for n in events._events if job_id in n]
+    return left
+
+
+def test_launch_failing_part_way_leaves_no_coordination_objects(
+        client: Client, tmp_path: Path) -> None:
+    blocker = tmp_path / "out"
+    blocker.write_text("not a folder")
+    before = set(client.run_on_scheduler(coordination_objects, "dask-ddp-"))
+    with pytest.raises(FileExistsError):
+        dask_ddp.submit(client, sleep_only, 600.0, n_workers=2, output_dir=blocker,
+                        progress=False)
+    wait_until(lambda: client.run_on_scheduler(active_tasks, "sleep_only"), 30,
+               "tasks of the failed launch still active")
+    wait_no_rank_processes(client.scheduler.address, 20)
+
+    def left() -> list[str]:
+        return sorted(set(client.run_on_scheduler(coordination_objects, "dask-ddp-"))
+                      - before)
+
+    # The rank 0 supervisor may publish its address after the launch gave up: it must
+    # take it back.
+    wait_until(left, 30, "the failed launch's Variables/Events left on the scheduler")
+    time.sleep(3.0)
+    assert not left()
+
+
+def _put(client: Client, topic: str, seq: int, writer: str, wait: float = 1.0) -> Any:
+    from dask_ddp._channel.wire import Entry
+
+    return client.sync(client.scheduler.dask_ddp_results_put, topic=topic,
+                       entries=[list(Entry.run("src", seq, 1, b"x" * 1000))], writer=writer,
+                       wait=wait)
+
+
+def _topics(client: Client) -> dict[str, Any]:
+    return dict(client.sync(client.scheduler.dask_ddp_results_info))
+
+
+def test_a_closed_topic_is_not_made_again_by_its_writers(client: Client) -> None:
+    # A reader that stops (a JobMonitor that died) closes its topic: the ranks' next puts
+    # re-created it with no reader and, once the budget was full, every report() blocked.
+    from dask_ddp._channel.reader import prepare
+
+    prepare(client, "closed-topic-job")
+    topic = "dask-ddp-test-closed-topic"
+    assert _put(client, topic, 0, "writer-a")["accepted"] == 1
+    client.sync(client.scheduler.dask_ddp_results_close, topic=topic)
+    reply = _put(client, topic, 1, "writer-a")
+    assert reply["accepted"] == 1 and reply.get("dropped"), reply
+    assert topic not in _topics(client)
+    # Another writer (a new job reusing the name) makes it anew.
+    assert _put(client, topic, 0, "writer-b")["accepted"] == 1
+    assert topic in _topics(client)
+    client.sync(client.scheduler.dask_ddp_results_close, topic=topic)
+
+
+def test_a_put_waiting_on_a_full_topic_that_is_closed_is_dropped(client: Client) -> None:
+    # A put waiting for room in a full topic that its reader then closed re-created the
+    # topic, without recording the writer (so it was never swept).
+    from dask_ddp._channel.reader import prepare
+
+    prepare(client, "full-topic-job")
+    topic = "dask-ddp-test-full-topic"
+    client.sync(client.scheduler.dask_ddp_results_open, topic=topic, budget=1500)
+    assert _put(client, topic, 0, "writer-a")["accepted"] == 1
+    result: dict[str, Any] = {}
+    t = threading.Thread(target=lambda: result.update(_put(client, topic, 1, "writer-a", 20.0)))
+    t.start()
+    time.sleep(1.0)  # the put waits for room
+    client.sync(client.scheduler.dask_ddp_results_close, topic=topic)
+    t.join(30)
+    assert not t.is_alive()
+    assert result.get("dropped"), result
+    assert topic not in _topics(client)

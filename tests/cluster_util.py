@@ -73,8 +73,16 @@ def rank_processes(scheduler: str, marker: str = "dask_ddp._launch.rank") -> lis
 def wait_no_rank_processes(scheduler: str, timeout: float = 30.0,
                            marker: str = "dask_ddp._launch.rank") -> None:
     """Fail unless every rank process of the cluster is gone within ``timeout`` seconds."""
-    wait_until(lambda: [(p.pid, p.cmdline()) for p in rank_processes(scheduler, marker)],
-               timeout, "rank processes still running")
+    def alive() -> list[tuple[int, list[str]]]:
+        found = []
+        for p in rank_processes(scheduler, marker):
+            try:  # one may end (or be a zombie being reaped) while it is looked at
+                found.append((p.pid, p.cmdline()))
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+        return found
+
+    wait_until(alive, timeout, "rank processes still running")
 
 
 def wait_rank_processes(scheduler: str, n: int, timeout: float = 60.0,

@@ -161,3 +161,32 @@ def test_stall_rule() -> None:
     assert found is not None and found.stuck == [0, 1]
     # Everyone returned: not a stall (the finish barrier completes).
     assert find_stall({0: returned, 1: returned}, [], 2, 1000.0, 5.0) is None
+
+
+def test_launch_waits_come_from_the_config() -> None:
+    import dask
+
+    from dask_ddp._launch.options import LaunchOptions
+
+    with dask.config.set({"dask-ddp.launch.term-grace": "750 ms",
+                          "dask-ddp.launch.stall-timeout": None}):
+        opts = LaunchOptions.build(name="x", payload=b"p")
+    assert opts.waits.term_grace == 0.75 and opts.stall_timeout is None
+    assert LaunchOptions.build(name="x", payload=b"p", stall_timeout="2 minutes") \
+        .stall_timeout == 120.0
+    with pytest.raises(ValueError, match="stall_timeout"):
+        LaunchOptions.build(name="x", payload=b"p", stall_timeout=-1)
+    with dask.config.set({"dask-ddp.launch.root-wait": "soon"}), \
+            pytest.raises(ValueError, match="dask-ddp.launch.root-wait"):
+        LaunchOptions.build(name="x", payload=b"p")
+
+
+def test_cli_stall_timeout_argument() -> None:
+    from dask_ddp.cli import _run_parser
+
+    parse = _run_parser().parse_args
+    assert parse(["train.py"]).stall_timeout == "config"
+    assert parse(["--stall-timeout", "none", "train.py"]).stall_timeout is None
+    assert parse(["--stall-timeout", "12.5", "train.py"]).stall_timeout == 12.5
+    with pytest.raises(SystemExit):
+        parse(["--stall-timeout", "-3", "train.py"])

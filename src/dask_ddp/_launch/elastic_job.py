@@ -169,6 +169,19 @@ class ElasticJob:
             current = self.current
         current.cancel()
 
+    def stacks(self, timeout: float | None = None) -> dict[int, str]:
+        """The current attempt's live rank stacks (see :meth:`Job.stacks`)."""
+        return self.current.stacks(timeout)
+
+    @property
+    def stalled(self) -> Any:
+        """The current attempt's :class:`~dask_ddp.StallError`, if it stalled."""
+        return self.current.stalled
+
+    def rank_states(self) -> dict[int, dict[str, Any]]:
+        """The current attempt's rank states (see :meth:`Job.rank_states`)."""
+        return self.current.rank_states()
+
     def metrics(self) -> Iterator[dict[str, Any]]:
         """Every attempt's metric records, attempt after attempt, live until the job ends."""
         i = 0

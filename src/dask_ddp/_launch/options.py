@@ -49,7 +49,9 @@ class LaunchWaits:
         values: dict[str, float] = {}
         for f in dataclasses.fields(cls):
             key = "dask-ddp.launch." + f.name.replace("_", "-")
-            values[f.name] = _config.positive_seconds(key)
+            value = _config.seconds(key)
+            assert value is not None  # seconds() allows None only when asked to
+            values[f.name] = value
         return cls(**values)
 
 

@@ -190,3 +190,30 @@ def test_cli_stall_timeout_argument() -> None:
     assert parse(["--stall-timeout", "12.5", "train.py"]).stall_timeout == 12.5
     with pytest.raises(SystemExit):
         parse(["--stall-timeout", "-3", "train.py"])
+
+
+UNEVEN_SCRIPT = """
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+t = torch.ones(1)
+for _ in range(3 + dist.get_rank()):
+    dist.all_reduce(t)
+if dist.get_rank() == 0:
+    dist.recv(t, src=1)  # a message rank 1 never sends: both ranks wait for good
+dist.destroy_process_group()
+"""
+
+
+def test_a_scripts_stall_is_found_too(client: Client, tmp_path: Any) -> None:
+    # run_command / dask-ddp run: a Python script's ranks run behind the same probe.
+    script = tmp_path / "uneven.py"
+    script.write_text(UNEVEN_SCRIPT)
+    with pytest.raises(dask_ddp.StallError) as info:
+        dask_ddp.run_command(client, ["python", str(script)], n_workers=2,
+                             stream_output=False, timeout=120, stall_timeout=STALL_S)
+    err = info.value
+    assert err.ranks == [0, 1] and err.collective == "recv", str(err)
+    assert "rank 1 blocked in all_reduce" in str(err), str(err)
+    assert "uneven.py" in err.stacks[0] and "uneven.py" in err.stacks[1], err.stacks

@@ -76,7 +76,9 @@ def find_stall(states: Mapping[int, Mapping[str, Any]], finished: Iterable[int],
 def describe(stall: Stall, job_name: str, stall_timeout: float, now: float) -> str:
     """The first paragraph of a stall error: who is stuck where, and what the others do."""
     parts = []
-    for rank, s in sorted(stall.states.items()):
+    order = stall.stuck + [r for r in sorted(stall.states) if r not in stall.stuck]
+    for rank in order:
+        s = stall.states[rank]
         age = now - float(s.get("since", now))
         state = s["state"]
         if state == "blocked":
@@ -86,12 +88,9 @@ def describe(stall: Stall, job_name: str, stall_timeout: float, now: float) -> s
             parts.append(f"rank {rank} frozen (its process is stopped) for {age:.0f} s")
         else:
             parts.append(f"rank {rank} returned from its function")
-    what = f"in {stall.collective}" if stall.collective else "(frozen)"
-    ranks = ", ".join(str(r) for r in stall.stuck)
-    return (f"job {job_name!r} stalled: rank{'s' if len(stall.stuck) > 1 else ''} {ranks} "
-            f"stuck {what}, a collective its peers will never join; no rank made progress "
-            f"for {now - stall.since:.0f} s (stall_timeout={stall_timeout:g} s): "
-            + "; ".join(parts))
+    return (f"job {job_name!r} stalled: " + "; ".join(parts)
+            + f". No rank made progress for {now - stall.since:.0f} s "
+            f"(stall_timeout={stall_timeout:g} s): a collective that can no longer complete")
 
 
 def stacks_text(stacks: Mapping[int, str], workers: list[str]) -> str:

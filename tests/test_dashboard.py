@@ -11,8 +11,6 @@ import pytest
 
 import dask_ddp
 from cluster_util import client_fixture
-from dask_ddp._dashboard import counters, events
-from dask_ddp._dashboard.model import MAX_POINTS, Board
 from dashboard_util import (
     dashboard_root,
     fail_after,
@@ -24,6 +22,8 @@ from dashboard_util import (
     uneven_loop,
     wait_job,
 )
+from dask_ddp._dashboard import counters, events
+from dask_ddp._dashboard.model import MAX_POINTS, Board
 
 # ---------------------------------------------------------------- the model, no cluster
 

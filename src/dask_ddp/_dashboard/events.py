@@ -80,8 +80,8 @@ def send(via: Any, job_id: str, event: dict[str, Any]) -> None:
         running = asyncio.get_running_loop()
     except RuntimeError:
         running = None
-    if running is loop:
-        task = loop.create_task(_quiet(coro, job_id))
+    if running is not None and running is loop:
+        task = running.create_task(_quiet(coro, job_id))
         _background.add(task)
         task.add_done_callback(_background.discard)
         return

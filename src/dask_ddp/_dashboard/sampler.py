@@ -145,7 +145,8 @@ class RankSampler:
         return sample
 
     def _curve_points(self, records: list[bytes]) -> dict[str, list[list[float]]]:
-        """One point per numeric metric for this interval: (last step, mean value)."""
+        """One point per numeric metric for this interval: (mean step, mean value) of the
+        records that carried it (x is the report count when records carry no step)."""
         sums: dict[str, list[float]] = {}
         for raw in records:
             try:
@@ -154,15 +155,16 @@ class RankSampler:
                 continue
             step = rec.get("step")
             self._last_step = step if isinstance(step, int) else self._last_step
+            x = float(self._last_step if self._last_step is not None else self._reports)
             self._last_metrics = {k: v for k, v in rec.items() if k not in _RESERVED}
             for key, value in self._last_metrics.items():
                 if isinstance(value, (int, float)) and not isinstance(value, bool) \
                         and value == value:
-                    acc = sums.setdefault(key, [0.0, 0.0])
-                    acc[0] += value
-                    acc[1] += 1
-        x = float(self._last_step if self._last_step is not None else self._reports)
-        return {k: [[x, total / n]] for k, (total, n) in sums.items()}
+                    acc = sums.setdefault(key, [0.0, 0.0, 0.0])
+                    acc[0] += x
+                    acc[1] += value
+                    acc[2] += 1
+        return {k: [[xs / n, total / n]] for k, (xs, total, n) in sums.items()}
 
     def _process(self) -> dict[str, Any]:
         """CPU (the rank and its children, percent of one core) and the rank's RSS."""

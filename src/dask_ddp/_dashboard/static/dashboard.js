@@ -156,6 +156,7 @@
         el("td", {text: r.worker}), el("td", {text: r.host})));
     }
   }
+  const tickText = (t) => String(+t.toPrecision(6));
   function ticks(lo, hi, n) {
     if (hi === lo) { hi = lo + 1; }
     const raw = (hi - lo) / n, mag = Math.pow(10, Math.floor(Math.log10(raw)));
@@ -190,10 +191,10 @@
     const s = svg("svg", {viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": `${chosenMetric} by step`});
     for (const t of ticks(y0, y1, 5)) {
       s.append(svg("line", {class: "gridline", x1: L, x2: W - R, y1: sy(t), y2: sy(t)}));
-      const lab = svg("text", {x: L - 6, y: sy(t) + 4, "text-anchor": "end"}); lab.textContent = num(+t.toPrecision(6)); s.append(lab);
+      const lab = svg("text", {x: L - 6, y: sy(t) + 4, "text-anchor": "end"}); lab.textContent = tickText(t); s.append(lab);
     }
     for (const t of ticks(x0, x1, 8)) {
-      const lab = svg("text", {x: sx(t), y: H - B + 16, "text-anchor": "middle"}); lab.textContent = num(+t.toPrecision(6)); s.append(lab);
+      const lab = svg("text", {x: sx(t), y: H - B + 16, "text-anchor": "middle"}); lab.textContent = tickText(t); s.append(lab);
     }
     s.append(svg("line", {class: "axis", x1: L, x2: W - R, y1: H - B, y2: H - B}));
     s.append(svg("line", {class: "axis", x1: L, x2: L, y1: T, y2: H - B}));
@@ -201,10 +202,13 @@
     series.forEach(([rank, pts], i) => {
       const color = COLORS[Number(rank) % COLORS.length];
       const d = pts.map((p) => `${sx(p[0]).toFixed(1)},${sy(p[1]).toFixed(1)}`).join(" ");
-      s.append(svg("polyline", {points: d, fill: "none", stroke: color, "stroke-width": 2, "data-rank": rank}));
+      s.append(svg("polyline", {points: d, fill: "none", stroke: color, "stroke-width": 2,
+        "stroke-opacity": 0.85, "data-rank": rank}));
       const last = pts[pts.length - 1];
       s.append(svg("circle", {cx: sx(last[0]), cy: sy(last[1]), r: 3, fill: color}));
-      const lab = svg("text", {x: W - R + 12, y: T + 14 + 16 * i, fill: color});
+      const y = T + 14 + 16 * i;
+      s.append(svg("line", {x1: W - R + 10, x2: W - R + 30, y1: y - 4, y2: y - 4, stroke: color, "stroke-width": 3}));
+      const lab = svg("text", {x: W - R + 36, y: y, style: `fill:${color}`});
       lab.textContent = `rank ${rank}`; s.append(lab);
     });
     box.append(s);

@@ -114,6 +114,8 @@ def test_healthy_job_page(client: Any) -> None:
         end=_finish)
     rows = check_page(dom, "running")
     assert "Healthy" in dom
+    listing = render(dashboard_root(client), "dashboard-jobs.png")
+    assert re.search(r'<a href="[^"]*job/[0-9a-f]+">healthy</a>', listing), listing[:3000]
     for row in rows.values():
         assert "loss=" in row and "127.0.0.1" in row and "f-healthy" in row
 

@@ -18,6 +18,7 @@ import collections
 import contextlib
 import json
 import logging
+import math
 import os
 import threading
 import time
@@ -64,6 +65,7 @@ class RankSampler:
         self._reports = 0
         self._last_step: int | None = None
         self._last_metrics: dict[str, Any] = {}
+        self._first_done = False
         self._history: collections.deque[tuple[float, int, int]] = collections.deque()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -145,26 +147,28 @@ class RankSampler:
         return sample
 
     def _curve_points(self, records: list[bytes]) -> dict[str, list[list[float]]]:
-        """One point per numeric metric for this interval: (mean step, mean value) of the
-        records that carried it (x is the report count when records carry no step)."""
-        sums: dict[str, list[float]] = {}
-        for raw in records:
+        """The curves' points of this interval: per numeric metric, its last value reported
+        in the interval (and the rank's very first one), at its step (the count of
+        reports when the records carry no step)."""
+        points: dict[str, list[list[float]]] = {}
+        for i, raw in enumerate(records):
             try:
                 rec = json.loads(raw[1:])
             except ValueError:
                 continue
             step = rec.get("step")
             self._last_step = step if isinstance(step, int) else self._last_step
-            x = float(self._last_step if self._last_step is not None else self._reports)
             self._last_metrics = {k: v for k, v in rec.items() if k not in _RESERVED}
+            if i != len(records) - 1 and self._first_done:
+                continue
+            self._first_done = True
+            x = float(self._last_step if self._last_step is not None
+                      else self._reports - len(records) + i + 1)
             for key, value in self._last_metrics.items():
                 if isinstance(value, (int, float)) and not isinstance(value, bool) \
-                        and value == value:
-                    acc = sums.setdefault(key, [0.0, 0.0, 0.0])
-                    acc[0] += x
-                    acc[1] += value
-                    acc[2] += 1
-        return {k: [[xs / n, total / n]] for k, (xs, total, n) in sums.items()}
+                        and math.isfinite(value):
+                    points.setdefault(key, []).append([x, float(value)])
+        return points
 
     def _process(self) -> dict[str, Any]:
         """CPU (the rank and its children, percent of one core) and the rank's RSS."""
@@ -181,7 +185,10 @@ class RankSampler:
                     cpu += cached.cpu_percent(None)
                     alive[p.pid] = cached
             self._procs = alive
-            return {"cpu_percent": cpu, "rss_bytes": int(main.memory_info().rss)}
+            rss = int(main.memory_info().rss)
+            if not rss or main.status() == psutil.STATUS_ZOMBIE:
+                return {}  # exited, not yet reaped: keep the last figures
+            return {"cpu_percent": cpu, "rss_bytes": rss}
         except psutil.Error:
             return {}
 

@@ -80,6 +80,16 @@ def test_failure_before_start_and_attempts() -> None:
     assert [a["state"] for a in job["attempts"]] == ["failed", "failed"]
 
 
+def test_ranks_ending_end_the_job_without_the_client() -> None:
+    b = _board()
+    b.rank_sample("a0", _sample(0, state="exited", exit="exit code 0"))
+    assert b.job_json("run")["job"]["state"] == "starting"  # type: ignore[index]
+    b.rank_sample("a0", _sample(1, state="exited", exit="killed by SIGKILL"))
+    assert b.job_json("run")["job"]["state"] == "failed"  # type: ignore[index]
+    b.job_state("a0", {"state": "done"})
+    assert b.job_json("run")["job"]["state"] == "failed"  # type: ignore[index]
+
+
 def test_stall_event_and_clear() -> None:
     b = _board()
     b.job_state("a0", {"state": "stalled", "ranks": [1], "collective": "all_reduce",

@@ -288,6 +288,13 @@ class Board:
         view.merge(sample)
         if a.state == "starting" and view.state == "running":
             a.state = "running"
+        ranks = a.ranks.values()
+        if a.state not in FINAL and len(a.ranks) >= a.world_size \
+                and all(r.state == "exited" for r in ranks):
+            # Every rank ended: the job did, also when its client never says so (gone).
+            ok = all(r.exit == "exit code 0" for r in ranks)
+            a.state = "done" if ok and not a.failures else "failed"
+            a.end = view.updated
         job = self.jobs[self.by_attempt[job_id][0]]
         if job.first_metric is None and view.curves:
             job.first_metric = next(iter(view.curves))

@@ -96,10 +96,13 @@ class RankSampler:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(SEND_TIMEOUT_S + SAMPLE_S)
-        sample = self._sample(final=True)
-        sample["state"] = "exited"
-        sample["exit"] = _exit_text(returncode)
-        self._send(sample)
+        try:
+            sample = self._sample(final=True)
+            sample["state"] = "exited"
+            sample["exit"] = _exit_text(returncode)
+            self._send(sample)
+        except Exception:  # never let the page hide the rank's outcome
+            logger.debug("last dashboard sample of rank %d failed", self.rank, exc_info=True)
 
     def _run(self) -> None:
         while not self._stop.wait(SAMPLE_S):

@@ -271,3 +271,15 @@ def test_loader_rank_measures_data_wait(client: object, big_images: str) -> None
     finally:
         assert job.result(timeout=180) == [0, 1]
 
+
+
+def test_tab_in_the_bokeh_dashboard(client: object) -> None:
+    pytest.importorskip("bokeh", reason="the standard (Bokeh) dashboard is not installed")
+    link = client.dashboard_link  # type: ignore[attr-defined]
+    job = dask_ddp.submit(client, report_loop, 3, 0.01, name="tab", progress=False)
+    assert job.result(timeout=120) == [0, 1]
+    for page in ("status", "workers"):
+        status, _, body = get(link.rsplit("/", 1)[0] + "/" + page)
+        assert status == 200 and '<a href="dask-ddp">Dask-Ddp</a>' in body, page
+    status, ctype, _ = get(link.rsplit("/", 1)[0] + "/dask-ddp")  # the tab's link
+    assert status == 200 and ctype.startswith("text/html")

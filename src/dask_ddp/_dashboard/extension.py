@@ -196,7 +196,7 @@ def add_routes(scheduler: Any, extension: DashboardExtension) -> str | None:
 def add_tab(scheduler: Any) -> None:
     """A "dask-ddp" tab in the Bokeh dashboard's navigation bar, when it runs here."""
     app = getattr(scheduler, "http_application", None)
-    if app is None or not any("bokeh" in type(a).__module__.lower()
+    if app is None or not any("bokeh" in type(a).__name__.lower()
                               for a in getattr(app, "applications", ())):
         return  # no standard dashboard pages to link from
     try:

@@ -102,6 +102,28 @@ def test_stall_event_and_clear() -> None:
     assert job["stall"] is None and [r["flags"] for r in job["ranks"]] == [[], []]
 
 
+STALL_RECORD = {"rank": 1, "worker": "tcp://10.0.0.1:1234", "kind": "stalled",
+                "message": "job 'train' stalled: rank 1 stuck in all_reduce\n\nstacks...",
+                "traceback": "", "ranks": [1], "collective": "all_reduce",
+                "stacks": {"0": "File train.py, line 9", "1": "File train.py, line 3"}}
+
+
+def test_a_stall_that_ended_the_job_stands() -> None:
+    b = _board()
+    b.failure("a0", STALL_RECORD)
+    b.failure("a0", {"rank": 0, "worker": "w0", "kind": "raised", "message": "then"})
+    b.job_state("a0", {"state": "failed"})
+    b.rank_sample("a0", _sample(0, state="exited", exit="exit code 1"))
+    b.rank_sample("a0", _sample(1, state="exited", exit="exit code 1"))
+    job = b.job_json("run")["job"]  # type: ignore[index]
+    assert job["state"] == "stalled" and job["end"] is not None
+    assert job["stall"]["final"] and job["stall"]["ranks"] == [1]
+    assert job["stall"]["message"] == "job 'train' stalled: rank 1 stuck in all_reduce"
+    assert job["stall"]["stacks"]["0"] == "File train.py, line 9"
+    assert [r["flags"] for r in job["ranks"]] == [[], ["stalled"]]
+    assert job["attempts"][0]["root_cause"]["kind"] == "stalled"
+
+
 def test_curves_stay_bounded_and_unknown_jobs() -> None:
     b = _board()
     for i in range(3 * MAX_POINTS):
@@ -225,6 +247,26 @@ def test_stall_event_from_the_launcher(client: object) -> None:
     finally:
         assert job.result(timeout=180) == [0, 1]
     wait_job(root, job.id, "done after the stall cleared", lambda j: j["state"] == "done")
+
+
+def test_stall_record_on_the_failure_topic(client: object) -> None:
+    from dask_ddp._launch.names import failure_topic
+
+    root = dashboard_root(client)
+    job = dask_ddp.submit(client, report_loop, 1000, 0.1, name="stall-ended",
+                          progress=False)
+    try:
+        wait_job(root, job.id, "running", lambda j: j["state"] == "running")
+        client.log_event(failure_topic(job.id), STALL_RECORD)  # type: ignore[attr-defined]
+        stalled = wait_job(root, job.id, "stalled by the record",
+                           lambda j: j["state"] == "stalled")
+        assert stalled["stall"]["final"] and stalled["stall"]["collective"] == "all_reduce"
+        assert stalled["end"] is not None and "stalled" in stalled["ranks"][1]["flags"]
+    finally:
+        job.cancel()
+        with pytest.raises(concurrent.futures.CancelledError):
+            job.result(timeout=60)
+    wait_job(root, job.id, "cancelled (a cancel wins)", lambda j: j["state"] == "cancelled")
 
 
 def test_elastic_attempts_and_unknown_job(client: object) -> None:

@@ -42,7 +42,9 @@ known yet)
         "median_steps_per_s": float | null,
         "root_cause": Failure | null,          # when state is "failed"
         "stall": {"ranks": [int], "collective": str, "stacks": {rank: str},
-                  "time": float} | null,       # when state is "stalled"
+                  "message": str, "time": float,
+                  "final": bool} | null,       # when state is "stalled"; final: the
+                                               # stall ended the job
         "attempts": [{"job_id", "attempt", "state", "world_size", "start", "end",
                       "root_cause": Failure | null}],
         "ranks": [Rank],                       # the current attempt's, by rank
@@ -66,6 +68,11 @@ Flags: *input-bound* when the rank waited for data more than a third of its step
 (ranks using the :class:`~dask_ddp.data.Loader`); *straggler* when a running rank's step
 rate is under 0.8 times the median rank's; *stalled* from the launcher's stall detection;
 *failed* on the root-cause rank of a failed job.
+
+Stalls reach the pages two ways: a failure record of kind ``"stalled"`` (with ``ranks``,
+``collective``, ``stacks``) on the job's failure topic, which is how the launcher's stall
+detection ends a job; or :func:`~dask_ddp._dashboard.events.job_stalled`, for a stall
+seen while the job goes on (cleared by ``job_state(..., "running")``).
 """
 
 from __future__ import annotations

@@ -132,6 +132,9 @@ class Attempt:
         first, raised, aborted; then the lowest rank)."""
         if not self.failures:
             return None
+        stalls = [f for f in self.failures if f.get("kind") == "stalled"]
+        if stalls:
+            return stalls[0]
         return min(self.failures, key=lambda f: (kind_order(str(f.get("kind", ""))),
                                                  int(f.get("rank", -1))))
 
@@ -169,7 +172,7 @@ class JobView:
 
     def row(self, now: float) -> dict[str, Any]:
         a, first = self.current, self.attempts[0]
-        end = a.end if a.state in FINAL else None
+        end = a.end
         return {
             "id": self.run_id, "name": self.name, "state": a.state, "job_id": a.job_id,
             "world_size": a.world_size, "attempt": a.attempt,
@@ -203,6 +206,15 @@ class JobView:
         }
 
 
+def _set_stall(a: Attempt, event: dict[str, Any], final: bool) -> None:
+    """Record a stall on ``a``: ``final`` when it ended the job (a failure record)."""
+    stacks = {str(k): _clip(v) for k, v in (event.get("stacks") or {}).items()}
+    a.stall = {"ranks": [int(r) for r in event.get("ranks", ())],
+               "collective": str(event.get("collective") or ""), "stacks": stacks,
+               "message": str(event.get("message") or "").split("\n\n")[0],
+               "final": final, "time": float(event.get("time") or time.time())}
+
+
 def _host(address: str) -> str:
     rest = address.split("://", 1)[-1]
     return rest.rsplit(":", 1)[0] if ":" in rest else rest
@@ -224,7 +236,7 @@ class Board:
             job = self.jobs[run_id] = JobView(run_id, str(event.get("name") or run_id),
                                               int(event.get("max_restarts") or 0))
             self._trim()
-        if job.attempts and job.current.state not in FINAL:
+        if job.attempts and job.current.end is None and job.current.state not in FINAL:
             job.current.state, job.current.end = "failed", time.time()
         workers = [str(w) for w in event.get("workers", ())]
         attempt = Attempt(str(event["job_id"]), int(event.get("attempt") or 0),
@@ -232,11 +244,10 @@ class Board:
                           float(event.get("time") or time.time()))
         for rank, worker in enumerate(workers):
             attempt.ranks[rank] = RankView(rank, worker=worker, host=_host(worker))
-        attempt.failures.extend(self.early_failures.pop(attempt.job_id, []))
-        if attempt.failures:
-            attempt.state = "failed"
         job.attempts.append(attempt)
         self.by_attempt[attempt.job_id] = (run_id, len(job.attempts) - 1)
+        for record in self.early_failures.pop(attempt.job_id, []):
+            self.failure(attempt.job_id, record)
 
     def _attempt(self, job_id: str) -> Attempt | None:
         where = self.by_attempt.get(job_id)
@@ -246,36 +257,46 @@ class Board:
 
     def job_state(self, job_id: str, event: dict[str, Any]) -> None:
         """A state change from the launcher: ``done``, ``failed``, ``cancelled`` (the job
-        ended), ``stalled`` (with ``ranks``, ``collective``, ``stacks``) or ``running``."""
+        ended), ``stalled`` (with ``ranks``, ``collective``, ``stacks``) or ``running``
+        (a stall cleared). A recorded failure, or a stall that ended the job, stands
+        against a later ``done``/``failed``/``running``/``stalled``; a cancel wins."""
         a = self._attempt(job_id)
         state = str(event.get("state"))
         if a is None or state not in STATES:
             return
+        now = float(event.get("time") or time.time())
+        ended_stalled = a.state == "stalled" and bool(a.stall and a.stall["final"])
+        if state != "cancelled" and (a.state == "failed" or ended_stalled):
+            if state in FINAL:
+                a.end = a.end or now
+            return
         if state == "stalled":
-            stacks = {str(k): _clip(v) for k, v in (event.get("stacks") or {}).items()}
-            a.stall = {"ranks": [int(r) for r in event.get("ranks", ())],
-                       "collective": str(event.get("collective") or ""),
-                       "stacks": stacks, "time": float(event.get("time") or time.time())}
-        if a.state == "failed" and state in ("done", "running", "stalled"):
-            return  # a recorded failure stands
+            _set_stall(a, event, final=False)
         a.state = state
         if state in FINAL:
-            a.end = float(event.get("time") or time.time())
+            a.end = now
 
     def failure(self, job_id: str, record: dict[str, Any]) -> None:
-        """A rank's failure record (the launcher's failure topic)."""
-        rec = {k: record.get(k) for k in ("rank", "worker", "kind", "message")}
-        rec["traceback"] = _clip(record.get("traceback"))
+        """A rank's failure record (the launcher's failure topic); ``kind == "stalled"``
+        (with ``ranks``, ``collective``, ``stacks``) is the stall that ended the job."""
         a = self._attempt(job_id)
         if a is None:  # the record came before the job's start event
-            self.early_failures.setdefault(job_id, []).append(rec)
+            self.early_failures.setdefault(job_id, []).append(dict(record))
             while len(self.early_failures) > MAX_JOBS:
                 self.early_failures.pop(next(iter(self.early_failures)))
             return
+        rec = {k: record.get(k) for k in ("rank", "worker", "kind", "message")}
+        rec["traceback"] = _clip(record.get("traceback"))
         a.failures.append(rec)
-        if str(rec.get("kind")) != "aborted":
+        kind = str(rec.get("kind"))
+        if kind == "stalled":
+            _set_stall(a, record, final=True)
+            a.state = "stalled"
+        elif kind != "aborted" and not (a.stall and a.stall["final"]):
             a.state = "failed"
-            a.end = a.end or time.time()
+        else:
+            return
+        a.end = a.end or time.time()
 
     def rank_sample(self, job_id: str, sample: dict[str, Any]) -> None:
         a = self._attempt(job_id)
@@ -289,7 +310,7 @@ class Board:
         if a.state == "starting" and view.state == "running":
             a.state = "running"
         ranks = a.ranks.values()
-        if a.state not in FINAL and len(a.ranks) >= a.world_size \
+        if a.end is None and a.state not in FINAL and len(a.ranks) >= a.world_size \
                 and all(r.state == "exited" for r in ranks):
             # Every rank ended: the job did, also when its client never says so (gone).
             ok = all(r.exit == "exit code 0" for r in ranks)

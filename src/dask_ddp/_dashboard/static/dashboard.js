@@ -9,7 +9,6 @@
   const root = path.slice(0, path.indexOf("/dask-ddp/") + "/dask-ddp/".length);
   const COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
                   "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"];
-  const FINAL = new Set(["done", "failed", "cancelled"]);
   let chosenMetric = null;
   let lastJob = null;
 
@@ -102,8 +101,10 @@
       const s = job.stall;
       const stacks = Object.entries(s.stacks || {}).map(([r, text]) =>
         el("details", {open: ""}, el("summary", {text: `rank ${r} stack`}), el("pre", {text: text})));
-      box.append(banner("bad", `Stalled: rank(s) ${s.ranks.join(", ")} blocked in ${s.collective || "a collective"}`,
-        ...stacks));
+      const what = s.collective ? `blocked in ${s.collective}` : "blocked or frozen";
+      const ended = s.final ? " (the stall ended the job)" : "";
+      box.append(banner("bad", `Stalled: rank(s) ${s.ranks.join(", ")} ${what}${ended}`,
+        ...(s.message ? [el("div", {text: s.message})] : []), ...stacks));
     }
     const input = flagged("input-bound"), slow = flagged("straggler");
     if (input.length) {
@@ -243,17 +244,18 @@
     document.getElementById("json-link").href = root + "api/job/" + encodeURIComponent(job.id);
     lastJob = job;
     drawBanners(job); drawRanks(job); drawChart(job); drawAttempts(job);
-    return job.state;
   }
 
   async function tick() {
-    let state = null;
+    let ended = false;
     try {
       if (view === "jobs") {
         drawJobs(await getJSON(root + "api/jobs"));
       } else {
         const id = decodeURIComponent(path.slice(root.length + "job/".length).replace(/\/$/, ""));
-        state = drawJob(await getJSON(root + "api/job/" + encodeURIComponent(id)));
+        const data = await getJSON(root + "api/job/" + encodeURIComponent(id));
+        drawJob(data);
+        ended = data.job.end !== null;
       }
       stamp(true);
     } catch (e) {
@@ -262,9 +264,8 @@
         document.getElementById("banners").replaceChildren(banner("bad", "Unknown job", el("div", {text: e.message})));
       }
     }
-    // An ended job's page stays as it is; a running one (and the list) keeps refreshing.
-    if (!FINAL.has(state) || view === "jobs") setTimeout(tick, refreshMs);
-    else setTimeout(tick, refreshMs * 5);
+    // An ended job's page refreshes 5 times less often (an elastic job may start again).
+    setTimeout(tick, ended ? refreshMs * 5 : refreshMs);
   }
   if (view === "job") {
     document.getElementById("metric").addEventListener("change", (e) => {

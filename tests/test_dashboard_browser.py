@@ -5,6 +5,7 @@ the build directory (``build/dev/artifacts/``, or ``$DASK_DDP_ARTIFACTS``) for C
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import re
 import shutil
@@ -154,3 +155,35 @@ def test_failed_job_page(client: Any) -> None:
     rows = check_page(dom, "failed")
     assert "Failed: rank 1" in dom and "ValueError: corrupt shard 17 on purpose" in dom
     assert "f-failed" in rows[1] and "f-failed" not in rows[0]
+
+
+def test_stalled_job_page(client: Any) -> None:
+    from dask_ddp._launch.names import failure_topic
+
+    def stall_then_cancel(job: Any) -> None:
+        job.cancel()
+        with pytest.raises(concurrent.futures.CancelledError):
+            job.result(timeout=60)
+
+    root = dashboard_root(client)
+    job = dask_ddp.submit(client, report_loop, 2000, 0.05, name="stalled", progress=False)
+    try:
+        wait_job(root, job.id, "running with curves", lambda j: j["state"] == "running"
+                 and all(len(c.get("loss", [])) >= 2 for c in j["curves"].values())
+                 and len(j["curves"]) == 2)
+        # The record the launcher's stall detection puts on the failure topic.
+        client.log_event(failure_topic(job.id), {
+            "rank": 1, "worker": job.workers[1], "kind": "stalled",
+            "message": "job 'stalled' stalled: rank 1 stuck in all_reduce, a collective "
+                       "its peers will never join\n\nPython stacks of the ranks: ...",
+            "traceback": "", "ranks": [1], "collective": "all_reduce",
+            "stacks": {"0": 'File "train.py", line 30, in main\n    evaluate(model)',
+                       "1": 'File "train.py", line 21, in step\n    dist.all_reduce(t)'}})
+        wait_job(root, job.id, "stalled", lambda j: j["state"] == "stalled")
+        dom = render(f"{root}job/{job.id}", "dashboard-stalled.png")
+    finally:
+        stall_then_cancel(job)
+    rows = check_page(dom, "stalled")
+    assert "Stalled: rank(s) 1 blocked in all_reduce (the stall ended the job)" in dom
+    assert "dist.all_reduce(t)" in dom and "evaluate(model)" in dom
+    assert "f-stalled" in rows[1] and "f-stalled" not in rows[0]

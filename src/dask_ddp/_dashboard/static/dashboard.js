@@ -134,7 +134,9 @@
     for (const r of job.ranks) {
       const flags = el("td", {});
       for (const f of r.flags) flags.append(badge(f, "f-" + f));
-      if (!r.flags.length && r.state === "running") flags.append(badge("ok", "f-healthy"));
+      if (!r.flags.length && r.state === "running" && job.state === "running") {
+        flags.append(badge("ok", "f-healthy"));
+      }
       let wait = el("td", {class: "num", text: r.step_source === "report" ? "n/a (not a Loader)" : "–"});
       if (r.wait_fraction !== null) {
         const pct = 100 * r.wait_fraction;

@@ -23,7 +23,7 @@ from dashboard_util import (
     wait_job,
 )
 from dask_ddp._dashboard import counters, events
-from dask_ddp._dashboard.model import MAX_POINTS, Board
+from dask_ddp._dashboard.model import MAX_JOBS, MAX_POINTS, Board
 
 # ---------------------------------------------------------------- the model, no cluster
 
@@ -133,6 +133,17 @@ def test_curves_stay_bounded_and_unknown_jobs() -> None:
     assert len(curve) <= MAX_POINTS and curve[0][0] == 0 and curve[-1][0] == 3 * MAX_POINTS - 1
     assert b.job_json("nope") is None
     b.rank_sample("nope", _sample(0))  # a sample of an unknown job is ignored
+
+
+def test_the_board_keeps_the_last_jobs_running_ones_first() -> None:
+    b = Board()
+    b.job_started({"job_id": "live", "name": "live", "workers": ["w"]})
+    for i in range(MAX_JOBS + 5):
+        b.job_started({"job_id": f"j{i}", "name": f"n{i}", "workers": ["w"]})
+        b.job_state(f"j{i}", {"state": "done"})
+    ids = [j["id"] for j in b.jobs_json()["jobs"]]
+    assert len(ids) == MAX_JOBS and "live" in ids and f"j{MAX_JOBS + 4}" in ids
+    assert "j0" not in ids and b.job_json("j0") is None
 
 
 def test_counters_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -235,7 +235,6 @@ class Board:
         if job is None:
             job = self.jobs[run_id] = JobView(run_id, str(event.get("name") or run_id),
                                               int(event.get("max_restarts") or 0))
-            self._trim()
         if job.attempts and job.current.end is None and job.current.state not in FINAL:
             job.current.state, job.current.end = "failed", time.time()
         workers = [str(w) for w in event.get("workers", ())]
@@ -248,6 +247,7 @@ class Board:
         self.by_attempt[attempt.job_id] = (run_id, len(job.attempts) - 1)
         for record in self.early_failures.pop(attempt.job_id, []):
             self.failure(attempt.job_id, record)
+        self._trim()
 
     def _attempt(self, job_id: str) -> Attempt | None:
         where = self.by_attempt.get(job_id)

@@ -208,6 +208,13 @@ def test_running_job_pages_and_json(client: object) -> None:
         loss = done["curves"][str(r["rank"])]["loss"]
         assert len(loss) >= 3 and loss[-1][0] > loss[0][0]
         assert r["step"] == 399 and r["steps_per_s"] > 0  # the rate measured while running
+    # curves: the default metric's, one chosen, or all
+    base = f"{root}api/job/{job.id}"
+    assert [set(c) for c in done["curves"].values()] == [{"loss"}, {"loss"}]
+    chosen = get_json(base + "?metric=lr")["job"]["curves"]
+    assert [set(c) for c in chosen.values()] == [{"lr"}, {"lr"}]
+    every = get_json(base + "?metric=*")["job"]["curves"]
+    assert [set(c) for c in every.values()] == [{"loss", "lr"}, {"loss", "lr"}]
 
 
 def test_failed_job_shows_root_cause_and_traceback(client: object) -> None:

@@ -34,8 +34,9 @@ known yet)
               "hosts": [str], "url": "job/<id>"}  # relative to /dask-ddp/
     State = "starting" | "running" | "stalled" | "done" | "failed" | "cancelled"
 
-``GET /dask-ddp/api/job/<id>`` (``id``: the run id, an attempt's id or a unique prefix;
-404 with ``{"version": 1, "error": str}`` when unknown)::
+``GET /dask-ddp/api/job/<id>[?metric=<name>|*]`` (``id``: the run id, an attempt's id or
+a unique prefix; 404 with ``{"version": 1, "error": str}`` when unknown; ``curves`` holds
+the curves of ``metric``, by default ``default_metric``'s, ``*`` for all)::
 
     {"version": 1, "time": float,
      "job": JobRow + {
@@ -49,7 +50,7 @@ known yet)
                       "root_cause": Failure | null}],
         "ranks": [Rank],                       # the current attempt's, by rank
         "metric_names": [str], "default_metric": str | null,   # "loss" when reported
-        "curves": {rank: {metric: [[step, value], ...]}}}}
+        "curves": {rank: {metric: [[step, value], ...]}}}}   # see ?metric=
 
     Failure = {"rank": int, "worker": str, "kind": str, "message": str, "traceback": str}
     Rank = {"rank": int, "worker": str, "host": str, "pid": int | null,

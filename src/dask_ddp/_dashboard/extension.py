@@ -15,8 +15,9 @@ same round trip as the results channel's plugin). On the scheduler it installs
 - adds a "Dask-Ddp" tab to the standard dashboard's navigation bar when the Bokeh
   dashboard runs (its page list is shared by every page it renders).
 
-A page is served from the state in memory: a request costs the scheduler a dictionary walk
-of the jobs (no I/O, no task state), and the page asks every :data:`REFRESH_S` seconds.
+The JSON is answered from the state in memory (a walk over the jobs: no I/O, no task
+state) and an open page asks for it every :data:`REFRESH_S` seconds; the page files are
+read once (the HTML) or served by tornado's static file handler.
 """
 
 from __future__ import annotations
@@ -49,11 +50,9 @@ class DashboardExtension:
     def __init__(self, scheduler: Any) -> None:
         self.scheduler = scheduler
         self.board = Board()
-        self.requests = 0
         scheduler.handlers.update({
             "dask_ddp_dashboard_job": self.job_event,
             "dask_ddp_dashboard_rank": self.rank_sample,
-            "dask_ddp_dashboard_info": self.info,
         })
         self.prefix = add_routes(scheduler, self)
         add_tab(scheduler)
@@ -78,12 +77,6 @@ class DashboardExtension:
     def failure(self, topic: str, msg: Any) -> None:
         if isinstance(msg, dict):
             self.board.failure(topic[len(FAILURE_PREFIX):], msg)
-
-    def info(self, job: str | None = None) -> dict[str, Any]:
-        """The JSON the pages read (``job`` given: that job's), for tests and tools."""
-        if job is None:
-            return self.board.jobs_json()
-        return self.board.job_json(job) or {}
 
 
 class DashboardPlugin(SchedulerPlugin):
@@ -119,14 +112,12 @@ class _Base(web.RequestHandler):
 
 class JobsPage(_Base):
     def get(self) -> None:
-        self.extension.requests += 1
         self.set_header("Content-Type", "text/html; charset=utf-8")
         self.write(_page("jobs.html"))
 
 
 class JobPage(_Base):
     def get(self, job: str) -> None:
-        self.extension.requests += 1
         if self.extension.board.find(job) is None:
             self.set_status(404)
         self.set_header("Content-Type", "text/html; charset=utf-8")
@@ -135,16 +126,14 @@ class JobPage(_Base):
 
 class JobsApi(_Base):
     def get(self) -> None:
-        self.extension.requests += 1
         self.set_header("Content-Type", "application/json")
         self.write(json.dumps(self.extension.board.jobs_json()))
 
 
 class JobApi(_Base):
     def get(self, job: str) -> None:
-        self.extension.requests += 1
         self.set_header("Content-Type", "application/json")
-        body = self.extension.board.job_json(job)
+        body = self.extension.board.job_json(job, self.get_argument("metric", None))
         if body is None:
             self.set_status(404)
             body = {"version": 1, "error": f"no dask-ddp job {job!r} on this scheduler"}

@@ -182,7 +182,9 @@ class JobView:
             "hosts": self.hosts(), "url": f"job/{self.run_id}",
         }
 
-    def detail(self, now: float) -> dict[str, Any]:
+    def detail(self, now: float, metric: str | None = None) -> dict[str, Any]:
+        """The job page's JSON; ``curves`` holds ``metric``'s curves (default: the default
+        metric's; ``"*"``: every metric's)."""
         a = self.current
         rates = [r.steps_per_s for r in a.ranks.values()
                  if r.steps_per_s is not None and r.state == "running"]
@@ -192,8 +194,8 @@ class JobView:
         stalled = set(a.stall.get("ranks", ())) if a.stall and a.state == "stalled" else set()
         ranks = [a.ranks[r].json(median, stalled, failed_rank) for r in sorted(a.ranks)]
         names = sorted({n for r in a.ranks.values() for n in r.curves})
-        metric = ("loss" if "loss" in names else self.first_metric if self.first_metric in names
-                  else names[0] if names else None)
+        default = ("loss" if "loss" in names else self.first_metric
+                   if self.first_metric in names else names[0] if names else None)
         return {
             **self.row(now),
             "median_steps_per_s": median,
@@ -201,8 +203,10 @@ class JobView:
             "root_cause": a.summary()["root_cause"] if a.state == "failed" else None,
             "attempts": [x.summary() for x in self.attempts],
             "ranks": ranks,
-            "metric_names": names, "default_metric": metric,
-            "curves": {str(r.rank): r.curves for r in a.ranks.values()},
+            "metric_names": names, "default_metric": default,
+            "curves": {str(r.rank): {k: v for k, v in r.curves.items()
+                                     if metric == "*" or k == (metric or default)}
+                       for r in a.ranks.values()},
         }
 
 
@@ -336,11 +340,11 @@ class Board:
         rows = [j.row(now) for j in reversed(self.jobs.values())]
         return {"version": 1, "time": now, "jobs": rows}
 
-    def job_json(self, key: str) -> dict[str, Any] | None:
+    def job_json(self, key: str, metric: str | None = None) -> dict[str, Any] | None:
         job = self.find(key)
         if job is None:
             return None
-        return {"version": 1, "time": time.time(), "job": job.detail(time.time())}
+        return {"version": 1, "time": time.time(), "job": job.detail(time.time(), metric)}
 
     def _trim(self) -> None:
         while len(self.jobs) > MAX_JOBS:

@@ -10,7 +10,6 @@
   const COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
                   "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"];
   let chosenMetric = null;
-  let lastJob = null;
 
   function el(tag, attrs, ...children) {
     const e = document.createElement(tag);
@@ -244,18 +243,18 @@
     fact(dl, "duration", duration(job.duration_s));
     fact(dl, "hosts", job.hosts.join(", "));
     document.getElementById("json-link").href = root + "api/job/" + encodeURIComponent(job.id);
-    lastJob = job;
     drawBanners(job); drawRanks(job); drawChart(job); drawAttempts(job);
   }
 
-  async function tick() {
+  async function tick(schedule = true) {
     let ended = false;
     try {
       if (view === "jobs") {
         drawJobs(await getJSON(root + "api/jobs"));
       } else {
         const id = decodeURIComponent(path.slice(root.length + "job/".length).replace(/\/$/, ""));
-        const data = await getJSON(root + "api/job/" + encodeURIComponent(id));
+        const query = chosenMetric ? "?metric=" + encodeURIComponent(chosenMetric) : "";
+        const data = await getJSON(root + "api/job/" + encodeURIComponent(id) + query);
         drawJob(data);
         ended = data.job.end !== null;
       }
@@ -267,12 +266,12 @@
       }
     }
     // An ended job's page refreshes 5 times less often (an elastic job may start again).
-    setTimeout(tick, ended ? refreshMs * 5 : refreshMs);
+    if (schedule) setTimeout(tick, ended ? refreshMs * 5 : refreshMs);
   }
   if (view === "job") {
     document.getElementById("metric").addEventListener("change", (e) => {
       chosenMetric = e.target.value;
-      if (lastJob) drawChart(lastJob);
+      tick(false);
     });
   }
   tick();

@@ -25,6 +25,7 @@ import select
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -182,9 +183,13 @@ class Forwarder:
     worker
         The Dask worker whose connection to the scheduler is used (default: the worker
         running the calling task; that task's key tells the scheduler who writes).
+    tap
+        ``(topic, tap)``: ``tap(data)`` is called in the Forwarder's thread with each
+        whole record of ``topic`` as it passes (the job page's sampler); it must be quick.
     """
 
-    def __init__(self, job_id: str, rank: int, read_fd: int, *, worker: Any = None) -> None:
+    def __init__(self, job_id: str, rank: int, read_fd: int, *, worker: Any = None,
+                 tap: tuple[str, Callable[[bytes], None]] | None = None) -> None:
         self.task_key: str | None = None
         if worker is None:
             from distributed import get_worker
@@ -200,6 +205,7 @@ class Forwarder:
         # Streams are "<job>/<rank>/<nonce>.<pid>": one per process writing to the pipe.
         self.source = f"{job_id}/{rank}/{uuid.uuid4().hex[:8]}"
         self._worker = worker
+        self._tap = tap
         self._part = part_size()
         self._retry_for = put_retry_seconds()
         self._error: BaseException | None = None
@@ -291,6 +297,8 @@ class Forwarder:
                     last_tb = bytes(buf[start : start + head.topic_len])
                     last_topic = last_tb.decode()
                 topic = last_topic
+                if self._tap is not None and head.fragments == 1 and topic == self._tap[0]:
+                    self._tap[1](bytes(buf[start + head.topic_len : end]))
                 if head.fragments == 1:
                     if (
                         run is not None

@@ -23,6 +23,7 @@ from typing import Any
 
 from dask_ddp._channel.monitor import JobMonitor
 from dask_ddp._channel.reader import prepare as prepare_channel
+from dask_ddp._dashboard import events as dashboard
 from dask_ddp._launch import jobs, stall, workdir
 from dask_ddp._launch.names import (
     abort_event_name,
@@ -286,6 +287,7 @@ class Job:
         finally:
             await self._cleanup()
             jobs.forget(self)
+            dashboard.job_state(self.client, self.id, self._final_state())
             self._done.set()
 
     async def _bounded(self, coro: Any) -> Any:
@@ -318,6 +320,13 @@ class Job:
         await self._bounded(self.client.scheduler.log_event(
             topic=failure_topic(self.id), msg=stall.stall_record(err)))
         return True
+
+    def _final_state(self) -> str:
+        """The ended job's state for the job page (its root cause comes from the ranks)."""
+        statuses = {f.status for f in self.futures}
+        if self._lost or "error" in statuses:
+            return "failed"
+        return "cancelled" if self._cancelled or statuses - {"finished"} else "done"
 
     async def _check_workers(self, statuses: list[str]) -> bool:
         """Detect ranks whose worker left; cancel their futures (else they stay pending)."""
@@ -402,6 +411,10 @@ def launch(client: Any, options: LaunchOptions, *, workers: list[str] | None = N
     job = Job(client, options, uuid.uuid4().hex, [i["worker"] for i in layout])
     prepare_channel(client, job.id)
     workdir.install_cleaner(client)
+    dashboard.install(client)
+    dashboard.job_started(client, job_id=job.id, run_id=run_id or job.id, name=job.name,
+                          attempt=restart, workers=job.workers,
+                          max_restarts=options.max_restarts)
     scheduler = client.scheduler.address
     specs = [RankSpec(
         options=options, job_id=job.id, run_id=run_id or job.id, restart=restart,

@@ -29,6 +29,7 @@ from typing import IO, Any
 
 from dask_ddp._channel.rank_writer import Forwarder
 from dask_ddp._channel.wire import metrics_topic
+from dask_ddp._dashboard.sampler import RankSampler
 from dask_ddp._launch import probe, rank_env
 from dask_ddp._launch.names import (
     abort_event_name,
@@ -174,6 +175,9 @@ class _Supervisor:
     def _run_process(self, port: int, workdir: str) -> Any:
         spec, opts = self.spec, self.spec.options
         env = self._environment(port, workdir)
+        # The job page's sampler of this rank (step counters, metrics, CPU, RSS).
+        sampler = RankSampler(self.worker, spec.job_id, spec.rank, workdir)
+        env.update(sampler.environment())
         read_fd, write_fd = os.pipe()
         env["DASK_DDP_CHANNEL_FD"] = str(write_fd)
         if opts.command is not None:
@@ -207,8 +211,10 @@ class _Supervisor:
         _LIVE.add(proc)
         with _running_lock:
             _RUNNING[(spec.job_id, spec.rank)] = (spec.job_name, proc, workdir)
-        fwd = Forwarder(spec.job_id, spec.rank, read_fd)
+        fwd = Forwarder(spec.job_id, spec.rank, read_fd,
+                        tap=(metrics_topic(spec.job_id), sampler.tap))
         fwd.start()
+        sampler.start(proc.pid)
         pumps = self._start_pumps(proc)
         try:
             self._watch(proc)
@@ -220,6 +226,7 @@ class _Supervisor:
                 t.join(10)
             self._log_output("eof", "")
             self._close_forwarder(fwd)
+            sampler.stop(proc.returncode)
         return self._outcome(proc.returncode, workdir)
 
     def _close_forwarder(self, fwd: Forwarder) -> None:

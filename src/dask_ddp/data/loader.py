@@ -21,6 +21,7 @@ engine buffer that is reused only after torch frees the tensor, so keeping one i
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -28,6 +29,7 @@ import torch
 from torch.utils.data import Subset
 
 from dask_ddp import _core
+from dask_ddp._dashboard.counters import rank_counters
 from dask_ddp._identity import cores_per_rank, process_group
 from dask_ddp.data import transforms as T
 from dask_ddp.data.datasets import ImageList
@@ -260,10 +262,15 @@ class Loader:
         core = self._core
         core.start_epoch(self.epoch, start)
         self._position = start
+        # The job page's step rate and data wait (a no-op outside a launched rank).
+        counters, clock = rank_counters(), time.perf_counter_ns
         while True:
+            t0 = clock()
             item = core.next()  # releases the GIL while it waits
             if item is None:
                 return
+            if counters is not None:
+                counters.add_batch(clock() - t0)
             images, labels, index = item
             self._position = int(index) + 1
             if self.pin_memory:

@@ -1,0 +1,168 @@
+"""Helpers of the job-page tests: rank functions (importable by the rank processes), the
+pages' HTTP reads and the bounded waits on them."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+from waits import wait_until
+
+
+def dashboard_root(client: Any) -> str:
+    """``http://host:port/<prefix>/dask-ddp/`` of ``client``'s scheduler."""
+    link = client.dashboard_link  # http://127.0.0.1:PORT/status (with any prefix)
+    return link.rsplit("/", 1)[0] + "/dask-ddp/"
+
+
+def get(url: str, timeout: float = 10.0) -> tuple[int, str, str]:
+    """(status, content type, body) of a GET; an HTTP error status is returned, not raised."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.headers.get("Content-Type", ""), r.read().decode()
+    except urllib.error.HTTPError as e:
+        with e:
+            return e.code, e.headers.get("Content-Type", ""), e.read().decode()
+
+
+def get_json(url: str) -> Any:
+    status, ctype, body = get(url)
+    assert status == 200, f"GET {url}: {status} {body[:300]}"
+    assert ctype.startswith("application/json"), ctype
+    return json.loads(body)
+
+
+def wait_job(root: str, job_id: str, what: str, ready: Any, timeout: float = 120.0) -> dict:
+    """Poll ``/api/job/<id>`` until ``ready(job)`` is true; the last job JSON."""
+    last: dict[str, Any] = {}
+
+    def missing() -> str | None:
+        status, _, body = get(f"{root}api/job/{job_id}")
+        if status != 200:
+            return f"HTTP {status}: {body[:200]}"
+        last.clear()
+        last.update(json.loads(body)["job"])
+        return None if ready(last) else json.dumps(_brief(last))[:1500]
+
+    wait_until(missing, timeout, f"job page of {job_id}: {what}", interval=0.5)
+    return last
+
+
+def _brief(job: dict[str, Any]) -> dict[str, Any]:
+    return {"state": job.get("state"), "ranks": [
+        {k: r.get(k) for k in ("rank", "state", "steps", "steps_per_s", "wait_fraction",
+                               "flags", "step")} for r in job.get("ranks", [])]}
+
+
+# -- functions run inside rank processes ----------------------------------------------------
+
+def report_loop(steps: int, pause: float) -> int:
+    """A DDP-like loop: an all_reduce and a ``report()`` of a falling loss each step."""
+    import torch
+    import torch.distributed as dist
+
+    import dask_ddp
+
+    rank = dist.get_rank()
+    t = torch.ones(1)
+    for step in range(steps):
+        dist.all_reduce(t)
+        loss = 2.0 * math.exp(-step / 40.0) + 0.05 * rank + 0.02 * math.sin(step)
+        dask_ddp.report({"loss": loss, "lr": 0.1}, step=step)
+        time.sleep(pause)
+    return rank
+
+
+def uneven_loop(seconds: float, pauses: list[float]) -> int:
+    """Ranks stepping at their own pace (no collective per step): rank r sleeps
+    ``pauses[r]`` per step, so a slow one is a straggler by step rate."""
+    import torch.distributed as dist
+
+    import dask_ddp
+
+    rank = dist.get_rank()
+    deadline = time.monotonic() + seconds
+    step = 0
+    while time.monotonic() < deadline:
+        dask_ddp.report({"loss": 1.0 / (1 + step)}, step=step)
+        time.sleep(pauses[rank])
+        step += 1
+    dist.barrier()
+    return step
+
+
+def fail_after(steps: int, bad_rank: int, message: str) -> int:
+    """Report for ``steps`` steps, then rank ``bad_rank`` raises ``message`` (the others
+    sit in a collective it never joins)."""
+    import torch
+    import torch.distributed as dist
+
+    import dask_ddp
+
+    rank = dist.get_rank()
+    t = torch.ones(1)
+    for step in range(steps):
+        dist.all_reduce(t)
+        dask_ddp.report({"loss": 1.0 / (1 + step)}, step=step)
+        time.sleep(0.1)
+    if rank == bad_rank:
+        raise ValueError(message)
+    while True:
+        dist.all_reduce(t)
+
+
+def fail_first_attempt(steps: int) -> int:
+    """Attempt 0 fails on rank 1 after a few steps; later attempts finish."""
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    import dask_ddp
+
+    rank = dist.get_rank()
+    attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+    t = torch.ones(1)
+    for step in range(steps):
+        dist.all_reduce(t)
+        dask_ddp.report({"loss": 1.0 / (1 + step), "attempt": attempt}, step=step)
+        time.sleep(0.05)
+        if attempt == 0 and rank == 1 and step == steps // 2:
+            raise RuntimeError("attempt 0 of rank 1 fails on purpose")
+    return attempt
+
+
+def loader_loop(root: str, seconds: float, threads: int, compute_s: float) -> int:
+    """Iterate a dask-ddp Loader over the image folder ``root`` for ``seconds``: with one
+    decode thread, large images and little compute per step, the rank waits for data."""
+    import torch.distributed as dist
+
+    import dask_ddp
+    from dask_ddp.data import ImageFolder, Loader
+    from dask_ddp.data import transforms as T
+
+    rank = dist.get_rank()
+    tf = T.Compose([T.RandomResizedCrop(224), T.ToTensor()])
+    loader = Loader(ImageFolder(root), batch_size=8, transform=tf, num_threads=threads,
+                    prefetch=1, region_decode=False, scaled_decode=False)
+    deadline = time.monotonic() + seconds
+    step, epoch = 0, 0
+    try:
+        while time.monotonic() < deadline:
+            loader.set_epoch(epoch)
+            for images, _ in loader:
+                time.sleep(compute_s)
+                loss = 1.5 * math.exp(-step / 25.0) + 0.2 * float(images.mean())
+                dask_ddp.report({"loss": loss, "epoch": epoch}, step=step)
+                step += 1
+                if time.monotonic() >= deadline:
+                    break
+            epoch += 1
+    finally:
+        loader.close()
+    dist.barrier()
+    return rank

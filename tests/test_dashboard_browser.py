@@ -1,0 +1,189 @@
+"""The job page in a real browser: Debian's ``chromium --headless`` renders the page of a
+running 2-rank job (a healthy, an input-bound and a failed one), dumps its DOM (checked
+for the ranks, flags and curves the page must show) and takes a screenshot, kept under
+the build directory (``build/dev/artifacts/``, or ``$DASK_DDP_ARTIFACTS``) for CI."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import dask_ddp
+from cluster_util import client_fixture
+from dashboard_util import dashboard_root, fail_after, loader_loop, report_loop, wait_job
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None,
+    reason="Debian's chromium is not installed (tools/setup_apt.sh installs it)")
+
+#: Seconds a page render may take (the browser's virtual time runs the page's scripts).
+RENDER_TIMEOUT_S = 120.0
+
+client = client_fixture(2)
+
+
+def artifacts() -> Path:
+    """Where the screenshots go: the build directory, kept by CI as artifacts."""
+    default = Path(__file__).resolve().parents[1] / "build" / "dev" / "artifacts"
+    out = Path(os.environ.get("DASK_DDP_ARTIFACTS", default))
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def chromium(url: str, *args: str) -> str:
+    """Run headless chromium on ``url`` with ``args``; its stdout. Its own profile directory,
+    removed after; bounded by :data:`RENDER_TIMEOUT_S`."""
+    assert CHROMIUM is not None
+    with tempfile.TemporaryDirectory(prefix="dask-ddp-chromium-") as profile:
+        argv = [CHROMIUM, "--headless", "--disable-gpu", "--no-sandbox",
+                "--no-first-run", "--disable-dev-shm-usage", "--hide-scrollbars",
+                f"--user-data-dir={profile}", "--virtual-time-budget=6000",
+                "--window-size=1500,1150", *args, url]
+        try:
+            done = subprocess.run(argv, capture_output=True, timeout=RENDER_TIMEOUT_S,
+                                  check=False)
+        except subprocess.TimeoutExpired as e:
+            raise AssertionError(f"chromium did not render {url} within "
+                                 f"{RENDER_TIMEOUT_S:g} s: {e.stderr!r}") from e
+    assert done.returncode == 0, (f"chromium failed on {url} ({done.returncode}): "
+                                  f"{done.stderr.decode(errors='replace')[-2000:]}")
+    return done.stdout.decode(errors="replace")
+
+
+def render(url: str, name: str) -> str:
+    """The page's DOM after its scripts ran, and its screenshot as ``<artifacts>/<name>``."""
+    dom = chromium(url, "--dump-dom")
+    png = artifacts() / name
+    png.unlink(missing_ok=True)
+    chromium(url, f"--screenshot={png}")
+    data = png.read_bytes() if png.exists() else b""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000, \
+        f"no screenshot of {url} at {png} ({len(data)} bytes)"
+    return dom
+
+
+def rank_rows(dom: str) -> dict[int, str]:
+    """The rendered rows of the ranks table, by rank."""
+    return {int(m.group(1)): m.group(0)
+            for m in re.finditer(r'<tr[^>]*data-rank="(\d+)"[^>]*>.*?</tr>', dom, re.S)}
+
+
+def check_page(dom: str, state: str) -> dict[int, str]:
+    rows = rank_rows(dom)
+    assert sorted(rows) == [0, 1], f"the page did not render both ranks:\n{dom[:3000]}"
+    assert f'id="state" class="badge s-{state}"' in dom, f"state {state} not shown"
+    for r in (0, 1):
+        assert f'data-rank="{r}"' in dom.split('id="chart"', 1)[1], f"no curve of rank {r}"
+    return rows
+
+
+def run_and_render(client: Any, name: str, fn: Callable[..., Any], *args: Any,
+                   ready: Callable[[dict[str, Any]], bool], what: str,
+                   end: Callable[[Any], None]) -> tuple[dict[str, Any], str]:
+    root = dashboard_root(client)
+    job = dask_ddp.submit(client, fn, *args, name=name, progress=False)
+    try:
+        seen = wait_job(root, job.id, what, ready, timeout=180)
+        dom = render(f"{root}job/{job.id}", f"dashboard-{name}.png")
+        listing = chromium(root, "--dump-dom")
+        assert f'data-job="{job.id}"' in listing and f"job/{job.id}" in listing
+    finally:
+        end(job)
+    return seen, dom
+
+
+def _finish(job: Any) -> None:
+    job.result(timeout=240)
+
+
+def test_healthy_job_page(client: Any) -> None:
+    seen, dom = run_and_render(
+        client, "healthy", report_loop, 600, 0.05, what="both ranks running with a loss curve",
+        ready=lambda j: j["state"] == "running" and all(
+            len(j["curves"].get(str(r["rank"]), {}).get("loss", [])) >= 3
+            and r["cpu_percent"] is not None for r in j["ranks"]),
+        end=_finish)
+    rows = check_page(dom, "running")
+    assert "Healthy" in dom
+    listing = render(dashboard_root(client), "dashboard-jobs.png")
+    assert re.search(r'<a href="[^"]*job/[0-9a-f]+">healthy</a>', listing), listing[:3000]
+    for row in rows.values():
+        assert "loss=" in row and "127.0.0.1" in row and "f-healthy" in row
+
+
+def test_input_bound_job_page(client: Any, tmp_path_factory: pytest.TempPathFactory) -> None:
+    from images import file_putter, write_folder
+
+    folder = tmp_path_factory.mktemp("big-images")
+    write_folder(file_putter(str(folder)), ("a", "b"), 12, sizes=((1600, 1200),))
+    seen, dom = run_and_render(
+        client, "input-bound", loader_loop, str(folder), 40.0, 1, 0.0,
+        what="both ranks input-bound with a curve",
+        ready=lambda j: all("input-bound" in r["flags"] and len(
+            j["curves"].get(str(r["rank"]), {}).get("loss", [])) >= 2 for r in j["ranks"])
+        and len(j["ranks"]) == 2,
+        end=_finish)
+    rows = check_page(dom, "running")
+    assert "Input-bound: rank(s) 0, 1" in dom
+    for row in rows.values():
+        assert "f-input-bound" in row and "ms (" in row  # data wait: "x ms (y%)"
+
+
+def test_failed_job_page(client: Any) -> None:
+    def fail_and_wait(job: Any) -> None:
+        with pytest.raises(Exception, match="corrupt shard"):
+            job.result(timeout=240)
+
+    root = dashboard_root(client)
+    job = dask_ddp.submit(client, fail_after, 30, 1, "corrupt shard 17 on purpose",
+                          name="failed", progress=False)
+    fail_and_wait(job)
+    wait_job(root, job.id, "failed with its root cause",
+             lambda j: j["state"] == "failed" and j["root_cause"] is not None
+             and all(r["state"] == "exited" for r in j["ranks"]))
+    dom = render(f"{root}job/{job.id}", "dashboard-failed.png")
+    rows = check_page(dom, "failed")
+    assert "Failed: rank 1" in dom and "ValueError: corrupt shard 17 on purpose" in dom
+    assert "f-failed" in rows[1] and "f-failed" not in rows[0]
+
+
+def test_stalled_job_page(client: Any) -> None:
+    from dask_ddp._launch.names import failure_topic
+
+    def stall_then_cancel(job: Any) -> None:
+        job.cancel()
+        with pytest.raises(concurrent.futures.CancelledError):
+            job.result(timeout=60)
+
+    root = dashboard_root(client)
+    job = dask_ddp.submit(client, report_loop, 2000, 0.05, name="stalled", progress=False)
+    try:
+        wait_job(root, job.id, "running with curves", lambda j: j["state"] == "running"
+                 and all(len(c.get("loss", [])) >= 2 for c in j["curves"].values())
+                 and len(j["curves"]) == 2)
+        # The record the launcher's stall detection puts on the failure topic.
+        client.log_event(failure_topic(job.id), {
+            "rank": 1, "worker": job.workers[1], "kind": "stalled",
+            "message": "job 'stalled' stalled: rank 1 stuck in all_reduce, a collective "
+                       "its peers will never join\n\nPython stacks of the ranks: ...",
+            "traceback": "", "ranks": [1], "collective": "all_reduce",
+            "stacks": {"0": 'File "train.py", line 30, in main\n    evaluate(model)',
+                       "1": 'File "train.py", line 21, in step\n    dist.all_reduce(t)'}})
+        wait_job(root, job.id, "stalled", lambda j: j["state"] == "stalled")
+        dom = render(f"{root}job/{job.id}", "dashboard-stalled.png")
+    finally:
+        stall_then_cancel(job)
+    rows = check_page(dom, "stalled")
+    assert "Stalled: rank(s) 1 blocked in all_reduce (the stall ended the job)" in dom
+    assert "dist.all_reduce(t)" in dom and "evaluate(model)" in dom
+    assert "f-stalled" in rows[1] and "f-stalled" not in rows[0]

@@ -14,6 +14,7 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
 #include <thread>
@@ -34,6 +35,22 @@ namespace ddp::py {
 namespace {
 
 using OpSpec = std::pair<std::string, std::vector<double>>;
+// A segment of a shard as Python sees it: (shard, begin, end).
+using PySegment = std::tuple<int64_t, int64_t, int64_t>;
+
+std::vector<shards::Segment> ToSegments(const std::vector<PySegment>& in) {
+  std::vector<shards::Segment> out;
+  out.reserve(in.size());
+  for (const auto& [s, b, e] : in) out.push_back({s, b, e});
+  return out;
+}
+
+std::vector<PySegment> FromSegments(const std::vector<shards::Segment>& in) {
+  std::vector<PySegment> out;
+  out.reserve(in.size());
+  for (const shards::Segment& g : in) out.emplace_back(g.shard, g.begin, g.end);
+  return out;
+}
 
 Status NeedParams(const OpSpec& s, size_t n) {
   if (s.second.size() != n) {
@@ -236,9 +253,9 @@ class PyShardLoader : public PyLoader {
     return source_->NumSamples(epoch);
   }
 
-  void SetEpochShards(uint64_t epoch, std::vector<int64_t> shards) {
+  void SetEpochSegments(uint64_t epoch, const std::vector<PySegment>& segments) {
     checked();
-    ThrowIfError(source_->SetEpochShards(epoch, std::move(shards)));
+    ThrowIfError(source_->SetEpochSegments(epoch, ToSegments(segments)));
   }
 
  private:
@@ -290,8 +307,9 @@ void init_shards(nb::module_& m, const PyLoaderArgs& defaults) {
           "shards fetched ahead of need. range_bytes: a shard over the store's max_body_bytes is "
           "read with ranged GETs of this size. skip_errors also leaves out bad tar members and "
           "samples without an image. Other arguments as ImageLoader.")
-      .def("set_epoch_shards", &PyShardLoader::SetEpochShards, "epoch"_a, "shards"_a,
-           "For `epoch` only, read these shards (indices into keys) instead of all.")
+      .def("set_epoch_segments", &PyShardLoader::SetEpochSegments, "epoch"_a, "segments"_a,
+           "For `epoch` only, read these (shard, begin, end) sample ranges instead of every "
+           "shard whole.")
       .def("epoch_samples", &PyShardLoader::EpochSamples, "epoch"_a,
            "Samples this rank yields in `epoch` (the same on every rank; padding included).");
 
@@ -313,18 +331,33 @@ void init_shards(nb::module_& m, const PyLoaderArgs& defaults) {
 
   m.def(
       "shard_rank_order",
-      [](const std::vector<int64_t>& counts, std::optional<std::vector<int64_t>> shards, uint64_t epoch, int rank,
-         int world_size, bool shuffle, uint64_t seed, bool drop_last, int64_t shuffle_buffer) {
+      [](const std::vector<int64_t>& counts, std::optional<std::vector<PySegment>> segments, uint64_t epoch,
+         int rank, int world_size, bool shuffle, uint64_t seed, bool drop_last, int64_t shuffle_buffer) {
         const shards::ShardOrderOptions o{shuffle, seed, rank, world_size, drop_last, shuffle_buffer};
-        const std::vector<int64_t> list =
-            shards ? *shards : shards::EpochShards(static_cast<int64_t>(counts.size()), shuffle, seed, epoch);
+        const std::vector<shards::Segment> list =
+            segments ? ToSegments(*segments) : shards::EpochSegments(counts, shuffle, seed, epoch);
         shards::RankOrder r = ValueOrThrow(shards::RankSamples(counts, list, epoch, o));
-        return nb::make_tuple(r.samples, r.shards, list);
+        return nb::make_tuple(r.samples, FromSegments(r.parts), FromSegments(list));
       },
-      "counts"_a, "shards"_a.none(), "epoch"_a, "rank"_a, "world_size"_a, "shuffle"_a = true, "seed"_a = 0,
+      "counts"_a, "segments"_a.none(), "epoch"_a, "rank"_a, "world_size"_a, "shuffle"_a = true, "seed"_a = 0,
       "drop_last"_a = false, "shuffle_buffer"_a = PyShardArgs{}.shuffle_buffer,
-      "(sample ids in order, this rank's shards, the epoch's shards) for a rank of a sharded "
-      "dataset: `shards` the epoch's shard list (None: all, shuffled by (seed, epoch)).");
+      "(sample ids in order, this rank's (shard, begin, end) parts in reading order, the epoch's "
+      "segments) for a rank of a sharded dataset: `segments` the epoch's (shard, begin, end) "
+      "list (None: every shard whole, shuffled by (seed, epoch)).");
+
+  m.def(
+      "shard_unread_segments",
+      [](const std::vector<int64_t>& counts, std::optional<std::vector<PySegment>> segments, uint64_t epoch,
+         int64_t position, int world_size, bool shuffle, uint64_t seed, bool drop_last, int64_t shuffle_buffer) {
+        const shards::ShardOrderOptions o{shuffle, seed, 0, world_size, drop_last, shuffle_buffer};
+        const std::vector<shards::Segment> list =
+            segments ? ToSegments(*segments) : shards::EpochSegments(counts, shuffle, seed, epoch);
+        return FromSegments(ValueOrThrow(shards::UnreadSegments(counts, list, epoch, o, position)));
+      },
+      "counts"_a, "segments"_a.none(), "epoch"_a, "position"_a, "world_size"_a, "shuffle"_a = true,
+      "seed"_a = 0, "drop_last"_a = false, "shuffle_buffer"_a = PyShardArgs{}.shuffle_buffer,
+      "The (shard, begin, end) runs of samples no rank of `world_size` had yielded once each "
+      "yielded `position` samples of `epoch`, in the epoch's order.");
 }
 
 }  // namespace

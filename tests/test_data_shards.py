@@ -237,25 +237,45 @@ def uneven(tmp_path: Path) -> TarShards:
     return TarShards(str(tmp_path / "shard-{000000..000006}.tar"), shuffle_buffer=5)
 
 
+def epoch_counts(
+    ds: TarShards, world: int, drop_last: bool, epoch: int, batch_size: int = 8, seed: int = 2
+) -> tuple[Counter[int], int, int]:
+    """How often each sample is yielded over every rank's epoch, batches per rank and
+    samples per rank (before the last incomplete batch is dropped)."""
+    seen: Counter[int] = Counter()
+    batches = set()
+    samples = set()
+    for rank in range(world):
+        loader = Loader(
+            ds,
+            batch_size,
+            transform=TRAIN,
+            seed=seed,
+            rank=rank,
+            world_size=world,
+            drop_last=drop_last,
+            num_threads=1,
+        )
+        loader.set_epoch(epoch)
+        n = 0
+        for _, y in loader:
+            seen.update(y.tolist())
+            n += 1
+        assert n == len(loader)
+        batches.add(n)
+        samples.add(loader.num_samples)
+        loader.close()
+    assert len(batches) == 1, f"batches per rank differ: {batches}"
+    assert len(samples) == 1, f"samples per rank differ: {samples}"
+    return seen, batches.pop(), samples.pop()
+
+
 @pytest.mark.parametrize("drop_last", [False, True])
 def test_three_ranks_two_epochs_equal_batches_and_coverage(
     uneven: TarShards, drop_last: bool
 ) -> None:
     for epoch in (0, 1):
-        seen: Counter[int] = Counter()
-        batches = []
-        for rank in range(3):
-            loader = Loader(
-                uneven, 4, transform=TRAIN, seed=7, rank=rank, world_size=3, drop_last=drop_last
-            )
-            loader.set_epoch(epoch)
-            n = 0
-            for _, y in loader:
-                seen.update(y.tolist())
-                n += 1
-            assert n == len(loader)
-            batches.append(n)
-        assert len(set(batches)) == 1, f"batches per rank differ: {batches}"
+        seen, _, _ = epoch_counts(uneven, 3, drop_last, epoch, batch_size=4, seed=7)
         if not drop_last:
             assert set(seen) == set(range(41)), f"epoch {epoch} missed {set(range(41)) - set(seen)}"
         else:
@@ -287,10 +307,8 @@ def test_exact_resume_mid_epoch(uneven: TarShards) -> None:
     assert all(torch.equal(a, b) for a, b in zip(rest_pixels, pixels[8:], strict=True))
 
 
-def test_resume_on_another_world_size_reads_every_unfinished_shard(uneven: TarShards) -> None:
-    counts = uneven.counts
-    starts = np.cumsum([0, *counts])
-    before: set[int] = set()
+def test_resume_on_another_world_size_reads_exactly_the_unseen_samples(uneven: TarShards) -> None:
+    before: Counter[int] = Counter()
     states = []
     for rank in range(3):
         loader = Loader(uneven, 2, transform=TRAIN, seed=5, rank=rank, world_size=3)
@@ -299,6 +317,7 @@ def test_resume_on_another_world_size_reads_every_unfinished_shard(uneven: TarSh
         for _ in range(4):
             before.update(next(it)[1].tolist())
         states.append(loader.state_dict())
+    assert sum(before.values()) == 24 and max(before.values()) == 1
     after: Counter[int] = Counter()
     batches = set()
     for rank in range(2):
@@ -310,22 +329,64 @@ def test_resume_on_another_world_size_reads_every_unfinished_shard(uneven: TarSh
             after.update(y.tolist())
             n += 1
         batches.add(n)
-        assert loader.state_dict()["epoch_shards"] is not None
+        assert loader.state_dict()["epoch_segments"] is not None
     assert len(batches) == 1
-    unfinished = [
-        s for s in range(len(counts)) if not set(range(starts[s], starts[s + 1])) <= before
-    ]
-    assert unfinished, "the test must stop mid-epoch"
-    for s in unfinished:
-        assert set(range(starts[s], starts[s + 1])) <= set(after), (
-            f"shard {s} not read after resizing"
-        )
-    finished = [s for s in range(len(counts)) if s not in unfinished]
-    for s in finished:
-        assert not set(range(starts[s], starts[s + 1])) & set(after), (
-            f"finished shard {s} read again"
-        )
-    assert set(range(41)) <= before | set(after)
+    # Every sample not yielded before is read after; none yielded before is read again;
+    # the new split pads with at most world_size - 1 repeats.
+    assert set(after) == set(range(41)) - set(before)
+    assert sum(after.values()) - len(after) <= 1
+    # A state of the resized run resumes again (its segments travel in the state).
+    again = Loader(uneven, 2, transform=TRAIN, seed=5, rank=1, world_size=2)
+    first = Loader(uneven, 2, transform=TRAIN, seed=5, rank=1, world_size=2)
+    first.load_state_dict(states[0])
+    first.set_epoch(2)
+    it = iter(first)
+    next(it)
+    again.load_state_dict(first.state_dict())
+    again.set_epoch(2)
+    tail = [y.tolist() for _, y in again]
+    assert tail == [y.tolist() for _, y in it]
+
+
+def test_state_with_whole_shards_of_an_earlier_version_still_loads(uneven: TarShards) -> None:
+    loader = Loader(uneven, 4, transform=TRAIN, seed=5, shuffle=False)
+    state = {**loader.state_dict(), "epoch_segments": None, "epoch_shards": [6, 5]}
+    loader.load_state_dict(state)
+    assert read_all(loader)[0] == [39, 40, 35, 36, 37, 38]
+
+
+def wds_shards(root: Path, n: int, per_shard: int) -> tuple[TarShards, list[bytes]]:
+    """``n`` samples (label = sample number) in shards of ``per_shard`` written by
+    webdataset's ShardWriter."""
+    wds = pytest.importorskip("webdataset")
+    blobs = [encode(photo(24, 20, i % 7), "jpeg") for i in range(n)]
+    with wds.ShardWriter(str(root / "w-%06d.tar"), maxcount=per_shard, verbose=0) as sink:
+        for i, data in enumerate(blobs):
+            sink.write({"__key__": f"s{i:05d}", "jpg": data, "cls": i})
+    last = (n - 1) // per_shard
+    return TarShards(str(root / f"w-{{000000..{last:06d}}}.tar"), shuffle_buffer=16), blobs
+
+
+@pytest.mark.parametrize("world", [2, 3, 8])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_balance_over_ranks_with_webdataset_shards(
+    tmp_path: Path, world: int, drop_last: bool
+) -> None:
+    # 203 samples in 7 shards (6 of 30, one of 23), as webdataset's ShardWriter writes them.
+    ds, _ = wds_shards(tmp_path, 203, 30)
+    assert ds.counts == [30] * 6 + [23]
+    for epoch in (0, 1):
+        seen, batches, per_rank = epoch_counts(ds, world, drop_last, epoch)
+        repeats = sum(seen.values()) - len(seen)
+        if drop_last:
+            # At most world_size - 1 samples dropped by the split, then each rank's last
+            # incomplete batch.
+            assert per_rank == 203 // world and 203 - per_rank * world <= world - 1
+            assert repeats == 0 and len(seen) == batches * 8 * world
+        else:
+            assert per_rank == -(-203 // world)
+            assert set(seen) == set(range(203)), f"epoch {epoch} missed samples"
+            assert repeats == -203 % world <= world - 1
 
 
 # ---- writing ----------------------------------------------------------------------------

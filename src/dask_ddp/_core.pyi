@@ -173,9 +173,9 @@ class TarShardLoader(ImageLoader):
         shuffle_buffer: samples mixed within a rank. label_field: the integer field of each sample's .json member holding its label (empty: the .cls member). lookahead_shards: shards fetched ahead of need. range_bytes: a shard over the store's max_body_bytes is read with ranged GETs of this size. skip_errors also leaves out bad tar members and samples without an image. Other arguments as ImageLoader.
         """
 
-    def set_epoch_shards(self, epoch: int, shards: Sequence[int]) -> None:
+    def set_epoch_segments(self, epoch: int, segments: Sequence[tuple[int, int, int]]) -> None:
         """
-        For `epoch` only, read these shards (indices into keys) instead of all.
+        For `epoch` only, read these (shard, begin, end) sample ranges instead of every shard whole.
         """
 
     def epoch_samples(self, epoch: int) -> int:
@@ -188,7 +188,12 @@ def tar_shard_counts(store: Store, keys: Sequence[str], skip_errors: bool = Fals
     (samples per shard, samples skipped): each shard fetched and its tar headers parsed.
     """
 
-def shard_rank_order(counts: Sequence[int], shards: Sequence[int] | None, epoch: int, rank: int, world_size: int, shuffle: bool = True, seed: int = 0, drop_last: bool = False, shuffle_buffer: int = 1000) -> tuple:
+def shard_rank_order(counts: Sequence[int], segments: Sequence[tuple[int, int, int]] | None, epoch: int, rank: int, world_size: int, shuffle: bool = True, seed: int = 0, drop_last: bool = False, shuffle_buffer: int = 1000) -> tuple:
     """
-    (sample ids in order, this rank's shards, the epoch's shards) for a rank of a sharded dataset: `shards` the epoch's shard list (None: all, shuffled by (seed, epoch)).
+    (sample ids in order, this rank's (shard, begin, end) parts in reading order, the epoch's segments) for a rank of a sharded dataset: `segments` the epoch's (shard, begin, end) list (None: every shard whole, shuffled by (seed, epoch)).
+    """
+
+def shard_unread_segments(counts: Sequence[int], segments: Sequence[tuple[int, int, int]] | None, epoch: int, position: int, world_size: int, shuffle: bool = True, seed: int = 0, drop_last: bool = False, shuffle_buffer: int = 1000) -> list[tuple[int, int, int]]:
+    """
+    The (shard, begin, end) runs of samples no rank of `world_size` had yielded once each yielded `position` samples of `epoch`, in the epoch's order.
     """

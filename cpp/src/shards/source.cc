@@ -48,26 +48,20 @@ Result<std::shared_ptr<ShardSource>> ShardSource::Create(std::shared_ptr<Store> 
   return s;
 }
 
-Status ShardSource::SetEpochShards(uint64_t epoch, std::vector<int64_t> shards) {
-  for (int64_t x : shards) {
-    if (x < 0 || x >= static_cast<int64_t>(keys_.size())) {
-      return InvalidArgumentError("shard " + std::to_string(x) + " is outside [0, " + std::to_string(keys_.size()) + ")");
-    }
-  }
+Status ShardSource::SetEpochSegments(uint64_t epoch, std::vector<Segment> segments) {
+  DDP_RETURN_IF_ERROR(CheckSegments(counts_, segments));
   std::lock_guard<std::mutex> g(epoch_mu_);
-  epoch_shards_[epoch] = std::move(shards);
+  epoch_segments_[epoch] = std::move(segments);
   return Status::Ok();
 }
 
 Result<RankOrder> ShardSource::Plan(uint64_t epoch) const {
   std::unique_lock<std::mutex> g(epoch_mu_);
-  const auto it = epoch_shards_.find(epoch);
-  const std::vector<int64_t> shards = it != epoch_shards_.end()
-                                          ? it->second
-                                          : EpochShards(static_cast<int64_t>(keys_.size()), opt_.order.shuffle,
-                                                        opt_.order.seed, epoch);
+  const auto it = epoch_segments_.find(epoch);
+  const std::vector<Segment> segments =
+      it != epoch_segments_.end() ? it->second : EpochSegments(counts_, opt_.order.shuffle, opt_.order.seed, epoch);
   g.unlock();
-  return RankSamples(counts_, shards, epoch, opt_.order);
+  return RankSamples(counts_, segments, epoch, opt_.order);
 }
 
 int64_t ShardSource::NumSamples(uint64_t epoch) const {

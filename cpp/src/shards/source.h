@@ -35,9 +35,10 @@ class ShardSource : public pipeline::SampleSource {
   static Result<std::shared_ptr<ShardSource>> Create(std::shared_ptr<Store> store, std::vector<std::string> keys,
                                                      std::vector<int64_t> counts, const ShardSourceOptions& options);
 
-  // For `epoch` only, read these shards instead of all (resuming after the world size
-  // changed: the shards not yet read). Call before the Loader starts that epoch.
-  Status SetEpochShards(uint64_t epoch, std::vector<int64_t> shards);
+  // For `epoch` only, read these segments instead of every shard whole (resuming after
+  // the world size changed: the samples not yet read). Call before the Loader starts
+  // that epoch.
+  Status SetEpochSegments(uint64_t epoch, std::vector<Segment> segments);
 
   Result<std::vector<int64_t>> Order(uint64_t epoch) override;
   int64_t NumSamples(uint64_t epoch) const override;
@@ -57,7 +58,7 @@ class ShardSource : public pipeline::SampleSource {
   std::vector<int64_t> counts_, prefix_;
   ShardSourceOptions opt_;
   mutable std::mutex epoch_mu_;  // SetEpochShards and Plan may run on different threads
-  std::map<uint64_t, std::vector<int64_t>> epoch_shards_;  // overrides by epoch
+  std::map<uint64_t, std::vector<Segment>> epoch_segments_;  // overrides by epoch
   // The current epoch: its order, each shard's positions in it, the shards in memory.
   std::vector<int64_t> order_;
   std::map<int64_t, std::vector<int64_t>> uses_;

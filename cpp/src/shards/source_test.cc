@@ -87,7 +87,7 @@ TEST(ShardSourceTest, RanksReadTheOrderWithEqualBatchCountsAndFullCoverage) {
       so.order = {.shuffle = true, .seed = 3, .rank = r, .world_size = 3, .shuffle_buffer = 6};
       auto l = MakeLoader(f, so);
       auto [labels, px] = ReadEpoch(*l, epoch);
-      const auto want = RankSamples(f.counts, EpochShards(5, true, 3, epoch), epoch, so.order).value().samples;
+      const auto want = RankSamples(f.counts, EpochSegments(f.counts, true, 3, epoch), epoch, so.order).value().samples;
       EXPECT_EQ(labels, want) << "rank " << r << " epoch " << epoch;
       if (batches < 0) batches = l->num_batches();
       EXPECT_EQ(l->num_batches(), batches);
@@ -116,13 +116,16 @@ TEST(ShardSourceTest, ASubsetOfShardsForOneEpoch) {
   ShardSourceOptions so;
   so.order = {.shuffle = false, .rank = 0, .world_size = 1};
   auto src = ShardSource::Create(f.store, f.keys, f.counts, so).value();
-  ASSERT_TRUE(src->SetEpochShards(1, {2}).ok());
-  EXPECT_FALSE(src->SetEpochShards(1, {3}).ok());
+  ASSERT_TRUE(src->SetEpochSegments(1, {{2, 0, 4}}).ok());
+  EXPECT_FALSE(src->SetEpochSegments(1, {{3, 0, 1}}).ok());
+  EXPECT_FALSE(src->SetEpochSegments(1, {{2, 1, 5}}).ok());
+  ASSERT_TRUE(src->SetEpochSegments(2, {{1, 1, 3}, {0, 3, 4}}).ok());
   LoaderOptions o;
   o.batch_size = 4;
   auto l = Loader::Create(src, Resize8(), o).value();
   EXPECT_EQ(ReadEpoch(*l, 1).first, (std::vector<int64_t>{8, 9, 10, 11}));
   EXPECT_EQ(ReadEpoch(*l, 0).first.size(), 12u);
+  EXPECT_EQ(ReadEpoch(*l, 2).first, (std::vector<int64_t>{5, 6, 3}));
 }
 
 TEST(ShardSourceTest, TruncatedShardFailsNamingItOrIsSkipped) {

@@ -105,18 +105,21 @@ class TarShards:
     Notes
     -----
     Order of an epoch (with ``shuffle``): the shards are shuffled by (seed, epoch) and
-    dealt to ranks (rank r takes positions r, r + W, ...); each rank streams its shards'
-    samples through the shuffle buffer (random by (seed, epoch, rank)). Every rank yields
-    the **same number of batches** (an uneven split would hang DDP): without
-    ``drop_last`` the shard list is padded to a multiple of the world size by repeating
-    its head, and each rank repeats its own samples from the start of its sequence up to
-    the largest rank's count; with ``drop_last`` each rank stops at the smallest rank's
-    count (and the last incomplete batch is dropped).
+    their samples, concatenated in that order, are split across ranks at sample
+    granularity as ``DistributedSampler`` splits indices: each rank takes a contiguous run
+    of ``ceil(N / W)`` samples (``floor(N / W)`` with ``drop_last``), so ranks differ by at
+    most one sample before padding, whatever the shard sizes. Without ``drop_last`` the
+    last rank's run is padded with the epoch's first samples (at most W - 1 repeats); with
+    it, at most W - 1 samples of the tail are dropped. Every rank yields the **same number
+    of batches** (an uneven split would hang DDP). A shard on the boundary between two
+    ranks is read by both, each parsing past the other's samples without decoding them
+    (at most W - 1 such shards per epoch, plus the head for the padding). Each rank
+    streams its samples through the shuffle buffer (random by (seed, epoch, rank)).
 
     Resume: ``Loader.state_dict()`` mid-epoch and ``load_state_dict()`` on the same world
     size continue with exactly the samples of the uninterrupted epoch, in the same order.
-    On another world size, the rest of that epoch reads every shard no rank had finished
-    (read whole, so samples of partly read shards repeat), dealt to the new ranks.
+    On another world size, the rest of that epoch reads exactly the samples no rank had
+    yielded (as ``(shard, begin, end)`` runs), split across the new ranks the same way.
     """
 
     def __init__(
@@ -220,7 +223,7 @@ class TarShards:
         """Samples in all shards."""
         return sum(self.counts)
 
-    def unread_shards(
+    def unread_segments(
         self,
         epoch: int,
         position: int,
@@ -229,38 +232,31 @@ class TarShards:
         shuffle: bool,
         seed: int,
         drop_last: bool,
-        epoch_shards: Sequence[int] | None = None,
+        epoch_segments: Sequence[tuple[int, int, int]] | None = None,
         skip_errors: bool = False,
-    ) -> list[int]:
-        """The epoch's shards no rank had finished once each rank yielded ``position``
-        samples (world size ``world_size``), in the epoch's order."""
-        counts = self.shard_counts(skip_errors)
-        starts = [0]
-        for c in counts:
-            starts.append(starts[-1] + c)
-        finished: set[int] = set()
-        listed: list[int] = []
-        for rank in range(world_size):
-            order, mine, listed = _core.shard_rank_order(
-                counts,
-                None if epoch_shards is None else list(epoch_shards),
+    ) -> list[tuple[int, int, int]]:
+        """The samples of the epoch no rank had yielded once each rank yielded ``position``
+        samples (world size ``world_size``), as ``(shard, begin, end)`` runs in the epoch's
+        order."""
+        segments = (
+            None
+            if epoch_segments is None
+            else [(int(a), int(b), int(c)) for a, b, c in epoch_segments]
+        )
+        return [
+            (int(a), int(b), int(c))
+            for a, b, c in _core.shard_unread_segments(
+                self.shard_counts(skip_errors),
+                segments,
                 epoch,
-                rank,
+                position,
                 world_size,
                 shuffle=shuffle,
                 seed=seed,
                 drop_last=drop_last,
                 shuffle_buffer=self.shuffle_buffer,
             )
-            done = set(order[:position])
-            for s in set(mine):
-                if all(i in done for i in range(starts[s], starts[s + 1])):
-                    finished.add(s)
-        out: list[int] = []
-        for s in listed:
-            if s not in finished and s not in out:
-                out.append(s)
-        return out
+        ]
 
     def _make_loader(self, ops: list[Any], *, skip_errors: bool, **kwargs: Any) -> Any:
         return _core.TarShardLoader(

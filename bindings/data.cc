@@ -303,10 +303,10 @@ void init_shards(nb::module_& m, const PyLoaderArgs& defaults) {
           "A loader reading the tar shards `keys` of `store` (counts[i] samples in keys[i]) "
           "in the order of shard_rank_order, as ImageLoader does objects.\n\n"
           "shuffle_buffer: samples mixed within a rank. label_field: the integer field of each "
-          "sample's .json member holding its label (empty: the .cls member). lookahead_shards: "
-          "shards fetched ahead of need. range_bytes: a shard over the store's max_body_bytes is "
-          "read with ranged GETs of this size. skip_errors also leaves out bad tar members and "
-          "samples without an image. Other arguments as ImageLoader.")
+          "sample's .json member holding its label (empty: the .cls member). Shards stream as "
+          "ranged GETs of range_bytes, parsed as they arrive: the current shard and "
+          "lookahead_shards more read at once, two ranges ahead each. skip_errors also leaves "
+          "out bad tar members and samples without an image. Other arguments as ImageLoader.")
       .def("set_epoch_segments", &PyShardLoader::SetEpochSegments, "epoch"_a, "segments"_a,
            "For `epoch` only, read these (shard, begin, end) sample ranges instead of every "
            "shard whole.")
@@ -327,7 +327,8 @@ void init_shards(nb::module_& m, const PyLoaderArgs& defaults) {
       },
       "store"_a, "keys"_a, "skip_errors"_a = false, "label_field"_a = "", "max_in_flight"_a = 0,
       "range_bytes"_a = PyShardArgs{}.range_bytes,
-      "(samples per shard, samples skipped): each shard fetched and its tar headers parsed.");
+      "(samples per shard, samples skipped): each shard streamed as ranged GETs of "
+      "range_bytes and its tar headers parsed, max_in_flight shards at once (0: 8).");
 
   m.def(
       "shard_rank_order",

@@ -4,6 +4,7 @@ our own), read by the engine from files, a real http server and a moto S3 server
 from __future__ import annotations
 
 import io
+import json
 import os
 import tarfile
 from collections import Counter
@@ -387,6 +388,73 @@ def test_balance_over_ranks_with_webdataset_shards(
             assert per_rank == -(-203 // world)
             assert set(seen) == set(range(203)), f"epoch {epoch} missed samples"
             assert repeats == -203 % world <= world - 1
+
+
+# ---- streaming --------------------------------------------------------------------------
+
+# Reads a shard in a fresh process and prints JSON: its resident memory's growth over the
+# read (peak minus the level before), and the seconds to the first batch.
+_READ_BIG_SHARD = """
+import json, sys, time
+from dask_ddp.data import Loader, TarShards, transforms as T
+import torch
+
+def rss(field):
+    for line in open("/proc/self/status"):
+        if line.startswith(field):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(field + " not in /proc/self/status")
+
+ds = TarShards(sys.argv[1], counts=[int(sys.argv[2])], shuffle_buffer=16)
+loader = Loader(ds, 16, transform=T.Compose([T.Resize(32), T.CenterCrop(32), T.PILToTensor()]),
+                shuffle=True, num_threads=2, prefetch=2)
+next(iter(Loader(ds, 1, transform=loader.transform, shuffle=False, num_threads=1)))  # warm
+before = rss("VmRSS:")
+t0 = time.monotonic()
+first, n = None, 0
+for x, y in loader:
+    if first is None:
+        first = time.monotonic() - t0
+    n += len(y)
+print(json.dumps({"growth": rss("VmHWM:") - before, "first_batch_s": first, "samples": n}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_one_gib_shard_reads_in_bounded_memory(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from PIL import Image
+
+    # ~1 MiB JPEGs of noise (incompressible), 1100 of them: a shard over 1 GiB.
+    rng = np.random.default_rng(0)
+    buf = io.BytesIO()
+    Image.fromarray(rng.integers(0, 256, (700, 700, 3), dtype=np.uint8)).save(
+        buf, "JPEG", quality=97
+    )
+    jpeg = buf.getvalue()
+    n = (1 << 30) // len(jpeg) + 1
+    path = tmp_path / "big.tar"
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for i in range(n):
+            for name, data in ((f"{i:06d}.jpg", jpeg), (f"{i:06d}.cls", str(i).encode())):
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    assert path.stat().st_size > 1 << 30
+    out = subprocess.run(
+        [sys.executable, "-c", _READ_BIG_SHARD, f"file://{path}", str(n)],
+        capture_output=True,
+        text=True,
+        timeout=540,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["samples"] == n
+    assert got["growth"] < 128 << 20, f"resident memory grew by {got['growth'] >> 20} MiB"
 
 
 # ---- writing ----------------------------------------------------------------------------

@@ -154,5 +154,84 @@ TEST(ShardSourceTest, TruncatedShardFailsNamingItOrIsSkipped) {
   EXPECT_EQ(skipped, 1);
 }
 
+// A shard of `n` samples of `bytes` each (not images: read by the source alone).
+std::shared_ptr<Store> BigShard(const std::string& name, int n, size_t bytes) {
+  auto store = std::shared_ptr<Store>(OpenStore("memory://" + name).value());
+  std::string tar;
+  tar.reserve(static_cast<size_t>(n) * (bytes + 2048));
+  for (int i = 0; i < n; ++i) {
+    const std::string key = std::to_string(100000 + i);
+    tar += testing::TarMember(key + ".jpg", std::string(bytes, static_cast<char>(i)));
+    tar += testing::TarMember(key + ".cls", std::to_string(i));
+  }
+  tar += testing::TarEnd();
+  EXPECT_TRUE(store->Put("big.tar", tar).ok());
+  return store;
+}
+
+// A source over the one shard "big.tar" of `store` (`n` samples).
+std::shared_ptr<ShardSource> OneShard(std::shared_ptr<Store> store, int64_t n, ShardOrderOptions order,
+                                      uint64_t range_bytes) {
+  ShardSourceOptions so;
+  so.order = order;
+  so.range_bytes = range_bytes;
+  return ShardSource::Create(std::move(store), {"big.tar"}, {n}, so).value();
+}
+
+// Every sample of the epoch through Fetch, a batch of positions at a time; returns the labels.
+std::vector<int64_t> FetchAll(ShardSource& src, uint64_t epoch, int64_t batch, int64_t start = 0) {
+  const auto order = src.Order(epoch).value();
+  std::vector<int64_t> labels;
+  const std::atomic<bool> never{false};
+  for (int64_t p = start; p < static_cast<int64_t>(order.size()); p += batch) {
+    std::vector<int64_t> positions;
+    for (int64_t q = p; q < std::min<int64_t>(p + batch, static_cast<int64_t>(order.size())); ++q) positions.push_back(q);
+    EXPECT_TRUE(src.Fetch(positions, [&](size_t, Result<pipeline::SourceSample> r) {
+                      EXPECT_TRUE(r.ok()) << r.status().ToString();
+                      if (r.ok()) labels.push_back(r->label);
+                    }, never).ok());
+  }
+  return labels;
+}
+
+TEST(ShardSourceTest, StreamsABigShardInBoundedMemory) {
+  // 64 MiB in one shard; ranges of 1 MiB, a shuffle buffer of 8 samples.
+  auto store = BigShard("shard-source-big", 256, 256 << 10);
+  auto src = OneShard(store, 256, {.shuffle = true, .seed = 2, .world_size = 1, .shuffle_buffer = 8}, 1 << 20);
+  auto labels = FetchAll(*src, 0, 16);
+  EXPECT_EQ(std::set<int64_t>(labels.begin(), labels.end()).size(), 256u);
+  // Chunks ahead (3 x 2 x 1 MiB) + samples not yet due (buffer + a batch) + one member.
+  const uint64_t bound = 6u * (1u << 20) + (8 + 16 + 2) * (256u << 10) + (1u << 20);
+  EXPECT_GT(src->peak_held_bytes(), 0u);
+  EXPECT_LT(src->peak_held_bytes(), bound);
+  EXPECT_EQ(CountSamples(*store, {"big.tar"}, {}, 0, nullptr, 1 << 20).value(), std::vector<int64_t>{256});
+}
+
+TEST(ShardSourceTest, RanksSharingAShardEachReadTheirRange) {
+  auto store = BigShard("shard-source-shared", 64, 64 << 10);  // 4 MiB
+  uint64_t parsed[2] = {0, 0};
+  std::set<int64_t> seen;
+  for (int r = 0; r < 2; ++r) {
+    auto src = OneShard(store, 64, {.shuffle = false, .rank = r, .world_size = 2}, 256 << 10);
+    auto labels = FetchAll(*src, 0, 8);
+    std::vector<int64_t> want(32);
+    for (int i = 0; i < 32; ++i) want[static_cast<size_t>(i)] = 32 * r + i;
+    EXPECT_EQ(labels, want);
+    parsed[r] = src->parsed_bytes();
+  }
+  // Rank 0 stops after its half; rank 1 parses the whole shard (skipping rank 0's half).
+  EXPECT_LT(parsed[0], (2u << 20) + (256u << 10) + 1);
+  EXPECT_GE(parsed[1], 4u << 20);
+}
+
+TEST(ShardSourceTest, AResumedEpochKeepsOnlyTheSamplesStillDue) {
+  auto store = BigShard("shard-source-late", 64, 64 << 10);
+  auto src = OneShard(store, 64, {.shuffle = true, .seed = 5, .world_size = 1, .shuffle_buffer = 4}, 256 << 10);
+  const auto all = FetchAll(*src, 1, 8);
+  const auto tail = FetchAll(*src, 1, 8, 48);
+  EXPECT_EQ(tail, std::vector<int64_t>(all.begin() + 48, all.end()));
+  EXPECT_LT(src->peak_held_bytes(), 6u * (256u << 10) + (4 + 8 + 2) * (64u << 10) + (256u << 10));
+}
+
 }  // namespace
 }  // namespace ddp::shards

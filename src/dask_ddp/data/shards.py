@@ -89,15 +89,18 @@ class TarShards:
         of its ``.cls`` member. A sample without a label gets -1.
     counts
         Samples per shard, when known (e.g. from :func:`write_shards`, or ``counts`` of
-        an earlier instance); otherwise they are counted on first use by fetching every
+        an earlier instance); otherwise they are counted on first use by streaming every
         shard once (headers parsed, images not decoded). Counting in the client and
         passing the dataset to the ranks (it pickles with its counts) avoids counting
         in every rank.
     shuffle_buffer
         Samples mixed within a rank's stream (WebDataset's ``shuffle(n)``); <= 1: none.
     range_bytes
-        A shard larger than the store's ``max_body_bytes`` (default 2 GiB) is read with
-        ranged GETs of this many bytes each instead of one GET.
+        Shards are read as streams of ranged GETs of this many bytes, parsed as they
+        arrive: a rank holds at most ``3 * 2 * range_bytes`` of shard bytes at once (its
+        current shard and the next two, two ranges ahead each), plus the samples parsed
+        and not yet due (the shuffle buffer's and the batches in flight, encoded), plus
+        the largest sample being parsed, whatever the shard size.
     anon, storage_options
         As for the other datasets: unsigned S3 requests; store options (``endpoint_url``,
         ``region``, ``max_in_flight``, ...).
@@ -130,7 +133,7 @@ class TarShards:
         label_field: str | None = None,
         counts: Sequence[int] | None = None,
         shuffle_buffer: int = 1000,
-        range_bytes: int = 256 << 20,
+        range_bytes: int = 8 << 20,
         anon: bool = False,
         storage_options: dict[str, Any] | None = None,
     ) -> None:

@@ -390,6 +390,103 @@ def test_balance_over_ranks_with_webdataset_shards(
             assert repeats == -203 % world <= world - 1
 
 
+# ---- any member type -----------------------------------------------------------------------
+
+
+def wds_fields_shards(root: Path, n: int, per_shard: int, array: Any = None) -> list[bytes]:
+    """Shards written by webdataset's ShardWriter with an image, an array, an integer,
+    text and JSON per sample; returns the images."""
+    wds = pytest.importorskip("webdataset")
+    blobs = [encode(photo(24, 20, i), "jpeg") for i in range(n)]
+    with wds.ShardWriter(str(root / "f-%06d.tar"), maxcount=per_shard, verbose=0) as sink:
+        for i, data in enumerate(blobs):
+            sample = {
+                "__key__": f"s{i:05d}",
+                "jpg": data,
+                "npy": np.arange(6, dtype=np.float32).reshape(2, 3) * i
+                if array is None
+                else array(i),
+                "cls": i,
+                "txt": f"caption {i} \u00e9",
+                "json": {"i": i, "tags": ["a", str(i)]},
+            }
+            sink.write(sample)
+    return blobs
+
+
+def test_fields_from_webdataset_shards_in_their_order(tmp_path: Path) -> None:
+    blobs = wds_fields_shards(tmp_path, 10, 4)
+    pattern = str(tmp_path / "f-{000000..000002}.tar")
+    ds = TarShards(pattern, fields=("txt", "jpg", "npy", "cls", "json"))
+    assert ds.counts == [4, 4, 2] and ds.image_field == 1
+    loader = Loader(ds, 4, transform=EXACT, shuffle=False, num_threads=2)
+    seen = 0
+    for txt, images, arrays, cls, meta in loader:
+        ids = cls.tolist()
+        assert ids == list(range(seen, seen + len(ids)))
+        assert txt == [f"caption {i} \u00e9" for i in ids]
+        assert meta == [{"i": i, "tags": ["a", str(i)]} for i in ids]
+        assert arrays.dtype == torch.float32 and arrays.shape == (len(ids), 2, 3)
+        want = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+        assert torch.equal(arrays, torch.stack([want * i for i in ids]))
+        assert cls.dtype == torch.int64
+        for i, px in zip(ids, images, strict=True):
+            assert torch.equal(px, expected(blobs[i]))
+        seen += len(ids)
+    assert seen == 10
+    # The default stays (image, label); the label from .cls.
+    labels, _ = read_all(Loader(TarShards(pattern), 4, transform=EXACT, shuffle=False))
+    assert labels == list(range(10))
+
+
+def test_arrays_without_images_need_no_transform(tmp_path: Path) -> None:
+    wds_fields_shards(tmp_path, 9, 5, array=lambda i: np.full((3,), i, dtype=np.int16))
+    ds = TarShards(str(tmp_path / "f-{000000..000001}.tar"), fields=("npy", "cls"))
+    assert ds.image_field is None
+    got: dict[int, list[int]] = {}
+    for arrays, cls in Loader(ds, 4, seed=3, rank=1, world_size=2):
+        assert arrays.dtype == torch.int16 and arrays.shape[1:] == (3,)
+        for a, c in zip(arrays.tolist(), cls.tolist(), strict=True):
+            got[c] = a
+    assert got and all(a == [c, c, c] for c, a in got.items())
+
+
+def test_arrays_of_different_shapes_or_bad_headers_are_errors(tmp_path: Path) -> None:
+    wds_fields_shards(tmp_path, 6, 6, array=lambda i: np.zeros((2 + i % 2,), np.float32))
+    ds = TarShards(str(tmp_path / "f-000000.tar"), fields=("npy", "cls"))
+    with pytest.raises(
+        ValueError, match=r"cannot stack the 'npy' arrays.*has shape \(2,\) f32.*has \(3,\) f32"
+    ):
+        list(Loader(ds, 4, shuffle=False))
+    assert [len(c) for _, c in Loader(ds, 1, shuffle=False)] == [1] * 6
+
+    # A corrupt .npy header: an error naming the shard and the member, or skipped.
+    good = np.zeros((2,), np.float32)
+    buf = io.BytesIO()
+    np.save(buf, good)
+    bad = buf.getvalue().replace(b"'descr'", b"'dexcr'")
+    members = []
+    for i, data in enumerate([buf.getvalue(), bad, buf.getvalue()]):
+        members += [(f"k{i}.npy", data), (f"k{i}.cls", str(i).encode())]
+    (tmp_path / "bad.tar").write_bytes(tar_shard(members))
+    broken = TarShards(str(tmp_path / "bad.tar"), fields=("npy", "cls"))
+    with pytest.raises(
+        OSError, match=r"bad\.tar#k1 member 'npy': bad \.npy: unknown header key 'dexcr'"
+    ):
+        list(Loader(broken, 4, shuffle=False))
+    skipping = Loader(broken, 4, shuffle=False, on_error="skip")
+    assert [c.tolist() for _, c in skipping] == [[0, 2]] and skipping.skipped == 1
+
+    # A sample without one of the fields.
+    (tmp_path / "lacking.tar").write_bytes(tar_shard([("k.npy", buf.getvalue())]))
+    with pytest.raises(
+        ValueError, match=r"lacking\.tar: tar member at byte 0: sample 'k' has no 'cls'"
+    ):
+        TarShards(str(tmp_path / "lacking.tar"), fields=("npy", "cls")).shard_counts()
+    with pytest.raises(ValueError, match="not both"):
+        TarShards(str(tmp_path / "bad.tar"), fields=("npy",), label_field="x")
+
+
 # ---- streaming --------------------------------------------------------------------------
 
 # Reads a shard in a fresh process and prints JSON: its resident memory's growth over the
@@ -523,3 +620,29 @@ def test_write_shards_to_s3_and_bad_patterns(tmp_path: Path, s3_bucket: str) -> 
         write_shards(source, str(tmp_path / "one.tar"))
     with pytest.raises(ValueError, match="samples_per_shard"):
         write_shards(source, str(tmp_path / "s-{}.tar"), samples_per_shard=0)
+
+
+def test_write_shards_of_any_member_type_reads_back_both_ways(tmp_path: Path) -> None:
+    wds = pytest.importorskip("webdataset")
+    samples = [
+        {
+            "npy": np.full((2, 2), i, dtype=np.float64),
+            "cls": i,
+            "txt": f"t{i}",
+            "json": {"i": i},
+            "bin": bytes([i]),
+        }
+        for i in range(7)
+    ]
+    ds = write_shards(samples, str(tmp_path / "m-{:03d}.tar"), samples_per_shard=3)
+    assert ds.counts == [3, 3, 1] and ds.fields == ("npy", "cls", "txt", "json", "bin")
+    arrays, cls, txt, meta, raw = next(iter(Loader(ds, 7, shuffle=False)))
+    assert cls.tolist() == list(range(7)) and txt == [f"t{i}" for i in range(7)]
+    assert torch.equal(arrays, torch.stack([torch.full((2, 2), float(i)) for i in range(7)]))
+    assert meta == [{"i": i} for i in range(7)] and raw == [bytes([i]) for i in range(7)]
+    # webdataset decodes them as it writes them.
+    back = list(wds.WebDataset(str(tmp_path / "m-{000..002}.tar"), shardshuffle=False).decode())
+    assert [int(s["cls"]) for s in back] == list(range(7))
+    assert all(np.array_equal(s["npy"], samples[i]["npy"]) for i, s in enumerate(back))
+    with pytest.raises(ValueError, match="holds a '.'"):
+        write_shards([{"__key__": "a.b", "cls": 1}], str(tmp_path / "x-{}.tar"))

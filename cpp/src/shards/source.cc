@@ -21,12 +21,66 @@ Result<std::shared_ptr<ShardSource>> ShardSource::Create(std::shared_ptr<Store> 
   s->counts_ = std::move(counts);
   s->prefix_ = Prefix(s->counts_);
   s->opt_ = options;
+  for (size_t i = 0; i < s->opt_.parse.fields.size(); ++i) {
+    const std::string& f = s->opt_.parse.fields[i];
+    if (s->image_field_ < 0 && (FieldOf({f}, "jpg") >= 0 || FieldOf({f}, "jpeg") >= 0 || FieldOf({f}, "png") >= 0)) {
+      s->image_field_ = static_cast<int>(i);
+    } else if (FieldOf({f}, "npy") >= 0) {
+      s->kinds_.push_back(pipeline::FieldKind::kArray);
+    } else if (FieldOf({f}, "cls") >= 0 || FieldOf({f}, "idx") >= 0) {
+      s->kinds_.push_back(pipeline::FieldKind::kInt);
+    } else {
+      s->kinds_.push_back(pipeline::FieldKind::kBytes);
+    }
+  }
   // Validates the options (rank, world size, counts) once, up front.
   DDP_RETURN_IF_ERROR(s->Plan(0).status());
   return s;
 }
 
 ShardSource::~ShardSource() = default;
+
+std::vector<std::string> ShardSource::field_names() const {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < opt_.parse.fields.size(); ++i) {
+    if (static_cast<int>(i) != image_field_) out.push_back(opt_.parse.fields[i]);
+  }
+  return out;
+}
+
+Result<pipeline::SourceSample> ShardSource::ToSource(TarSample s, const std::string& url) const {
+  pipeline::SourceSample out;
+  out.label = s.label;
+  out.url = url + "#" + s.key;
+  if (opt_.parse.fields.empty()) {
+    out.bytes = std::move(s.image);
+    return out;
+  }
+  size_t k = 0;
+  for (size_t i = 0; i < s.fields.size(); ++i) {
+    if (static_cast<int>(i) == image_field_) {
+      out.bytes = std::move(s.fields[i]);
+      continue;
+    }
+    pipeline::SampleField f;
+    f.kind = kinds_[k++];
+    f.bytes = std::move(s.fields[i]);
+    const std::string where = out.url + " member '" + opt_.parse.fields[i] + "'";
+    if (f.kind == pipeline::FieldKind::kArray) {
+      DDP_ASSIGN_OR_RETURN(NpyArray a, ParseNpy(f.bytes, where));
+      f.dtype_kind = a.kind;
+      f.itemsize = a.itemsize;
+      f.shape = std::move(a.shape);
+      f.data_offset = a.data_offset;
+    } else if (f.kind == pipeline::FieldKind::kInt) {
+      std::optional<int64_t> v = ParseIntText(f.bytes);
+      if (!v) return InvalidArgumentError(where + ": not an integer");
+      f.value = *v;
+    }
+    out.fields.push_back(std::move(f));
+  }
+  return out;
+}
 
 Status ShardSource::SetEpochSegments(uint64_t epoch, std::vector<Segment> segments) {
   DDP_RETURN_IF_ERROR(CheckSegments(counts_, segments));
@@ -114,18 +168,19 @@ Result<bool> ShardSource::Advance(const std::atomic<bool>& cancel) {
     const int64_t last = read.ranges.back().end;
     const bool wanted = std::any_of(read.ranges.begin(), read.ranges.end(),
                                     [&](const Segment& g) { return s.ordinal >= g.begin && s.ordinal < g.end; });
-    const int64_t id = prefix_[static_cast<size_t>(read.shard)] + s.ordinal;
+    const int64_t ordinal = s.ordinal;
+    const int64_t id = prefix_[static_cast<size_t>(read.shard)] + ordinal;
     if (wanted && !not_needed_.count(id)) {
-      pipeline::SourceSample out;
-      ready_bytes_ += s.image.size();
-      out.bytes = std::move(s.image);
-      out.label = s.label;
-      out.url = url + "#" + s.key;
-      ready_[id] = std::move(out);
+      Result<pipeline::SourceSample> out = ToSource(std::move(s), url);
+      if (out.ok()) {
+        ready_bytes_ += out->bytes.size();
+        for (const auto& f : out->fields) ready_bytes_ += f.bytes.size();
+      }
+      ready_.insert_or_assign(id, std::move(out));
     }
     // A read ending inside its shard stops there; one reaching the shard's counted end
     // parses on to the end, so bad samples of its tail are counted as skipped.
-    if (s.ordinal + 1 >= last && last < counts_[static_cast<size_t>(read.shard)]) EndRead(Status::Ok());
+    if (ordinal + 1 >= last && last < counts_[static_cast<size_t>(read.shard)]) EndRead(Status::Ok());
     return true;
   }
   if (stream_->done()) {
@@ -187,8 +242,11 @@ Status ShardSource::Fetch(std::span<const int64_t> positions, const pipeline::Sa
     }
     auto it = ready_.find(id);
     if (it != ready_.end()) {
-      ready_bytes_ -= it->second.bytes.size();
-      pipeline::SourceSample s = std::move(it->second);
+      if (it->second.ok()) {
+        ready_bytes_ -= it->second->bytes.size();
+        for (const auto& f : it->second->fields) ready_bytes_ -= f.bytes.size();
+      }
+      Result<pipeline::SourceSample> s = std::move(it->second);
       ready_.erase(it);
       cb(i, std::move(s));
       continue;

@@ -24,6 +24,7 @@
 
 #include "ddp/store.h"
 #include "pipeline/sample_source.h"
+#include "shards/npy.h"
 #include "shards/order.h"
 #include "shards/prefetch.h"
 #include "shards/tar.h"
@@ -50,6 +51,11 @@ class ShardSource : public pipeline::SampleSource {
   // the world size changed: the samples not yet read). Call before the Loader starts
   // that epoch.
   Status SetEpochSegments(uint64_t epoch, std::vector<Segment> segments);
+  // Whether samples carry an image for the Loader to decode (without options.parse.fields,
+  // always; with them, when one field is jpg, jpeg or png).
+  bool has_images() const { return opt_.parse.fields.empty() || image_field_ >= 0; }
+  // The names of the fields other than the image, in order (the Loader's field_names).
+  std::vector<std::string> field_names() const;
 
   Result<std::vector<int64_t>> Order(uint64_t epoch) override;
   int64_t NumSamples(uint64_t epoch) const override;
@@ -77,11 +83,15 @@ class ShardSource : public pipeline::SampleSource {
   Result<bool> Advance(const std::atomic<bool>& cancel);
   void EndRead(Status why);
   int ReadOf(int64_t id) const;  // the read holding global id `id` (-1: none)
+  // A parsed sample as the Loader takes it: the image field apart, the others parsed.
+  Result<pipeline::SourceSample> ToSource(TarSample s, const std::string& url) const;
 
   std::shared_ptr<Store> store_;
   std::vector<std::string> keys_;
   std::vector<int64_t> counts_, prefix_;
   ShardSourceOptions opt_;
+  int image_field_ = -1;  // with parse.fields: the image's (-1: none)
+  std::vector<pipeline::FieldKind> kinds_;  // of the other fields, in order
   mutable std::mutex epoch_mu_;  // SetEpochSegments and Plan may run on different threads
   std::map<uint64_t, std::vector<Segment>> epoch_segments_;  // overrides by epoch
   // The current epoch (touched by the Loader's one fetch thread, and by Order()).
@@ -92,7 +102,7 @@ class ShardSource : public pipeline::SampleSource {
   std::atomic<uint64_t> parsed_bytes_{0};
   size_t cur_ = 0;                      // the read being parsed
   std::unique_ptr<TarStream> stream_;   // its parser
-  std::unordered_map<int64_t, pipeline::SourceSample> ready_;  // parsed, not yet due
+  std::unordered_map<int64_t, Result<pipeline::SourceSample>> ready_;  // parsed, not yet due
   uint64_t ready_bytes_ = 0;
   std::unordered_map<int, Status> failed_;  // reads that ended early, and why
   std::unordered_set<int64_t> not_needed_;  // ids before the epoch's first position

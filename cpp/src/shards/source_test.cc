@@ -233,5 +233,64 @@ TEST(ShardSourceTest, AResumedEpochKeepsOnlyTheSamplesStillDue) {
   EXPECT_LT(src->peak_held_bytes(), 6u * (256u << 10) + (4 + 8 + 2) * (64u << 10) + (256u << 10));
 }
 
+// A float32 .npy of `n` elements, each `value` (numpy.save's layout, version 1.0).
+std::string NpyOf(int n, float value) {
+  std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': (" + std::to_string(n) + ",), }";
+  while ((10 + header.size() + 1) % 64 != 0) header += ' ';
+  header += '\n';
+  std::string out = "\x93NUMPY\x01";
+  out += '\0';
+  out += static_cast<char>(header.size());
+  out += '\0';
+  out += header;
+  for (int i = 0; i < n; ++i) out.append(reinterpret_cast<const char*>(&value), sizeof value);
+  return out;
+}
+
+TEST(ShardSourceTest, FieldsOfAnyTypeBatchedWithoutImages) {
+  auto store = std::shared_ptr<Store>(OpenStore("memory://shard-source-fields").value());
+  std::string tar;
+  for (int i = 0; i < 6; ++i) {
+    const std::string key = "s" + std::to_string(i);
+    tar += testing::TarMember(key + ".cls", std::to_string(10 + i));
+    tar += testing::TarMember(key + ".npy", NpyOf(i == 5 ? 4 : 3, static_cast<float>(i)));
+    tar += testing::TarMember(key + ".txt", "t" + std::to_string(i));
+    tar += testing::TarMember(key + ".jpg", "never read");
+  }
+  ASSERT_TRUE(store->Put("f.tar", tar + testing::TarEnd()).ok());
+  ShardSourceOptions so;
+  so.order = {.shuffle = false, .rank = 0, .world_size = 1};
+  so.parse.fields = {"npy", "cls", "txt"};
+  EXPECT_EQ(CountSamples(*store, {"f.tar"}, so.parse, 0, nullptr).value(), std::vector<int64_t>{6});
+  auto src = ShardSource::Create(store, {"f.tar"}, {6}, so).value();
+  EXPECT_FALSE(src->has_images());
+  EXPECT_EQ(src->field_names(), (std::vector<std::string>{"npy", "cls", "txt"}));
+  LoaderOptions o;
+  o.batch_size = 3;
+  o.num_threads = 1;
+  o.decode_images = false;
+  o.field_names = src->field_names();
+  auto l = Loader::Create(src, Resize8(), o).value();
+  ASSERT_TRUE(l->StartEpoch(0).ok());
+  auto b = l->Next();
+  ASSERT_TRUE(b.ok() && b->has_value()) << b.status().ToString();
+  const auto& f = (*b)->fields;
+  ASSERT_EQ(f.size(), 3u);
+  EXPECT_EQ(f[0].kind, pipeline::FieldKind::kArray);
+  EXPECT_EQ(f[0].shape, std::vector<int64_t>{3});
+  EXPECT_EQ(f[0].dtype_kind, 'f');
+  ASSERT_EQ(f[0].data->size(), 3u * 3 * 4);
+  const auto* px = reinterpret_cast<const float*>(f[0].data->data());
+  EXPECT_EQ(std::vector<float>(px, px + 9), (std::vector<float>{0, 0, 0, 1, 1, 1, 2, 2, 2}));
+  EXPECT_EQ(f[1].ints, (std::vector<int64_t>{10, 11, 12}));
+  EXPECT_EQ(f[2].raw, (std::vector<std::string>{"t0", "t1", "t2"}));
+  // The next batch's arrays differ in shape: an error naming both samples and shapes.
+  auto bad = l->Next();
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("f.tar#s3 has shape (3,) f32, memory://shard-source-fields/f.tar#s5 has (4,) f32"),
+            std::string::npos)
+      << bad.status().ToString();
+}
+
 }  // namespace
 }  // namespace ddp::shards

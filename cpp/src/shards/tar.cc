@@ -96,8 +96,9 @@ std::string Lower(std::string_view s) {
   return out;
 }
 
-// An integer in text (surrounding whitespace allowed).
-std::optional<int64_t> ParseInt(std::string_view s) {
+}  // namespace
+
+std::optional<int64_t> ParseIntText(std::string_view s) {
   while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
   while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
   int64_t v = 0;
@@ -105,6 +106,26 @@ std::optional<int64_t> ParseInt(std::string_view s) {
   if (ec != std::errc() || end != s.data() + s.size()) return std::nullopt;
   return v;
 }
+
+int FieldOf(const std::vector<std::string>& fields, std::string_view ext) {
+  for (size_t i = 0; i < fields.size(); ++i) {
+    std::string_view f = fields[i];
+    while (!f.empty()) {
+      const size_t semi = f.find(';');
+      const std::string_view alt = f.substr(0, semi);
+      if (alt.size() == ext.size() && std::equal(alt.begin(), alt.end(), ext.begin(), [](char a, char b) {
+            return std::tolower(static_cast<unsigned char>(a)) == std::tolower(static_cast<unsigned char>(b));
+          })) {
+        return static_cast<int>(i);
+      }
+      if (semi == std::string_view::npos) break;
+      f.remove_prefix(semi + 1);
+    }
+  }
+  return -1;
+}
+
+namespace {
 
 // The integer value of top-level-looking field "name": the first `"name"` followed by ':'.
 std::optional<int64_t> JsonIntField(std::string_view json, std::string_view name) {
@@ -118,7 +139,7 @@ std::optional<int64_t> JsonIntField(std::string_view json, std::string_view name
     size_t j = i;
     if (j < json.size() && json[j] == '-') ++j;
     while (j < json.size() && std::isdigit(static_cast<unsigned char>(json[j]))) ++j;
-    return ParseInt(json.substr(i, j - i));
+    return ParseIntText(json.substr(i, j - i));
   }
   return std::nullopt;
 }
@@ -144,6 +165,7 @@ struct TarStream::Group {
   std::string image;
   std::optional<int64_t> label;
   std::optional<std::string> error;  // a bad label: the sample is bad
+  std::vector<std::optional<std::string>> fields;  // with options.fields: each one's bytes
 };
 
 TarStream::TarStream(std::string url, TarParseOptions options) : url_(std::move(url)), opt_(std::move(options)) {}
@@ -164,8 +186,14 @@ void TarStream::Finish() { finished_ = true; }
 
 size_t TarStream::buffered() const {
   size_t n = buf_.size() - head_;
-  for (const TarSample& s : out_) n += s.image.size();
-  if (group_) n += group_->image.size();
+  for (const TarSample& s : out_) {
+    n += s.image.size();
+    for (const std::string& f : s.fields) n += f.size();
+  }
+  if (group_) {
+    n += group_->image.size();
+    for (const auto& f : group_->fields) n += f ? f->size() : 0;
+  }
   return n;
 }
 
@@ -185,6 +213,10 @@ Status TarStream::Flush() {
   std::string problem;
   if (g->error) {
     problem = *g->error;
+  } else if (!opt_.fields.empty()) {
+    for (size_t i = 0; i < opt_.fields.size() && problem.empty(); ++i) {
+      if (!g->fields[i]) problem = "sample '" + g->key + "' has no '" + opt_.fields[i] + "' member";
+    }
   } else if (!g->has_image) {
     problem = "sample '" + g->key + "' has no image (.jpg, .jpeg or .png member)";
   }
@@ -202,6 +234,7 @@ Status TarStream::Flush() {
   s.label = g->label.value_or(-1);
   s.ordinal = good_++;
   s.image = std::move(g->image);
+  for (std::optional<std::string>& f : g->fields) s.fields.push_back(std::move(f).value_or(std::string()));
   out_.push_back(std::move(s));
   return Status::Ok();
 }
@@ -281,9 +314,14 @@ Status TarStream::Step(bool* progressed) {
       group_->key = key;
       group_->offset = header_at;
       group_->keep = !keep_ || keep_(good_);
+      group_->fields.resize(opt_.fields.size());
     }
-    const bool label = opt_.label_field.empty() ? ext == "cls" : ext == "json";
-    need_body = label || (IsImage(ext) && group_->keep);
+    if (opt_.fields.empty()) {
+      const bool label = opt_.label_field.empty() ? ext == "cls" : ext == "json";
+      need_body = label || (IsImage(ext) && group_->keep);
+    } else {
+      need_body = group_->keep && FieldOf(opt_.fields, ext) >= 0;
+    }
   }
   if (need_body && data_at + *size > total_) {
     if (finished_) return Broken(header_at, CutShort(*size, total_ - data_at), name);
@@ -300,7 +338,10 @@ Status TarStream::Step(bool* progressed) {
   } else if (type != 'g' && type != 'K') {
     long_name_.reset();
   }
-  if (regular) {
+  if (regular && !opt_.fields.empty()) {
+    const int f = FieldOf(opt_.fields, ext);
+    if (f >= 0) group_->fields[static_cast<size_t>(f)] = std::string(body);
+  } else if (regular) {
     Group& g = *group_;
     if (IsImage(ext)) {
       g.has_image = true;
@@ -308,7 +349,7 @@ Status TarStream::Step(bool* progressed) {
       g.image_size = *size;
       if (g.keep) g.image.assign(body);
     } else if (opt_.label_field.empty() ? ext == "cls" : ext == "json") {
-      std::optional<int64_t> label = opt_.label_field.empty() ? ParseInt(body) : JsonIntField(body, opt_.label_field);
+      std::optional<int64_t> label = opt_.label_field.empty() ? ParseIntText(body) : JsonIntField(body, opt_.label_field);
       if (!label) {
         g.error = opt_.label_field.empty() ? "label member '" + name + "' is not an integer"
                                            : "'" + name + "' has no integer field \"" + opt_.label_field + "\"";

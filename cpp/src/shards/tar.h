@@ -32,6 +32,8 @@ namespace ddp::shards {
 
 struct TarSample {
   std::string key;
+  // With TarParseOptions::fields: each field's member bytes (when kept), in field order.
+  std::vector<std::string> fields;
   uint64_t image_offset = 0;  // of the image member's data within the shard
   uint64_t image_size = 0;
   int64_t label = -1;         // -1: no label member
@@ -42,7 +44,15 @@ struct TarSample {
 struct TarParseOptions {
   bool skip_errors = false;
   std::string label_field = {};  // empty: the label comes from the "cls" member
+  // Set: the members that make a sample, by extension (case-insensitive; alternatives
+  // separated by ';', e.g. "jpg;jpeg;png"), every one required; no image or label rule.
+  std::vector<std::string> fields = {};
 };
+
+// The field of `fields` an extension belongs to (-1: none).
+int FieldOf(const std::vector<std::string>& fields, std::string_view ext);
+// An integer in text (surrounding whitespace allowed), as a .cls member holds it.
+std::optional<int64_t> ParseIntText(std::string_view s);
 
 struct TarShard {
   std::vector<TarSample> samples;

@@ -139,6 +139,30 @@ TEST(TarTest, LabelsFromClsOrJsonField) {
   EXPECT_EQ(plain->samples[0].label, -1);
 }
 
+TEST(TarTest, FieldsNameTheMembersOfASample) {
+  const std::string tar = TarMember("0.JPG", "A") + TarMember("0.cls", "1") + TarMember("0.txt", "x") +
+                          TarMember("1.png", "B") + TarMember("1.cls", "2") + TarMember("2.cls", "3") + TarEnd();
+  const TarParseOptions o{.fields = {"jpg;png", "cls"}};
+  TarStream stream(kUrl, o);
+  stream.Append(tar);
+  stream.Finish();
+  auto a = stream.Next();
+  ASSERT_TRUE(a.ok() && *a) << a.status().ToString();
+  EXPECT_EQ((*a)->fields, (std::vector<std::string>{"A", "1"}));
+  auto b = stream.Next();
+  ASSERT_TRUE(b.ok() && *b);
+  EXPECT_EQ((*b)->fields, (std::vector<std::string>{"B", "2"}));
+  auto c = stream.Next();
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("sample '2' has no 'jpg;png' member"), std::string::npos) << c.status().ToString();
+  Result<TarShard> skipping = ParseTar(tar, kUrl, {.skip_errors = true, .fields = {"jpg;png", "cls"}});
+  ASSERT_TRUE(skipping.ok());
+  EXPECT_EQ(skipping->samples.size(), 2u);
+  EXPECT_EQ(skipping->skipped, 1);
+  EXPECT_EQ(FieldOf({"npy", "jpg;png"}, "PNG"), 1);
+  EXPECT_EQ(FieldOf({"npy"}, "np"), -1);
+}
+
 TEST(TarTest, DirectoriesAndLinksAreIgnored) {
   const std::string tar = TarMember("d/", "", '5') + TarMember("d/0.jpg", "A") + TarMember("d/0.lnk", "", '2') +
                           TarEnd();

@@ -159,12 +159,13 @@ class Loader:
             folder, indices = _resolve_dataset(dataset)
         own = shards.transform if shards is not None else folder.transform
         chosen: object = own if transform is None else transform
-        if chosen is None:
+        imageless = shards is not None and shards.image_field is None
+        if chosen is None and not imageless:
             raise ValueError(
                 "Loader needs a transform with a fixed output size, e.g. "
                 "transforms.Compose([transforms.RandomResizedCrop(224), transforms.ToTensor()])"
             )
-        ops = T.to_ops(chosen)
+        ops = [] if chosen is None else T.to_ops(chosen)
         if on_error not in _ON_ERROR:
             raise ValueError(f"on_error must be one of {_ON_ERROR}, got {on_error!r}")
         if batch_size < 1:
@@ -269,20 +270,22 @@ class Loader:
             self._epoch_segments = None
         self.epoch = int(epoch)
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def __iter__(self) -> Iterator[tuple[Any, ...]]:
+        """Batches of ``(images, labels)``; for a :class:`TarShards` with ``fields``, a
+        tuple in the order of its fields."""
         start, self._start_batch = self._start_batch, 0
         core = self._core
         core.start_epoch(self.epoch, start)
         self._position = start
         while True:
-            item = core.next()  # releases the GIL while it waits
+            item: Any = core.next()  # releases the GIL while it waits
             if item is None:
                 return
-            images, labels, index = item
-            self._position = int(index) + 1
+            self._position = int(item[2]) + 1
+            batch = item[:2] if self._shards is None else self._shards.batch_tuple(item)
             if self.pin_memory:
-                images, labels = images.pin_memory(), labels.pin_memory()
-            yield images, labels
+                batch = tuple(x.pin_memory() if isinstance(x, torch.Tensor) else x for x in batch)
+            yield batch
 
     def state_dict(self) -> dict[str, Any]:
         """The position in the epoch: resuming from it yields the remaining batches,

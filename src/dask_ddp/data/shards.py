@@ -14,9 +14,9 @@ Format (WebDataset's): consecutive tar members sharing a key (the member name up
 first ``.`` of its file name) form a sample; ``key.jpg``/``.jpeg``/``.png`` is its
 image, ``key.cls`` its integer label as text (or, with ``label_field``, that integer
 field of ``key.json``); other members are ignored, unless ``fields`` names the members
-that make a sample (any type: images, ``.npy`` arrays, integers, text, JSON, bytes). The order of an epoch is computed
-from the number of samples in each shard (counted once, see :attr:`TarShards.counts`),
-so it is exact on resume: see :class:`TarShards`.
+that make a sample (any type: images, ``.npy`` arrays, integers, text, JSON, bytes).
+The order of an epoch is computed from the number of samples in each shard (counted
+once, see :attr:`TarShards.counts`), so it is exact on resume: see :class:`TarShards`.
 """
 
 from __future__ import annotations

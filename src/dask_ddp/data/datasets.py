@@ -311,7 +311,8 @@ class ImageList(Dataset[tuple[Any, Any]]):
                 ) from None
             if label < 0:
                 raise ValueError(
-                    f"{name}: target {i} is {label} (key {key_list[i]!r}); labels are integers >= 0"
+                    f"{name}: target {i} is {label} (key {key_list[i]!r}); labels are "
+                    "integers >= 0"
                 )
             labels.append(label)
         return key_list, labels

@@ -11,10 +11,18 @@ batch 64. Every figure comes from the same run:
 3. dask_ddp ImageFolder + Loader over http://, one GET per image  (2 >= 1x 3, with
    ~100x fewer requests)
 
+Then arrays: N samples of a float32 .npy (--npy-shape, default 128x128: 64 KiB) and a
+.cls, written by write_shards into 10 shards on the same server:
+
+4. webdataset.WebDataset (shard shuffle, shuffle(1000), its own .npy decoding) +
+   WebLoader(num_workers=2) batching to tensors, spawned from the clean environment
+5. dask_ddp TarShards(fields=("npy", "cls")) + Loader: arrays parsed and stacked by the
+   engine                                                          (reported: 5 / 4)
+
 Each runs a warm-up epoch (not timed) then --rounds epochs; the best epoch is reported,
 with the HTTP requests nginx logged per epoch and the load average.
 
-Run:  python benchmarks/bench_shards.py [--n 1000] [--rounds 3] [--data DIR]
+Run:  python benchmarks/bench_shards.py [--n 1000] [--rounds 3] [--data DIR] [--npy-shape 128x128]
 """
 
 from __future__ import annotations
@@ -68,6 +76,79 @@ def webdataset_baseline(urls: str, rounds: int, workers: int) -> None:
         sys.stdout.flush()
 
 
+def webdataset_npy_baseline(urls: str, rounds: int, workers: int) -> None:
+    """The .npy baseline, in its own process: prints one JSON line of samples/s per epoch."""
+    import webdataset as wds
+
+    ds = (
+        wds.WebDataset(urls, shardshuffle=SHARDS, empty_check=False)
+        .shuffle(1000)
+        .decode()
+        .to_tuple("npy", "cls")
+    )
+    loader = wds.WebLoader(ds, batch_size=BATCH, num_workers=workers, persistent_workers=True)
+    for epoch in range(rounds + 1):
+        t0 = time.perf_counter()
+        n = sum(int(x.shape[0]) for x, _ in loader)
+        rate = n / (time.perf_counter() - t0)
+        sys.stdout.write(json.dumps({"epoch": epoch, "images": n, "rate": rate}) + "\n")
+        sys.stdout.flush()
+
+
+def prepare_npy(root: Path, n: int, shape: tuple[int, ...]) -> list[int]:
+    """N float32 arrays with a label each, written by write_shards into SHARDS shards."""
+    import numpy as np
+
+    from dask_ddp.data import write_shards
+
+    rng = np.random.default_rng(0)
+    samples = [
+        {"npy": rng.standard_normal(shape, dtype=np.float32), "cls": i % 10} for i in range(n)
+    ]
+    shards = write_shards(
+        samples, str(root / "npy" / f"n{n}-shard-{{:06d}}.tar"), samples_per_shard=-(-n // SHARDS)
+    )
+    return shards.counts
+
+
+def spawn_baseline(mode: str, pattern: str, rounds: int, workers: int) -> list[float]:
+    """Rates per timed epoch of a webdataset baseline run in the clean environment."""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            __file__,
+            mode,
+            pattern,
+            "--rounds",
+            str(rounds),
+            "--workers",
+            str(workers),
+        ],
+        env=benchenv.clean_env(
+            PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT / "benchmarks")])
+        ),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"webdataset baseline ({mode}) failed:\n{proc.stderr[-3000:]}")
+    epochs = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    return [e["rate"] for e in epochs[1:]]
+
+
+def array_epochs(loader: Any, rounds: int) -> list[float]:
+    """Samples/s of each timed epoch (after a warm-up one) of a fields Loader."""
+    rates = []
+    for epoch in range(rounds + 1):
+        loader.set_epoch(epoch)
+        t0 = time.perf_counter()
+        n = sum(int(batch[0].shape[0]) for batch in loader)
+        if epoch:
+            rates.append(n / (time.perf_counter() - t0))
+    return rates
+
+
 def requests_logged(log: Path) -> int:
     try:
         with open(log, "rb") as f:
@@ -117,10 +198,15 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="timed epochs; the best is reported")
     ap.add_argument("--workers", type=int, default=2, help="webdataset's WebLoader workers")
     ap.add_argument("--data", default=None, help="reuse/keep the generated images here")
+    ap.add_argument("--npy-shape", default="128x128", help="each array's shape (float32)")
     ap.add_argument("--webdataset-baseline", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--webdataset-npy-baseline", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.webdataset_baseline:
         webdataset_baseline(args.webdataset_baseline, args.rounds, args.workers)
+        return
+    if args.webdataset_npy_baseline:
+        webdataset_npy_baseline(args.webdataset_npy_baseline, args.rounds, args.workers)
         return
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     logger.setLevel(logging.INFO)
@@ -138,6 +224,8 @@ def main() -> None:
     else:
         root = Path(args.data)
     counts, n = prepare(root, args.n)
+    npy_shape = tuple(int(d) for d in args.npy_shape.split("x"))
+    npy_counts = prepare_npy(root, n, npy_shape)
     log = root / "access.log"
     log.unlink(missing_ok=True)
     logger.info(
@@ -155,29 +243,10 @@ def main() -> None:
         requests: dict[str, float] = {}
 
         before = requests_logged(log)
-        proc = subprocess.run(
-            [
-                sys.executable,
-                __file__,
-                "--webdataset-baseline",
-                pattern,
-                "--rounds",
-                str(args.rounds),
-                "--workers",
-                str(args.workers),
-            ],
-            env=benchenv.clean_env(
-                PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT / "benchmarks")])
-            ),
-            capture_output=True,
-            text=True,
-            check=False,
+        rates["webdataset"] = spawn_baseline(
+            "--webdataset-baseline", pattern, args.rounds, args.workers
         )
-        if proc.returncode != 0:
-            raise RuntimeError(f"webdataset baseline failed:\n{proc.stderr[-3000:]}")
-        epochs = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-        rates["webdataset"] = [e["rate"] for e in epochs[1:]]
-        requests["webdataset"] = (requests_logged(log) - before) / len(epochs)
+        requests["webdataset"] = (requests_logged(log) - before) / (args.rounds + 1)
 
         before = requests_logged(log)
         shards = Loader(
@@ -195,10 +264,22 @@ def main() -> None:
         requests["ImageFolder"] = (requests_logged(log) - before - 1) / (args.rounds + 1)
         folder.close()
 
+        npy_pattern = f"{url}/npy/n{n}-shard-{{000000..{len(npy_counts) - 1:06d}}}.tar"
+        rates["webdataset .npy"] = spawn_baseline(
+            "--webdataset-npy-baseline", npy_pattern, args.rounds, args.workers
+        )
+        arrays = Loader(
+            TarShards(npy_pattern, counts=npy_counts, fields=("npy", "cls")),
+            BATCH,
+            num_threads=cores,
+        )
+        rates["TarShards .npy"] = array_epochs(arrays, args.rounds)
+        arrays.close()
+
     best = {k: max(v) for k, v in rates.items()}
     logger.info("best of %d epochs (images/s), HTTP requests per epoch:", args.rounds)
     for k, v in best.items():
-        logger.info("  %-12s %8.1f img/s  %8.1f requests/epoch", k, v, requests[k])
+        logger.info("  %-16s %8.1f samples/s  %8.1f requests/epoch", k, v, requests.get(k, 0.0))
     logger.info(
         "TarShards / webdataset(num_workers=%d) = %.2fx (target >= 5); TarShards / ImageFolder "
         "= %.2fx (target >= 1) with %.0fx fewer requests; %s",
@@ -207,6 +288,12 @@ def main() -> None:
         best["TarShards"] / best["ImageFolder"],
         requests["ImageFolder"] / max(requests["TarShards"], 1e-9),
         benchenv.load_average(),
+    )
+    logger.info(
+        "TarShards .npy %s float32 / webdataset .npy decoding (num_workers=%d) = %.2fx",
+        "x".join(map(str, npy_shape)),
+        args.workers,
+        best["TarShards .npy"] / best["webdataset .npy"],
     )
     if tmp is not None:
         tmp.cleanup()

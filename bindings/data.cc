@@ -14,6 +14,7 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
 #include <thread>
@@ -34,6 +35,22 @@ namespace ddp::py {
 namespace {
 
 using OpSpec = std::pair<std::string, std::vector<double>>;
+// A segment of a shard as Python sees it: (shard, begin, end).
+using PySegment = std::tuple<int64_t, int64_t, int64_t>;
+
+std::vector<shards::Segment> ToSegments(const std::vector<PySegment>& in) {
+  std::vector<shards::Segment> out;
+  out.reserve(in.size());
+  for (const auto& [s, b, e] : in) out.push_back({s, b, e});
+  return out;
+}
+
+std::vector<PySegment> FromSegments(const std::vector<shards::Segment>& in) {
+  std::vector<PySegment> out;
+  out.reserve(in.size());
+  for (const shards::Segment& g : in) out.emplace_back(g.shard, g.begin, g.end);
+  return out;
+}
 
 Status NeedParams(const OpSpec& s, size_t n) {
   if (s.second.size() != n) {
@@ -104,6 +121,33 @@ nb::object ImagesTensor(void* data, size_t n, const image::Pipeline& p, nb::hand
 }
 
 std::string_view View(const nb::bytes& b) { return {b.c_str(), b.size()}; }
+
+// A batch's field as Python takes it: arrays as one tensor (n, *shape) owning the stacked
+// data, integers as an int64 tensor, anything else as a list of bytes.
+nb::object FieldObject(pipeline::FieldColumn& c, size_t n) {
+  if (c.kind == pipeline::FieldKind::kBytes) {
+    nb::list out;
+    for (const std::string& r : c.raw) out.append(nb::bytes(r.data(), r.size()));
+    return out;
+  }
+  if (c.kind == pipeline::FieldKind::kInt) {
+    auto v = std::make_shared<std::vector<int64_t>>(std::move(c.ints));
+    const size_t shape[1] = {v->size()};
+    int64_t* p = v->data();
+    return nb::ndarray<nb::pytorch, int64_t>(p, 1, shape, OwnerOf(std::move(v))).cast();
+  }
+  std::vector<size_t> shape = {n};
+  for (int64_t d : c.shape) shape.push_back(static_cast<size_t>(d));
+  nb::dlpack::dtype dt;
+  dt.code = static_cast<uint8_t>(c.dtype_kind == 'b'   ? nb::dlpack::dtype_code::Bool
+                                 : c.dtype_kind == 'i' ? nb::dlpack::dtype_code::Int
+                                 : c.dtype_kind == 'u' ? nb::dlpack::dtype_code::UInt
+                                                       : nb::dlpack::dtype_code::Float);
+  dt.bits = static_cast<uint8_t>(c.itemsize * 8);
+  dt.lanes = 1;
+  uint8_t* p = c.data->data();
+  return nb::ndarray<nb::pytorch>(p, shape.size(), shape.data(), OwnerOf(c.data), nullptr, dt).cast();
+}
 
 // Options of the ImageLoader binding, as keyword-only arguments with these defaults.
 struct PyLoaderArgs {
@@ -177,14 +221,17 @@ class PyLoader {
     std::optional<pipeline::Batch> b = ValueOrThrow(std::move(r));
     if (!b) return nb::none();
     const size_t n = static_cast<size_t>(b->size);
-    nb::object images = ImagesTensor(b->images, n, loader->pipeline(), OwnerOf(b->lease));
+    nb::object images = decode_images_ ? ImagesTensor(b->images, n, loader->pipeline(), OwnerOf(b->lease)) : nb::none();
     const size_t lshape[1] = {n};
     nb::object labels = nb::ndarray<nb::pytorch, int64_t>(b->labels, 1, lshape, OwnerOf(b->lease)).cast();
     {
       nb::gil_scoped_release release;
       loader.reset();
     }
-    return nb::make_tuple(images, labels, b->index);
+    if (!fields_) return nb::make_tuple(images, labels, b->index);
+    nb::list fields;
+    for (pipeline::FieldColumn& c : b->fields) fields.append(FieldObject(c, n));
+    return nb::make_tuple(images, labels, b->index, fields);
   }
 
   void Close() {
@@ -203,6 +250,8 @@ class PyLoader {
  protected:
   PyLoader() = default;
   std::shared_ptr<pipeline::Loader> loader_;
+  bool decode_images_ = true;
+  bool fields_ = false;  // next() also returns the batch's fields
 };
 
 // Options of the TarShardLoader binding beyond the ImageLoader's.
@@ -211,23 +260,31 @@ struct PyShardArgs {
   std::string label_field;
   int lookahead_shards = 2;
   uint64_t range_bytes = shards::ShardSourceOptions{}.range_bytes;
+  std::vector<std::string> fields;
 };
+
+// The pipeline of a loader that decodes no images: never run (one pixel per sample).
+image::Pipeline NoImagePipeline() { return MakePipeline({{"resize", {1, 1, 0}}, {"pil_to_tensor", {}}}).value(); }
 
 // A loader over tar shards; set_epoch_shards reaches its source.
 class PyShardLoader : public PyLoader {
  public:
   PyShardLoader(const PyStore& store, std::vector<std::string> keys, std::vector<int64_t> counts,
                 const std::vector<OpSpec>& ops, const PyLoaderArgs& a, const PyShardArgs& sa) {
-    image::Pipeline pipeline = ValueOrThrow(MakePipeline(ops));
-    const pipeline::LoaderOptions o = MakeLoaderOptions(a);
+    pipeline::LoaderOptions o = MakeLoaderOptions(a);
     shards::ShardSourceOptions so;
     so.order = {a.shuffle, a.seed, a.rank, a.world_size, a.drop_last, sa.shuffle_buffer};
-    so.parse = {a.skip_errors, sa.label_field};
+    so.parse = {a.skip_errors, sa.label_field, sa.fields};
     so.lookahead_shards = sa.lookahead_shards;
     so.range_bytes = sa.range_bytes;
     so.max_in_flight = a.max_in_flight;
-    nb::gil_scoped_release release;
     source_ = ValueOrThrow(shards::ShardSource::Create(store.store, std::move(keys), std::move(counts), so));
+    fields_ = !sa.fields.empty();
+    decode_images_ = source_->has_images();
+    o.decode_images = decode_images_;
+    o.field_names = source_->field_names();
+    image::Pipeline pipeline = decode_images_ ? ValueOrThrow(MakePipeline(ops)) : NoImagePipeline();
+    nb::gil_scoped_release release;
     loader_ = ValueOrThrow(pipeline::Loader::Create(source_, std::move(pipeline), o));
   }
 
@@ -236,9 +293,9 @@ class PyShardLoader : public PyLoader {
     return source_->NumSamples(epoch);
   }
 
-  void SetEpochShards(uint64_t epoch, std::vector<int64_t> shards) {
+  void SetEpochSegments(uint64_t epoch, const std::vector<PySegment>& segments) {
     checked();
-    ThrowIfError(source_->SetEpochShards(epoch, std::move(shards)));
+    ThrowIfError(source_->SetEpochSegments(epoch, ToSegments(segments)));
   }
 
  private:
@@ -255,7 +312,7 @@ void init_shards(nb::module_& m, const PyLoaderArgs& defaults) {
              const std::vector<OpSpec>& ops, int batch_size, bool shuffle, uint64_t seed, int rank,
              int world_size, bool drop_last, int num_threads, int prefetch, bool skip_errors, int max_side,
              bool scaled_decode, bool region_decode, int max_in_flight, int64_t shuffle_buffer,
-             std::string label_field, int lookahead_shards, uint64_t range_bytes) {
+             std::string label_field, int lookahead_shards, uint64_t range_bytes, std::vector<std::string> fields) {
             PyLoaderArgs a;
             a.batch_size = batch_size;
             a.shuffle = shuffle;
@@ -272,7 +329,7 @@ void init_shards(nb::module_& m, const PyLoaderArgs& defaults) {
             a.max_in_flight = max_in_flight;
             new (self) PyShardLoader(store, std::move(keys), std::move(counts), ops, a,
                                      PyShardArgs{shuffle_buffer, std::move(label_field), lookahead_shards,
-                                                 range_bytes});
+                                                 range_bytes, std::move(fields)});
           },
           "store"_a, "keys"_a, "counts"_a, "ops"_a, nb::kw_only(), "batch_size"_a = defaults.batch_size,
           "shuffle"_a = defaults.shuffle, "seed"_a = defaults.seed, "rank"_a = defaults.rank,
@@ -282,49 +339,71 @@ void init_shards(nb::module_& m, const PyLoaderArgs& defaults) {
           "scaled_decode"_a = defaults.scaled_decode, "region_decode"_a = defaults.region_decode,
           "max_in_flight"_a = defaults.max_in_flight, "shuffle_buffer"_a = sd.shuffle_buffer,
           "label_field"_a = sd.label_field, "lookahead_shards"_a = sd.lookahead_shards,
-          "range_bytes"_a = sd.range_bytes,
+          "range_bytes"_a = sd.range_bytes, "fields"_a = sd.fields,
           "A loader reading the tar shards `keys` of `store` (counts[i] samples in keys[i]) "
           "in the order of shard_rank_order, as ImageLoader does objects.\n\n"
           "shuffle_buffer: samples mixed within a rank. label_field: the integer field of each "
-          "sample's .json member holding its label (empty: the .cls member). lookahead_shards: "
-          "shards fetched ahead of need. range_bytes: a shard over the store's max_body_bytes is "
-          "read with ranged GETs of this size. skip_errors also leaves out bad tar members and "
-          "samples without an image. Other arguments as ImageLoader.")
-      .def("set_epoch_shards", &PyShardLoader::SetEpochShards, "epoch"_a, "shards"_a,
-           "For `epoch` only, read these shards (indices into keys) instead of all.")
+          "sample's .json member holding its label (empty: the .cls member). Shards stream as "
+          "ranged GETs of range_bytes, parsed as they arrive: the current shard and "
+          "lookahead_shards more read at once, two ranges ahead each. fields: the members that "
+          "make a sample, by extension ('jpg;png' alternatives); then next() returns (images or "
+          "None, labels, index, [the other fields: .npy stacked into one tensor, .cls/.idx an "
+          "int64 tensor, else a list of bytes]). skip_errors also leaves out bad tar members "
+          "and samples without an image. Other arguments as ImageLoader.")
+      .def("set_epoch_segments", &PyShardLoader::SetEpochSegments, "epoch"_a, "segments"_a,
+           "For `epoch` only, read these (shard, begin, end) sample ranges instead of every "
+           "shard whole.")
       .def("epoch_samples", &PyShardLoader::EpochSamples, "epoch"_a,
            "Samples this rank yields in `epoch` (the same on every rank; padding included).");
 
   m.def(
       "tar_shard_counts",
       [](const PyStore& store, const std::vector<std::string>& keys, bool skip_errors,
-         const std::string& label_field, int max_in_flight, uint64_t range_bytes) {
+         const std::string& label_field, int max_in_flight, uint64_t range_bytes,
+         const std::vector<std::string>& fields) {
         int64_t skipped = 0;
         Result<std::vector<int64_t>> r = [&] {
           nb::gil_scoped_release release;
-          return shards::CountSamples(*store.store, keys, {skip_errors, label_field}, max_in_flight, &skipped,
+          return shards::CountSamples(*store.store, keys, {skip_errors, label_field, fields}, max_in_flight, &skipped,
                                       range_bytes);
         }();
         return nb::make_tuple(ValueOrThrow(std::move(r)), skipped);
       },
       "store"_a, "keys"_a, "skip_errors"_a = false, "label_field"_a = "", "max_in_flight"_a = 0,
-      "range_bytes"_a = PyShardArgs{}.range_bytes,
-      "(samples per shard, samples skipped): each shard fetched and its tar headers parsed.");
+      "range_bytes"_a = PyShardArgs{}.range_bytes, "fields"_a = std::vector<std::string>{},
+      "(samples per shard, samples skipped): each shard streamed as ranged GETs of "
+      "range_bytes and its tar headers parsed, max_in_flight shards at once (0: 8); with "
+      "`fields`, a sample is good when it has every one of them.");
 
   m.def(
       "shard_rank_order",
-      [](const std::vector<int64_t>& counts, std::optional<std::vector<int64_t>> shards, uint64_t epoch, int rank,
-         int world_size, bool shuffle, uint64_t seed, bool drop_last, int64_t shuffle_buffer) {
+      [](const std::vector<int64_t>& counts, std::optional<std::vector<PySegment>> segments, uint64_t epoch,
+         int rank, int world_size, bool shuffle, uint64_t seed, bool drop_last, int64_t shuffle_buffer) {
         const shards::ShardOrderOptions o{shuffle, seed, rank, world_size, drop_last, shuffle_buffer};
-        const std::vector<int64_t> list =
-            shards ? *shards : shards::EpochShards(static_cast<int64_t>(counts.size()), shuffle, seed, epoch);
+        const std::vector<shards::Segment> list =
+            segments ? ToSegments(*segments) : shards::EpochSegments(counts, shuffle, seed, epoch);
         shards::RankOrder r = ValueOrThrow(shards::RankSamples(counts, list, epoch, o));
-        return nb::make_tuple(r.samples, r.shards, list);
+        return nb::make_tuple(r.samples, FromSegments(r.parts), FromSegments(list));
       },
-      "counts"_a, "shards"_a.none(), "epoch"_a, "rank"_a, "world_size"_a, "shuffle"_a = true, "seed"_a = 0,
+      "counts"_a, "segments"_a.none(), "epoch"_a, "rank"_a, "world_size"_a, "shuffle"_a = true, "seed"_a = 0,
       "drop_last"_a = false, "shuffle_buffer"_a = PyShardArgs{}.shuffle_buffer,
-      "(sample ids in order, this rank's shards, the epoch's shards) for a rank of a sharded "
-      "dataset: `shards` the epoch's shard list (None: all, shuffled by (seed, epoch)).");
+      "(sample ids in order, this rank's (shard, begin, end) parts in reading order, the epoch's "
+      "segments) for a rank of a sharded dataset: `segments` the epoch's (shard, begin, end) "
+      "list (None: every shard whole, shuffled by (seed, epoch)).");
+
+  m.def(
+      "shard_unread_segments",
+      [](const std::vector<int64_t>& counts, std::optional<std::vector<PySegment>> segments, uint64_t epoch,
+         int64_t position, int world_size, bool shuffle, uint64_t seed, bool drop_last, int64_t shuffle_buffer) {
+        const shards::ShardOrderOptions o{shuffle, seed, 0, world_size, drop_last, shuffle_buffer};
+        const std::vector<shards::Segment> list =
+            segments ? ToSegments(*segments) : shards::EpochSegments(counts, shuffle, seed, epoch);
+        return FromSegments(ValueOrThrow(shards::UnreadSegments(counts, list, epoch, o, position)));
+      },
+      "counts"_a, "segments"_a.none(), "epoch"_a, "position"_a, "world_size"_a, "shuffle"_a = true,
+      "seed"_a = 0, "drop_last"_a = false, "shuffle_buffer"_a = PyShardArgs{}.shuffle_buffer,
+      "The (shard, begin, end) runs of samples no rank of `world_size` had yielded once each "
+      "yielded `position` samples of `epoch`, in the epoch's order.");
 }
 
 }  // namespace

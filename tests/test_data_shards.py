@@ -4,6 +4,7 @@ our own), read by the engine from files, a real http server and a moto S3 server
 from __future__ import annotations
 
 import io
+import json
 import os
 import tarfile
 from collections import Counter
@@ -237,25 +238,45 @@ def uneven(tmp_path: Path) -> TarShards:
     return TarShards(str(tmp_path / "shard-{000000..000006}.tar"), shuffle_buffer=5)
 
 
+def epoch_counts(
+    ds: TarShards, world: int, drop_last: bool, epoch: int, batch_size: int = 8, seed: int = 2
+) -> tuple[Counter[int], int, int]:
+    """How often each sample is yielded over every rank's epoch, batches per rank and
+    samples per rank (before the last incomplete batch is dropped)."""
+    seen: Counter[int] = Counter()
+    batches = set()
+    samples = set()
+    for rank in range(world):
+        loader = Loader(
+            ds,
+            batch_size,
+            transform=TRAIN,
+            seed=seed,
+            rank=rank,
+            world_size=world,
+            drop_last=drop_last,
+            num_threads=1,
+        )
+        loader.set_epoch(epoch)
+        n = 0
+        for _, y in loader:
+            seen.update(y.tolist())
+            n += 1
+        assert n == len(loader)
+        batches.add(n)
+        samples.add(loader.num_samples)
+        loader.close()
+    assert len(batches) == 1, f"batches per rank differ: {batches}"
+    assert len(samples) == 1, f"samples per rank differ: {samples}"
+    return seen, batches.pop(), samples.pop()
+
+
 @pytest.mark.parametrize("drop_last", [False, True])
 def test_three_ranks_two_epochs_equal_batches_and_coverage(
     uneven: TarShards, drop_last: bool
 ) -> None:
     for epoch in (0, 1):
-        seen: Counter[int] = Counter()
-        batches = []
-        for rank in range(3):
-            loader = Loader(
-                uneven, 4, transform=TRAIN, seed=7, rank=rank, world_size=3, drop_last=drop_last
-            )
-            loader.set_epoch(epoch)
-            n = 0
-            for _, y in loader:
-                seen.update(y.tolist())
-                n += 1
-            assert n == len(loader)
-            batches.append(n)
-        assert len(set(batches)) == 1, f"batches per rank differ: {batches}"
+        seen, _, _ = epoch_counts(uneven, 3, drop_last, epoch, batch_size=4, seed=7)
         if not drop_last:
             assert set(seen) == set(range(41)), f"epoch {epoch} missed {set(range(41)) - set(seen)}"
         else:
@@ -287,10 +308,8 @@ def test_exact_resume_mid_epoch(uneven: TarShards) -> None:
     assert all(torch.equal(a, b) for a, b in zip(rest_pixels, pixels[8:], strict=True))
 
 
-def test_resume_on_another_world_size_reads_every_unfinished_shard(uneven: TarShards) -> None:
-    counts = uneven.counts
-    starts = np.cumsum([0, *counts])
-    before: set[int] = set()
+def test_resume_on_another_world_size_reads_exactly_the_unseen_samples(uneven: TarShards) -> None:
+    before: Counter[int] = Counter()
     states = []
     for rank in range(3):
         loader = Loader(uneven, 2, transform=TRAIN, seed=5, rank=rank, world_size=3)
@@ -299,6 +318,7 @@ def test_resume_on_another_world_size_reads_every_unfinished_shard(uneven: TarSh
         for _ in range(4):
             before.update(next(it)[1].tolist())
         states.append(loader.state_dict())
+    assert sum(before.values()) == 24 and max(before.values()) == 1
     after: Counter[int] = Counter()
     batches = set()
     for rank in range(2):
@@ -310,22 +330,228 @@ def test_resume_on_another_world_size_reads_every_unfinished_shard(uneven: TarSh
             after.update(y.tolist())
             n += 1
         batches.add(n)
-        assert loader.state_dict()["epoch_shards"] is not None
+        assert loader.state_dict()["epoch_segments"] is not None
     assert len(batches) == 1
-    unfinished = [
-        s for s in range(len(counts)) if not set(range(starts[s], starts[s + 1])) <= before
-    ]
-    assert unfinished, "the test must stop mid-epoch"
-    for s in unfinished:
-        assert set(range(starts[s], starts[s + 1])) <= set(after), (
-            f"shard {s} not read after resizing"
-        )
-    finished = [s for s in range(len(counts)) if s not in unfinished]
-    for s in finished:
-        assert not set(range(starts[s], starts[s + 1])) & set(after), (
-            f"finished shard {s} read again"
-        )
-    assert set(range(41)) <= before | set(after)
+    # Every sample not yielded before is read after; none yielded before is read again;
+    # the new split pads with at most world_size - 1 repeats.
+    assert set(after) == set(range(41)) - set(before)
+    assert sum(after.values()) - len(after) <= 1
+    # A state of the resized run resumes again (its segments travel in the state).
+    again = Loader(uneven, 2, transform=TRAIN, seed=5, rank=1, world_size=2)
+    first = Loader(uneven, 2, transform=TRAIN, seed=5, rank=1, world_size=2)
+    first.load_state_dict(states[0])
+    first.set_epoch(2)
+    it = iter(first)
+    next(it)
+    again.load_state_dict(first.state_dict())
+    again.set_epoch(2)
+    tail = [y.tolist() for _, y in again]
+    assert tail == [y.tolist() for _, y in it]
+
+
+def test_state_with_whole_shards_of_an_earlier_version_still_loads(uneven: TarShards) -> None:
+    loader = Loader(uneven, 4, transform=TRAIN, seed=5, shuffle=False)
+    state = {**loader.state_dict(), "epoch_segments": None, "epoch_shards": [6, 5]}
+    loader.load_state_dict(state)
+    assert read_all(loader)[0] == [39, 40, 35, 36, 37, 38]
+
+
+def wds_shards(root: Path, n: int, per_shard: int) -> tuple[TarShards, list[bytes]]:
+    """``n`` samples (label = sample number) in shards of ``per_shard`` written by
+    webdataset's ShardWriter."""
+    wds = pytest.importorskip("webdataset")
+    blobs = [encode(photo(24, 20, i % 7), "jpeg") for i in range(n)]
+    with wds.ShardWriter(str(root / "w-%06d.tar"), maxcount=per_shard, verbose=0) as sink:
+        for i, data in enumerate(blobs):
+            sink.write({"__key__": f"s{i:05d}", "jpg": data, "cls": i})
+    last = (n - 1) // per_shard
+    return TarShards(str(root / f"w-{{000000..{last:06d}}}.tar"), shuffle_buffer=16), blobs
+
+
+@pytest.mark.parametrize("world", [2, 3, 8])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_balance_over_ranks_with_webdataset_shards(
+    tmp_path: Path, world: int, drop_last: bool
+) -> None:
+    # 203 samples in 7 shards (6 of 30, one of 23), as webdataset's ShardWriter writes them.
+    ds, _ = wds_shards(tmp_path, 203, 30)
+    assert ds.counts == [30] * 6 + [23]
+    for epoch in (0, 1):
+        seen, batches, per_rank = epoch_counts(ds, world, drop_last, epoch)
+        repeats = sum(seen.values()) - len(seen)
+        if drop_last:
+            # At most world_size - 1 samples dropped by the split, then each rank's last
+            # incomplete batch.
+            assert per_rank == 203 // world and 203 - per_rank * world <= world - 1
+            assert repeats == 0 and len(seen) == batches * 8 * world
+        else:
+            assert per_rank == -(-203 // world)
+            assert set(seen) == set(range(203)), f"epoch {epoch} missed samples"
+            assert repeats == -203 % world <= world - 1
+
+
+# ---- any member type -----------------------------------------------------------------------
+
+
+def wds_fields_shards(root: Path, n: int, per_shard: int, array: Any = None) -> list[bytes]:
+    """Shards written by webdataset's ShardWriter with an image, an array, an integer,
+    text and JSON per sample; returns the images."""
+    wds = pytest.importorskip("webdataset")
+    blobs = [encode(photo(24, 20, i), "jpeg") for i in range(n)]
+    with wds.ShardWriter(str(root / "f-%06d.tar"), maxcount=per_shard, verbose=0) as sink:
+        for i, data in enumerate(blobs):
+            sample = {
+                "__key__": f"s{i:05d}",
+                "jpg": data,
+                "npy": np.arange(6, dtype=np.float32).reshape(2, 3) * i
+                if array is None
+                else array(i),
+                "cls": i,
+                "txt": f"caption {i} \u00e9",
+                "json": {"i": i, "tags": ["a", str(i)]},
+            }
+            sink.write(sample)
+    return blobs
+
+
+def test_fields_from_webdataset_shards_in_their_order(tmp_path: Path) -> None:
+    blobs = wds_fields_shards(tmp_path, 10, 4)
+    pattern = str(tmp_path / "f-{000000..000002}.tar")
+    ds = TarShards(pattern, fields=("txt", "jpg", "npy", "cls", "json"))
+    assert ds.counts == [4, 4, 2] and ds.image_field == 1
+    loader = Loader(ds, 4, transform=EXACT, shuffle=False, num_threads=2)
+    seen = 0
+    for txt, images, arrays, cls, meta in loader:
+        ids = cls.tolist()
+        assert ids == list(range(seen, seen + len(ids)))
+        assert txt == [f"caption {i} \u00e9" for i in ids]
+        assert meta == [{"i": i, "tags": ["a", str(i)]} for i in ids]
+        assert arrays.dtype == torch.float32 and arrays.shape == (len(ids), 2, 3)
+        want = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+        assert torch.equal(arrays, torch.stack([want * i for i in ids]))
+        assert cls.dtype == torch.int64
+        for i, px in zip(ids, images, strict=True):
+            assert torch.equal(px, expected(blobs[i]))
+        seen += len(ids)
+    assert seen == 10
+    # The default stays (image, label); the label from .cls.
+    labels, _ = read_all(Loader(TarShards(pattern), 4, transform=EXACT, shuffle=False))
+    assert labels == list(range(10))
+
+
+def test_arrays_without_images_need_no_transform(tmp_path: Path) -> None:
+    wds_fields_shards(tmp_path, 9, 5, array=lambda i: np.full((3,), i, dtype=np.int16))
+    ds = TarShards(str(tmp_path / "f-{000000..000001}.tar"), fields=("npy", "cls"))
+    assert ds.image_field is None
+    got: dict[int, list[int]] = {}
+    for arrays, cls in Loader(ds, 4, seed=3, rank=1, world_size=2):
+        assert arrays.dtype == torch.int16 and arrays.shape[1:] == (3,)
+        for a, c in zip(arrays.tolist(), cls.tolist(), strict=True):
+            got[c] = a
+    assert got and all(a == [c, c, c] for c, a in got.items())
+
+
+def test_arrays_of_different_shapes_or_bad_headers_are_errors(tmp_path: Path) -> None:
+    wds_fields_shards(tmp_path, 6, 6, array=lambda i: np.zeros((2 + i % 2,), np.float32))
+    ds = TarShards(str(tmp_path / "f-000000.tar"), fields=("npy", "cls"))
+    with pytest.raises(
+        ValueError, match=r"cannot stack the 'npy' arrays.*has shape \(2,\) f32.*has \(3,\) f32"
+    ):
+        list(Loader(ds, 4, shuffle=False))
+    assert [len(c) for _, c in Loader(ds, 1, shuffle=False)] == [1] * 6
+
+    # A corrupt .npy header: an error naming the shard and the member, or skipped.
+    good = np.zeros((2,), np.float32)
+    buf = io.BytesIO()
+    np.save(buf, good)
+    bad = buf.getvalue().replace(b"'descr'", b"'dexcr'")
+    members = []
+    for i, data in enumerate([buf.getvalue(), bad, buf.getvalue()]):
+        members += [(f"k{i}.npy", data), (f"k{i}.cls", str(i).encode())]
+    (tmp_path / "bad.tar").write_bytes(tar_shard(members))
+    broken = TarShards(str(tmp_path / "bad.tar"), fields=("npy", "cls"))
+    with pytest.raises(
+        OSError, match=r"bad\.tar#k1 member 'npy': bad \.npy: unknown header key 'dexcr'"
+    ):
+        list(Loader(broken, 4, shuffle=False))
+    skipping = Loader(broken, 4, shuffle=False, on_error="skip")
+    assert [c.tolist() for _, c in skipping] == [[0, 2]] and skipping.skipped == 1
+
+    # A sample without one of the fields.
+    (tmp_path / "lacking.tar").write_bytes(tar_shard([("k.npy", buf.getvalue())]))
+    with pytest.raises(
+        ValueError, match=r"lacking\.tar: tar member at byte 0: sample 'k' has no 'cls'"
+    ):
+        TarShards(str(tmp_path / "lacking.tar"), fields=("npy", "cls")).shard_counts()
+    with pytest.raises(ValueError, match="not both"):
+        TarShards(str(tmp_path / "bad.tar"), fields=("npy",), label_field="x")
+
+
+# ---- streaming --------------------------------------------------------------------------
+
+# Reads a shard in a fresh process and prints JSON: its resident memory's growth over the
+# read (peak minus the level before), and the seconds to the first batch.
+_READ_BIG_SHARD = """
+import json, sys, time
+from dask_ddp.data import Loader, TarShards, transforms as T
+import torch
+
+def rss(field):
+    for line in open("/proc/self/status"):
+        if line.startswith(field):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(field + " not in /proc/self/status")
+
+ds = TarShards(sys.argv[1], counts=[int(sys.argv[2])], shuffle_buffer=16)
+loader = Loader(ds, 16, transform=T.Compose([T.Resize(32), T.CenterCrop(32), T.PILToTensor()]),
+                shuffle=True, num_threads=2, prefetch=2)
+next(iter(Loader(ds, 1, transform=loader.transform, shuffle=False, num_threads=1)))  # warm
+before = rss("VmRSS:")
+t0 = time.monotonic()
+first, n = None, 0
+for x, y in loader:
+    if first is None:
+        first = time.monotonic() - t0
+    n += len(y)
+print(json.dumps({"growth": rss("VmHWM:") - before, "first_batch_s": first, "samples": n}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_one_gib_shard_reads_in_bounded_memory(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from PIL import Image
+
+    # ~1 MiB JPEGs of noise (incompressible), 1100 of them: a shard over 1 GiB.
+    rng = np.random.default_rng(0)
+    buf = io.BytesIO()
+    Image.fromarray(rng.integers(0, 256, (700, 700, 3), dtype=np.uint8)).save(
+        buf, "JPEG", quality=97
+    )
+    jpeg = buf.getvalue()
+    n = (1 << 30) // len(jpeg) + 1
+    path = tmp_path / "big.tar"
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for i in range(n):
+            for name, data in ((f"{i:06d}.jpg", jpeg), (f"{i:06d}.cls", str(i).encode())):
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    assert path.stat().st_size > 1 << 30
+    out = subprocess.run(
+        [sys.executable, "-c", _READ_BIG_SHARD, f"file://{path}", str(n)],
+        capture_output=True,
+        text=True,
+        timeout=540,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["samples"] == n
+    assert got["growth"] < 128 << 20, f"resident memory grew by {got['growth'] >> 20} MiB"
 
 
 # ---- writing ----------------------------------------------------------------------------
@@ -394,3 +620,29 @@ def test_write_shards_to_s3_and_bad_patterns(tmp_path: Path, s3_bucket: str) -> 
         write_shards(source, str(tmp_path / "one.tar"))
     with pytest.raises(ValueError, match="samples_per_shard"):
         write_shards(source, str(tmp_path / "s-{}.tar"), samples_per_shard=0)
+
+
+def test_write_shards_of_any_member_type_reads_back_both_ways(tmp_path: Path) -> None:
+    wds = pytest.importorskip("webdataset")
+    samples = [
+        {
+            "npy": np.full((2, 2), i, dtype=np.float64),
+            "cls": i,
+            "txt": f"t{i}",
+            "json": {"i": i},
+            "bin": bytes([i]),
+        }
+        for i in range(7)
+    ]
+    ds = write_shards(samples, str(tmp_path / "m-{:03d}.tar"), samples_per_shard=3)
+    assert ds.counts == [3, 3, 1] and ds.fields == ("npy", "cls", "txt", "json", "bin")
+    arrays, cls, txt, meta, raw = next(iter(Loader(ds, 7, shuffle=False)))
+    assert cls.tolist() == list(range(7)) and txt == [f"t{i}" for i in range(7)]
+    assert torch.equal(arrays, torch.stack([torch.full((2, 2), float(i)) for i in range(7)]))
+    assert meta == [{"i": i} for i in range(7)] and raw == [bytes([i]) for i in range(7)]
+    # webdataset decodes them as it writes them.
+    back = list(wds.WebDataset(str(tmp_path / "m-{000..002}.tar"), shardshuffle=False).decode())
+    assert [int(s["cls"]) for s in back] == list(range(7))
+    assert all(np.array_equal(s["npy"], samples[i]["npy"]) for i, s in enumerate(back))
+    with pytest.raises(ValueError, match="holds a '.'"):
+        write_shards([{"__key__": "a.b", "cls": 1}], str(tmp_path / "x-{}.tar"))

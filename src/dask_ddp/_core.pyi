@@ -166,16 +166,16 @@ class ImageLoader:
 class TarShardLoader(ImageLoader):
     """The C++ batch loader over tar shards (use dask_ddp.data.Loader)."""
 
-    def __init__(self, store: Store, keys: Sequence[str], counts: Sequence[int], ops: Sequence[tuple[str, Sequence[float]]], *, batch_size: int = 64, shuffle: bool = True, seed: int = 0, rank: int = 0, world_size: int = 1, drop_last: bool = False, num_threads: int = 0, prefetch: int = 4, skip_errors: bool = False, max_side: int = 16384, scaled_decode: bool = True, region_decode: bool = True, max_in_flight: int = 0, shuffle_buffer: int = 1000, label_field: str = '', lookahead_shards: int = 2, range_bytes: int = 268435456) -> None:
+    def __init__(self, store: Store, keys: Sequence[str], counts: Sequence[int], ops: Sequence[tuple[str, Sequence[float]]], *, batch_size: int = 64, shuffle: bool = True, seed: int = 0, rank: int = 0, world_size: int = 1, drop_last: bool = False, num_threads: int = 0, prefetch: int = 4, skip_errors: bool = False, max_side: int = 16384, scaled_decode: bool = True, region_decode: bool = True, max_in_flight: int = 0, shuffle_buffer: int = 1000, label_field: str = '', lookahead_shards: int = 2, range_bytes: int = 8388608, fields: Sequence[str] = []) -> None:
         """
         A loader reading the tar shards `keys` of `store` (counts[i] samples in keys[i]) in the order of shard_rank_order, as ImageLoader does objects.
 
-        shuffle_buffer: samples mixed within a rank. label_field: the integer field of each sample's .json member holding its label (empty: the .cls member). lookahead_shards: shards fetched ahead of need. range_bytes: a shard over the store's max_body_bytes is read with ranged GETs of this size. skip_errors also leaves out bad tar members and samples without an image. Other arguments as ImageLoader.
+        shuffle_buffer: samples mixed within a rank. label_field: the integer field of each sample's .json member holding its label (empty: the .cls member). Shards stream as ranged GETs of range_bytes, parsed as they arrive: the current shard and lookahead_shards more read at once, two ranges ahead each. fields: the members that make a sample, by extension ('jpg;png' alternatives); then next() returns (images or None, labels, index, [the other fields: .npy stacked into one tensor, .cls/.idx an int64 tensor, else a list of bytes]). skip_errors also leaves out bad tar members and samples without an image. Other arguments as ImageLoader.
         """
 
-    def set_epoch_shards(self, epoch: int, shards: Sequence[int]) -> None:
+    def set_epoch_segments(self, epoch: int, segments: Sequence[tuple[int, int, int]]) -> None:
         """
-        For `epoch` only, read these shards (indices into keys) instead of all.
+        For `epoch` only, read these (shard, begin, end) sample ranges instead of every shard whole.
         """
 
     def epoch_samples(self, epoch: int) -> int:
@@ -183,12 +183,17 @@ class TarShardLoader(ImageLoader):
         Samples this rank yields in `epoch` (the same on every rank; padding included).
         """
 
-def tar_shard_counts(store: Store, keys: Sequence[str], skip_errors: bool = False, label_field: str = '', max_in_flight: int = 0, range_bytes: int = 268435456) -> tuple:
+def tar_shard_counts(store: Store, keys: Sequence[str], skip_errors: bool = False, label_field: str = '', max_in_flight: int = 0, range_bytes: int = 8388608, fields: Sequence[str] = []) -> tuple:
     """
-    (samples per shard, samples skipped): each shard fetched and its tar headers parsed.
+    (samples per shard, samples skipped): each shard streamed as ranged GETs of range_bytes and its tar headers parsed, max_in_flight shards at once (0: 8); with `fields`, a sample is good when it has every one of them.
     """
 
-def shard_rank_order(counts: Sequence[int], shards: Sequence[int] | None, epoch: int, rank: int, world_size: int, shuffle: bool = True, seed: int = 0, drop_last: bool = False, shuffle_buffer: int = 1000) -> tuple:
+def shard_rank_order(counts: Sequence[int], segments: Sequence[tuple[int, int, int]] | None, epoch: int, rank: int, world_size: int, shuffle: bool = True, seed: int = 0, drop_last: bool = False, shuffle_buffer: int = 1000) -> tuple:
     """
-    (sample ids in order, this rank's shards, the epoch's shards) for a rank of a sharded dataset: `shards` the epoch's shard list (None: all, shuffled by (seed, epoch)).
+    (sample ids in order, this rank's (shard, begin, end) parts in reading order, the epoch's segments) for a rank of a sharded dataset: `segments` the epoch's (shard, begin, end) list (None: every shard whole, shuffled by (seed, epoch)).
+    """
+
+def shard_unread_segments(counts: Sequence[int], segments: Sequence[tuple[int, int, int]] | None, epoch: int, position: int, world_size: int, shuffle: bool = True, seed: int = 0, drop_last: bool = False, shuffle_buffer: int = 1000) -> list[tuple[int, int, int]]:
+    """
+    The (shard, begin, end) runs of samples no rank of `world_size` had yielded once each yielded `position` samples of `epoch`, in the epoch's order.
     """

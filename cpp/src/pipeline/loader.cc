@@ -89,6 +89,8 @@ struct Loader::BatchState {
   std::vector<int64_t> samples;  // dataset indices, one per slot
   std::vector<Status> status;    // per slot, written by the worker that owns the slot
   std::vector<int64_t> labels;   // per slot, from a SampleSource
+  std::vector<std::vector<SampleField>> fields;  // per slot, from a SampleSource
+  std::vector<std::string> urls;                 // per slot, from a SampleSource
   std::atomic<int64_t> remaining{0};
   std::atomic<bool> cancelled{false};
 };
@@ -227,7 +229,11 @@ void Loader::ScheduleLocked() {
     const int64_t n = std::min<int64_t>(bs, static_cast<int64_t>(order_.size()) - start);
     b->samples.assign(order_.begin() + start, order_.begin() + start + n);
     b->status.resize(static_cast<size_t>(n));
-    if (source_) b->labels.resize(static_cast<size_t>(n), -1);
+    if (source_) {
+      b->labels.resize(static_cast<size_t>(n), -1);
+      b->fields.resize(static_cast<size_t>(n));
+      b->urls.resize(static_cast<size_t>(n));
+    }
     b->remaining = n;
     b->lease = std::make_shared<BufferLease>(pool_, pool_->Take());
     inflight_[b->index] = b;
@@ -414,6 +420,9 @@ void Loader::FetchFromSource(const std::vector<std::shared_ptr<BatchState>>& bat
         auto [b, slot] = where[i];
         if (!r.ok()) return Fetched(*owners[i], slot, r.status(), {}, {});
         b->labels[slot] = r->label;
+        b->fields[slot] = std::move(r->fields);
+        b->urls[slot] = r->url;
+        if (!opt_.decode_images) return FinishSample(*b, slot, Status::Ok());  // nothing to decode
         Fetched(*owners[i], slot, Status::Ok(), std::move(r->bytes), std::move(r->url));
       },
       fetch_cancel_);
@@ -449,14 +458,16 @@ Result<std::optional<Batch>> Loader::Next() {
     lock.unlock();
 
     BatchBuffer& buf = b->lease->buffer();
-    const size_t sb = pipeline_.sample_bytes();
+    const size_t sb = opt_.decode_images ? pipeline_.sample_bytes() : 0;
     int64_t kept = 0, skipped = 0;
+    std::vector<size_t> good;
     for (size_t s = 0; s < b->samples.size(); ++s) {
       if (!b->status[s].ok()) {
         if (!Skippable(b->status[s])) return b->status[s];
         ++skipped;
         continue;
       }
+      good.push_back(s);
       if (static_cast<int64_t>(s) != kept) {
         std::memmove(buf.images.data() + kept * sb, buf.images.data() + s * sb, sb);
       }
@@ -469,6 +480,11 @@ Result<std::optional<Batch>> Loader::Next() {
       continue;  // every sample failed and was skipped
     }
     Batch out;
+    if (source_) {
+      Result<std::vector<FieldColumn>> fields = StackFields(*b, good);
+      if (!fields.ok()) return fields.status();
+      out.fields = std::move(fields).value();
+    }
     out.lease = b->lease;
     out.images = buf.images.data();
     out.labels = buf.labels.data();
@@ -477,6 +493,50 @@ Result<std::optional<Batch>> Loader::Next() {
     out.skipped = skipped;
     return std::optional<Batch>(std::move(out));
   }
+}
+
+Result<std::vector<FieldColumn>> Loader::StackFields(BatchState& b, const std::vector<size_t>& kept) const {
+  std::vector<FieldColumn> out;
+  if (kept.empty()) return out;
+  const size_t nf = b.fields[kept[0]].size();
+  for (size_t f = 0; f < nf; ++f) {
+    const std::string name = f < opt_.field_names.size() ? opt_.field_names[f] : std::to_string(f);
+    const SampleField& first = b.fields[kept[0]][f];
+    FieldColumn c;
+    c.kind = first.kind;
+    c.dtype_kind = first.dtype_kind;
+    c.itemsize = first.itemsize;
+    c.shape = first.shape;
+    uint64_t each = static_cast<uint64_t>(first.itemsize);
+    for (int64_t d : first.shape) each *= static_cast<uint64_t>(d);
+    if (c.kind == FieldKind::kArray) c.data = std::make_shared<std::vector<uint8_t>>(each * kept.size());
+    for (size_t k = 0; k < kept.size(); ++k) {
+      SampleField& x = b.fields[kept[k]][f];
+      if (x.kind != c.kind) return InternalError("field '" + name + "' changed kind within a batch");
+      if (c.kind == FieldKind::kInt) {
+        c.ints.push_back(x.value);
+      } else if (c.kind == FieldKind::kBytes) {
+        c.raw.push_back(std::move(x.bytes));
+      } else {
+        if (x.shape != c.shape || x.dtype_kind != c.dtype_kind || x.itemsize != c.itemsize) {
+          auto describe = [](const SampleField& a) {
+            std::string s = "(";
+            for (size_t i = 0; i < a.shape.size(); ++i) s += (i ? ", " : "") + std::to_string(a.shape[i]);
+            return s + (a.shape.size() == 1 ? ",)" : ")") + " " + a.dtype_kind + std::to_string(a.itemsize * 8);
+          };
+          return InvalidArgumentError("cannot stack the '" + name + "' arrays of batch " + std::to_string(b.index) +
+                                      ": " + b.urls[kept[0]] + " has shape " + describe(first) + ", " +
+                                      b.urls[kept[k]] + " has " + describe(x));
+        }
+        if (x.data_offset + each > x.bytes.size()) {
+          return InternalError(b.urls[kept[k]] + ": array data past its member");
+        }
+        std::memcpy(c.data->data() + k * each, x.bytes.data() + x.data_offset, each);
+      }
+    }
+    out.push_back(std::move(c));
+  }
+  return out;
 }
 
 }  // namespace ddp::pipeline

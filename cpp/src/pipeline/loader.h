@@ -47,6 +47,10 @@ struct LoaderOptions {
   size_t decode_buffer_keep_bytes = 16u << 20;
   SamplerOptions sampler;
   image::DecodeOptions decode;
+  // A SampleSource's samples: false when they carry no image (only fields).
+  bool decode_images = true;
+  // The names of a SampleSource's fields (SourceSample::fields), for messages.
+  std::vector<std::string> field_names;
 };
 
 class BufferPool;
@@ -71,6 +75,17 @@ class BufferLease {
   std::unique_ptr<BatchBuffer> buf_;
 };
 
+// One field of a SampleSource's samples over a batch.
+struct FieldColumn {
+  FieldKind kind = FieldKind::kBytes;
+  std::vector<int64_t> ints;                   // kInt: one per sample
+  char dtype_kind = 'f';                       // kArray: the arrays' dtype and shape
+  int itemsize = 0;
+  std::vector<int64_t> shape;                  // of one sample's array
+  std::shared_ptr<std::vector<uint8_t>> data;  // kArray: size x shape, C order
+  std::vector<std::string> raw;                // kBytes: one per sample
+};
+
 struct Batch {
   std::shared_ptr<BufferLease> lease;
   void* images = nullptr;   // size x 3 x H x W, contiguous
@@ -78,6 +93,7 @@ struct Batch {
   int64_t size = 0;         // samples in this batch (fewer when last or when skipping)
   int64_t index = 0;        // batch number within the epoch
   int64_t skipped = 0;      // samples of this batch left out (on_error="skip")
+  std::vector<FieldColumn> fields;  // a SampleSource's fields, in order
 };
 
 class Loader {
@@ -128,6 +144,8 @@ class Loader {
   void FetchFromSource(const std::vector<std::shared_ptr<BatchState>>& batches);
   // A fetched sample (or its failure) for slot `slot` of batch `b`: queued for decoding.
   void Fetched(const std::shared_ptr<BatchState>& b, size_t slot, Status st, std::string bytes, std::string url);
+  // A batch's fields over its slots `kept` (arrays stacked: their shapes must match).
+  Result<std::vector<FieldColumn>> StackFields(BatchState& b, const std::vector<size_t>& kept) const;
   int64_t BatchesOf(int64_t samples) const;
   void RunTask(Task& t, image::Image& img);
   void FinishSample(BatchState& b, size_t slot, Status st);

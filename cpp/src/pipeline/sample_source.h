@@ -14,10 +14,26 @@
 
 namespace ddp::pipeline {
 
+// A member of a sample other than its image, as the Loader batches it: arrays (a .npy,
+// parsed and checked by the source) stacked into one tensor per batch, integers into an
+// int64 tensor, anything else handed over per sample as bytes.
+enum class FieldKind { kArray, kInt, kBytes };
+
+struct SampleField {
+  FieldKind kind = FieldKind::kBytes;
+  std::string bytes;             // the member as stored (kArray: the whole .npy)
+  int64_t value = 0;             // kInt
+  char dtype_kind = 'f';         // kArray: 'b' bool, 'i', 'u', 'f'
+  int itemsize = 0;              // kArray: bytes per element
+  std::vector<int64_t> shape;    // kArray
+  uint64_t data_offset = 0;      // kArray: of the array's bytes within `bytes`
+};
+
 struct SourceSample {
-  std::string bytes;  // the encoded image
+  std::string bytes;  // the encoded image (none when the Loader decodes no images)
   int64_t label = -1;
   std::string url;    // names the sample in errors
+  std::vector<SampleField> fields;  // the members the Loader was asked for, in order
 };
 
 // Called once per requested position, in any order, never concurrently.

@@ -14,23 +14,6 @@ namespace {
 constexpr uint64_t kShardStream = ~uint64_t{0} - 1;
 constexpr uint64_t kBufferStream = ~uint64_t{0} - 2;
 
-// Shards dealt to `rank`: positions rank, rank + W, ... of the (padded) list.
-std::vector<int64_t> Deal(std::vector<int64_t> list, int rank, int world, bool pad) {
-  if (pad && !list.empty()) {
-    const size_t base = list.size();
-    for (size_t k = 0; list.size() % static_cast<size_t>(world) != 0; ++k) list.push_back(list[k % base]);
-  }
-  std::vector<int64_t> mine;
-  for (size_t p = static_cast<size_t>(rank); p < list.size(); p += static_cast<size_t>(world)) mine.push_back(list[p]);
-  return mine;
-}
-
-int64_t Total(const std::vector<int64_t>& counts, const std::vector<int64_t>& shards) {
-  int64_t n = 0;
-  for (int64_t s : shards) n += counts[static_cast<size_t>(s)];
-  return n;
-}
-
 }  // namespace
 
 std::vector<int64_t> Prefix(const std::vector<int64_t>& counts) {
@@ -57,38 +40,97 @@ std::vector<int64_t> EpochShards(int64_t num_shards, bool shuffle, uint64_t seed
   return order;
 }
 
-Result<RankOrder> RankSamples(const std::vector<int64_t>& counts, const std::vector<int64_t>& epoch_shards,
-                              uint64_t epoch, const ShardOrderOptions& o) {
+std::vector<Segment> EpochSegments(const std::vector<int64_t>& counts, bool shuffle, uint64_t seed,
+                                   uint64_t epoch) {
+  std::vector<Segment> out;
+  for (int64_t s : EpochShards(static_cast<int64_t>(counts.size()), shuffle, seed, epoch)) {
+    out.push_back({s, 0, counts[static_cast<size_t>(s)]});
+  }
+  return out;
+}
+
+Status CheckSegments(const std::vector<int64_t>& counts, const std::vector<Segment>& segments) {
+  for (int64_t c : counts) {
+    if (c < 0) return InvalidArgumentError("a shard's sample count must be >= 0, got " + std::to_string(c));
+  }
+  for (const Segment& g : segments) {
+    if (g.shard < 0 || g.shard >= static_cast<int64_t>(counts.size())) {
+      return InvalidArgumentError("shard " + std::to_string(g.shard) + " is outside [0, " +
+                                  std::to_string(counts.size()) + ")");
+    }
+    const int64_t c = counts[static_cast<size_t>(g.shard)];
+    if (g.begin < 0 || g.begin > g.end || g.end > c) {
+      return InvalidArgumentError("segment [" + std::to_string(g.begin) + ", " + std::to_string(g.end) +
+                                  ") of shard " + std::to_string(g.shard) + " is outside its " +
+                                  std::to_string(c) + " samples");
+    }
+  }
+  return Status::Ok();
+}
+
+namespace {
+
+Status CheckRank(const ShardOrderOptions& o) {
   if (o.world_size < 1) return InvalidArgumentError("world_size must be >= 1, got " + std::to_string(o.world_size));
   if (o.rank < 0 || o.rank >= o.world_size) {
     return InvalidArgumentError("rank must be in [0, " + std::to_string(o.world_size) + "), got " +
                                 std::to_string(o.rank));
   }
-  for (int64_t s : epoch_shards) {
-    if (s < 0 || s >= static_cast<int64_t>(counts.size())) {
-      return InvalidArgumentError("shard " + std::to_string(s) + " is outside [0, " + std::to_string(counts.size()) + ")");
+  return Status::Ok();
+}
+
+// Positions [from, to) of the concatenation of `segments` (total `n` samples), wrapping
+// to the head past its end (the padding), as segments.
+std::vector<Segment> Slice(const std::vector<Segment>& segments, int64_t n, int64_t from, int64_t to) {
+  std::vector<Segment> out;
+  if (n <= 0) return out;
+  int64_t pos = from;
+  while (pos < to) {
+    int64_t at = pos % n;  // position within one pass over the segments
+    const int64_t pass_left = n - at;
+    int64_t want = std::min(to - pos, pass_left);
+    for (const Segment& g : segments) {
+      if (want == 0) break;
+      if (at >= g.size()) {
+        at -= g.size();
+        continue;
+      }
+      const int64_t take = std::min(want, g.size() - at);
+      Segment part{g.shard, g.begin + at, g.begin + at + take};
+      if (!out.empty() && out.back().shard == part.shard && out.back().end == part.begin) {
+        out.back().end = part.end;
+      } else {
+        out.push_back(part);
+      }
+      pos += take;
+      want -= take;
+      at = 0;
     }
   }
-  for (int64_t c : counts) {
-    if (c < 0) return InvalidArgumentError("a shard's sample count must be >= 0, got " + std::to_string(c));
-  }
-  // Every rank's count decides the common length.
-  int64_t target = -1;
-  for (int r = 0; r < o.world_size; ++r) {
-    const int64_t n = Total(counts, Deal(epoch_shards, r, o.world_size, !o.drop_last));
-    target = target < 0 ? n : (o.drop_last ? std::min(target, n) : std::max(target, n));
-  }
+  return out;
+}
+
+}  // namespace
+
+Result<RankOrder> RankSamples(const std::vector<int64_t>& counts, const std::vector<Segment>& segments,
+                              uint64_t epoch, const ShardOrderOptions& o) {
+  DDP_RETURN_IF_ERROR(CheckRank(o));
+  DDP_RETURN_IF_ERROR(CheckSegments(counts, segments));
+  int64_t n = 0;
+  for (const Segment& g : segments) n += g.size();
+  const int64_t w = o.world_size;
+  const int64_t per = o.drop_last ? n / w : (n + w - 1) / w;
   RankOrder out;
-  out.shards = Deal(epoch_shards, o.rank, o.world_size, !o.drop_last);
+  out.parts = Slice(segments, n, o.rank * per, (o.rank + 1) * per);
   const std::vector<int64_t> prefix = Prefix(counts);
   std::vector<int64_t>& seq = out.samples;
-  seq.reserve(static_cast<size_t>(std::max<int64_t>(target, 0)));
+  seq.reserve(static_cast<size_t>(per));
   const bool buffered = o.shuffle && o.shuffle_buffer > 1;
   image::Rng rng = image::Rng::ForSample(o.seed ^ static_cast<uint64_t>(o.rank), epoch, kBufferStream);
   std::vector<int64_t> buffer;
-  for (int64_t s : out.shards) {
-    for (int64_t i = 0; i < counts[static_cast<size_t>(s)]; ++i) {
-      const int64_t id = prefix[static_cast<size_t>(s)] + i;
+  for (const Segment& g : out.parts) {
+    for (int64_t i = g.begin; i < g.end; ++i) {
+      const int64_t id = prefix[static_cast<size_t>(g.shard)] + i;
       if (!buffered) {
         seq.push_back(id);
       } else if (static_cast<int64_t>(buffer.size()) < o.shuffle_buffer) {
@@ -106,15 +148,35 @@ Result<RankOrder> RankSamples(const std::vector<int64_t>& counts, const std::vec
     buffer[j] = buffer.back();
     buffer.pop_back();
   }
-  if (target > static_cast<int64_t>(seq.size())) {
-    if (seq.empty()) {
-      return InvalidArgumentError("rank " + std::to_string(o.rank) + " has no samples to repeat to " +
-                                  std::to_string(target) + " (its shards are empty)");
-    }
-    const size_t base = seq.size();
-    for (size_t k = 0; static_cast<int64_t>(seq.size()) < target; ++k) seq.push_back(seq[k % base]);
+  return out;
+}
+
+Result<std::vector<Segment>> UnreadSegments(const std::vector<int64_t>& counts, const std::vector<Segment>& segments,
+                                            uint64_t epoch, const ShardOrderOptions& options, int64_t position) {
+  if (position < 0) return InvalidArgumentError("position must be >= 0, got " + std::to_string(position));
+  DDP_RETURN_IF_ERROR(CheckRank({.rank = 0, .world_size = options.world_size}));
+  DDP_RETURN_IF_ERROR(CheckSegments(counts, segments));
+  const std::vector<int64_t> prefix = Prefix(counts);
+  std::vector<bool> seen(static_cast<size_t>(prefix.back()), false);
+  for (int r = 0; r < options.world_size; ++r) {
+    ShardOrderOptions o = options;
+    o.rank = r;
+    DDP_ASSIGN_OR_RETURN(RankOrder order, RankSamples(counts, segments, epoch, o));
+    const size_t k = std::min(order.samples.size(), static_cast<size_t>(position));
+    for (size_t i = 0; i < k; ++i) seen[static_cast<size_t>(order.samples[i])] = true;
   }
-  seq.resize(static_cast<size_t>(target));
+  std::vector<Segment> out;
+  for (const Segment& g : segments) {
+    const int64_t base = prefix[static_cast<size_t>(g.shard)];
+    for (int64_t i = g.begin; i < g.end; ++i) {
+      if (seen[static_cast<size_t>(base + i)]) continue;
+      if (!out.empty() && out.back().shard == g.shard && out.back().end == i) {
+        ++out.back().end;
+      } else {
+        out.push_back({g.shard, i, i + 1});
+      }
+    }
+  }
   return out;
 }
 

@@ -1,33 +1,10 @@
 #include "shards/source.h"
 
 #include <algorithm>
+#include <limits>
+#include <thread>
 
 namespace ddp::shards {
-
-struct ShardSource::Loaded {
-  std::string data;
-  TarShard parsed;
-  std::string url;
-};
-
-Result<std::string> GetInRanges(Store& store, const std::string& key, uint64_t range_bytes,
-                                const std::atomic<bool>& cancel) {
-  if (range_bytes == 0) return InvalidArgumentError("range_bytes must be > 0");
-  DDP_ASSIGN_OR_RETURN(ObjectInfo info, store.Stat(key));
-  std::string data;
-  data.reserve(info.size);
-  while (data.size() < info.size) {
-    if (cancel) return CancelledError(store.KeyUrl(key) + ": cancelled");
-    const uint64_t n = std::min<uint64_t>(range_bytes, info.size - data.size());
-    DDP_ASSIGN_OR_RETURN(std::string piece, store.Get(key, ByteRange{data.size(), n}));
-    if (piece.size() != n) {
-      return DataLossError(store.KeyUrl(key) + ": range at byte " + std::to_string(data.size()) + " returned " +
-                           std::to_string(piece.size()) + " of " + std::to_string(n) + " bytes");
-    }
-    data += piece;
-  }
-  return data;
-}
 
 Result<std::shared_ptr<ShardSource>> ShardSource::Create(std::shared_ptr<Store> store, std::vector<std::string> keys,
                                                          std::vector<int64_t> counts, const ShardSourceOptions& options) {
@@ -37,37 +14,88 @@ Result<std::shared_ptr<ShardSource>> ShardSource::Create(std::shared_ptr<Store> 
                                 std::to_string(counts.size()) + " sample counts");
   }
   if (keys.empty()) return InvalidArgumentError("ShardSource: no shards");
+  if (options.range_bytes == 0) return InvalidArgumentError("ShardSource: range_bytes must be > 0");
   std::shared_ptr<ShardSource> s(new ShardSource());
   s->store_ = std::move(store);
   s->keys_ = std::move(keys);
   s->counts_ = std::move(counts);
   s->prefix_ = Prefix(s->counts_);
   s->opt_ = options;
+  for (size_t i = 0; i < s->opt_.parse.fields.size(); ++i) {
+    const std::string& f = s->opt_.parse.fields[i];
+    if (s->image_field_ < 0 && (FieldOf({f}, "jpg") >= 0 || FieldOf({f}, "jpeg") >= 0 || FieldOf({f}, "png") >= 0)) {
+      s->image_field_ = static_cast<int>(i);
+    } else if (FieldOf({f}, "npy") >= 0) {
+      s->kinds_.push_back(pipeline::FieldKind::kArray);
+    } else if (FieldOf({f}, "cls") >= 0 || FieldOf({f}, "idx") >= 0) {
+      s->kinds_.push_back(pipeline::FieldKind::kInt);
+    } else {
+      s->kinds_.push_back(pipeline::FieldKind::kBytes);
+    }
+  }
   // Validates the options (rank, world size, counts) once, up front.
   DDP_RETURN_IF_ERROR(s->Plan(0).status());
   return s;
 }
 
-Status ShardSource::SetEpochShards(uint64_t epoch, std::vector<int64_t> shards) {
-  for (int64_t x : shards) {
-    if (x < 0 || x >= static_cast<int64_t>(keys_.size())) {
-      return InvalidArgumentError("shard " + std::to_string(x) + " is outside [0, " + std::to_string(keys_.size()) + ")");
-    }
+ShardSource::~ShardSource() = default;
+
+std::vector<std::string> ShardSource::field_names() const {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < opt_.parse.fields.size(); ++i) {
+    if (static_cast<int>(i) != image_field_) out.push_back(opt_.parse.fields[i]);
   }
+  return out;
+}
+
+Result<pipeline::SourceSample> ShardSource::ToSource(TarSample s, const std::string& url) const {
+  pipeline::SourceSample out;
+  out.label = s.label;
+  out.url = url + "#" + s.key;
+  if (opt_.parse.fields.empty()) {
+    out.bytes = std::move(s.image);
+    return out;
+  }
+  size_t k = 0;
+  for (size_t i = 0; i < s.fields.size(); ++i) {
+    if (static_cast<int>(i) == image_field_) {
+      out.bytes = std::move(s.fields[i]);
+      continue;
+    }
+    pipeline::SampleField f;
+    f.kind = kinds_[k++];
+    f.bytes = std::move(s.fields[i]);
+    const std::string where = out.url + " member '" + opt_.parse.fields[i] + "'";
+    if (f.kind == pipeline::FieldKind::kArray) {
+      DDP_ASSIGN_OR_RETURN(NpyArray a, ParseNpy(f.bytes, where));
+      f.dtype_kind = a.kind;
+      f.itemsize = a.itemsize;
+      f.shape = std::move(a.shape);
+      f.data_offset = a.data_offset;
+    } else if (f.kind == pipeline::FieldKind::kInt) {
+      std::optional<int64_t> v = ParseIntText(f.bytes);
+      if (!v) return InvalidArgumentError(where + ": not an integer");
+      f.value = *v;
+    }
+    out.fields.push_back(std::move(f));
+  }
+  return out;
+}
+
+Status ShardSource::SetEpochSegments(uint64_t epoch, std::vector<Segment> segments) {
+  DDP_RETURN_IF_ERROR(CheckSegments(counts_, segments));
   std::lock_guard<std::mutex> g(epoch_mu_);
-  epoch_shards_[epoch] = std::move(shards);
+  epoch_segments_[epoch] = std::move(segments);
   return Status::Ok();
 }
 
 Result<RankOrder> ShardSource::Plan(uint64_t epoch) const {
   std::unique_lock<std::mutex> g(epoch_mu_);
-  const auto it = epoch_shards_.find(epoch);
-  const std::vector<int64_t> shards = it != epoch_shards_.end()
-                                          ? it->second
-                                          : EpochShards(static_cast<int64_t>(keys_.size()), opt_.order.shuffle,
-                                                        opt_.order.seed, epoch);
+  const auto it = epoch_segments_.find(epoch);
+  const std::vector<Segment> segments =
+      it != epoch_segments_.end() ? it->second : EpochSegments(counts_, opt_.order.shuffle, opt_.order.seed, epoch);
   g.unlock();
-  return RankSamples(counts_, shards, epoch, opt_.order);
+  return RankSamples(counts_, segments, epoch, opt_.order);
 }
 
 int64_t ShardSource::NumSamples(uint64_t epoch) const {
@@ -78,48 +106,125 @@ int64_t ShardSource::NumSamples(uint64_t epoch) const {
 Result<std::vector<int64_t>> ShardSource::Order(uint64_t epoch) {
   DDP_ASSIGN_OR_RETURN(RankOrder plan, Plan(epoch));
   order_ = std::move(plan.samples);
-  uses_.clear();
-  loaded_.clear();
-  for (size_t p = 0; p < order_.size(); ++p) uses_[ShardOf(prefix_, order_[p])].push_back(static_cast<int64_t>(p));
+  prefetch_.reset();
+  stream_.reset();
+  ready_.clear();
+  ready_bytes_ = 0;
+  failed_.clear();
+  not_needed_.clear();
+  started_ = false;
+  cur_ = 0;
+  // Consecutive parts of one shard with increasing ranges are one stream.
+  reads_.clear();
+  starts_.clear();
+  for (const Segment& g : plan.parts) {
+    if (g.size() == 0) continue;
+    if (reads_.empty() || reads_.back().shard != g.shard || reads_.back().ranges.back().end > g.begin) {
+      reads_.push_back({g.shard, {}});
+    }
+    reads_.back().ranges.push_back(g);
+    starts_.emplace_back(prefix_[static_cast<size_t>(g.shard)] + g.begin, static_cast<int>(reads_.size() - 1));
+  }
+  std::sort(starts_.begin(), starts_.end());
   return order_;
 }
 
-Result<std::shared_ptr<ShardSource::Loaded>> ShardSource::Parse(int64_t shard, std::string data) {
-  auto l = std::make_shared<Loaded>();
-  l->data = std::move(data);
-  l->url = store_->KeyUrl(keys_[static_cast<size_t>(shard)]);
-  DDP_ASSIGN_OR_RETURN(l->parsed, ParseTar(l->data, l->url, opt_.parse));
-  skipped_ += l->parsed.skipped;
-  const auto want = counts_[static_cast<size_t>(shard)];
-  const auto got = static_cast<int64_t>(l->parsed.samples.size());
-  if (got != want && !opt_.parse.skip_errors) {
-    return DataLossError(l->url + ": has " + std::to_string(got) + " samples, expected " + std::to_string(want) +
-                         " (did the shard change since it was counted?)");
-  }
-  return l;
+int ShardSource::ReadOf(int64_t id) const {
+  auto it = std::upper_bound(starts_.begin(), starts_.end(), std::make_pair(id, std::numeric_limits<int>::max()));
+  if (it == starts_.begin()) return -1;
+  return std::prev(it)->second;
 }
 
-void ShardSource::Deliver(int64_t position, size_t index, const pipeline::SampleCallback& cb) {
-  const int64_t id = order_[static_cast<size_t>(position)];
-  const int64_t shard = ShardOf(prefix_, id);
-  const Loaded& l = *loaded_.at(shard);
-  const auto ordinal = static_cast<size_t>(id - prefix_[static_cast<size_t>(shard)]);
-  if (ordinal >= l.parsed.samples.size()) {
-    cb(index, DataLossError(l.url + ": sample " + std::to_string(ordinal) + " is missing (the shard has " +
-                            std::to_string(l.parsed.samples.size()) + " good samples)"));
-    return;
+void ShardSource::EndRead(Status why) {
+  if (!why.ok()) failed_[static_cast<int>(cur_)] = std::move(why);
+  if (stream_) skipped_ += stream_->skipped();
+  stream_.reset();
+  if (prefetch_) prefetch_->Release(cur_);
+  ++cur_;
+}
+
+Result<bool> ShardSource::Advance(const std::atomic<bool>& cancel) {
+  if (cur_ >= reads_.size()) return false;
+  const Read& read = reads_[cur_];
+  const std::string url = store_->KeyUrl(keys_[static_cast<size_t>(read.shard)]);
+  if (!stream_) {
+    stream_ = std::make_unique<TarStream>(url, opt_.parse);
+    // Keep the bytes of samples in this read's ranges that are still due.
+    const int64_t base = prefix_[static_cast<size_t>(read.shard)];
+    stream_->SetKeep([this, &read, base](int64_t ordinal) {
+      for (const Segment& g : read.ranges) {
+        if (ordinal >= g.begin && ordinal < g.end) return !not_needed_.count(base + ordinal);
+      }
+      return false;
+    });
   }
-  const TarSample& s = l.parsed.samples[ordinal];
-  pipeline::SourceSample out;
-  out.bytes.assign(l.data, s.image_offset, s.image_size);
-  out.label = s.label;
-  out.url = l.url + "#" + s.key;
-  cb(index, std::move(out));
+  Result<std::optional<TarSample>> r = stream_->Next();
+  if (!r.ok()) {
+    EndRead(r.status());
+    return true;
+  }
+  if (*r) {
+    TarSample& s = **r;
+    const int64_t last = read.ranges.back().end;
+    const bool wanted = std::any_of(read.ranges.begin(), read.ranges.end(),
+                                    [&](const Segment& g) { return s.ordinal >= g.begin && s.ordinal < g.end; });
+    const int64_t ordinal = s.ordinal;
+    const int64_t id = prefix_[static_cast<size_t>(read.shard)] + ordinal;
+    if (wanted && !not_needed_.count(id)) {
+      Result<pipeline::SourceSample> out = ToSource(std::move(s), url);
+      if (out.ok()) {
+        ready_bytes_ += out->bytes.size();
+        for (const auto& f : out->fields) ready_bytes_ += f.bytes.size();
+      }
+      ready_.insert_or_assign(id, std::move(out));
+    }
+    // A read ending inside its shard stops there; one reaching the shard's counted end
+    // parses on to the end, so bad samples of its tail are counted as skipped.
+    if (ordinal + 1 >= last && last < counts_[static_cast<size_t>(read.shard)]) EndRead(Status::Ok());
+    return true;
+  }
+  if (stream_->done()) {
+    const int64_t got = stream_->yielded();
+    if (got >= read.ranges.back().end) {
+      EndRead(Status::Ok());
+      return true;
+    }
+    EndRead(DataLossError(url + ": has " + std::to_string(got) + " good samples, expected at least " +
+                          std::to_string(read.ranges.back().end) + " (did the shard change since it was counted?)"));
+    return true;
+  }
+  Result<std::optional<std::string>> chunk = prefetch_->Next(cur_, cancel);
+  if (!chunk.ok()) {
+    if (chunk.status().code() == Code::kCancelled) return chunk.status();
+    EndRead(chunk.status());
+    return true;
+  }
+  if (!*chunk) {
+    stream_->Finish();
+  } else {
+    parsed_bytes_ += (*chunk)->size();
+    stream_->Append(**chunk);
+  }
+  const uint64_t held = prefetch_->waiting_bytes() + stream_->buffered() + ready_bytes_;
+  if (held > peak_held_.load()) peak_held_ = held;
+  return true;
 }
 
 Status ShardSource::Fetch(std::span<const int64_t> positions, const pipeline::SampleCallback& cb,
                           const std::atomic<bool>& cancel) {
-  std::map<int64_t, std::vector<size_t>> pending;  // shard -> indices into positions
+  if (!started_ && !positions.empty()) {
+    // A resumed epoch starts at a later position: the samples before it are not kept.
+    started_ = true;
+    const int64_t first = std::clamp<int64_t>(positions.front(), 0, static_cast<int64_t>(order_.size()));
+    for (int64_t p = 0; p < first; ++p) not_needed_.insert(order_[static_cast<size_t>(p)]);
+    std::vector<std::string> keys;
+    for (const Read& r : reads_) keys.push_back(keys_[static_cast<size_t>(r.shard)]);
+    PrefetchOptions po;
+    po.chunk_bytes = opt_.range_bytes;
+    po.objects_ahead = opt_.lookahead_shards + 1;
+    po.chunks_ahead = opt_.chunks_ahead;
+    prefetch_ = std::make_unique<ChunkPrefetcher>(store_, std::move(keys), po);
+  }
   for (size_t i = 0; i < positions.size(); ++i) {
     const int64_t p = positions[i];
     if (p < 0 || p >= static_cast<int64_t>(order_.size())) {
@@ -127,119 +232,80 @@ Status ShardSource::Fetch(std::span<const int64_t> positions, const pipeline::Sa
                             std::to_string(order_.size())));
       continue;
     }
-    const int64_t shard = ShardOf(prefix_, order_[static_cast<size_t>(p)]);
-    if (loaded_.count(shard)) {
-      Deliver(p, i, cb);
-    } else {
-      pending[shard].push_back(i);
+    const int64_t id = order_[static_cast<size_t>(p)];
+    const int read = ReadOf(id);
+    // Parse on until the sample is here, or its read ended without it.
+    while (!ready_.count(id) && read >= 0 && static_cast<size_t>(read) >= cur_) {
+      Result<bool> more = Advance(cancel);
+      if (!more.ok()) return more.status();  // cancelled: the Loader fails the rest
+      if (!*more) break;
     }
-  }
-  if (positions.empty()) return Status::Ok();
-  const int64_t last = positions.back();
-  const int64_t max_count = *std::max_element(counts_.begin(), counts_.end());
-  const int64_t window = std::max<int64_t>(opt_.order.shuffle_buffer, 1) + max_count;
-  std::vector<int64_t> wanted;
-  for (const auto& [shard, idx] : pending) wanted.push_back(shard);
-  // The next shards due, fetched now so they are in memory when needed.
-  int extra = 0;
-  for (int64_t p = last + 1; p < static_cast<int64_t>(order_.size()) && p <= last + window &&
-                             extra < opt_.lookahead_shards;
-       ++p) {
-    const int64_t shard = ShardOf(prefix_, order_[static_cast<size_t>(p)]);
-    if (loaded_.count(shard) || std::find(wanted.begin(), wanted.end(), shard) != wanted.end()) continue;
-    wanted.push_back(shard);
-    ++extra;
-  }
-  Status st = Status::Ok();
-  if (!wanted.empty()) {
-    std::vector<std::string> keys;
-    for (int64_t s : wanted) keys.push_back(keys_[static_cast<size_t>(s)]);
-    std::vector<bool> done(wanted.size(), false);
-    std::vector<size_t> oversized;  // read in ranges once GetMany is done
-    auto fail = [&](int64_t shard, const Status& why) {
-      auto it = pending.find(shard);
-      if (it == pending.end()) return;
-      for (size_t i : it->second) cb(i, why);
-      pending.erase(it);
-    };
-    // A shard's bytes (or failure): parsed, kept, and its pending samples delivered.
-    auto arrived = [&](int64_t shard, Result<std::string> r) {
-      if (!r.ok()) return fail(shard, r.status());
-      Result<std::shared_ptr<Loaded>> l = Parse(shard, std::move(r).value());
-      if (!l.ok()) return fail(shard, l.status());
-      loaded_[shard] = std::move(l).value();
-      auto it = pending.find(shard);
-      if (it == pending.end()) return;
-      for (size_t i : it->second) Deliver(positions[i], i, cb);
-      pending.erase(it);
-    };
-    st = store_->GetManyCancellable(
-        keys,
-        [&](size_t k, Result<std::string> r) {
-          if (k >= wanted.size() || done[k]) return;
-          done[k] = true;
-          if (!r.ok() && r.status().code() == Code::kResourceExhausted) {
-            oversized.push_back(k);
-            return;
-          }
-          arrived(wanted[k], std::move(r));
-        },
-        opt_.max_in_flight, cancel);
-    for (size_t k : oversized) {
-      if (!st.ok()) break;
-      arrived(wanted[k], GetInRanges(*store_, keys[k], opt_.range_bytes, cancel));
+    auto it = ready_.find(id);
+    if (it != ready_.end()) {
+      if (it->second.ok()) {
+        ready_bytes_ -= it->second->bytes.size();
+        for (const auto& f : it->second->fields) ready_bytes_ -= f.bytes.size();
+      }
+      Result<pipeline::SourceSample> s = std::move(it->second);
+      ready_.erase(it);
+      cb(i, std::move(s));
+      continue;
     }
-    const Status why = st.ok() ? InternalError("GetMany returned without a shard") : st;
-    while (!pending.empty()) fail(pending.begin()->first, why);
+    const auto f = failed_.find(read);
+    const int64_t shard = ShardOf(prefix_, id);
+    cb(i, f != failed_.end() ? f->second
+                             : DataLossError(store_->KeyUrl(keys_[static_cast<size_t>(shard)]) + ": sample " +
+                                             std::to_string(id - prefix_[static_cast<size_t>(shard)]) +
+                                             " is missing"));
   }
-  // Keep only the shards due again soon.
-  for (auto it = loaded_.begin(); it != loaded_.end();) {
-    const std::vector<int64_t>& u = uses_[it->first];
-    const auto next = std::upper_bound(u.begin(), u.end(), last);
-    if (next == u.end() || *next - last > window) {
-      it = loaded_.erase(it);
-    } else {
-      ++it;
-    }
-  }
-  return st.code() == Code::kCancelled ? st : Status::Ok();
+  return Status::Ok();
 }
 
 Result<std::vector<int64_t>> CountSamples(Store& store, const std::vector<std::string>& keys,
                                           const TarParseOptions& options, int max_in_flight, int64_t* skipped,
                                           uint64_t range_bytes) {
+  if (range_bytes == 0) return InvalidArgumentError("range_bytes must be > 0");
   std::vector<int64_t> counts(keys.size(), -1);
-  Status first = Status::Ok();
-  std::mutex mu;
-  std::vector<size_t> oversized;  // read in ranges once GetMany is done
-  auto count = [&](size_t i, Result<std::string> r) {
-    Result<TarShard> parsed = r.ok() ? ParseTar(*r, store.KeyUrl(keys[i]), options) : Result<TarShard>(r.status());
-    std::lock_guard<std::mutex> g(mu);
-    if (!parsed.ok()) {
-      if (first.ok()) first = parsed.status();
-      return;
+  std::vector<Status> errors(keys.size());
+  std::vector<int64_t> skips(keys.size(), 0);
+  std::atomic<size_t> next{0};
+  auto count_one = [&](size_t i) -> Status {
+    const std::string url = store.KeyUrl(keys[i]);
+    TarStream stream(url, options);
+    stream.SetKeep([](int64_t) { return false; });
+    bool finished = false;
+    for (uint64_t offset = 0;;) {
+      for (;;) {
+        DDP_ASSIGN_OR_RETURN(std::optional<TarSample> s, stream.Next());
+        if (!s) break;
+      }
+      if (stream.done()) break;
+      if (finished) return InternalError(url + ": the tar parser stopped before the shard's end");
+      Result<std::string> r = store.Get(keys[i], ByteRange{offset, range_bytes});
+      const bool at_end = !r.ok() && r.status().code() == Code::kOutOfRange && offset > 0;
+      if (!at_end) {
+        DDP_RETURN_IF_ERROR(r.status());
+        offset += r->size();
+        stream.Append(*r);
+      }
+      finished = at_end || r->size() < range_bytes;
+      if (finished) stream.Finish();
     }
-    counts[i] = static_cast<int64_t>(parsed->samples.size());
-    if (skipped) *skipped += parsed->skipped;
+    counts[i] = stream.yielded();
+    skips[i] = stream.skipped();
+    return Status::Ok();
   };
-  Status st = store.GetMany(
-      keys,
-      [&](size_t i, Result<std::string> r) {
-        if (i >= keys.size()) return;
-        if (!r.ok() && r.status().code() == Code::kResourceExhausted) {
-          std::lock_guard<std::mutex> g(mu);
-          oversized.push_back(i);
-          return;
-        }
-        count(i, std::move(r));
-      },
-      max_in_flight);
-  DDP_RETURN_IF_ERROR(st);
-  const std::atomic<bool> never{false};
-  for (size_t i : oversized) count(i, GetInRanges(store, keys[i], range_bytes, never));
-  DDP_RETURN_IF_ERROR(first);
+  const size_t threads = std::min<size_t>(keys.size(), static_cast<size_t>(max_in_flight > 0 ? max_in_flight : 8));
+  std::vector<std::thread> pool;
+  for (size_t t = 0; t < threads; ++t) {
+    pool.emplace_back([&] {
+      for (size_t i = next++; i < keys.size(); i = next++) errors[i] = count_one(i);
+    });
+  }
+  for (auto& t : pool) t.join();
   for (size_t i = 0; i < keys.size(); ++i) {
-    if (counts[i] < 0) return InternalError(store.KeyUrl(keys[i]) + ": GetMany returned without it");
+    DDP_RETURN_IF_ERROR(errors[i]);
+    if (skipped) *skipped += skips[i];
   }
   return counts;
 }

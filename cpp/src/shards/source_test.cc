@@ -87,7 +87,7 @@ TEST(ShardSourceTest, RanksReadTheOrderWithEqualBatchCountsAndFullCoverage) {
       so.order = {.shuffle = true, .seed = 3, .rank = r, .world_size = 3, .shuffle_buffer = 6};
       auto l = MakeLoader(f, so);
       auto [labels, px] = ReadEpoch(*l, epoch);
-      const auto want = RankSamples(f.counts, EpochShards(5, true, 3, epoch), epoch, so.order).value().samples;
+      const auto want = RankSamples(f.counts, EpochSegments(f.counts, true, 3, epoch), epoch, so.order).value().samples;
       EXPECT_EQ(labels, want) << "rank " << r << " epoch " << epoch;
       if (batches < 0) batches = l->num_batches();
       EXPECT_EQ(l->num_batches(), batches);
@@ -116,13 +116,16 @@ TEST(ShardSourceTest, ASubsetOfShardsForOneEpoch) {
   ShardSourceOptions so;
   so.order = {.shuffle = false, .rank = 0, .world_size = 1};
   auto src = ShardSource::Create(f.store, f.keys, f.counts, so).value();
-  ASSERT_TRUE(src->SetEpochShards(1, {2}).ok());
-  EXPECT_FALSE(src->SetEpochShards(1, {3}).ok());
+  ASSERT_TRUE(src->SetEpochSegments(1, {{2, 0, 4}}).ok());
+  EXPECT_FALSE(src->SetEpochSegments(1, {{3, 0, 1}}).ok());
+  EXPECT_FALSE(src->SetEpochSegments(1, {{2, 1, 5}}).ok());
+  ASSERT_TRUE(src->SetEpochSegments(2, {{1, 1, 3}, {0, 3, 4}}).ok());
   LoaderOptions o;
   o.batch_size = 4;
   auto l = Loader::Create(src, Resize8(), o).value();
   EXPECT_EQ(ReadEpoch(*l, 1).first, (std::vector<int64_t>{8, 9, 10, 11}));
   EXPECT_EQ(ReadEpoch(*l, 0).first.size(), 12u);
+  EXPECT_EQ(ReadEpoch(*l, 2).first, (std::vector<int64_t>{5, 6, 3}));
 }
 
 TEST(ShardSourceTest, TruncatedShardFailsNamingItOrIsSkipped) {
@@ -149,6 +152,144 @@ TEST(ShardSourceTest, TruncatedShardFailsNamingItOrIsSkipped) {
   int64_t skipped = 0;
   EXPECT_EQ(CountSamples(*f.store, f.keys, {.skip_errors = true}, 0, &skipped).value()[0], 4);
   EXPECT_EQ(skipped, 1);
+}
+
+// A shard of `n` samples of `bytes` each (not images: read by the source alone).
+std::shared_ptr<Store> BigShard(const std::string& name, int n, size_t bytes) {
+  auto store = std::shared_ptr<Store>(OpenStore("memory://" + name).value());
+  std::string tar;
+  tar.reserve(static_cast<size_t>(n) * (bytes + 2048));
+  for (int i = 0; i < n; ++i) {
+    const std::string key = std::to_string(100000 + i);
+    tar += testing::TarMember(key + ".jpg", std::string(bytes, static_cast<char>(i)));
+    tar += testing::TarMember(key + ".cls", std::to_string(i));
+  }
+  tar += testing::TarEnd();
+  EXPECT_TRUE(store->Put("big.tar", tar).ok());
+  return store;
+}
+
+// A source over the one shard "big.tar" of `store` (`n` samples).
+std::shared_ptr<ShardSource> OneShard(std::shared_ptr<Store> store, int64_t n, ShardOrderOptions order,
+                                      uint64_t range_bytes) {
+  ShardSourceOptions so;
+  so.order = order;
+  so.range_bytes = range_bytes;
+  return ShardSource::Create(std::move(store), {"big.tar"}, {n}, so).value();
+}
+
+// Every sample of the epoch through Fetch, a batch of positions at a time; returns the labels.
+std::vector<int64_t> FetchAll(ShardSource& src, uint64_t epoch, int64_t batch, int64_t start = 0) {
+  const auto order = src.Order(epoch).value();
+  std::vector<int64_t> labels;
+  const std::atomic<bool> never{false};
+  for (int64_t p = start; p < static_cast<int64_t>(order.size()); p += batch) {
+    std::vector<int64_t> positions;
+    for (int64_t q = p; q < std::min<int64_t>(p + batch, static_cast<int64_t>(order.size())); ++q) positions.push_back(q);
+    EXPECT_TRUE(src.Fetch(positions, [&](size_t, Result<pipeline::SourceSample> r) {
+                      EXPECT_TRUE(r.ok()) << r.status().ToString();
+                      if (r.ok()) labels.push_back(r->label);
+                    }, never).ok());
+  }
+  return labels;
+}
+
+TEST(ShardSourceTest, StreamsABigShardInBoundedMemory) {
+  // 64 MiB in one shard; ranges of 1 MiB, a shuffle buffer of 8 samples.
+  auto store = BigShard("shard-source-big", 256, 256 << 10);
+  auto src = OneShard(store, 256, {.shuffle = true, .seed = 2, .world_size = 1, .shuffle_buffer = 8}, 1 << 20);
+  auto labels = FetchAll(*src, 0, 16);
+  EXPECT_EQ(std::set<int64_t>(labels.begin(), labels.end()).size(), 256u);
+  // Chunks ahead (3 x 2 x 1 MiB) + samples not yet due (buffer + a batch) + one member.
+  const uint64_t bound = 6u * (1u << 20) + (8 + 16 + 2) * (256u << 10) + (1u << 20);
+  EXPECT_GT(src->peak_held_bytes(), 0u);
+  EXPECT_LT(src->peak_held_bytes(), bound);
+  EXPECT_EQ(CountSamples(*store, {"big.tar"}, {}, 0, nullptr, 1 << 20).value(), std::vector<int64_t>{256});
+}
+
+TEST(ShardSourceTest, RanksSharingAShardEachReadTheirRange) {
+  auto store = BigShard("shard-source-shared", 64, 64 << 10);  // 4 MiB
+  uint64_t parsed[2] = {0, 0};
+  std::set<int64_t> seen;
+  for (int r = 0; r < 2; ++r) {
+    auto src = OneShard(store, 64, {.shuffle = false, .rank = r, .world_size = 2}, 256 << 10);
+    auto labels = FetchAll(*src, 0, 8);
+    std::vector<int64_t> want(32);
+    for (int i = 0; i < 32; ++i) want[static_cast<size_t>(i)] = 32 * r + i;
+    EXPECT_EQ(labels, want);
+    parsed[r] = src->parsed_bytes();
+  }
+  // Rank 0 stops after its half; rank 1 parses the whole shard (skipping rank 0's half).
+  EXPECT_LT(parsed[0], (2u << 20) + (256u << 10) + 1);
+  EXPECT_GE(parsed[1], 4u << 20);
+}
+
+TEST(ShardSourceTest, AResumedEpochKeepsOnlyTheSamplesStillDue) {
+  auto store = BigShard("shard-source-late", 64, 64 << 10);
+  auto src = OneShard(store, 64, {.shuffle = true, .seed = 5, .world_size = 1, .shuffle_buffer = 4}, 256 << 10);
+  const auto all = FetchAll(*src, 1, 8);
+  const auto tail = FetchAll(*src, 1, 8, 48);
+  EXPECT_EQ(tail, std::vector<int64_t>(all.begin() + 48, all.end()));
+  EXPECT_LT(src->peak_held_bytes(), 6u * (256u << 10) + (4 + 8 + 2) * (64u << 10) + (256u << 10));
+}
+
+// A float32 .npy of `n` elements, each `value` (numpy.save's layout, version 1.0).
+std::string NpyOf(int n, float value) {
+  std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': (" + std::to_string(n) + ",), }";
+  while ((10 + header.size() + 1) % 64 != 0) header += ' ';
+  header += '\n';
+  std::string out = "\x93NUMPY\x01";
+  out += '\0';
+  out += static_cast<char>(header.size());
+  out += '\0';
+  out += header;
+  for (int i = 0; i < n; ++i) out.append(reinterpret_cast<const char*>(&value), sizeof value);
+  return out;
+}
+
+TEST(ShardSourceTest, FieldsOfAnyTypeBatchedWithoutImages) {
+  auto store = std::shared_ptr<Store>(OpenStore("memory://shard-source-fields").value());
+  std::string tar;
+  for (int i = 0; i < 6; ++i) {
+    const std::string key = "s" + std::to_string(i);
+    tar += testing::TarMember(key + ".cls", std::to_string(10 + i));
+    tar += testing::TarMember(key + ".npy", NpyOf(i == 5 ? 4 : 3, static_cast<float>(i)));
+    tar += testing::TarMember(key + ".txt", "t" + std::to_string(i));
+    tar += testing::TarMember(key + ".jpg", "never read");
+  }
+  ASSERT_TRUE(store->Put("f.tar", tar + testing::TarEnd()).ok());
+  ShardSourceOptions so;
+  so.order = {.shuffle = false, .rank = 0, .world_size = 1};
+  so.parse.fields = {"npy", "cls", "txt"};
+  EXPECT_EQ(CountSamples(*store, {"f.tar"}, so.parse, 0, nullptr).value(), std::vector<int64_t>{6});
+  auto src = ShardSource::Create(store, {"f.tar"}, {6}, so).value();
+  EXPECT_FALSE(src->has_images());
+  EXPECT_EQ(src->field_names(), (std::vector<std::string>{"npy", "cls", "txt"}));
+  LoaderOptions o;
+  o.batch_size = 3;
+  o.num_threads = 1;
+  o.decode_images = false;
+  o.field_names = src->field_names();
+  auto l = Loader::Create(src, Resize8(), o).value();
+  ASSERT_TRUE(l->StartEpoch(0).ok());
+  auto b = l->Next();
+  ASSERT_TRUE(b.ok() && b->has_value()) << b.status().ToString();
+  const auto& f = (*b)->fields;
+  ASSERT_EQ(f.size(), 3u);
+  EXPECT_EQ(f[0].kind, pipeline::FieldKind::kArray);
+  EXPECT_EQ(f[0].shape, std::vector<int64_t>{3});
+  EXPECT_EQ(f[0].dtype_kind, 'f');
+  ASSERT_EQ(f[0].data->size(), 3u * 3 * 4);
+  const auto* px = reinterpret_cast<const float*>(f[0].data->data());
+  EXPECT_EQ(std::vector<float>(px, px + 9), (std::vector<float>{0, 0, 0, 1, 1, 1, 2, 2, 2}));
+  EXPECT_EQ(f[1].ints, (std::vector<int64_t>{10, 11, 12}));
+  EXPECT_EQ(f[2].raw, (std::vector<std::string>{"t0", "t1", "t2"}));
+  // The next batch's arrays differ in shape: an error naming both samples and shapes.
+  auto bad = l->Next();
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("f.tar#s3 has shape (3,) f32, memory://shard-source-fields/f.tar#s5 has (4,) f32"),
+            std::string::npos)
+      << bad.status().ToString();
 }
 
 }  // namespace

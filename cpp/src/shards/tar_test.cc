@@ -139,12 +139,135 @@ TEST(TarTest, LabelsFromClsOrJsonField) {
   EXPECT_EQ(plain->samples[0].label, -1);
 }
 
+TEST(TarTest, FieldsNameTheMembersOfASample) {
+  const std::string tar = TarMember("0.JPG", "A") + TarMember("0.cls", "1") + TarMember("0.txt", "x") +
+                          TarMember("1.png", "B") + TarMember("1.cls", "2") + TarMember("2.cls", "3") + TarEnd();
+  const TarParseOptions o{.fields = {"jpg;png", "cls"}};
+  TarStream stream(kUrl, o);
+  stream.Append(tar);
+  stream.Finish();
+  auto a = stream.Next();
+  ASSERT_TRUE(a.ok() && *a) << a.status().ToString();
+  EXPECT_EQ((*a)->fields, (std::vector<std::string>{"A", "1"}));
+  auto b = stream.Next();
+  ASSERT_TRUE(b.ok() && *b);
+  EXPECT_EQ((*b)->fields, (std::vector<std::string>{"B", "2"}));
+  auto c = stream.Next();
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("sample '2' has no 'jpg;png' member"), std::string::npos) << c.status().ToString();
+  Result<TarShard> skipping = ParseTar(tar, kUrl, {.skip_errors = true, .fields = {"jpg;png", "cls"}});
+  ASSERT_TRUE(skipping.ok());
+  EXPECT_EQ(skipping->samples.size(), 2u);
+  EXPECT_EQ(skipping->skipped, 1);
+  EXPECT_EQ(FieldOf({"npy", "jpg;png"}, "PNG"), 1);
+  EXPECT_EQ(FieldOf({"npy"}, "np"), -1);
+}
+
 TEST(TarTest, DirectoriesAndLinksAreIgnored) {
   const std::string tar = TarMember("d/", "", '5') + TarMember("d/0.jpg", "A") + TarMember("d/0.lnk", "", '2') +
                           TarEnd();
   Result<TarShard> r = ParseTar(tar, kUrl);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   ASSERT_EQ(r->samples.size(), 1u);
+}
+
+// Feeds `tar` to a TarStream in pieces of `piece` bytes (taking samples in between) and
+// returns the samples, or the first error.
+Result<TarShard> Streamed(const std::string& tar, size_t piece, const TarParseOptions& o = {},
+                          size_t* max_buffered = nullptr) {
+  TarStream stream(kUrl, o);
+  TarShard out;
+  for (size_t at = 0;; at += piece) {
+    if (at < tar.size()) {
+      stream.Append(std::string_view(tar).substr(at, piece));
+    } else {
+      stream.Finish();
+    }
+    for (;;) {
+      DDP_ASSIGN_OR_RETURN(std::optional<TarSample> s, stream.Next());
+      if (max_buffered) *max_buffered = std::max(*max_buffered, stream.buffered());
+      if (!s) break;
+      out.samples.push_back(std::move(*s));
+    }
+    if (stream.done()) break;
+    if (at >= tar.size()) return InternalError("the stream did not end after Finish()");
+  }
+  out.skipped = stream.skipped();
+  return out;
+}
+
+TEST(TarStreamTest, AnyPieceSizeGivesWhatTheWholeShardGives) {
+  const std::string dir(120, 'd');
+  const std::string good = TarMember("a/000.jpg", std::string(1500, 'i')) + TarMember("a/000.cls", "3") +
+                           PaxMember(dir + "/k1.png", "I1") + PaxMember(dir + "/k1.cls", "1") +
+                           GnuLongMember(dir + "/k2.jpg", std::string(3000, 'j')) + TarMember("x/", "", '5') +
+                           TarMember("003.jpeg", "J3");
+  const std::vector<std::string> tars = {
+      good + TarEnd(), good,                                      // with and without the end marker
+      good + TarMember("004.jpg", std::string(2000, 'x')).substr(0, 1300),  // a member cut short
+      good + TarMember("004.jpg", "y").substr(0, 100),            // cut inside a header
+      good + TarMember("005.cls", "5") + TarEnd(),                // a sample without an image
+  };
+  for (const std::string& tar : tars) {
+    for (bool skip : {false, true}) {
+      const TarParseOptions o{.skip_errors = skip};
+      Result<TarShard> whole = ParseTar(tar, kUrl, o);
+      for (size_t piece : {1u, 7u, 511u, 512u, 513u, 4096u, 1u << 20}) {
+        SCOPED_TRACE(::testing::Message() << "piece " << piece << " size " << tar.size() << " skip " << skip);
+        Result<TarShard> streamed = Streamed(tar, piece, o);
+        ASSERT_EQ(streamed.ok(), whole.ok()) << streamed.status().ToString() << " / " << whole.status().ToString();
+        if (!whole.ok()) {
+          EXPECT_EQ(streamed.status().message(), whole.status().message());
+          continue;
+        }
+        ASSERT_EQ(streamed->samples.size(), whole->samples.size());
+        EXPECT_EQ(streamed->skipped, whole->skipped);
+        for (size_t i = 0; i < whole->samples.size(); ++i) {
+          const TarSample& a = streamed->samples[i];
+          const TarSample& b = whole->samples[i];
+          EXPECT_EQ(a.key, b.key);
+          EXPECT_EQ(a.label, b.label);
+          EXPECT_EQ(a.ordinal, static_cast<int64_t>(i));
+          EXPECT_EQ(a.image_offset, b.image_offset);
+          EXPECT_EQ(a.image, std::string_view(tar).substr(b.image_offset, b.image_size));
+        }
+      }
+    }
+  }
+}
+
+TEST(TarStreamTest, HoldsOnlyWhatItKeeps) {
+  std::string tar;
+  for (int i = 0; i < 64; ++i) {
+    tar += TarMember(std::to_string(1000 + i) + ".jpg", std::string(100000, static_cast<char>('a' + i % 26)));
+    tar += TarMember(std::to_string(1000 + i) + ".cls", std::to_string(i));
+  }
+  tar += TarEnd();
+  // Samples not kept: only a header's worth of bytes (plus a piece) is ever held.
+  TarStream skipping(kUrl, {});
+  skipping.SetKeep([](int64_t ordinal) { return ordinal == 40; });
+  size_t most = 0;
+  int64_t n = 0;
+  for (size_t at = 0; at < tar.size(); at += 4096) {
+    skipping.Append(std::string_view(tar).substr(at, 4096));
+    for (;;) {
+      auto s = skipping.Next();
+      ASSERT_TRUE(s.ok()) << s.status().ToString();
+      most = std::max(most, skipping.buffered());
+      if (!*s) break;
+      EXPECT_EQ((*s)->image.size(), (*s)->ordinal == 40 ? 100000u : 0u);
+      ++n;
+    }
+  }
+  skipping.Finish();
+  ASSERT_TRUE(skipping.Next().ok());
+  EXPECT_TRUE(skipping.done());
+  EXPECT_EQ(n, 64);
+  EXPECT_LT(most, 100000u + 2 * 4096u + 1024u);
+  // Kept samples taken as they come: one image plus a piece at a time.
+  size_t kept = 0;
+  ASSERT_TRUE(Streamed(tar, 4096, {}, &kept).ok());
+  EXPECT_LT(kept, 2 * 100000u + 2 * 4096u + 1024u);
 }
 
 }  // namespace

@@ -65,6 +65,19 @@ def _resolve_dataset(dataset: object) -> tuple[ImageList, list[int] | None]:
     )
 
 
+def _state_segments(
+    state: dict[str, Any], shards: TarShards, *, skip_errors: bool
+) -> list[tuple[int, int, int]] | None:
+    """The epoch's (shard, begin, end) runs saved in a state dict (None: every shard
+    whole); a state saved with a list of whole shards (``epoch_shards``) reads as runs."""
+    if state.get("epoch_segments") is not None:
+        return [(int(s), int(b), int(e)) for s, b, e in state["epoch_segments"]]
+    if state.get("epoch_shards") is not None:
+        counts = shards.shard_counts(skip_errors)
+        return [(int(s), 0, counts[int(s)]) for s in state["epoch_shards"]]
+    return None
+
+
 class Loader:
     """Iterate over an image dataset in batches, with the work done in C++ threads.
 
@@ -148,12 +161,13 @@ class Loader:
             folder, indices = _resolve_dataset(dataset)
         own = shards.transform if shards is not None else folder.transform
         chosen: object = own if transform is None else transform
-        if chosen is None:
+        imageless = shards is not None and shards.image_field is None
+        if chosen is None and not imageless:
             raise ValueError(
                 "Loader needs a transform with a fixed output size, e.g. "
                 "transforms.Compose([transforms.RandomResizedCrop(224), transforms.ToTensor()])"
             )
-        ops = T.to_ops(chosen)
+        ops = [] if chosen is None else T.to_ops(chosen)
         if on_error not in _ON_ERROR:
             raise ValueError(f"on_error must be one of {_ON_ERROR}, got {on_error!r}")
         if batch_size < 1:
@@ -192,7 +206,8 @@ class Loader:
         self._start_batch = 0
         self._position = 0
         self._shards = shards
-        self._epoch_shards: list[int] | None = None  # the restored epoch's shards, if a subset
+        # The restored epoch's (shard, begin, end) sample runs, when not every shard whole.
+        self._epoch_segments: list[tuple[int, int, int]] | None = None
         engine_options: dict[str, Any] = {
             "batch_size": self.batch_size,
             "shuffle": self.shuffle,
@@ -254,10 +269,12 @@ class Loader:
             raise ValueError(f"epoch must be >= 0, got {epoch}")
         if int(epoch) != self.epoch:
             self._start_batch = 0
-            self._epoch_shards = None
+            self._epoch_segments = None
         self.epoch = int(epoch)
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def __iter__(self) -> Iterator[tuple[Any, ...]]:
+        """Batches of ``(images, labels)``; for a :class:`TarShards` with ``fields``, a
+        tuple in the order of its fields."""
         start, self._start_batch = self._start_batch, 0
         core = self._core
         core.start_epoch(self.epoch, start)
@@ -266,16 +283,16 @@ class Loader:
         counters, clock = rank_counters(), time.perf_counter_ns
         while True:
             t0 = clock()
-            item = core.next()  # releases the GIL while it waits
+            item: Any = core.next()  # releases the GIL while it waits
             if item is None:
                 return
             if counters is not None:
                 counters.add_batch(clock() - t0)
-            images, labels, index = item
-            self._position = int(index) + 1
+            self._position = int(item[2]) + 1
+            batch = item[:2] if self._shards is None else self._shards.batch_tuple(item)
             if self.pin_memory:
-                images, labels = images.pin_memory(), labels.pin_memory()
-            yield images, labels
+                batch = tuple(x.pin_memory() if isinstance(x, torch.Tensor) else x for x in batch)
+            yield batch
 
     def state_dict(self) -> dict[str, Any]:
         """The position in the epoch: resuming from it yields the remaining batches,
@@ -291,14 +308,14 @@ class Loader:
         if self._shards is not None:
             state["drop_last"] = self.drop_last
             state["batch_size"] = self.batch_size
-            state["epoch_shards"] = self._epoch_shards
+            state["epoch_segments"] = self._epoch_segments
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from :meth:`state_dict`'s position on the next iteration.
 
         For tar shards, a state saved on another world size continues the epoch with the
-        shards no rank had finished (see :class:`~dask_ddp.data.TarShards`).
+        samples no rank had yielded (see :class:`~dask_ddp.data.TarShards`).
         """
         if self._shards is not None:
             self._load_shards_state(state)
@@ -325,31 +342,31 @@ class Loader:
                     f"state_dict was saved with {key}={state[key]!r} but this loader has {mine!r}"
                 )
         epoch, batch = int(state["epoch"]), int(state["batch"])
-        subset = state.get("epoch_shards")
+        subset = _state_segments(state, self._shards, skip_errors=self.on_error == "skip")
         if int(state["world_size"]) != self.world_size:
             position = min(batch * self.batch_size, 1 << 62)
-            subset = self._shards.unread_shards(
+            subset = self._shards.unread_segments(
                 epoch,
                 position,
                 world_size=int(state["world_size"]),
                 shuffle=self.shuffle,
                 seed=self.seed,
                 drop_last=self.drop_last,
-                epoch_shards=subset,
+                epoch_segments=subset,
                 skip_errors=self.on_error == "skip",
             )
             logger.info(
-                "resuming epoch %d on %d ranks (saved on %d): %d shards left to read",
+                "resuming epoch %d on %d ranks (saved on %d): %d samples left to read",
                 epoch,
                 self.world_size,
                 state["world_size"],
-                len(subset),
+                sum(e - b for _, b, e in subset),
             )
             batch = 0
         if subset is not None:
-            self._core.set_epoch_shards(epoch, list(subset))
+            self._core.set_epoch_segments(epoch, subset)
         self.epoch = epoch
-        self._epoch_shards = None if subset is None else list(subset)
+        self._epoch_segments = subset
         if not 0 <= batch <= len(self):
             raise ValueError(f"state_dict batch {batch} is outside [0, {len(self)}]")
         self._start_batch = batch

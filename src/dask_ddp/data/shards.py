@@ -13,14 +13,16 @@
 Format (WebDataset's): consecutive tar members sharing a key (the member name up to the
 first ``.`` of its file name) form a sample; ``key.jpg``/``.jpeg``/``.png`` is its
 image, ``key.cls`` its integer label as text (or, with ``label_field``, that integer
-field of ``key.json``); other members are ignored. The order of an epoch is computed
-from the number of samples in each shard (counted once, see :attr:`TarShards.counts`),
-so it is exact on resume: see :class:`TarShards`.
+field of ``key.json``); other members are ignored, unless ``fields`` names the members
+that make a sample (any type: images, ``.npy`` arrays, integers, text, JSON, bytes).
+The order of an epoch is computed from the number of samples in each shard (counted
+once, see :attr:`TarShards.counts`), so it is exact on resume: see :class:`TarShards`.
 """
 
 from __future__ import annotations
 
 import io
+import json
 import logging
 import os
 import re
@@ -40,6 +42,7 @@ __all__ = ["TarShards", "expand_shard_urls", "write_shards"]
 logger = logging.getLogger(__name__)
 
 _BRACE = re.compile(r"\{(\d+)\.\.(\d+)\}")
+_IMAGES = ("jpg", "jpeg", "png")
 _IMAGE_EXT = {".jpg": "jpg", ".jpeg": "jpg", ".png": "png"}
 
 
@@ -87,17 +90,30 @@ class TarShards:
     label_field
         Take each sample's label from this integer field of its ``.json`` member instead
         of its ``.cls`` member. A sample without a label gets -1.
+    fields
+        The members that make a sample, by extension, and the order of the tuple the
+        Loader yields per batch (alternatives with ``;``: ``"jpg;png"``), e.g.
+        ``("jpg", "cls")`` or ``("npy", "cls", "txt")``; every one is required (a sample
+        without one is bad input). An image field (jpg, jpeg, png) is decoded and
+        transformed as usual (a batch tensor); ``npy`` arrays are parsed by the engine
+        and stacked into one tensor per batch (same shape and dtype required); ``cls`` and
+        ``idx`` integers make an int64 tensor; any other member arrives per sample in a
+        list: ``txt`` as ``str``, ``json`` parsed, anything else as ``bytes``. Default
+        (None): ``(image, label)`` as above.
     counts
         Samples per shard, when known (e.g. from :func:`write_shards`, or ``counts`` of
-        an earlier instance); otherwise they are counted on first use by fetching every
+        an earlier instance); otherwise they are counted on first use by streaming every
         shard once (headers parsed, images not decoded). Counting in the client and
         passing the dataset to the ranks (it pickles with its counts) avoids counting
         in every rank.
     shuffle_buffer
         Samples mixed within a rank's stream (WebDataset's ``shuffle(n)``); <= 1: none.
     range_bytes
-        A shard larger than the store's ``max_body_bytes`` (default 2 GiB) is read with
-        ranged GETs of this many bytes each instead of one GET.
+        Shards are read as streams of ranged GETs of this many bytes, parsed as they
+        arrive: a rank holds at most ``3 * 2 * range_bytes`` of shard bytes at once (its
+        current shard and the next two, two ranges ahead each), plus the samples parsed
+        and not yet due (the shuffle buffer's and the batches in flight, encoded), plus
+        the largest sample being parsed, whatever the shard size.
     anon, storage_options
         As for the other datasets: unsigned S3 requests; store options (``endpoint_url``,
         ``region``, ``max_in_flight``, ...).
@@ -105,18 +121,21 @@ class TarShards:
     Notes
     -----
     Order of an epoch (with ``shuffle``): the shards are shuffled by (seed, epoch) and
-    dealt to ranks (rank r takes positions r, r + W, ...); each rank streams its shards'
-    samples through the shuffle buffer (random by (seed, epoch, rank)). Every rank yields
-    the **same number of batches** (an uneven split would hang DDP): without
-    ``drop_last`` the shard list is padded to a multiple of the world size by repeating
-    its head, and each rank repeats its own samples from the start of its sequence up to
-    the largest rank's count; with ``drop_last`` each rank stops at the smallest rank's
-    count (and the last incomplete batch is dropped).
+    their samples, concatenated in that order, are split across ranks at sample
+    granularity as ``DistributedSampler`` splits indices: each rank takes a contiguous run
+    of ``ceil(N / W)`` samples (``floor(N / W)`` with ``drop_last``), so ranks differ by at
+    most one sample before padding, whatever the shard sizes. Without ``drop_last`` the
+    last rank's run is padded with the epoch's first samples (at most W - 1 repeats); with
+    it, at most W - 1 samples of the tail are dropped. Every rank yields the **same number
+    of batches** (an uneven split would hang DDP). A shard on the boundary between two
+    ranks is read by both, each parsing past the other's samples without decoding them
+    (at most W - 1 such shards per epoch, plus the head for the padding). Each rank
+    streams its samples through the shuffle buffer (random by (seed, epoch, rank)).
 
     Resume: ``Loader.state_dict()`` mid-epoch and ``load_state_dict()`` on the same world
     size continue with exactly the samples of the uninterrupted epoch, in the same order.
-    On another world size, the rest of that epoch reads every shard no rank had finished
-    (read whole, so samples of partly read shards repeat), dealt to the new ranks.
+    On another world size, the rest of that epoch reads exactly the samples no rank had
+    yielded (as ``(shard, begin, end)`` runs), split across the new ranks the same way.
     """
 
     def __init__(
@@ -125,9 +144,10 @@ class TarShards:
         *,
         transform: Any = None,
         label_field: str | None = None,
+        fields: Sequence[str] | None = None,
         counts: Sequence[int] | None = None,
         shuffle_buffer: int = 1000,
-        range_bytes: int = 256 << 20,
+        range_bytes: int = 8 << 20,
         anon: bool = False,
         storage_options: dict[str, Any] | None = None,
     ) -> None:
@@ -135,6 +155,17 @@ class TarShards:
         self.storage_options = dict(storage_options or {})
         self.transform = transform
         self.label_field = label_field or ""
+        self.fields: tuple[str, ...] | None = None
+        if fields is not None:
+            if isinstance(fields, str):
+                raise TypeError(f"fields must be a sequence of extensions, e.g. ({fields!r},)")
+            self.fields = tuple(str(f).lower().lstrip(".") for f in fields)
+            if not self.fields or any(not f for f in self.fields):
+                raise ValueError(f"fields must name at least one member extension, got {fields!r}")
+            if label_field:
+                raise ValueError(
+                    "give label_field or fields (e.g. fields=('jpg', 'cls')), not both"
+                )
         self.shuffle_buffer = int(shuffle_buffer)
         if range_bytes < 1:
             raise ValueError(f"range_bytes must be >= 1, got {range_bytes}")
@@ -181,6 +212,17 @@ class TarShards:
         return state
 
     @property
+    def image_field(self) -> int | None:
+        """The position of the image among :attr:`fields` (None: no image field); 0
+        without ``fields``."""
+        if self.fields is None:
+            return 0
+        for i, f in enumerate(self.fields):
+            if any(alt in _IMAGES for alt in f.split(";")):
+                return i
+        return None
+
+    @property
     def urls(self) -> list[str]:
         """The shards' URLs, in dataset order."""
         base = self._get_store().url.rstrip("/")
@@ -199,6 +241,7 @@ class TarShards:
                 skip_errors,
                 self.label_field,
                 range_bytes=self.range_bytes,
+                fields=list(self.fields or ()),
             )
             self._counts[skip_errors] = list(counts)
             self.skipped = int(skipped)
@@ -220,7 +263,7 @@ class TarShards:
         """Samples in all shards."""
         return sum(self.counts)
 
-    def unread_shards(
+    def unread_segments(
         self,
         epoch: int,
         position: int,
@@ -229,38 +272,31 @@ class TarShards:
         shuffle: bool,
         seed: int,
         drop_last: bool,
-        epoch_shards: Sequence[int] | None = None,
+        epoch_segments: Sequence[tuple[int, int, int]] | None = None,
         skip_errors: bool = False,
-    ) -> list[int]:
-        """The epoch's shards no rank had finished once each rank yielded ``position``
-        samples (world size ``world_size``), in the epoch's order."""
-        counts = self.shard_counts(skip_errors)
-        starts = [0]
-        for c in counts:
-            starts.append(starts[-1] + c)
-        finished: set[int] = set()
-        listed: list[int] = []
-        for rank in range(world_size):
-            order, mine, listed = _core.shard_rank_order(
-                counts,
-                None if epoch_shards is None else list(epoch_shards),
+    ) -> list[tuple[int, int, int]]:
+        """The samples of the epoch no rank had yielded once each rank yielded ``position``
+        samples (world size ``world_size``), as ``(shard, begin, end)`` runs in the epoch's
+        order."""
+        segments = (
+            None
+            if epoch_segments is None
+            else [(int(a), int(b), int(c)) for a, b, c in epoch_segments]
+        )
+        return [
+            (int(a), int(b), int(c))
+            for a, b, c in _core.shard_unread_segments(
+                self.shard_counts(skip_errors),
+                segments,
                 epoch,
-                rank,
+                position,
                 world_size,
                 shuffle=shuffle,
                 seed=seed,
                 drop_last=drop_last,
                 shuffle_buffer=self.shuffle_buffer,
             )
-            done = set(order[:position])
-            for s in set(mine):
-                if all(i in done for i in range(starts[s], starts[s + 1])):
-                    finished.add(s)
-        out: list[int] = []
-        for s in listed:
-            if s not in finished and s not in out:
-                out.append(s)
-        return out
+        ]
 
     def _make_loader(self, ops: list[Any], *, skip_errors: bool, **kwargs: Any) -> Any:
         return _core.TarShardLoader(
@@ -272,8 +308,30 @@ class TarShards:
             shuffle_buffer=self.shuffle_buffer,
             label_field=self.label_field,
             range_bytes=self.range_bytes,
+            fields=list(self.fields or ()),
             **kwargs,
         )
+
+    def batch_tuple(self, item: tuple[Any, ...]) -> tuple[Any, ...]:
+        """The Loader's tuple for a batch from the engine (images, labels, index, fields),
+        in the order of :attr:`fields` (text decoded, JSON parsed)."""
+        images, labels = item[0], item[1]
+        if self.fields is None:
+            return images, labels
+        others = iter(item[3])
+        out: list[Any] = []
+        for i, f in enumerate(self.fields):
+            if i == self.image_field:
+                out.append(images)
+                continue
+            value = next(others)
+            ext = f.split(";")[0]
+            if ext == "txt":
+                value = [b.decode("utf-8") for b in value]
+            elif ext == "json":
+                value = [json.loads(b) for b in value]
+            out.append(value)
+        return tuple(out)
 
     def __repr__(self) -> str:
         return f"TarShards({storage.redact_url(self.url)!r}, {len(self.keys)} shards)"
@@ -295,14 +353,56 @@ def _tar_bytes(members: list[tuple[str, bytes]]) -> bytes:
     return buf.getvalue()
 
 
+def _member_bytes(ext: str, value: Any, where: str) -> bytes:
+    """A sample's value as the bytes of its ``ext`` member: bytes as they are, text as
+    UTF-8, integers as decimal text, numpy arrays as ``.npy``, else JSON."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value).encode()
+    if type(value).__module__ == "numpy" or ext == "npy":
+        import numpy as np
+
+        buf = io.BytesIO()
+        np.save(buf, np.asarray(value), allow_pickle=False)
+        return buf.getvalue()
+    try:
+        return json.dumps(value).encode()
+    except TypeError as e:
+        raise TypeError(f"{where}: member {ext!r} holds {type(value).__name__}: {e}") from None
+
+
+def _sample_members(
+    source: Sequence[dict[str, Any]], first: int, stop: int
+) -> list[tuple[str, bytes]]:
+    """The tar members of samples ``[first, stop)`` of a sequence of dicts."""
+    members: list[tuple[str, bytes]] = []
+    for i in range(first, stop):
+        sample = source[i]
+        key = str(sample.get("__key__", f"{i:09d}"))
+        if "." in key.rsplit("/", 1)[-1]:
+            raise ValueError(f"sample {i}: key {key!r} holds a '.' (it would end the key)")
+        for ext, value in sample.items():
+            if ext.startswith("__"):
+                continue
+            members.append((f"{key}.{ext}", _member_bytes(ext, value, f"sample {i}")))
+    return members
+
+
 def write_one_shard(
-    source: ImageList, first: int, stop: int, out_url: str, out_options: dict[str, Any]
+    source: ImageList | Sequence[dict[str, Any]],
+    first: int,
+    stop: int,
+    out_url: str,
+    out_options: dict[str, Any],
 ) -> tuple[str, int, bool]:
     """Write samples ``[first, stop)`` of ``source`` as one shard at ``out_url``.
 
-    The task function of :func:`write_shards` (named, as the dashboard shows it). Bytes
-    are read through the engine (no decode) and the shard is written with one atomic
-    ``put`` (a file: temporary then rename; S3: one PUT or a completed multipart
+    The task function of :func:`write_shards` (named, as the dashboard shows it). Image
+    bytes are read through the engine (no decode) and the shard is written with one
+    atomic ``put`` (a file: temporary then rename; S3: one PUT or a completed multipart
     upload), so a shard that exists is complete and is skipped. Returns (url, samples,
     written).
     """
@@ -311,6 +411,9 @@ def write_one_shard(
     key = out_url[cut + 1 :]
     if out.exists(key):
         return out_url, stop - first, False
+    if not isinstance(source, ImageList):
+        out.put(key, _tar_bytes(_sample_members(source, first, stop)))
+        return out_url, stop - first, True
     store = source._get_store()
     keys = source._keys[first:stop]
     data = dict(store.get_many(keys))
@@ -327,7 +430,7 @@ def write_one_shard(
 
 
 def write_shards(
-    dataset: ImageList,
+    dataset: ImageList | Sequence[dict[str, Any]],
     pattern: str,
     *,
     samples_per_shard: int = 1000,
@@ -337,15 +440,19 @@ def write_shards(
     """Write ``dataset`` as WebDataset tar shards, one Dask task per shard.
 
     Shard ``i`` (named ``pattern.format(i)``) holds samples ``[i * n, (i + 1) * n)`` of
-    the dataset in its order, as members ``{index:09d}.jpg`` (or ``.png``, the original
-    bytes) and ``{index:09d}.cls`` (the label). Each shard is written atomically, and
-    shards that already exist are skipped, so an interrupted run is finished by running
-    it again. The result reads with ``webdataset`` too.
+    the dataset in its order: for an image list, as members ``{index:09d}.jpg`` (or
+    ``.png``, the original bytes) and ``{index:09d}.cls`` (the label); for a sequence of
+    dicts (webdataset's sample form: extension -> value, ``"__key__"`` optional, else
+    ``{index:09d}``), one member per extension: bytes as they are, ``str`` as UTF-8,
+    ``int`` as text, numpy arrays as ``.npy``, anything else as JSON. Each shard is
+    written atomically, and shards that already exist are skipped, so an interrupted run
+    is finished by running it again. The result reads with ``webdataset`` too.
 
     Parameters
     ----------
     dataset
-        An :class:`~dask_ddp.data.ImageList` or :class:`~dask_ddp.data.ImageFolder`.
+        An :class:`~dask_ddp.data.ImageList` or :class:`~dask_ddp.data.ImageFolder`, or
+        a sequence of dicts (e.g. ``{"npy": array, "cls": 3, "txt": "a caption"}``).
     pattern
         The output URL with one ``str.format`` field for the shard number, e.g.
         ``"s3://bucket/train/shard-{:06d}.tar"``.
@@ -381,7 +488,8 @@ def write_shards(
             for (a, b), u in zip(spans, urls, strict=True)
         ]
     else:
-        ds_future = client.scatter(dataset, broadcast=False)
+        # One future for the whole dataset (a list given alone scatters its elements).
+        ds_future = client.scatter([dataset], broadcast=False)[0]
         futures = [
             client.submit(
                 write_one_shard, ds_future, a, b, u, options, key=f"write_one_shard-{u}", pure=False
@@ -393,4 +501,9 @@ def write_shards(
     logger.info(
         "write_shards: %d shards written, %d already complete", written, len(results) - written
     )
-    return TarShards(urls, counts=[c for _, c, _ in results], storage_options=options)
+    fields = None
+    if not isinstance(dataset, ImageList) and n:
+        fields = tuple(ext for ext in dataset[0] if not ext.startswith("__"))
+    return TarShards(
+        urls, counts=[c for _, c, _ in results], fields=fields, storage_options=options
+    )

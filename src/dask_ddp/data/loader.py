@@ -32,6 +32,7 @@ from dask_ddp._identity import cores_per_rank, process_group
 from dask_ddp.data import transforms as T
 from dask_ddp.data.datasets import ImageList
 from dask_ddp.data.shards import TarShards
+from dask_ddp.data.table import Table
 
 __all__ = ["Loader"]
 
@@ -121,6 +122,15 @@ class Loader:
     ValueError
         For inconsistent arguments.
     """
+
+    def __new__(cls, dataset: Any = None, *args: Any, **kwargs: Any) -> Any:
+        # A table (dask_ddp.data.Table) has its own loader, with the same iteration,
+        # set_epoch and state_dict protocol: see dask_ddp.data.table_loader.
+        if isinstance(dataset, Table):
+            from dask_ddp.data.table_loader import TableLoader
+
+            return TableLoader(dataset, *args, **kwargs)
+        return super().__new__(cls)
 
     def __init__(
         self,

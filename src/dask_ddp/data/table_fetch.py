@@ -1,0 +1,238 @@
+"""A rank's reads of a Dask table's partitions (internal).
+
+The rank asks for the rows it needs of one partition; a small task on the worker holding
+the partition (or computing it, when the collection is not persisted) writes those rows,
+column by column, into a memory file the rank created (``memfd``, reached by the worker
+as ``/proc/<rank pid>/fd/<fd>`` on the same host). The rank maps the file: no pickle of
+the data, no pandas in the rank. A worker on another host (the file is not reachable
+there, which a token written in the file tells) sends the rows back through Dask instead.
+
+The memory file disappears with the rank process, whatever way it ends.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import mmap
+import os
+import secrets
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from dask_ddp.data.table_columns import Column, TableColumnError, unsupported
+
+__all__ = ["DaskReader", "export_rows"]
+
+logger = logging.getLogger(__name__)
+
+_TOKEN_BYTES = 16
+_ALIGN = 64
+#: Seconds to wait for one partition's rows (a partition computed as read can be slow).
+FETCH_TIMEOUT_S = 600.0
+
+_clients: dict[str, Any] = {}
+_clients_lock = threading.Lock()
+
+
+def _client(address: str) -> Any:
+    """This process's client of the scheduler (one per address, closed at exit)."""
+    with _clients_lock:
+        client = _clients.get(address)
+        if client is None:
+            from distributed import Client
+
+            client = Client(address, set_as_default=False, timeout=60)
+            _clients[address] = client
+            atexit.register(_close_clients)
+        return client
+
+
+def _close_clients() -> None:
+    with _clients_lock:
+        for client in _clients.values():
+            with contextlib.suppress(Exception):
+                client.close(timeout=5)
+        _clients.clear()
+
+
+def _layout(columns: Sequence[Column], n: int) -> tuple[list[int], int]:
+    """Byte offset of each column in a memory file of ``n`` rows, and the file size."""
+    offsets, pos = [], _TOKEN_BYTES
+    for c in columns:
+        pos = -(-pos // _ALIGN) * _ALIGN
+        offsets.append(pos)
+        pos += n * c.row_bytes
+    return offsets, max(pos, _TOKEN_BYTES)
+
+
+def _rows_arg(rows: np.ndarray) -> Any:
+    """Rows as a (start, stop) range when contiguous (a few bytes in the task)."""
+    if len(rows) and rows[-1] - rows[0] + 1 == len(rows):
+        return (int(rows[0]), int(rows[-1]) + 1)
+    return rows
+
+
+def _column_values(part: Any, c: Column, rows: Any, partition: int) -> np.ndarray:
+    """Column ``c``'s rows ``rows`` of a partition (pandas DataFrame or numpy block)."""
+    where = f" in partition {partition}"
+    idx = slice(*rows) if isinstance(rows, tuple) else rows
+    if isinstance(part, np.ndarray):
+        if part.shape[1:] != c.shape:
+            raise ValueError(f"block {partition} has rows of shape {part.shape[1:]}, "
+                             f"not {c.shape}")
+        return part[idx]
+    try:
+        s = part[c.name]
+    except KeyError:
+        raise KeyError(f"column {c.name!r} is missing{where}") from None
+    s = s.iloc[idx]
+    if c.kind == "numpy":
+        a = s.to_numpy()
+        if a.dtype != np.dtype(c.dtype):
+            if a.dtype.kind not in "biuf":
+                raise unsupported(c.name, a.dtype, where)
+            a = a.astype(c.dtype)
+        return a
+    if c.kind == "ext":
+        try:
+            return s.to_numpy(dtype=np.dtype(c.dtype))
+        except (ValueError, TypeError) as exc:
+            raise TableColumnError(f"column {c.name!r}{where} has dtype {s.dtype} with "
+                                   f"values that are not {np.dtype(c.dtype)}: {exc}") from exc
+    if c.kind == "arrow_list":
+        import pyarrow as pa
+
+        arr = pa.array(s.array) if not hasattr(s.array, "_pa_array") else \
+            s.array._pa_array.combine_chunks()
+        values = arr.flatten().to_numpy(zero_copy_only=False)
+        if arr.null_count or len(values) != len(arr) * int(np.prod(c.shape)):
+            raise TableColumnError(f"column {c.name!r}{where} has lists that are null or "
+                                   f"not all of length {c.shape[0]}")
+        return values.reshape(len(arr), *c.shape).astype(c.dtype, copy=False)
+    # object column of lists or arrays
+    values = s.to_numpy()
+    try:
+        out = np.stack([np.asarray(v, dtype=c.dtype) for v in values]) if len(values) \
+            else np.zeros((0, *c.shape), c.dtype)
+    except (ValueError, TypeError) as exc:
+        raise TableColumnError(f"column {c.name!r}{where} (dtype object) does not hold lists "
+                               f"of numbers of one length: {exc}") from exc
+    if out.shape[1:] != c.shape:
+        raise TableColumnError(f"column {c.name!r}{where} holds lists of shape "
+                               f"{out.shape[1:]}, not {c.shape}")
+    return out
+
+
+def export_rows(part: Any, rows: Any, columns: Sequence[Column], target: dict[str, Any],
+                partition: int) -> dict[str, Any]:
+    """Runs on a worker: write rows ``rows`` of partition ``part`` into the rank's memory
+    file, or return them when that file is not reachable from here."""
+    n = rows[1] - rows[0] if isinstance(rows, tuple) else len(rows)
+    fd = -1
+    with contextlib.suppress(OSError):
+        fd = os.open(target["path"], os.O_RDWR)
+    try:
+        if fd >= 0 and os.fstat(fd).st_size == target["size"] \
+                and os.pread(fd, _TOKEN_BYTES, 0) == target["token"]:
+            offsets, size = _layout(columns, n)
+            with mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE) as mm:
+                for c, off in zip(columns, offsets, strict=True):
+                    view = np.frombuffer(mm, np.dtype(c.dtype), n * int(np.prod(c.shape)),
+                                         off).reshape(n, *c.shape)
+                    view[...] = _column_values(part, c, rows, partition)
+                    del view
+            return {"shm": True}
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    return {"shm": False, "columns": {c.name: _column_values(part, c, rows, partition)
+                                      for c in columns}}
+
+
+class _Pending:
+    def __init__(self, future: Any, fd: int, size: int, n: int, source: Any) -> None:
+        self.future, self.fd, self.size, self.n, self.source = future, fd, size, n, source
+
+
+class DaskReader:
+    """A rank's reader of a Dask table's partitions."""
+
+    def __init__(self, table: Any) -> None:
+        self.table = table
+        self.client = _client(table.scheduler)
+        self._collection: Any = None
+        self._lock = threading.Lock()
+
+    def _source(self, partition: int) -> Any:
+        """A future of the partition: its persisted key, or its computation."""
+        from distributed import Future
+
+        if self.table.keys is not None:
+            return Future(self.table.keys[partition], client=self.client)
+        with self._lock:
+            if self._collection is None:
+                import cloudpickle
+
+                with self.client.as_current():
+                    self._collection = cloudpickle.loads(self.table.graph)
+        coll = self._collection
+        part = coll.blocks[partition] if self.table.kind == "array" else \
+            coll.partitions[partition]
+        return self.client.compute(part)
+
+    def start(self, partition: int, rows: np.ndarray) -> _Pending:
+        """Start reading rows ``rows`` (sorted) of a partition; :meth:`finish` waits."""
+        cols = self.table._columns
+        n = len(rows)
+        _, size = _layout(cols, n)
+        fd = os.memfd_create(f"dask-ddp-table-p{partition}", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(fd, size)
+            token = secrets.token_bytes(_TOKEN_BYTES)
+            os.pwrite(fd, token, 0)
+            target = {"path": f"/proc/{os.getpid()}/fd/{fd}", "token": token, "size": size}
+            source = self._source(partition)
+            holder = self.table.workers[partition]
+            future = self.client.submit(
+                export_rows, source, _rows_arg(rows), cols, target, partition,
+                workers=[holder] if holder else None, allow_other_workers=True, pure=False,
+                key=f"dask-ddp-table-read-{partition}-{secrets.token_hex(6)}")
+        except BaseException:
+            os.close(fd)
+            raise
+        return _Pending(future, fd, size, n, source)
+
+    def finish(self, pending: _Pending) -> dict[str, np.ndarray]:
+        """The rows of a started read, one array per column (views of the memory file)."""
+        try:
+            out = pending.future.result(timeout=FETCH_TIMEOUT_S)
+            if not out["shm"]:
+                return {k: np.ascontiguousarray(v) for k, v in out["columns"].items()}
+            offsets, _ = _layout(self.table._columns, pending.n)
+            mm = mmap.mmap(pending.fd, pending.size, mmap.MAP_SHARED, mmap.PROT_READ)
+            return {c.name: np.frombuffer(mm, np.dtype(c.dtype), pending.n * int(np.prod(c.shape)),
+                                          off).reshape(pending.n, *c.shape)
+                    for c, off in zip(self.table._columns, offsets, strict=True)}
+        finally:
+            os.close(pending.fd)
+            pending.fd = -1
+            pending.future.release()
+            with contextlib.suppress(Exception):
+                pending.source.release()
+
+    def cancel(self, pending: _Pending) -> None:
+        """Drop a started read that will not be finished (no-op for a finished one)."""
+        if pending.fd < 0:
+            return
+        with contextlib.suppress(Exception):
+            pending.future.cancel()
+        with contextlib.suppress(Exception):
+            pending.source.release()
+        with contextlib.suppress(OSError):
+            os.close(pending.fd)
+        pending.fd = -1

@@ -30,11 +30,11 @@ def read_epochs(table: Any, epochs: int = 2, **loader_kwargs: Any) -> dict[str, 
                     assert torch.equal(batch["a"], (batch["id"] * 0.5).to(torch.float32))
                 if "b" in batch:
                     assert torch.equal(batch["b"], batch["id"] % 3 == 0)
-                out["shapes"] = shapes
+                out.setdefault("shapes", shapes)
             else:
                 x, y = batch
                 dtypes = {"x": str(x.dtype), "y": str(y.dtype)}
-                out["shapes"] = {"x": tuple(x.shape), "y": tuple(y.shape)}
+                out.setdefault("shapes", {"x": tuple(x.shape), "y": tuple(y.shape)})
                 col = y
             ids.extend(int(v) for v in col.reshape(-1).tolist())
             sizes.append(len(col))

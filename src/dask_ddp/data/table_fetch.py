@@ -198,10 +198,14 @@ class DaskReader:
             target = {"path": f"/proc/{os.getpid()}/fd/{fd}", "token": token, "size": size}
             source = self._source(partition)
             holder = self.table.workers[partition]
+            # On the worker holding the partition (another one may serve it if that one
+            # left: Dask moves the data); a partition computed as read is exported where
+            # Dask computed it.
+            where: dict[str, Any] = {"workers": [holder], "allow_other_workers": True} \
+                if holder else {}
             future = self.client.submit(
-                export_rows, source, _rows_arg(rows), cols, target, partition,
-                workers=[holder] if holder else None, allow_other_workers=True, pure=False,
-                key=f"dask-ddp-table-read-{partition}-{secrets.token_hex(6)}")
+                export_rows, source, _rows_arg(rows), cols, target, partition, pure=False,
+                key=f"dask-ddp-table-read-{partition}-{secrets.token_hex(6)}", **where)
         except BaseException:
             os.close(fd)
             raise

@@ -107,7 +107,7 @@ def _describe_frame(ddf: Any, columns: Sequence[str] | None, client: Any) -> lis
         if isinstance(dt, np.dtype):
             if numeric(dt):
                 cols.append(Column(str(name), dt.str))
-            elif dt == object:
+            elif dt.kind == "O":
                 peek.append(name)
                 cols.append(Column(str(name), "", (), "object_list"))
             else:

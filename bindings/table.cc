@@ -22,8 +22,10 @@ namespace ddp::py {
 namespace {
 
 using Bytes = nb::ndarray<const uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
-// (name, row bytes, output, byte offset in the output row, one buffer per segment)
-using ColumnSpec = std::tuple<std::string, size_t, size_t, size_t, std::vector<Bytes>>;
+// (name, row bytes, record bytes, offset in the record, output, offset in the output row,
+//  the records of each segment)
+using ColumnSpec =
+    std::tuple<std::string, size_t, size_t, size_t, size_t, size_t, std::vector<Bytes>>;
 // (DLPack type code, bits, shape after the batch dimension, row bytes)
 using OutputSpec = std::tuple<uint8_t, uint8_t, std::vector<size_t>, size_t>;
 
@@ -51,12 +53,14 @@ class TableWindow {
       table::GatherColumn col;
       col.name = std::get<0>(c);
       col.row_bytes = std::get<1>(c);
-      col.output = std::get<2>(c);
-      col.offset = std::get<3>(c);
-      const std::vector<Bytes>& buffers = std::get<4>(c);
+      col.src_stride = std::get<2>(c);
+      col.src_offset = std::get<3>(c);
+      col.output = std::get<4>(c);
+      col.offset = std::get<5>(c);
+      const std::vector<Bytes>& buffers = std::get<6>(c);
       for (size_t s = 0; s < buffers.size(); ++s) {
         const size_t need = s < layout_.segment_rows.size()
-                                ? static_cast<size_t>(std::max<int64_t>(layout_.segment_rows[s], 0)) * col.row_bytes
+                                ? static_cast<size_t>(std::max<int64_t>(layout_.segment_rows[s], 0)) * col.src_stride
                                 : 0;
         if (buffers[s].size() < need) {
           ThrowIfError(InvalidArgumentError(
@@ -120,7 +124,8 @@ void init_table(nb::module_& m) {
   nb::class_<TableWindow>(
       m, "TableWindow",
       "The column buffers of the table segments a rank holds, gathered into batches.\n\n"
-      "columns: (name, row_bytes, output, offset, [one uint8 buffer per segment]);\n"
+      "columns: (name, row_bytes, record_bytes, record_offset, output, output_offset,\n"
+      "[the uint8 records of each segment]);\n"
       "outputs: (DLPack type code, bits, shape after the batch dimension, row_bytes).")
       .def(nb::init<std::vector<ColumnSpec>, std::vector<std::string>, std::vector<int64_t>,
                     std::vector<OutputSpec>>(),

@@ -16,7 +16,7 @@ void CopyFixed(uint8_t* dst, size_t dst_stride, const GatherColumn& c,
                size_t end) {
   for (size_t i = begin; i < end; ++i) {
     const uint8_t* src = c.segments[static_cast<size_t>(segment[i])] +
-                         static_cast<size_t>(row[i]) * N;
+                         static_cast<size_t>(row[i]) * c.src_stride + c.src_offset;
     std::memcpy(dst + i * dst_stride, src, N);
   }
 }
@@ -34,7 +34,7 @@ void CopyRows(uint8_t* out, size_t out_row_bytes, const GatherColumn& c,
     default:
       for (size_t i = begin; i < end; ++i) {
         const uint8_t* src = c.segments[static_cast<size_t>(segment[i])] +
-                             static_cast<size_t>(row[i]) * c.row_bytes;
+                             static_cast<size_t>(row[i]) * c.src_stride + c.src_offset;
         std::memcpy(dst + i * out_row_bytes, src, c.row_bytes);
       }
   }
@@ -63,6 +63,12 @@ Status ValidateLayout(const GatherLayout& layout) {
     }
     if (c.row_bytes == 0) {
       return InvalidArgumentError("table gather: column '" + c.name + "' has empty rows");
+    }
+    if (c.src_offset + c.row_bytes > c.src_stride) {
+      return InvalidArgumentError("table gather: column '" + c.name + "' (" +
+                                  std::to_string(c.row_bytes) + " bytes at offset " +
+                                  std::to_string(c.src_offset) + ") does not fit in a record of " +
+                                  std::to_string(c.src_stride) + " bytes");
     }
     if (c.output >= layout.output_row_bytes.size()) {
       return InvalidArgumentError("table gather: column '" + c.name + "' goes to output " +

@@ -1,10 +1,13 @@
 // Shuffled gather of table rows: rows picked from column buffers of several segments
 // (a segment is the rows of one partition a rank holds) are copied into batch buffers.
 //
-// A column is a contiguous buffer of fixed-size rows in each segment (a scalar column:
-// its item size; a fixed-length list column: width * item size). Each column goes to one
-// output at a byte offset inside the output's row, so several columns can be stacked
-// side by side into one output (the features matrix of an (x, y) batch).
+// A segment holds its rows as records of fixed size (row-major: a row's columns side by
+// side, so a picked row is one or two cache lines, not one miss per column). A column is
+// `row_bytes` at `src_offset` inside each record (a scalar column: its item size; a
+// fixed-length list column: width * item size; adjacent columns copied together: their
+// sum). Each column goes to one output at a byte offset inside the output's row, so
+// several columns can be stacked side by side into one output (the features matrix of
+// an (x, y) batch).
 #pragma once
 
 #include <condition_variable>
@@ -23,10 +26,12 @@ namespace ddp::table {
 
 struct GatherColumn {
   std::string name;
-  size_t row_bytes = 0;                  // bytes of one row in every segment
+  size_t row_bytes = 0;                  // bytes of the column in one row
+  size_t src_stride = 0;                 // bytes of one record in every segment
+  size_t src_offset = 0;                 // byte offset of the column inside a record
   size_t output = 0;                     // index of the output this column fills
   size_t offset = 0;                     // byte offset of the column inside the output row
-  std::vector<const uint8_t*> segments;  // the column's buffer in each segment
+  std::vector<const uint8_t*> segments;  // the records of each segment
 };
 
 struct GatherLayout {
@@ -36,8 +41,9 @@ struct GatherLayout {
   std::vector<size_t> output_row_bytes;    // bytes of one row of each output
 };
 
-// Checks that every column has a buffer for every segment and fits inside its output
-// row, and that the outputs' rows are fully covered; the error names the column.
+// Checks that every column has a buffer for every segment and fits inside its record
+// and its output row, and that the outputs' rows are fully covered; the error names the
+// column.
 Status ValidateLayout(const GatherLayout& layout);
 
 // A fixed set of threads running a parallel loop; the calling thread takes part.

@@ -34,9 +34,9 @@ struct Fixture {
     GatherLayout g;
     g.segment_names = {"partition 0", "partition 1"};
     g.segment_rows = {5, 7};
-    g.columns.push_back({"f", 4, 0, 0, {B(f[0].data()), B(f[1].data())}});
-    g.columns.push_back({"e", 12, 0, 4, {B(e[0].data()), B(e[1].data())}});
-    g.columns.push_back({"l", 8, 1, 0, {B(l[0].data()), B(l[1].data())}});
+    g.columns.push_back({"f", 4, 4, 0, 0, 0, {B(f[0].data()), B(f[1].data())}});
+    g.columns.push_back({"e", 12, 12, 0, 0, 4, {B(e[0].data()), B(e[1].data())}});
+    g.columns.push_back({"l", 8, 8, 0, 1, 0, {B(l[0].data()), B(l[1].data())}});
     g.output_row_bytes = {16, 8};
     return g;
   }
@@ -104,6 +104,38 @@ TEST(GatherRows, OutOfRangeRowNamesTheSegmentAndCopiesNothing) {
   std::vector<int32_t> bad_seg = {2};
   std::vector<int64_t> one = {0};
   EXPECT_EQ(GatherRows(g, bad_seg, one, outs, nullptr).code(), Code::kOutOfRange);
+}
+
+TEST(GatherRows, ReadsColumnsInsideRecords) {
+  // Records of (int64 id, float a, float b): 16 bytes; b and a swapped into the output.
+  struct Rec {
+    int64_t id;
+    float a, b;
+  };
+  std::vector<Rec> s0 = {{0, 0.5f, 1.5f}, {1, 2.5f, 3.5f}};
+  std::vector<Rec> s1 = {{10, 4.5f, 5.5f}};
+  const uint8_t* p0 = reinterpret_cast<const uint8_t*>(s0.data());
+  const uint8_t* p1 = reinterpret_cast<const uint8_t*>(s1.data());
+  GatherLayout g;
+  g.segment_names = {"partition 0", "partition 1"};
+  g.segment_rows = {2, 1};
+  g.columns.push_back({"b", 4, 16, 12, 0, 0, {p0, p1}});
+  g.columns.push_back({"a", 4, 16, 8, 0, 4, {p0, p1}});
+  g.columns.push_back({"id", 8, 16, 0, 1, 0, {p0, p1}});
+  g.output_row_bytes = {8, 8};
+  ASSERT_TRUE(ValidateLayout(g).ok());
+  std::vector<int32_t> seg = {1, 0, 0};
+  std::vector<int64_t> row = {0, 1, 0};
+  std::vector<float> x(6);
+  std::vector<int64_t> y(3);
+  uint8_t* outs[2] = {reinterpret_cast<uint8_t*>(x.data()), reinterpret_cast<uint8_t*>(y.data())};
+  ASSERT_TRUE(GatherRows(g, seg, row, outs, nullptr).ok());
+  EXPECT_EQ(x, (std::vector<float>{5.5f, 4.5f, 3.5f, 2.5f, 1.5f, 0.5f}));
+  EXPECT_EQ(y, (std::vector<int64_t>{10, 1, 0}));
+  g.columns[0].src_offset = 14;
+  Status s = ValidateLayout(g);
+  EXPECT_NE(s.message().find("'b'"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("record of 16 bytes"), std::string::npos) << s.message();
 }
 
 TEST(ValidateLayout, NamesTheColumnThatDoesNotFit) {

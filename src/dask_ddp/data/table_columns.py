@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-__all__ = ["Column", "TableColumnError", "numeric", "unsupported"]
+__all__ = ["Column", "TableColumnError", "column_view", "numeric", "pack",
+           "record_layout", "unsupported"]
 
 
 class TableColumnError(TypeError, ValueError):
@@ -42,3 +44,30 @@ def unsupported(name: str, dtype: Any, where: str = "") -> TableColumnError:
 
 def numeric(dt: np.dtype) -> bool:
     return dt.kind in "biuf"
+
+
+def record_layout(columns: Sequence[Column]) -> tuple[list[int], int]:
+    """Byte offset of each column inside a row's record (the columns side by side, in
+    order), and the record's size."""
+    offsets, pos = [], 0
+    for c in columns:
+        offsets.append(pos)
+        pos += c.row_bytes
+    return offsets, pos
+
+
+def column_view(records: np.ndarray, c: Column, offset: int) -> np.ndarray:
+    """Column ``c`` of ``records`` (uint8, one row per record) as an array of its dtype
+    and row shape: a strided view, writable when ``records`` is."""
+    n = records.shape[0]
+    return records[:, offset:offset + c.row_bytes].view(np.dtype(c.dtype)).reshape(n, *c.shape)
+
+
+def pack(columns: Sequence[Column], arrays: Mapping[str, np.ndarray]) -> np.ndarray:
+    """Column arrays of equal length packed into records (uint8 [rows, record bytes])."""
+    offsets, size = record_layout(columns)
+    n = len(arrays[columns[0].name]) if columns else 0
+    records = np.empty((n, size), np.uint8)
+    for c, off in zip(columns, offsets, strict=True):
+        column_view(records, c, off)[...] = arrays[c.name]
+    return records

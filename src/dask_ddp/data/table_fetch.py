@@ -1,11 +1,12 @@
 """A rank's reads of a Dask table's partitions (internal).
 
 The rank asks for the rows it needs of one partition; a small task on the worker holding
-the partition (or computing it, when the collection is not persisted) writes those rows,
-column by column, into a memory file the rank created (``memfd``, reached by the worker
-as ``/proc/<rank pid>/fd/<fd>`` on the same host). The rank maps the file: no pickle of
-the data, no pandas in the rank. A worker on another host (the file is not reachable
-there, which a token written in the file tells) sends the rows back through Dask instead.
+the partition (or computing it, when the collection is not persisted) writes those rows
+as records (a row's columns side by side) into a memory file the rank created
+(``memfd``, reached by the worker as ``/proc/<rank pid>/fd/<fd>`` on the same host). The
+rank maps the file: no pickle of the data, no pandas in the rank. A worker on another
+host (the file is not reachable there, which a token written in the file tells) sends
+the records back through Dask instead.
 
 The memory file disappears with the rank process, whatever way it ends.
 """
@@ -24,14 +25,20 @@ from typing import Any
 
 import numpy as np
 
-from dask_ddp.data.table_columns import Column, TableColumnError, unsupported
+from dask_ddp.data.table_columns import (
+    Column,
+    TableColumnError,
+    column_view,
+    record_layout,
+    unsupported,
+)
 
 __all__ = ["DaskReader", "export_rows"]
 
 logger = logging.getLogger(__name__)
 
 _TOKEN_BYTES = 16
-_ALIGN = 64
+_HEADER = 64  # the token, padded: the records start aligned
 #: Seconds to wait for one partition's rows (a partition computed as read can be slow).
 FETCH_TIMEOUT_S = 600.0
 
@@ -60,14 +67,9 @@ def _close_clients() -> None:
         _clients.clear()
 
 
-def _layout(columns: Sequence[Column], n: int) -> tuple[list[int], int]:
-    """Byte offset of each column in a memory file of ``n`` rows, and the file size."""
-    offsets, pos = [], _TOKEN_BYTES
-    for c in columns:
-        pos = -(-pos // _ALIGN) * _ALIGN
-        offsets.append(pos)
-        pos += n * c.row_bytes
-    return offsets, max(pos, _TOKEN_BYTES)
+def _file_size(columns: Sequence[Column], n: int) -> int:
+    """Bytes of a memory file of ``n`` records: the token's header, then the records."""
+    return _HEADER + n * record_layout(columns)[1]
 
 
 def _rows_arg(rows: np.ndarray) -> Any:
@@ -128,30 +130,50 @@ def _column_values(part: Any, c: Column, rows: Any, partition: int) -> np.ndarra
     return out
 
 
+def _fill(records: np.ndarray, part: Any, rows: Any, columns: Sequence[Column],
+          partition: int) -> None:
+    """Write rows ``rows`` of a partition into ``records``, column by column."""
+    offsets, _ = record_layout(columns)
+    for c, off in zip(columns, offsets, strict=True):
+        view = column_view(records, c, off)
+        if c.kind == "numpy" and not isinstance(rows, tuple) and not isinstance(part, np.ndarray):
+            a = part[c.name].to_numpy() if c.name in part else None
+            if a is not None and a.dtype == np.dtype(c.dtype):
+                # Straight from the column into the records: one copy.
+                np.take(a, rows, axis=0, out=view, mode="clip")
+                continue
+        view[...] = _column_values(part, c, rows, partition)
+
+
 def export_rows(part: Any, rows: Any, columns: Sequence[Column], target: dict[str, Any],
                 partition: int) -> dict[str, Any]:
-    """Runs on a worker: write rows ``rows`` of partition ``part`` into the rank's memory
-    file, or return them when that file is not reachable from here."""
+    """Runs on a worker: write rows ``rows`` of partition ``part`` as records into the
+    rank's memory file, or return the records when that file is not reachable from here."""
     n = rows[1] - rows[0] if isinstance(rows, tuple) else len(rows)
+    size = record_layout(columns)[1]
     fd = -1
     with contextlib.suppress(OSError):
         fd = os.open(target["path"], os.O_RDWR)
     try:
         if fd >= 0 and os.fstat(fd).st_size == target["size"] \
                 and os.pread(fd, _TOKEN_BYTES, 0) == target["token"]:
-            offsets, size = _layout(columns, n)
-            with mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE) as mm:
-                for c, off in zip(columns, offsets, strict=True):
-                    view = np.frombuffer(mm, np.dtype(c.dtype), n * int(np.prod(c.shape)),
-                                         off).reshape(n, *c.shape)
-                    view[...] = _column_values(part, c, rows, partition)
-                    del view
+            mm = mmap.mmap(fd, target["size"], mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            try:
+                records = np.frombuffer(mm, np.uint8, n * size, _HEADER).reshape(n, size)
+                _fill(records, part, rows, columns, partition)
+                del records
+            finally:
+                # A view may outlive this frame for a moment (the worker's profiler holds
+                # sampled frames): the mapping then closes when the last view goes.
+                with contextlib.suppress(BufferError):
+                    mm.close()
             return {"shm": True}
     finally:
         if fd >= 0:
             os.close(fd)
-    return {"shm": False, "columns": {c.name: _column_values(part, c, rows, partition)
-                                      for c in columns}}
+    records = np.empty((n, size), np.uint8)
+    _fill(records, part, rows, columns, partition)
+    return {"shm": False, "records": records}
 
 
 class _Pending:
@@ -162,8 +184,9 @@ class _Pending:
 class DaskReader:
     """A rank's reader of a Dask table's partitions."""
 
-    def __init__(self, table: Any) -> None:
+    def __init__(self, table: Any, columns: Sequence[Column] | None = None) -> None:
         self.table = table
+        self.columns = list(table._columns if columns is None else columns)
         self.client = _client(table.scheduler)
         self._collection: Any = None
         self._lock = threading.Lock()
@@ -187,9 +210,9 @@ class DaskReader:
 
     def start(self, partition: int, rows: np.ndarray) -> _Pending:
         """Start reading rows ``rows`` (sorted) of a partition; :meth:`finish` waits."""
-        cols = self.table._columns
+        cols = self.columns
         n = len(rows)
-        _, size = _layout(cols, n)
+        size = _file_size(cols, n)
         fd = os.memfd_create(f"dask-ddp-table-p{partition}", os.MFD_CLOEXEC)
         try:
             os.ftruncate(fd, size)
@@ -211,17 +234,17 @@ class DaskReader:
             raise
         return _Pending(future, fd, size, n, source)
 
-    def finish(self, pending: _Pending) -> dict[str, np.ndarray]:
-        """The rows of a started read, one array per column (views of the memory file)."""
+    def finish(self, pending: _Pending) -> np.ndarray:
+        """The records of a started read (uint8 [rows, record bytes], a view of the
+        memory file, which stays mapped while the array lives)."""
         try:
             out = pending.future.result(timeout=FETCH_TIMEOUT_S)
             if not out["shm"]:
-                return {k: np.ascontiguousarray(v) for k, v in out["columns"].items()}
-            offsets, _ = _layout(self.table._columns, pending.n)
+                return np.ascontiguousarray(out["records"])
+            size = record_layout(self.columns)[1]
             mm = mmap.mmap(pending.fd, pending.size, mmap.MAP_SHARED, mmap.PROT_READ)
-            return {c.name: np.frombuffer(mm, np.dtype(c.dtype), pending.n * int(np.prod(c.shape)),
-                                          off).reshape(pending.n, *c.shape)
-                    for c, off in zip(self.table._columns, offsets, strict=True)}
+            return np.frombuffer(mm, np.uint8, pending.n * size, _HEADER).reshape(pending.n,
+                                                                                  size)
         finally:
             os.close(pending.fd)
             pending.fd = -1

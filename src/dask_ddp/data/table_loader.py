@@ -27,7 +27,7 @@ from dask_ddp import _core
 from dask_ddp._identity import cores_per_rank, process_group
 from dask_ddp.data import table_plan
 from dask_ddp.data.table import Table
-from dask_ddp.data.table_columns import Column
+from dask_ddp.data.table_columns import Column, record_layout
 
 __all__ = ["TableLoader"]
 
@@ -56,7 +56,7 @@ class _Window:
             row_in_seg[mask] = np.searchsorted(uniq, local[mask])
         self.seg = seg_local.astype(np.int32)
         self.row = row_in_seg
-        self.data: list[dict[str, np.ndarray]] | None = None
+        self.data: list[np.ndarray] | None = None
         self.pending: list[Any] = []
 
 
@@ -138,15 +138,23 @@ class TableLoader:
                 cols.append(lab)
         return outs, cols
 
-    def _window_obj(self, segments: list[dict[str, np.ndarray]], names: list[str],
+    def _window_obj(self, segments: list[np.ndarray], names: list[str],
                     nrows: list[int]) -> Any:
-        specs, outputs = [], []
+        """The engine's window over segments of records (``self._columns`` side by side)."""
+        src_offsets, record = record_layout(self._columns)
+        where = {c.name: off for c, off in zip(self._columns, src_offsets, strict=True)}
+        bufs = [seg.reshape(-1) for seg in segments]
+        specs: list[list[Any]] = []
+        outputs = []
         for o, out in enumerate(self._outputs):
             offset = 0
             for c in out["columns"]:
-                bufs = [np.ascontiguousarray(seg[c.name]).reshape(-1).view(np.uint8)
-                        for seg in segments]
-                specs.append((c.name, c.row_bytes, o, offset, bufs))
+                last = specs[-1] if specs else None
+                if last is not None and last[4] == o and last[3] + last[1] == where[c.name]:
+                    last[1] += c.row_bytes  # adjacent in the record and the output: one copy
+                    last[0] += f"+{c.name}"
+                else:
+                    specs.append([c.name, c.row_bytes, record, where[c.name], o, offset, bufs])
                 offset += c.row_bytes
             c0 = out["columns"][0]
             dt = np.dtype(c0.dtype)
@@ -154,7 +162,7 @@ class TableLoader:
             width = sum(int(np.prod(c.shape)) for c in out["columns"])
             tail = list(c0.shape) if len(out["columns"]) == 1 else [width]
             outputs.append((_DLPACK_CODE[dt.kind], dt.itemsize * 8, tail, offset))
-        return _core.TableWindow(specs, names, nrows, outputs)
+        return _core.TableWindow([tuple(x) for x in specs], names, nrows, outputs)
 
     def _assemble(self, tensors: list[torch.Tensor]) -> Any:
         if not self._tuple:
@@ -250,11 +258,11 @@ class TableLoader:
             if self.table.source == "parquet":
                 from dask_ddp.data.table_parquet import ParquetReader
 
-                self._reader = ParquetReader(self.table)
+                self._reader = ParquetReader(self.table, self._columns)
             else:
                 from dask_ddp.data.table_fetch import DaskReader
 
-                self._reader = DaskReader(self.table)
+                self._reader = DaskReader(self.table, self._columns)
         return self._reader
 
     def _request(self, win: _Window) -> None:
@@ -264,7 +272,7 @@ class TableLoader:
         win.pending = [reader.start(int(p), rows) for p, rows in zip(win.partitions, win.rows,
                                                                       strict=True)]
 
-    def _ready(self, win: _Window) -> list[dict[str, np.ndarray]]:
+    def _ready(self, win: _Window) -> list[np.ndarray]:
         if win.data is None:
             reader = self._get_reader()
             if self.table.source == "parquet":

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from dask_ddp import storage
-from dask_ddp.data.table_columns import Column, numeric, unsupported
+from dask_ddp.data.table_columns import Column, numeric, pack, unsupported
 
 __all__ = ["ParquetReader", "StoreFile", "describe"]
 
@@ -118,14 +118,16 @@ def describe(url_or_urls: str | Sequence[str], columns: Sequence[str] | None,
 class ParquetReader:
     """A rank's reader of a Parquet table's row groups (its files opened once)."""
 
-    def __init__(self, table: Any) -> None:
+    def __init__(self, table: Any, columns: Sequence[Column] | None = None) -> None:
         self.table = table
+        self.columns = list(table._columns if columns is None else columns)
         self._stores: dict[str, Any] = {}
         self._files: dict[int, Any] = {}
         self._lock = threading.Lock()
 
-    def read(self, partition: int, rows: np.ndarray) -> dict[str, np.ndarray]:
-        """Rows ``rows`` (sorted) of row group ``partition``, one array per column."""
+    def read(self, partition: int, rows: np.ndarray) -> np.ndarray:
+        """Rows ``rows`` (sorted) of row group ``partition`` as records (uint8 [rows,
+        record bytes]: a row's columns side by side)."""
         import pyarrow as pa
 
         fi, rg = self.table.row_groups[partition]
@@ -134,14 +136,14 @@ class ParquetReader:
             if fi not in self._files:
                 self._files[fi] = _open(url, self.table.storage_options, self._stores)
             pf = self._files[fi]
-        names = [c.name for c in self.table._columns]
+        names = [c.name for c in self.columns]
         try:
             batch = pf.read_row_group(rg, columns=names)
         except Exception as exc:
             raise OSError(f"reading row group {rg} of {storage.redact_url(url)!r} failed: "
                           f"{exc}") from exc
         out = {}
-        for c in self.table._columns:
+        for c in self.columns:
             col = batch.column(c.name).combine_chunks()
             where = f" (row group {rg} of {storage.redact_url(url)!r})"
             if col.null_count:
@@ -156,8 +158,8 @@ class ParquetReader:
                     raise ValueError(f"column {c.name!r}{where} has dtype {arr.dtype}, "
                                      f"not {np.dtype(c.dtype)}")
                 arr = arr.astype(c.dtype)
-            out[c.name] = np.ascontiguousarray(np.take(arr, rows, axis=0))
-        return out
+            out[c.name] = np.take(arr, rows, axis=0)
+        return pack(self.columns, out)
 
 
 class StoreFile(io.RawIOBase):

@@ -108,7 +108,17 @@ class TableLoader:
             self._pieces = self._local_pieces()
         self._pool = _core.GatherPool(self.num_threads)
         self._reader: Any = None
+        self._reader_lock = threading.Lock()
         self._stop: threading.Event | None = None
+        if table.source == "dask":
+            # Connect to the scheduler now, while the training function builds its model:
+            # the first batch does not wait for it.
+            threading.Thread(target=self._warm, name="dask-ddp-table-connect",
+                             daemon=True).start()
+
+    def _warm(self) -> None:
+        with contextlib.suppress(Exception):  # the first read raises it again, in context
+            self._get_reader()
 
     # -- layout of the batches ------------------------------------------------------------
     def _output_layout(self, features: Sequence[str] | None, label: str | None
@@ -254,16 +264,17 @@ class TableLoader:
 
     # -- reading --------------------------------------------------------------------------
     def _get_reader(self) -> Any:
-        if self._reader is None:
-            if self.table.source == "parquet":
-                from dask_ddp.data.table_parquet import ParquetReader
+        with self._reader_lock:
+            if self._reader is None:
+                if self.table.source == "parquet":
+                    from dask_ddp.data.table_parquet import ParquetReader
 
-                self._reader = ParquetReader(self.table, self._columns)
-            else:
-                from dask_ddp.data.table_fetch import DaskReader
+                    self._reader = ParquetReader(self.table, self._columns)
+                else:
+                    from dask_ddp.data.table_fetch import DaskReader
 
-                self._reader = DaskReader(self.table, self._columns)
-        return self._reader
+                    self._reader = DaskReader(self.table, self._columns)
+            return self._reader
 
     def _request(self, win: _Window) -> None:
         reader = self._get_reader()
@@ -308,6 +319,12 @@ class TableLoader:
         rows, wins = self._rank_rows()
         n = len(rows)
         nb = n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+        if self.rank == 0 and start == 0:
+            offsets = self._offsets
+            parts = np.searchsorted(offsets, rows, side="right") - 1
+            logger.info("table plan, epoch %d (shuffle=%r): %d rows per rank in %d batches, "
+                        "%d windows; rank 0 reads %d partitions", self.epoch, self.shuffle, n,
+                        nb, len(np.unique(wins)), len(np.unique(parts)))
         bounds = np.flatnonzero(np.diff(wins)) + 1
         starts = np.concatenate([[0], bounds]).astype(np.int64)
         ends = np.concatenate([bounds, [n]]).astype(np.int64)

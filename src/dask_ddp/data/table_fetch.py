@@ -176,9 +176,28 @@ def export_rows(part: Any, rows: Any, columns: Sequence[Column], target: dict[st
     return {"shm": False, "records": records}
 
 
+def export_many(parts: Sequence[Any], rows: Sequence[Any], columns: Sequence[Column],
+                targets: Sequence[dict[str, Any]], partitions: Sequence[int]
+                ) -> list[dict[str, Any]]:
+    """Runs on a worker: :func:`export_rows` for several partitions it holds (one task,
+    one round trip)."""
+    return [export_rows(part, r, columns, target, p)
+            for part, r, target, p in zip(parts, rows, targets, partitions, strict=True)]
+
+
 class _Pending:
-    def __init__(self, future: Any, fd: int, size: int, n: int, source: Any) -> None:
-        self.future, self.fd, self.size, self.n, self.source = future, fd, size, n, source
+    """A started read of one partition; ``group`` counts the reads sharing its task."""
+
+    def __init__(self, partition: int, future: Any, index: int, fd: int, size: int, n: int,
+                 source: Any, group: list[int]) -> None:
+        self.partition, self.future, self.index = partition, future, index
+        self.fd, self.size, self.n, self.source, self.group = fd, size, n, source, group
+
+    def done_with_task(self) -> None:
+        self.group[0] -= 1
+        if self.group[0] == 0:
+            with contextlib.suppress(Exception):
+                self.future.release()
 
 
 class DaskReader:
@@ -208,37 +227,62 @@ class DaskReader:
             coll.partitions[partition]
         return self.client.compute(part)
 
-    def start(self, partition: int, rows: np.ndarray) -> _Pending:
-        """Start reading rows ``rows`` (sorted) of a partition; :meth:`finish` waits."""
+    def start(self, partitions: Sequence[int], rows: Sequence[np.ndarray]) -> list[_Pending]:
+        """Start reading rows ``rows[i]`` (sorted) of each partition ``partitions[i]``: one
+        task per worker holding some of them (one per partition computed as read);
+        :meth:`finish` waits for each."""
         cols = self.columns
-        n = len(rows)
-        size = _file_size(cols, n)
-        fd = os.memfd_create(f"dask-ddp-table-p{partition}", os.MFD_CLOEXEC)
+        pending: list[_Pending] = []
+        fds: list[int] = []
+        groups: dict[str, list[int]] = {}
+        for i, p in enumerate(partitions):
+            holder = self.table.workers[p]
+            groups.setdefault(holder if holder else f"compute-{i}", []).append(i)
         try:
-            os.ftruncate(fd, size)
-            token = secrets.token_bytes(_TOKEN_BYTES)
-            os.pwrite(fd, token, 0)
-            target = {"path": f"/proc/{os.getpid()}/fd/{fd}", "token": token, "size": size}
-            source = self._source(partition)
-            holder = self.table.workers[partition]
-            # On the worker holding the partition (another one may serve it if that one
-            # left: Dask moves the data); a partition computed as read is exported where
-            # Dask computed it.
-            where: dict[str, Any] = {"workers": [holder], "allow_other_workers": True} \
-                if holder else {}
-            future = self.client.submit(
-                export_rows, source, _rows_arg(rows), cols, target, partition, pure=False,
-                key=f"dask-ddp-table-read-{partition}-{secrets.token_hex(6)}", **where)
+            for members in groups.values():
+                holder = self.table.workers[partitions[members[0]]]
+                first = len(fds)
+                targets: list[dict[str, Any]] = []
+                sources: list[Any] = []
+                for i in members:
+                    n = len(rows[i])
+                    size = _file_size(cols, n)
+                    fd = os.memfd_create(f"dask-ddp-table-p{partitions[i]}", os.MFD_CLOEXEC)
+                    fds.append(fd)
+                    os.ftruncate(fd, size)
+                    token = secrets.token_bytes(_TOKEN_BYTES)
+                    os.pwrite(fd, token, 0)
+                    targets.append({"path": f"/proc/{os.getpid()}/fd/{fd}", "token": token,
+                                    "size": size})
+                    sources.append(self._source(partitions[i]))
+                # On the worker holding the partitions (another one may serve them if that
+                # one left: Dask moves the data); a partition computed as read is exported
+                # where Dask computed it.
+                where: dict[str, Any] = {"workers": [holder], "allow_other_workers": True} \
+                    if holder else {}
+                future = self.client.submit(
+                    export_many, sources, [_rows_arg(rows[i]) for i in members], cols,
+                    targets, [partitions[i] for i in members], pure=False,
+                    key=f"dask-ddp-table-read-{secrets.token_hex(8)}", **where)
+                group = [len(members)]
+                for k, i in enumerate(members):
+                    pending.append(_Pending(int(partitions[i]), future, k, fds[first + k],
+                                            targets[k]["size"], len(rows[i]), sources[k], group))
         except BaseException:
-            os.close(fd)
+            for pend in pending:
+                self.cancel(pend)
+            for fd in fds[len(pending):]:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
             raise
-        return _Pending(future, fd, size, n, source)
+        order = {int(p): j for j, p in enumerate(partitions)}
+        return sorted(pending, key=lambda x: order[x.partition])
 
     def finish(self, pending: _Pending) -> np.ndarray:
         """The records of a started read (uint8 [rows, record bytes], a view of the
         memory file, which stays mapped while the array lives)."""
         try:
-            out = pending.future.result(timeout=FETCH_TIMEOUT_S)
+            out = pending.future.result(timeout=FETCH_TIMEOUT_S)[pending.index]
             if not out["shm"]:
                 return np.ascontiguousarray(out["records"])
             size = record_layout(self.columns)[1]
@@ -248,7 +292,7 @@ class DaskReader:
         finally:
             os.close(pending.fd)
             pending.fd = -1
-            pending.future.release()
+            pending.done_with_task()
             with contextlib.suppress(Exception):
                 pending.source.release()
 

@@ -280,8 +280,7 @@ class TableLoader:
         reader = self._get_reader()
         if self.table.source == "parquet":
             return  # read in _ready (decoding happens in this process anyway)
-        win.pending = [reader.start(int(p), rows) for p, rows in zip(win.partitions, win.rows,
-                                                                      strict=True)]
+        win.pending = reader.start([int(p) for p in win.partitions], win.rows)
 
     def _ready(self, win: _Window) -> list[np.ndarray]:
         if win.data is None:

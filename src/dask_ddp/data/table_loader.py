@@ -43,19 +43,19 @@ class _Window:
     """The rows of one window of a rank's epoch: per partition, its sorted rows."""
 
     def __init__(self, rows: np.ndarray, offsets: np.ndarray) -> None:
-        part = np.searchsorted(offsets, rows, side="right") - 1
-        local = rows - offsets[part]
-        self.partitions = np.unique(part)
-        seg_local = np.searchsorted(self.partitions, part)
-        self.rows: list[np.ndarray] = []
-        row_in_seg = np.empty(len(rows), np.int64)
-        for s in range(len(self.partitions)):
-            mask = seg_local == s
-            uniq = np.unique(local[mask])
-            self.rows.append(uniq)
-            row_in_seg[mask] = np.searchsorted(uniq, local[mask])
-        self.seg = seg_local.astype(np.int32)
-        self.row = row_in_seg
+        # One sort: the window's distinct rows in table order, cut at partition bounds.
+        uniq = np.unique(rows)
+        bounds = np.searchsorted(uniq, offsets)
+        counts = np.diff(bounds)
+        self.partitions = np.flatnonzero(counts)
+        starts = bounds[self.partitions]
+        self.rows: list[np.ndarray] = [
+            uniq[a:a + k] - offsets[p]
+            for p, a, k in zip(self.partitions, starts, counts[self.partitions], strict=True)]
+        pos = np.searchsorted(uniq, rows)
+        seg = np.searchsorted(starts, pos, side="right") - 1
+        self.seg = seg.astype(np.int32)
+        self.row = (pos - starts[seg]).astype(np.int64)
         self.data: list[np.ndarray] | None = None
         self.pending: list[Any] = []
 
@@ -342,8 +342,9 @@ class TableLoader:
             for w in [w for w in windows if w < w0]:
                 del windows[w]  # its batches are out: its rows are freed
             used = [window(w) for w in range(w0, w1 + 1)]
-            if w1 + 1 < len(starts):
-                window(w1 + 1)  # the next window is read while this one is gathered
+            for ahead in (w1 + 1, w1 + 2):
+                if ahead < len(starts):
+                    window(ahead)  # the next windows are read while this one is gathered
             key = tuple(range(w0, w1 + 1))
             if cached is None or cached[0] != key:
                 cached = (key, self._window_of(used))

@@ -206,11 +206,12 @@ class TableWindow:
     """
     The column buffers of the table segments a rank holds, gathered into batches.
 
-    columns: (name, row_bytes, output, offset, [one uint8 buffer per segment]);
+    columns: (name, row_bytes, record_bytes, record_offset, output, output_offset,
+    [the uint8 records of each segment]);
     outputs: (DLPack type code, bits, shape after the batch dimension, row_bytes).
     """
 
-    def __init__(self, columns: Sequence[tuple[str, int, int, int, Sequence[Annotated[NDArray[numpy.uint8], dict(shape=(None,), order='C', device='cpu', writable=False)]]]], segment_names: Sequence[str], segment_rows: Sequence[int], outputs: Sequence[tuple[int, int, Sequence[int], int]]) -> None: ...
+    def __init__(self, columns: Sequence[tuple[str, int, int, int, int, int, Sequence[Annotated[NDArray[numpy.uint8], dict(shape=(None,), order='C', device='cpu', writable=False)]]]], segment_names: Sequence[str], segment_rows: Sequence[int], outputs: Sequence[tuple[int, int, Sequence[int], int]]) -> None: ...
 
     def gather(self, pool: GatherPool, segment: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)], row: Annotated[NDArray[numpy.int64], dict(shape=(None,), order='C', device='cpu', writable=False)]) -> list:
         """

@@ -17,7 +17,7 @@ from dask_ddp.data import transforms
 from dask_ddp.data.datasets import IMG_EXTENSIONS, ImageFolder, ImageList, S3ImageFolder
 from dask_ddp.data.loader import Loader
 from dask_ddp.data.shards import TarShards, write_shards
-from dask_ddp.data.table import Table
+from dask_ddp.data.table import Table, TableColumnError
 
 __all__ = [
     "IMG_EXTENSIONS",
@@ -26,6 +26,7 @@ __all__ = [
     "Loader",
     "S3ImageFolder",
     "Table",
+    "TableColumnError",
     "TarShards",
     "transforms",
     "write_shards",

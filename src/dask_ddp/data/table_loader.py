@@ -24,10 +24,11 @@ import numpy as np
 import torch
 
 from dask_ddp import _core
-from dask_ddp._identity import cores_per_rank, process_group
+from dask_ddp._identity import cores_per_rank
 from dask_ddp.data import table_plan
 from dask_ddp.data.table import Table
 from dask_ddp.data.table_columns import Column, record_layout
+from dask_ddp.data.world import rank_and_world
 
 __all__ = ["TableLoader"]
 
@@ -74,18 +75,7 @@ class TableLoader:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if prefetch < 1 or window < 1:
             raise ValueError(f"prefetch and window must be >= 1, got {prefetch}, {window}")
-        group = process_group()
-        if rank is None or world_size is None:
-            if group is not None:
-                rank = group[0] if rank is None else rank
-                world_size = group[1] if world_size is None else world_size
-            elif rank is None and world_size is None:
-                rank, world_size = 0, 1
-            else:
-                raise ValueError("give both rank and world_size, or neither (then they come "
-                                 f"from the process group); got {rank}, {world_size}")
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
+        rank, world_size = rank_and_world(rank, world_size)
         self.table = table
         self.batch_size = int(batch_size)
         self.shuffle = shuffle

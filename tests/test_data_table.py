@@ -40,7 +40,11 @@ def _run(client: Any, fn: Any, *args: Any, timeout: float = 240, **kwargs: Any) 
 
 def test_persisted_frame_every_row_once_equal_batches(client: Any) -> None:
     ddf = _frame().persist()
-    results = _run(client, read_epochs, ddf, batch_size=256, shuffle=True, seed=0)
+    job = dask_ddp.submit(client, read_epochs, ddf, batch_size=256, shuffle=True, seed=0,
+                          progress=False)
+    results = job.result(timeout=240)
+    # The ranks got a description, not the data (130 KB of rows): the payload is small.
+    assert len(job.options.payload) < 20_000, len(job.options.payload)
     assert results[0]["len"] == N
     assert results[0]["columns"] == ["id", "a", "b"]
     assert results[0]["dtypes"] == {"id": "torch.int64", "a": "torch.float32", "b": "torch.bool"}

@@ -22,22 +22,23 @@ def describe(data: Any, columns: Sequence[str] | None, client: Any) -> dict[str,
     """The Table fields of a Dask collection."""
     import cloudpickle
     import dask.array as da
-    import dask.dataframe as dd
     from distributed import futures_of, get_client, wait
 
     client = client or get_client()
-    if isinstance(data, dd.Series):
-        data = data.to_frame()
+    counts: list[int] | None = None
     if isinstance(data, da.Array):
         data, cols, counts = _describe_array(data, columns, client)
         kind = "array"
-    elif isinstance(data, dd.DataFrame):
-        cols = _describe_frame(data, columns, client)
-        counts = None
-        kind = "dataframe"
     else:
-        raise TypeError(f"a Table is made from a dask DataFrame or Array, not "
-                        f"{type(data).__name__}")
+        import dask.dataframe as dd  # pandas: only for DataFrames
+
+        if isinstance(data, dd.Series):
+            data = data.to_frame()
+        if not isinstance(data, dd.DataFrame):
+            raise TypeError(f"a Table is made from a dask DataFrame or Array, not "
+                            f"{type(data).__name__}")
+        cols = _describe_frame(data, columns, client)
+        kind = "dataframe"
     futures = futures_of(data)
     keys: list[Any] | None = None
     workers: list[str | None] = [None] * data.npartitions

@@ -68,6 +68,13 @@ def _resolve_dataset(dataset: object) -> tuple[ImageList, list[int] | None]:
 class Loader:
     """Iterate over an image dataset in batches, with the work done in C++ threads.
 
+    Given a :class:`~dask_ddp.data.Table` (a Dask DataFrame or Array, or Parquet), it
+    returns the table's loader instead: ``Loader(table, batch_size, *, shuffle=True |
+    False | "local", seed=0, features=None, label=None, drop_last=False, rank=None,
+    world_size=None, num_threads=None, prefetch=4, window=4)``, batches as a dict of
+    column tensors, or ``(x, y)`` with ``features``/``label``; the same ``set_epoch``,
+    ``state_dict`` and ``load_state_dict`` (see README "Datasets: tables").
+
     Parameters
     ----------
     dataset

@@ -165,3 +165,15 @@ def test_local_shuffle_with_skewed_placement(client: Any) -> None:
     check_epoch_coverage(results, 5000, 2)
     for r in results:  # the same rows every epoch, in another order
         assert set(r["epochs"][0]["ids"]) == set(r["epochs"][1]["ids"])
+
+
+def test_released_partitions_fail_naming_the_partition(client: Any) -> None:
+    from distributed import futures_of
+
+    ddf = _frame(500, 2).persist()
+    table = dask_ddp.data.Table(ddf, client=client)
+    client.cancel(futures_of(ddf))  # the data is gone before the ranks read it
+    del ddf
+    job = dask_ddp.submit(client, read_epochs, table, epochs=1, batch_size=100, progress=False)
+    with pytest.raises(dask_ddp.errors.JobError, match=r"reading rows of partition \d"):
+        job.result(timeout=240)

@@ -282,7 +282,15 @@ class DaskReader:
         """The records of a started read (uint8 [rows, record bytes], a view of the
         memory file, which stays mapped while the array lives)."""
         try:
-            out = pending.future.result(timeout=FETCH_TIMEOUT_S)[pending.index]
+            try:
+                out = pending.future.result(timeout=FETCH_TIMEOUT_S)[pending.index]
+            except (TableColumnError, KeyError, ValueError):
+                raise  # already names the column and partition
+            except Exception as exc:
+                holder = self.table.workers[pending.partition]
+                where = f" held by {holder}" if holder else " (computed as read)"
+                raise RuntimeError(f"reading rows of partition {pending.partition}{where} "
+                                   f"failed: {type(exc).__name__}: {exc}") from exc
             if not out["shm"]:
                 return np.ascontiguousarray(out["records"])
             size = record_layout(self.columns)[1]

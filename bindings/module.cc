@@ -9,6 +9,7 @@ namespace nb = nanobind;
 namespace ddp::py {
 void init_storage(nb::module_& m);
 void init_data(nb::module_& m);
+void init_table(nb::module_& m);
 }  // namespace ddp::py
 
 NB_MODULE(_core, m) {
@@ -16,4 +17,5 @@ NB_MODULE(_core, m) {
   ddp::py::init_errors(m);
   ddp::py::init_storage(m);
   ddp::py::init_data(m);
+  ddp::py::init_table(m);
 }

@@ -3,7 +3,7 @@ C++ engine of dask-ddp: object stores, image decode and the batch loader.
 """
 
 from collections.abc import Sequence
-from typing import overload
+from typing import Annotated, overload
 
 import numpy
 from numpy.typing import NDArray
@@ -197,3 +197,32 @@ def shard_unread_segments(counts: Sequence[int], segments: Sequence[tuple[int, i
     """
     The (shard, begin, end) runs of samples no rank of `world_size` had yielded once each yielded `position` samples of `epoch`, in the epoch's order.
     """
+
+class GatherPool:
+    """Threads of the table gather (the calling thread takes part)."""
+
+    def __init__(self, threads: int) -> None: ...
+
+    @property
+    def threads(self) -> int:
+        """Threads, the caller included."""
+
+class TableWindow:
+    """
+    The column buffers of the table segments a rank holds, gathered into batches.
+
+    columns: (name, row_bytes, record_bytes, record_offset, output, output_offset,
+    [the uint8 records of each segment]);
+    outputs: (DLPack type code, bits, shape after the batch dimension, row_bytes).
+    """
+
+    def __init__(self, columns: Sequence[tuple[str, int, int, int, int, int, Sequence[Annotated[NDArray[numpy.uint8], dict(shape=(None,), order='C', device='cpu', writable=False)]]]], segment_names: Sequence[str], segment_rows: Sequence[int], outputs: Sequence[tuple[int, int, Sequence[int], int]]) -> None: ...
+
+    def gather(self, pool: GatherPool, segment: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)], row: Annotated[NDArray[numpy.int64], dict(shape=(None,), order='C', device='cpu', writable=False)]) -> list:
+        """
+        Rows row[i] of segments segment[i] as one tensor per output (GIL released).
+        """
+
+    @property
+    def num_segments(self) -> int:
+        """Segments in the window."""

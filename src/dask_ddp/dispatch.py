@@ -47,6 +47,19 @@ def job_of(futures: Any) -> Job | None:
     return job
 
 
+def _tables(client: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+            ) -> tuple[tuple[Any, ...], dict[str, Any], list[Any]]:
+    """The call's arguments with each top-level Dask DataFrame or Array replaced by a
+    :class:`dask_ddp.data.Table` (described from metadata; its data stays on the workers),
+    and the collections replaced, which the job keeps alive."""
+    if not any(type(v).__module__.startswith(("dask.", "dask_expr"))
+               for v in (*args, *kwargs.values())):
+        return args, kwargs, []
+    from dask_ddp.data.table import replace_collections
+
+    return replace_collections(client, args, kwargs)
+
+
 def submit(
     client: Any,
     fn: Callable[..., Any],
@@ -150,6 +163,7 @@ def submit(
     >>> job = dask_ddp.submit(client, train, epochs=2, n_workers=2)  # doctest: +SKIP
     >>> job.result()  # doctest: +SKIP
     """
+    args, kwargs, tables = _tables(client, args, kwargs)
     options = LaunchOptions.build(
         name=name or getattr(fn, "__name__", None) or "dask-ddp",
         payload=cloudpickle.dumps((fn, args, kwargs)), n_workers=n_workers, workers=workers,
@@ -159,9 +173,10 @@ def submit(
         rendezvous_timeout=rendezvous_timeout, max_restarts=max_restarts,
         min_workers=min_workers, max_workers=max_workers, elastic_timeout=elastic_timeout,
         stall_timeout=stall_timeout)
-    if options.restarting:
-        return ElasticJob(client, options)
-    return launch(client, options)
+    job: Job | ElasticJob = ElasticJob(client, options) if options.restarting \
+        else launch(client, options)
+    job._table_sources = tables  # type: ignore[union-attr]
+    return job
 
 
 def run(client: Any, pytorch_function: Callable[..., Any], *args: Any, backend: str = "auto",
@@ -189,10 +204,12 @@ def run(client: Any, pytorch_function: Callable[..., Any], *args: Any, backend: 
     """
     # Every other keyword goes to the function, as in the seed, even one named like a
     # submit() option.
+    args, kwargs, tables = _tables(client, args, kwargs)
     job = launch(client, LaunchOptions.build(
         name=getattr(pytorch_function, "__name__", None) or "dask-ddp",
         payload=cloudpickle.dumps((pytorch_function, args, kwargs)), backend=backend,
         pass_local_rank=pass_local_rank, stall_timeout=stall_timeout))
+    job._table_sources = tables  # type: ignore[attr-defined]
     return list(job.futures)
 
 

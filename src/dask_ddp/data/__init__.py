@@ -6,6 +6,8 @@
   transform, torch ``DataLoader`` compatible).
 - :class:`TarShards` (WebDataset tar shards) and :func:`write_shards` (write them on Dask).
 - :class:`Loader`: decode and transform in C++ threads; batches as tensors.
+- :class:`Table`: a Dask DataFrame or Array, or Parquet files, for the Loader (rows read
+  where Dask holds them, gathered into batches in C++).
 - :mod:`dask_ddp.data.transforms`: the transforms the Loader runs.
 """
 
@@ -15,6 +17,7 @@ from dask_ddp.data import transforms
 from dask_ddp.data.datasets import IMG_EXTENSIONS, ImageFolder, ImageList, S3ImageFolder
 from dask_ddp.data.loader import Loader
 from dask_ddp.data.shards import TarShards, write_shards
+from dask_ddp.data.table import Table, TableColumnError
 
 __all__ = [
     "IMG_EXTENSIONS",
@@ -22,6 +25,8 @@ __all__ = [
     "ImageList",
     "Loader",
     "S3ImageFolder",
+    "Table",
+    "TableColumnError",
     "TarShards",
     "transforms",
     "write_shards",

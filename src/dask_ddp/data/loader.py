@@ -30,10 +30,12 @@ from torch.utils.data import Subset
 
 from dask_ddp import _core
 from dask_ddp._dashboard.counters import rank_counters
-from dask_ddp._identity import cores_per_rank, process_group
+from dask_ddp._identity import cores_per_rank
 from dask_ddp.data import transforms as T
 from dask_ddp.data.datasets import ImageList
 from dask_ddp.data.shards import TarShards
+from dask_ddp.data.table import Table
+from dask_ddp.data.world import rank_and_world
 
 __all__ = ["Loader"]
 
@@ -80,6 +82,13 @@ def _state_segments(
 
 class Loader:
     """Iterate over an image dataset in batches, with the work done in C++ threads.
+
+    Given a :class:`~dask_ddp.data.Table` (a Dask DataFrame or Array, or Parquet), it
+    returns the table's loader instead: ``Loader(table, batch_size, *, shuffle=True |
+    False | "local", seed=0, features=None, label=None, drop_last=False, rank=None,
+    world_size=None, num_threads=None, prefetch=4, window=4)``, batches as a dict of
+    column tensors, or ``(x, y)`` with ``features``/``label``; the same ``set_epoch``,
+    ``state_dict`` and ``load_state_dict`` (see README "Datasets: tables").
 
     Parameters
     ----------
@@ -137,6 +146,15 @@ class Loader:
         For inconsistent arguments.
     """
 
+    def __new__(cls, dataset: Any = None, *args: Any, **kwargs: Any) -> Any:
+        # A table (dask_ddp.data.Table) has its own loader, with the same iteration,
+        # set_epoch and state_dict protocol: see dask_ddp.data.table_loader.
+        if isinstance(dataset, Table):
+            from dask_ddp.data.table_loader import TableLoader
+
+            return TableLoader(dataset, *args, **kwargs)
+        return super().__new__(cls)
+
     def __init__(
         self,
         dataset: ImageList | TarShards | Subset[Any],
@@ -176,20 +194,7 @@ class Loader:
             raise ValueError(f"prefetch must be >= 1, got {prefetch}")
         if num_threads is not None and num_threads < 1:
             raise ValueError(f"num_threads must be >= 1, got {num_threads}")
-        group = process_group()
-        if rank is None or world_size is None:
-            if group is not None:
-                rank = group[0] if rank is None else rank
-                world_size = group[1] if world_size is None else world_size
-            elif rank is None and world_size is None:
-                rank, world_size = 0, 1
-            else:
-                raise ValueError(
-                    "give both rank and world_size, or neither (then they come from the "
-                    f"torch.distributed process group); got rank={rank}, world_size={world_size}"
-                )
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
+        rank, world_size = rank_and_world(rank, world_size)
         self.dataset = dataset
         self.batch_size = int(batch_size)
         self.transform = chosen

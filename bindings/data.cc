@@ -278,7 +278,10 @@ class PyShardLoader : public PyLoader {
     so.lookahead_shards = sa.lookahead_shards;
     so.range_bytes = sa.range_bytes;
     so.max_in_flight = a.max_in_flight;
-    source_ = ValueOrThrow(shards::ShardSource::Create(store.store, std::move(keys), std::move(counts), so));
+    {
+      nb::gil_scoped_release release;
+      source_ = ValueOrThrow(shards::ShardSource::Create(store.store, std::move(keys), std::move(counts), so));
+    }
     fields_ = !sa.fields.empty();
     decode_images_ = source_->has_images();
     o.decode_images = decode_images_;

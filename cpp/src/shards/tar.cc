@@ -264,8 +264,10 @@ Status TarStream::Step(bool* progressed) {
   *progressed = false;
   if (pos_ > total_) {  // inside a member being skipped
     if (!finished_) return Status::Ok();
-    const Skipped& k = *skipping_;
-    if (total_ < k.end) return Broken(k.header_at, CutShort(k.end - k.header_at - kBlock, total_ - k.header_at - kBlock), k.name);
+    if (skipping_ && total_ < skipping_->end) {
+      const Skipped& k = *skipping_;
+      return Broken(k.header_at, CutShort(k.end - k.header_at - kBlock, total_ - k.header_at - kBlock), k.name);
+    }
     done_ = true;  // the shard ends inside the last member's padding
     return Flush();
   }

@@ -207,6 +207,7 @@ TEST(TarStreamTest, AnyPieceSizeGivesWhatTheWholeShardGives) {
       good + TarMember("004.jpg", std::string(2000, 'x')).substr(0, 1300),  // a member cut short
       good + TarMember("004.jpg", "y").substr(0, 100),            // cut inside a header
       good + TarMember("005.cls", "5") + TarEnd(),                // a sample without an image
+      good + TarMember("006.jpg", "y").substr(0, 600),            // ends inside a member's padding
   };
   for (const std::string& tar : tars) {
     for (bool skip : {false, true}) {

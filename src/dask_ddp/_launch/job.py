@@ -356,9 +356,11 @@ class Job:
                 await self._bounded(self.client.cancel(
                     left, asynchronous=True, reason="dask-ddp job ended",
                     msg=f"job {self.name!r} ended"))
+        # Dask deletes a Variable through a stream message (no reply to wait for).
         with contextlib.suppress(Exception):
-            await self._bounded(self.client.scheduler.variable_delete(
-                name=master_variable_name(self.id)))
+            from distributed import Variable
+
+            Variable(master_variable_name(self.id), client=self.client).delete()
         for event in (abort_event_name(self.id), master_variable_name(self.id)):
             with contextlib.suppress(Exception):
                 await self._bounded(self.client.scheduler.event_clear(name=event))

@@ -123,6 +123,11 @@ class _Supervisor:
                 port = self._await_master_port()
             return self._run_process(port, workdir)
         finally:
+            if spec.rank == 0 and store is not None:
+                # However rank 0 ended, its address is of no use any more; the client's
+                # cleanup may have run before it was published (a cancel that reached this
+                # worker only after the publish).
+                self._withdraw_master()
             remove_workdir(workdir)
             del store  # stops rank 0's rendezvous server and frees its port
 
@@ -134,14 +139,19 @@ class _Supervisor:
         name = master_variable_name(self.spec.job_id)
         Variable(name, client=self.client).set(f"{self.spec.master_addr}:{port}")
         Event(name, client=self.client).set()
-        try:
-            self._check_stop(None)
-        except JobError:
-            with contextlib.suppress(Exception):
-                Variable(name, client=self.client).delete()
-            with contextlib.suppress(Exception):
-                Event(name, client=self.client).clear()
-            raise
+        self._check_stop(None)  # the run's end withdraws the address
+
+    def _withdraw_master(self) -> None:
+        """Take rank 0's rendezvous address back off the scheduler (never raises)."""
+        from distributed import Variable
+
+        name = master_variable_name(self.spec.job_id)
+        # Dask deletes a Variable through a stream message (no reply to wait for).
+        with contextlib.suppress(Exception):
+            Variable(name, client=self.client).delete()
+        with contextlib.suppress(Exception):
+            self.client.sync(self.client.scheduler.event_clear, name=name,
+                             callback_timeout=self.waits.scheduler_call)
 
     def _await_master_port(self) -> int:
         from distributed import Event, Variable

@@ -68,6 +68,11 @@ def webdataset_baseline(urls: str, rounds: int, workers: int) -> None:
     )
     loader = wds.WebLoader(ds, batch_size=BATCH, num_workers=workers, persistent_workers=True)
     torch.manual_seed(0)
+    _print_epoch_rates(loader, rounds)
+
+
+def _print_epoch_rates(loader: Any, rounds: int) -> None:
+    """One JSON line of samples/s per epoch of ``loader`` (the warm-up epoch first)."""
     for epoch in range(rounds + 1):
         t0 = time.perf_counter()
         n = sum(int(x.shape[0]) for x, _ in loader)
@@ -87,12 +92,7 @@ def webdataset_npy_baseline(urls: str, rounds: int, workers: int) -> None:
         .to_tuple("npy", "cls")
     )
     loader = wds.WebLoader(ds, batch_size=BATCH, num_workers=workers, persistent_workers=True)
-    for epoch in range(rounds + 1):
-        t0 = time.perf_counter()
-        n = sum(int(x.shape[0]) for x, _ in loader)
-        rate = n / (time.perf_counter() - t0)
-        sys.stdout.write(json.dumps({"epoch": epoch, "images": n, "rate": rate}) + "\n")
-        sys.stdout.flush()
+    _print_epoch_rates(loader, rounds)
 
 
 def prepare_npy(root: Path, n: int, shape: tuple[int, ...]) -> list[int]:

@@ -6,8 +6,11 @@ PARTS persisted partitions on a LocalCluster of 2 workers, 2 ranks, batch BATCH,
 ``shuffle=True``, (x, y) batches. Every figure is rows/s over both ranks (the slower
 rank's epoch time), best of --epochs epochs after the first:
 
-1. dask-ddp ``Loader(table, features=..., label="y")`` in a ``dask_ddp.submit`` job; its
-   time to the first batch (Loader made -> first batch) on persisted data;
+1. dask-ddp ``Loader(table, features=..., label="y")`` in a ``dask_ddp.submit`` job, three
+   ways: with its default cache (the partitions kept in the rank after their first read),
+   that run's first epoch (every read included), and ``cache=False`` (every epoch read
+   window by window, as for a table larger than the cache); the time to the first batch
+   (Loader made -> first batch) on persisted data;
 2. the in-memory floor, in the same rank process: the rank's rows already one tensor,
    batches by indexing with the epoch's permutation (target: 1 >= 0.8x 2);
 3. ``DataLoader`` over a map-style dataset of the rows (``DistributedSampler``, default
@@ -18,8 +21,9 @@ rank's epoch time), best of --epochs epochs after the first:
 5. a skewed placement (90% of the partitions on one worker), shuffle=True: exact row
    counts on both ranks, no hang;
 6. Parquet (--parquet): the same rows in PARTS row groups of files, read by
-   ``Table.from_parquet`` in the ranks (file:// and http:// from nginx on loopback) against
-   pyarrow's own reader (``ParquetFile.read_row_group`` of local files) in torchrun ranks.
+   ``Table.from_parquet`` in the ranks (file://, and s3:// from nginx on loopback with
+   SigV4-signed requests) the three ways of 1., against pyarrow's own reader
+   (``ParquetFile.read_row_group`` of local files, every epoch) in torchrun ranks.
 
 Run:  python benchmarks/bench_tables.py [--rows 2000000] [--cols 32] [--parts 16]
       [--batch 1024] [--epochs 3] [--no-ray] [--parquet]
@@ -68,7 +72,8 @@ def _epochs_best(times: list[float]) -> float:
     return min(times[1:]) if len(times) > 1 else times[0]
 
 
-def ours_rank(table: Any, cols: int, batch: int, epochs: int) -> dict[str, Any]:
+def ours_rank(table: Any, cols: int, batch: int, epochs: int, cache: bool | None = None
+              ) -> dict[str, Any]:
     """dask-ddp's Loader over the table, then the in-memory floor in the same process."""
     import torch
 
@@ -76,7 +81,7 @@ def ours_rank(table: Any, cols: int, batch: int, epochs: int) -> dict[str, Any]:
 
     t0 = time.perf_counter()
     loader = Loader(table, batch_size=batch, shuffle=True, seed=0, features=_features(cols),
-                    label="y")
+                    label="y", cache=cache)
     first = None
     times, rows = [], 0
     for epoch in range(epochs):
@@ -241,6 +246,31 @@ def rate(results: list[dict[str, Any]], key: str = "epoch_s") -> float:
     return sum(r["rows"] for r in results) / slow
 
 
+def first_epoch_rate(results: list[dict[str, Any]]) -> float:
+    """Rows/s of the first epoch (every read included: the cache is empty)."""
+    return sum(r["rows"] for r in results) / max(r["epoch_s"][0] for r in results)
+
+
+def run_ours(client: Any, data: Any, a: argparse.Namespace, name: str,
+             **submit: Any) -> dict[str, Any]:
+    """dask-ddp's figures over ``data``: cached (the default for a table that fits), its
+    first epoch, and without the cache (every epoch read window by window)."""
+    import dask_ddp
+
+    out: dict[str, Any] = {}
+    for cache in (None, False):
+        res = dask_ddp.submit(client, ours_rank, data, a.cols, a.batch, a.epochs, cache,
+                              progress=False, **submit).result(timeout=1800)
+        if cache is None:
+            out[f"{name}_rows_s"] = rate(res)
+            out[f"{name}_first_epoch_rows_s"] = first_epoch_rate(res)
+            out[f"{name}_first_batch_s"] = max(r["first_batch_s"] for r in res)
+            out[f"{name}_floor_rows_s"] = rate(res, "floor_epoch_s")
+        else:
+            out[f"{name}_nocache_rows_s"] = rate(res)
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     p.add_argument("--rows", type=int, default=2_000_000)
@@ -272,11 +302,10 @@ def main() -> None:
                                for i in range(a.parts)], meta=meta, verify_meta=False)
         ddf = ddf.persist()
         wait(ddf)
-        ours = dask_ddp.submit(client, ours_rank, ddf, a.cols, a.batch, a.epochs,
-                               progress=False).result(timeout=1800)
-        figures["ours_rows_s"] = rate(ours)
-        figures["floor_rows_s"] = rate(ours, "floor_epoch_s")
-        figures["first_batch_s"] = max(r["first_batch_s"] for r in ours)
+        ours = run_ours(client, ddf, a, "ours")
+        figures.update(ours)
+        figures["floor_rows_s"] = figures.pop("ours_floor_rows_s")
+        figures["first_batch_s"] = figures.pop("ours_first_batch_s")
         # A skewed placement: 90% of the partitions on one worker.
         workers = sorted(client.scheduler_info()["workers"])
         cut = max(1, round(a.parts * 0.9))
@@ -297,10 +326,12 @@ def main() -> None:
     ray_results = run_ray(a)
     if ray_results is not None:
         figures["ray_rows_s"] = rate(ray_results)
-    figures["vs_floor"] = figures["ours_rows_s"] / figures["floor_rows_s"]
-    figures["vs_dataloader"] = figures["ours_rows_s"] / figures["dataloader_rows_s"]
-    if "ray_rows_s" in figures:
-        figures["vs_ray"] = figures["ours_rows_s"] / figures["ray_rows_s"]
+    for mode in ("", "_first_epoch", "_nocache"):
+        ours_rate = figures[f"ours{mode}_rows_s"]
+        figures[f"vs_floor{mode}"] = ours_rate / figures["floor_rows_s"]
+        figures[f"vs_dataloader{mode}"] = ours_rate / figures["dataloader_rows_s"]
+        if "ray_rows_s" in figures:
+            figures[f"vs_ray{mode}"] = ours_rate / figures["ray_rows_s"]
     figures["load"] = benchenv.load_average()
     for k, v in figures.items():
         logger.info("%-22s %s", k, f"{v:,.3f}" if isinstance(v, float) else v)
@@ -324,21 +355,27 @@ def bench_parquet(client: Any, ddf: Any, a: argparse.Namespace) -> dict[str, Any
             pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), path)
             files.append(path)
         table = dask_ddp.data.Table.from_parquet([f"file://{f}" for f in files])
-        res = dask_ddp.submit(client, ours_rank, table, a.cols, a.batch, a.epochs,
-                              progress=False).result(timeout=1800)
-        out["parquet_file_rows_s"] = rate(res)
+        out.update(run_ours(client, table, a, "parquet_file"))
+        # nginx serving the files as bucket "bench" on loopback; the ranks sign every
+        # request (SigV4, dummy credentials nginx does not check), as from S3.
+        os.makedirs(os.path.join(root, "bench"))
+        os.symlink(root, os.path.join(root, "bench", "tables"))
+        creds = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
+                 "AWS_REGION": "us-east-1"}
+        for var, value in creds.items():  # the footers are read here, signed too
+            os.environ.setdefault(var, value)
         with start_nginx(Path(root)) as nginx:
-            url = f"http://127.0.0.1:{nginx.port}"
-            table = dask_ddp.data.Table.from_parquet([f"{url}/{os.path.basename(f)}"
-                                                      for f in files])
-            res = dask_ddp.submit(client, ours_rank, table, a.cols, a.batch, a.epochs,
-                                  progress=False).result(timeout=1800)
-            out["parquet_http_rows_s"] = rate(res)
+            table = dask_ddp.data.Table.from_parquet(
+                [f"s3://bench/tables/{os.path.basename(f)}" for f in files],
+                endpoint_url=nginx.url, region="us-east-1")
+            out.update(run_ours(client, table, a, "parquet_s3", env=creds))
         _, pa_res = peers.run_torchrun("bench_tables:pyarrow_rank",
                                        [files, a.cols, a.batch, a.epochs])
         out["pyarrow_rows_s"] = rate(pa_res)
-        out["parquet_file_vs_pyarrow"] = out["parquet_file_rows_s"] / out["pyarrow_rows_s"]
-        out["parquet_http_vs_pyarrow"] = out["parquet_http_rows_s"] / out["pyarrow_rows_s"]
+        for where in ("file", "s3"):
+            for mode in ("", "_first_epoch", "_nocache"):
+                out[f"parquet_{where}{mode}_vs_pyarrow"] = \
+                    out[f"parquet_{where}{mode}_rows_s"] / out["pyarrow_rows_s"]
     return out
 
 

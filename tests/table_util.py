@@ -70,7 +70,7 @@ def resume_exactly(table: Any, stop_after: int, **loader_kwargs: Any) -> dict[st
 
 
 def resume_other_world(table: Any, old_world: int, new_world: int, stop_after: int,
-                       batch_size: int) -> dict[str, Any]:
+                       batch_size: int, cache: bool | None = None) -> dict[str, Any]:
     """In one process: ``old_world`` loaders read ``stop_after`` batches of epoch 0 and save,
     then ``new_world`` loaders resume from rank 0's state; the rows each part read."""
     from dask_ddp.data import Loader
@@ -79,7 +79,7 @@ def resume_other_world(table: Any, old_world: int, new_world: int, stop_after: i
     state = None
     for r in range(old_world):
         ld = Loader(table, batch_size=batch_size, shuffle=True, seed=4, rank=r,
-                    world_size=old_world)
+                    world_size=old_world, cache=cache)
         for i, b in enumerate(ld):
             seen.extend(int(v) for v in b["id"].tolist())
             if i + 1 == stop_after:
@@ -89,7 +89,7 @@ def resume_other_world(table: Any, old_world: int, new_world: int, stop_after: i
     rest: list[list[int]] = []
     for r in range(new_world):
         ld = Loader(table, batch_size=batch_size, shuffle=True, seed=4, rank=r,
-                    world_size=new_world)
+                    world_size=new_world, cache=cache)
         ld.load_state_dict(state)  # type: ignore[arg-type]
         rows: list[int] = []
         for b in ld:

@@ -38,10 +38,11 @@ def _run(client: Any, fn: Any, *args: Any, timeout: float = 240, **kwargs: Any) 
     return list(job.result(timeout=timeout))
 
 
-def test_persisted_frame_every_row_once_equal_batches(client: Any) -> None:
+@pytest.mark.parametrize("cache", [True, False], ids=["cached", "window-by-window"])
+def test_persisted_frame_every_row_once_equal_batches(client: Any, cache: bool) -> None:
     ddf = _frame().persist()
     job = dask_ddp.submit(client, read_epochs, ddf, batch_size=256, shuffle=True, seed=0,
-                          progress=False)
+                          cache=cache, progress=False)
     results = job.result(timeout=240)
     # The ranks got a description, not the data (130 KB of rows): the payload is small.
     assert len(job.options.payload) < 20_000, len(job.options.payload)
@@ -57,6 +58,59 @@ def test_persisted_frame_every_row_once_equal_batches(client: Any) -> None:
     assert parts == set(range(7))
 
 
+def test_cache_reads_each_partition_once_and_keeps_the_order(client: Any) -> None:
+    """With the cache, a rank reads each partition once for the whole run (none after the
+    first epoch) and yields the batches the window-by-window reads yield."""
+    from dask_ddp.data.table_loader import TableLoader
+
+    ddf = _frame(6007, 6).persist()  # held: the table does not hold its partitions
+    table = dask_ddp.data.Table(ddf, client=client)
+    seen: dict[bool, list[list[int]]] = {}
+    for cache in (True, False):
+        loader = TableLoader(table, 256, shuffle=True, seed=3, rank=1, world_size=2,
+                             cache=cache)
+        reader = loader._get_reader()
+        starts: list[int] = []
+        start = reader.start
+
+        def counting(partitions: Any, rows: Any, _start: Any = start,
+                     _starts: list[int] = starts) -> Any:
+            _starts.extend(int(p) for p in partitions)
+            return _start(partitions, rows)
+
+        reader.start = counting
+        batches, per_epoch = [], []
+        for epoch in range(3):
+            loader.set_epoch(epoch)
+            before = len(starts)
+            batches.extend(b["id"].tolist() for b in loader)
+            per_epoch.append(len(starts) - before)
+        seen[cache] = batches
+        if cache:
+            assert sorted(starts) == list(range(6)), starts  # each partition once
+            assert per_epoch[1:] == [0, 0], per_epoch
+        else:
+            assert all(n > 0 for n in per_epoch), per_epoch  # read again every epoch
+        loader.close()
+    assert seen[True] == seen[False]
+
+
+def test_cache_is_off_when_the_rows_exceed_the_configured_size(client: Any) -> None:
+    import dask
+
+    from dask_ddp.data.table_loader import TableLoader
+
+    ddf = _frame(1000, 2).persist()
+    table = dask_ddp.data.Table(ddf, client=client)
+    with dask.config.set({"dask-ddp.data.table-cache": "1 KiB"}):
+        assert TableLoader(table, 10, rank=0, world_size=1)._cache is None
+    with dask.config.set({"dask-ddp.data.table-cache": "1 MiB"}):
+        assert TableLoader(table, 10, rank=0, world_size=1)._cache == {}
+    with dask.config.set({"dask-ddp.data.table-cache": 0}):
+        assert TableLoader(table, 10, rank=0, world_size=1)._cache is None
+        assert TableLoader(table, 10, rank=0, world_size=1, cache=True)._cache == {}
+
+
 def test_kwargs_and_dispatch_run_and_unshuffled_order(client: Any) -> None:
     ddf = _frame(1001, 3).persist()
     futures = dask_ddp.dispatch.run(client, read_epochs, table=ddf, epochs=1, batch_size=100,
@@ -68,29 +122,33 @@ def test_kwargs_and_dispatch_run_and_unshuffled_order(client: Any) -> None:
     assert results[1]["epochs"][0]["ids"] == list(range(1, 1001, 2)) + [0]
 
 
-def test_not_persisted_frame_is_computed_as_read(client: Any) -> None:
+@pytest.mark.parametrize("cache", [True, False], ids=["cached", "window-by-window"])
+def test_not_persisted_frame_is_computed_as_read(client: Any, cache: bool) -> None:
     ddf = _frame(3001, 5).map_partitions(lambda d: d.assign(a=d["a"]), meta=_frame()._meta)
     table = dask_ddp.data.Table(ddf, client=client)
     assert not table.persisted and len(table) == 3001
-    results = _run(client, read_epochs, table, batch_size=128, drop_last=True)
+    results = _run(client, read_epochs, table, batch_size=128, drop_last=True, cache=cache)
     for r in results:
         assert set(r["epochs"][0]["sizes"]) == {128}
     ids = np.concatenate([r["epochs"][0]["ids"] for r in results])
     assert len(ids) == len(set(ids.tolist())) == (3001 // 2 // 128) * 128 * 2
 
 
-def test_exact_resume_same_world(client: Any) -> None:
+@pytest.mark.parametrize("cache", [True, False], ids=["cached", "window-by-window"])
+def test_exact_resume_same_world(client: Any, cache: bool) -> None:
     ddf = _frame(4000, 6).persist()
-    results = _run(client, resume_exactly, ddf, stop_after=5, batch_size=100, seed=9)
+    results = _run(client, resume_exactly, ddf, stop_after=5, batch_size=100, seed=9,
+                   cache=cache)
     for r in results:
         assert r["head"] == r["full"][:5]
         assert r["tail"] == r["full"][5:]
         assert r["state"]["batch"] == 5 and r["state"]["epoch"] == 1
 
 
-def test_resume_on_another_world_size_reads_every_unseen_row(client: Any) -> None:
+@pytest.mark.parametrize("cache", [True, False], ids=["cached", "window-by-window"])
+def test_resume_on_another_world_size_reads_every_unseen_row(client: Any, cache: bool) -> None:
     ddf = _frame(2501, 5).persist()
-    (r,) = _run(client, resume_other_world, ddf, 3, 2, 2, 100, n_workers=1)
+    (r,) = _run(client, resume_other_world, ddf, 3, 2, 2, 100, cache, n_workers=1)
     seen, rest = set(r["seen"]), r["rest"]
     assert len({len(x) for x in rest}) == 1
     got = set(np.concatenate(rest).tolist())

@@ -48,10 +48,12 @@ def test_from_parquet_files_describes_row_groups(tmp_path: Path) -> None:
         dask_ddp.data.Table.from_parquet(str(tmp_path / "nothing"))
 
 
-def test_parquet_files_read_by_the_ranks(client: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize("cache", [True, False], ids=["cached", "window-by-window"])
+def test_parquet_files_read_by_the_ranks(client: Any, tmp_path: Path, cache: bool) -> None:
     n = _write(tmp_path / "t")
     table = dask_ddp.data.Table.from_parquet(str(tmp_path / "t"), columns=["id", "a", "b", "emb"])
-    job = dask_ddp.submit(client, read_epochs, table, batch_size=128, progress=False)
+    job = dask_ddp.submit(client, read_epochs, table, batch_size=128, cache=cache,
+                          progress=False)
     results = job.result(timeout=240)
     check_epoch_coverage(results, n, 2)
     assert results[0]["shapes"]["emb"] == (128, 2)

@@ -13,11 +13,27 @@
 
 from __future__ import annotations
 
-from dask_ddp.data import transforms
-from dask_ddp.data.datasets import IMG_EXTENSIONS, ImageFolder, ImageList, S3ImageFolder
-from dask_ddp.data.loader import Loader
-from dask_ddp.data.shards import TarShards, write_shards
-from dask_ddp.data.table import Table, TableColumnError
+from typing import TYPE_CHECKING
+
+from dask_ddp._lazy import attribute_loader
+
+if TYPE_CHECKING:
+    from dask_ddp.data import transforms
+    from dask_ddp.data.datasets import IMG_EXTENSIONS, ImageFolder, ImageList, S3ImageFolder
+    from dask_ddp.data.loader import Loader
+    from dask_ddp.data.shards import TarShards, write_shards
+    from dask_ddp.data.table import Table, TableColumnError
+
+# Names are imported on first use (PEP 562): a Dask worker serving a table's rows imports
+# ``dask_ddp.data.table_fetch`` (numpy only), not torch through the datasets.
+_WHERE = {
+    "transforms": "dask_ddp.data.transforms",
+    **{n: f"dask_ddp.data.datasets:{n}"
+       for n in ("IMG_EXTENSIONS", "ImageFolder", "ImageList", "S3ImageFolder")},
+    "Loader": "dask_ddp.data.loader:Loader",
+    **{n: f"dask_ddp.data.shards:{n}" for n in ("TarShards", "write_shards")},
+    **{n: f"dask_ddp.data.table:{n}" for n in ("Table", "TableColumnError")},
+}
 
 __all__ = [
     "IMG_EXTENSIONS",
@@ -31,3 +47,4 @@ __all__ = [
     "transforms",
     "write_shards",
 ]
+__getattr__ = attribute_loader(__name__, _WHERE)

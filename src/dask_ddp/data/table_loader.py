@@ -41,24 +41,49 @@ _DLPACK_CODE = {"i": 0, "u": 1, "f": 2, "b": 6}
 
 
 class _Window:
-    """The rows of one window of a rank's epoch: per partition, its sorted rows."""
+    """The rows of one window of a rank's epoch: per partition, its sorted rows.
 
-    def __init__(self, rows: np.ndarray, offsets: np.ndarray) -> None:
-        # One sort: the window's distinct rows in table order, cut at partition bounds.
-        uniq = np.unique(rows)
-        bounds = np.searchsorted(uniq, offsets)
-        counts = np.diff(bounds)
-        self.partitions = np.flatnonzero(counts)
-        starts = bounds[self.partitions]
-        self.rows: list[np.ndarray] = [
-            uniq[a:a + k] - offsets[p]
-            for p, a, k in zip(self.partitions, starts, counts[self.partitions], strict=True)]
-        pos = np.searchsorted(uniq, rows)
-        seg = np.searchsorted(starts, pos, side="right") - 1
-        self.seg = seg.astype(np.int32)
-        self.row = (pos - starts[seg]).astype(np.int64)
+    Linear in the window's rows and its partitions' sizes (no sort): a mark per row of
+    the window's partitions, laid end to end in partition order; the marked ones are the
+    distinct rows in table order, and a running count of the marks gives each position
+    its row inside its partition's piece.
+    """
+
+    def __init__(self, rows: np.ndarray, offsets: np.ndarray, *, whole: bool = False) -> None:
+        part = np.searchsorted(offsets, rows, side="right") - 1
+        present = np.zeros(len(offsets) - 1, bool)
+        present[part] = True
+        self.partitions = np.flatnonzero(present)
         self.data: list[np.ndarray] | None = None
         self.pending: list[Any] = []
+        self.rows: list[np.ndarray]  # each partition's rows read, sorted
+        if whole:
+            # Whole partitions (the loader's cache): a row's index is its row in the
+            # partition.
+            seg_of = np.zeros(len(offsets) - 1, np.int32)
+            seg_of[self.partitions] = np.arange(len(self.partitions), dtype=np.int32)
+            self.seg = seg_of[part]
+            self.row = rows - offsets[part]
+            self.rows = [np.arange(offsets[p + 1] - offsets[p], dtype=np.int64)
+                         for p in self.partitions]
+            return
+        sizes = offsets[self.partitions + 1] - offsets[self.partitions]
+        # Where each present partition starts in the marks (partitions in table order).
+        base = np.zeros(len(offsets) - 1, np.int64)
+        base[self.partitions] = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+        compact = base[part] + (rows - offsets[part])
+        marks = np.zeros(int(sizes.sum()), bool)
+        marks[compact] = True
+        rank_of = np.cumsum(marks, dtype=np.int64) - 1  # index among the distinct rows
+        firsts = rank_of[base[self.partitions] + sizes - 1] + 1  # distinct rows so far
+        seg_start = np.concatenate([[0], firsts[:-1]])
+        self.rows = [
+            np.flatnonzero(marks[b:b + k]).astype(np.int64)
+            for b, k in zip(base[self.partitions], sizes, strict=True)]
+        seg_of = np.zeros(len(offsets) - 1, np.int32)
+        seg_of[self.partitions] = np.arange(len(self.partitions), dtype=np.int32)
+        self.seg = seg_of[part]
+        self.row = rank_of[compact] - seg_start[self.seg]
 
 
 class TableLoader:
@@ -68,7 +93,7 @@ class TableLoader:
                  seed: int = 0, features: Sequence[str] | None = None,
                  label: str | None = None, drop_last: bool = False, rank: int | None = None,
                  world_size: int | None = None, num_threads: int | None = None,
-                 prefetch: int = 4, window: int = 4) -> None:
+                 prefetch: int = 4, window: int = 4, cache: bool | None = None) -> None:
         if shuffle not in _SHUFFLES or isinstance(shuffle, int) and not isinstance(shuffle, bool):
             raise ValueError(f"shuffle must be True, False or 'local', got {shuffle!r}")
         if batch_size < 1:
@@ -94,9 +119,13 @@ class TableLoader:
         self._offsets = np.concatenate([[0], np.cumsum(np.asarray(table.partition_rows,
                                                                   np.int64))])
         self._pieces: list[list[tuple[int, int, int]]] | None = None
+        self._rows_cache: tuple[Any, tuple[np.ndarray, np.ndarray]] | None = None
         if shuffle == "local":
             self._pieces = self._local_pieces()
         self._pool = _core.GatherPool(self.num_threads)
+        #: Whole partitions kept in this process across epochs (partition -> records, or
+        #: the started read of them); None: rows are read window by window each epoch.
+        self._cache: dict[int, Any] | None = {} if self._use_cache(cache) else None
         self._reader: Any = None
         self._reader_lock = threading.Lock()
         self._stop: threading.Event | None = None
@@ -105,6 +134,27 @@ class TableLoader:
             # the first batch does not wait for it.
             threading.Thread(target=self._warm, name="dask-ddp-table-connect",
                              daemon=True).start()
+
+    def _use_cache(self, cache: bool | None) -> bool:
+        """Whether to keep the partitions read across epochs: ``cache`` if given, else
+        when the rows this loader reads fit ``dask-ddp.data.table-cache``."""
+        if cache is not None:
+            return bool(cache)
+        from dask_ddp import _config
+
+        value = _config.get("dask-ddp.data.table-cache")
+        need = len(self.table) * record_layout(self._columns)[1]
+        if value in (False, None, 0, "0", "off"):
+            return False
+        if value == "auto":
+            local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
+            budget = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // (4 * local)
+        else:
+            budget = _config.positive_bytes("dask-ddp.data.table-cache", allow_zero=True)
+        if self.rank == 0:
+            logger.info("table cache: %s (%d MB of rows for %d MB allowed per rank)",
+                        "on" if need <= budget else "off", need >> 20, budget >> 20)
+        return need <= budget
 
     def _warm(self) -> None:
         with contextlib.suppress(Exception):  # the first read raises it again, in context
@@ -209,9 +259,19 @@ class TableLoader:
                                          drop_last=self.drop_last, window=self.window)
 
     def _rank_rows(self) -> tuple[np.ndarray, np.ndarray]:
-        """This rank's rows of the current epoch and their window ids."""
-        if self._resume is not None and self._resume["epoch"] == self.epoch:
-            r = self._resume
+        """This rank's rows of the current epoch and their window ids (computed once per
+        epoch: ``len(loader)`` and the iteration share them)."""
+        resume = self._resume if self._resume is not None \
+            and self._resume["epoch"] == self.epoch else None
+        key = (self.epoch, repr(resume))
+        if self._rows_cache is None or self._rows_cache[0] != key:
+            self._rows_cache = (key, self._compute_rank_rows(resume))
+        return self._rows_cache[1]
+
+    def _compute_rank_rows(self, resume: dict[str, Any] | None
+                           ) -> tuple[np.ndarray, np.ndarray]:
+        if resume is not None:
+            r = resume
             old = self._sequence_for_world(r["world_size"], r.get("pieces"))
             seq = table_plan.resumed_sequence(old, consumed_per_rank=r["consumed"],
                                               old_world=r["world_size"],
@@ -219,7 +279,8 @@ class TableLoader:
                                               drop_last=self.drop_last)
         else:
             seq = self._sequence(self.epoch, self.world_size)
-        return seq.for_rank(self.rank, self.world_size)
+        rows, wins = seq.for_rank(self.rank, self.world_size)
+        return np.ascontiguousarray(rows), np.ascontiguousarray(wins)
 
     def _sequence_for_world(self, world: int, pieces: Any) -> table_plan.EpochSequence:
         if pieces is not None:
@@ -270,9 +331,42 @@ class TableLoader:
         reader = self._get_reader()
         if self.table.source == "parquet":
             return  # read in _ready (decoding happens in this process anyway)
-        win.pending = reader.start([int(p) for p in win.partitions], win.rows)
+        if self._cache is None:
+            win.pending = reader.start([int(p) for p in win.partitions], win.rows)
+            return
+        todo = [i for i, p in enumerate(win.partitions) if int(p) not in self._cache]
+        if todo:
+            started = reader.start([int(win.partitions[i]) for i in todo],
+                                   [win.rows[i] for i in todo])
+            for pend in started:
+                self._cache[pend.partition] = pend
+
+    def _cached(self, win: _Window) -> list[np.ndarray]:
+        """The window's whole partitions from the cache, read (or finished) when missing."""
+        assert self._cache is not None
+        reader = self._get_reader()
+        data = []
+        for part, rows in zip(win.partitions, win.rows, strict=True):
+            p = int(part)
+            entry = self._cache.get(p)
+            if entry is None or not isinstance(entry, np.ndarray):
+                try:
+                    if entry is None and self.table.source == "parquet":
+                        entry = reader.read(p, rows)
+                    else:
+                        if entry is None:
+                            entry = reader.start([p], [rows])[0]
+                        entry = reader.finish(entry)
+                except BaseException:
+                    self._cache.pop(p, None)  # read again on the next request
+                    raise
+                self._cache[p] = entry
+            data.append(entry)
+        return data
 
     def _ready(self, win: _Window) -> list[np.ndarray]:
+        if win.data is None and self._cache is not None:
+            win.data = self._cached(win)
         if win.data is None:
             reader = self._get_reader()
             if self.table.source == "parquet":
@@ -309,26 +403,31 @@ class TableLoader:
         n = len(rows)
         nb = n // self.batch_size if self.drop_last else -(-n // self.batch_size)
         if self.rank == 0 and start == 0:
-            offsets = self._offsets
-            parts = np.searchsorted(offsets, rows, side="right") - 1
+            parts = np.searchsorted(self._offsets, rows, side="right") - 1
             logger.info("table plan, epoch %d (shuffle=%r): %d rows per rank in %d batches, "
                         "%d windows; rank 0 reads %d partitions", self.epoch, self.shuffle, n,
-                        nb, len(np.unique(wins)), len(np.unique(parts)))
-        bounds = np.flatnonzero(np.diff(wins)) + 1
-        starts = np.concatenate([[0], bounds]).astype(np.int64)
-        ends = np.concatenate([bounds, [n]]).astype(np.int64)
+                        nb, int(np.count_nonzero(np.diff(wins))) + 1 if n else 0,
+                        int(np.count_nonzero(np.bincount(parts, minlength=1))))
+        bounds = (np.flatnonzero(np.diff(wins)) + 1).tolist()
+        starts: list[int] = [0, *bounds]
+        ends: list[int] = [*bounds, n]
 
         def window(w: int) -> _Window:
             if w not in windows:
-                windows[w] = _Window(rows[starts[w]:ends[w]], self._offsets)
+                windows[w] = _Window(rows[starts[w]:ends[w]], self._offsets,
+                                     whole=self._cache is not None)
                 self._request(windows[w])
             return windows[w]
 
         cached: tuple[tuple[int, ...], Any] | None = None
+        w0 = 0
         for b in range(start, nb):
             lo, hi = b * self.batch_size, min(n, (b + 1) * self.batch_size)
-            w0 = int(np.searchsorted(ends, lo, side="right"))
-            w1 = int(np.searchsorted(ends, hi - 1, side="right"))
+            while ends[w0] <= lo:
+                w0 += 1
+            w1 = w0
+            while ends[w1] < hi:
+                w1 += 1
             for w in [w for w in windows if w < w0]:
                 del windows[w]  # its batches are out: its rows are freed
             used = [window(w) for w in range(w0, w1 + 1)]
@@ -338,17 +437,21 @@ class TableLoader:
             key = tuple(range(w0, w1 + 1))
             if cached is None or cached[0] != key:
                 cached = (key, self._window_of(used))
-            seg_idx, row_idx = [], []
-            base = 0
-            for w, win in zip(range(w0, w1 + 1), used, strict=True):
-                a, z = max(lo, int(starts[w])), min(hi, int(ends[w]))
-                if a < z:
-                    seg_idx.append(win.seg[a - starts[w]:z - starts[w]] + base)
-                    row_idx.append(win.row[a - starts[w]:z - starts[w]])
-                base += len(win.partitions)
-            tensors = cached[1].gather(
-                self._pool, np.ascontiguousarray(np.concatenate(seg_idx), np.int32),
-                np.ascontiguousarray(np.concatenate(row_idx), np.int64))
+            if w0 == w1:  # the common case: slices, no copy
+                seg, row = used[0].seg[lo - starts[w0]:hi - starts[w0]], \
+                    used[0].row[lo - starts[w0]:hi - starts[w0]]
+            else:
+                seg_idx, row_idx = [], []
+                base = 0
+                for w, win in zip(range(w0, w1 + 1), used, strict=True):
+                    a, z = max(lo, starts[w]), min(hi, ends[w])
+                    if a < z:
+                        seg_idx.append(win.seg[a - starts[w]:z - starts[w]] + base)
+                        row_idx.append(win.row[a - starts[w]:z - starts[w]])
+                    base += len(win.partitions)
+                seg = np.concatenate(seg_idx).astype(np.int32, copy=False)
+                row = np.concatenate(row_idx).astype(np.int64, copy=False)
+            tensors = cached[1].gather(self._pool, seg, row)
             item = (b, self._assemble(tensors))
             while not stop.is_set():
                 try:
@@ -457,9 +560,14 @@ class TableLoader:
                     self.num_samples)
 
     def close(self) -> None:
-        """Stop the gather thread of an iteration in progress."""
+        """Stop the gather thread of an iteration in progress and drop the cached rows."""
         if self._stop is not None:
             self._stop.set()
+        if self._cache:
+            cache, self._cache = self._cache, {}
+            for entry in cache.values():
+                if not isinstance(entry, np.ndarray) and self._reader is not None:
+                    self._reader.cancel(entry)
 
     def __repr__(self) -> str:
         return (f"Loader({self.table!r}, batch_size={self.batch_size}, shuffle={self.shuffle!r}, "

@@ -63,11 +63,41 @@ def column_view(records: np.ndarray, c: Column, offset: int) -> np.ndarray:
     return records[:, offset:offset + c.row_bytes].view(np.dtype(c.dtype)).reshape(n, *c.shape)
 
 
-def pack(columns: Sequence[Column], arrays: Mapping[str, np.ndarray]) -> np.ndarray:
-    """Column arrays of equal length packed into records (uint8 [rows, record bytes])."""
-    offsets, size = record_layout(columns)
-    n = len(arrays[columns[0].name]) if columns else 0
+#: Rows written per pass over the columns: the records being written stay in the cache
+#: (one column at a time over all rows writes every cache line of the records 33 times
+#: for 33 columns; measured 2-8x slower for 125k rows).
+_BLOCK = 4096
+
+
+def fill_records(records: np.ndarray, columns: Sequence[Column],
+                 sources: Sequence[tuple[np.ndarray, Any]]) -> None:
+    """Write each column's values into ``records`` (uint8 [rows, record bytes]), a block of
+    rows at a time. ``sources[i]`` is ``(array, index)`` for ``columns[i]``: ``index``
+    None (the array's rows are the records' rows), a ``(start, stop)`` range or an
+    integer array of the array's rows to take."""
+    offsets, _ = record_layout(columns)
+    n = records.shape[0]
+    views = [column_view(records, c, off) for c, off in zip(columns, offsets, strict=True)]
+    for a in range(0, n, _BLOCK):
+        z = min(n, a + _BLOCK)
+        for view, (array, index) in zip(views, sources, strict=True):
+            if index is None:
+                view[a:z] = array[a:z]
+            elif isinstance(index, tuple):
+                view[a:z] = array[index[0] + a:index[0] + z]
+            else:
+                np.take(array, index[a:z], axis=0, out=view[a:z], mode="clip")
+
+
+def pack(columns: Sequence[Column], arrays: Mapping[str, np.ndarray],
+         rows: np.ndarray | None = None) -> np.ndarray:
+    """Column arrays of equal length packed into records (uint8 [rows, record bytes]);
+    with ``rows``, only those rows of each array, in that order (one copy)."""
+    _, size = record_layout(columns)
+    if rows is not None:
+        n = len(rows)
+    else:
+        n = len(arrays[columns[0].name]) if columns else 0
     records = np.empty((n, size), np.uint8)
-    for c, off in zip(columns, offsets, strict=True):
-        column_view(records, c, off)[...] = arrays[c.name]
+    fill_records(records, columns, [(arrays[c.name], rows) for c in columns])
     return records

@@ -28,7 +28,7 @@ import numpy as np
 from dask_ddp.data.table_columns import (
     Column,
     TableColumnError,
-    column_view,
+    fill_records,
     record_layout,
     unsupported,
 )
@@ -132,17 +132,17 @@ def _column_values(part: Any, c: Column, rows: Any, partition: int) -> np.ndarra
 
 def _fill(records: np.ndarray, part: Any, rows: Any, columns: Sequence[Column],
           partition: int) -> None:
-    """Write rows ``rows`` of a partition into ``records``, column by column."""
-    offsets, _ = record_layout(columns)
-    for c, off in zip(columns, offsets, strict=True):
-        view = column_view(records, c, off)
-        if c.kind == "numpy" and not isinstance(rows, tuple) and not isinstance(part, np.ndarray):
-            a = part[c.name].to_numpy() if c.name in part else None
-            if a is not None and a.dtype == np.dtype(c.dtype):
+    """Write rows ``rows`` of a partition into ``records`` (a block of rows at a time)."""
+    sources: list[tuple[np.ndarray, Any]] = []
+    for c in columns:
+        if c.kind == "numpy" and not isinstance(part, np.ndarray) and c.name in part:
+            a = part[c.name].to_numpy()
+            if a.dtype == np.dtype(c.dtype):
                 # Straight from the column into the records: one copy.
-                np.take(a, rows, axis=0, out=view, mode="clip")
+                sources.append((a, rows))
                 continue
-        view[...] = _column_values(part, c, rows, partition)
+        sources.append((_column_values(part, c, rows, partition), None))
+    fill_records(records, columns, sources)
 
 
 def export_rows(part: Any, rows: Any, columns: Sequence[Column], target: dict[str, Any],

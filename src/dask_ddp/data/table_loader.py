@@ -328,9 +328,8 @@ class TableLoader:
             return self._reader
 
     def _request(self, win: _Window) -> None:
+        """Start the window's reads (the partitions not cached yet, with the cache)."""
         reader = self._get_reader()
-        if self.table.source == "parquet":
-            return  # read in _ready (decoding happens in this process anyway)
         if self._cache is None:
             win.pending = reader.start([int(p) for p in win.partitions], win.rows)
             return
@@ -351,12 +350,9 @@ class TableLoader:
             entry = self._cache.get(p)
             if entry is None or not isinstance(entry, np.ndarray):
                 try:
-                    if entry is None and self.table.source == "parquet":
-                        entry = reader.read(p, rows)
-                    else:
-                        if entry is None:
-                            entry = reader.start([p], [rows])[0]
-                        entry = reader.finish(entry)
+                    if entry is None:
+                        entry = reader.start([p], [rows])[0]
+                    entry = reader.finish(entry)
                 except BaseException:
                     self._cache.pop(p, None)  # read again on the next request
                     raise
@@ -369,16 +365,12 @@ class TableLoader:
             win.data = self._cached(win)
         if win.data is None:
             reader = self._get_reader()
-            if self.table.source == "parquet":
-                win.data = [reader.read(int(p), rows) for p, rows in zip(win.partitions,
-                                                                         win.rows, strict=True)]
-            else:
-                pending, win.pending = win.pending, []
-                try:
-                    win.data = [reader.finish(p) for p in pending]
-                finally:
-                    for p in pending:
-                        reader.cancel(p)  # the ones not finished (an error)
+            pending, win.pending = win.pending, []
+            try:
+                win.data = [reader.finish(p) for p in pending]
+            finally:
+                for p in pending:
+                    reader.cancel(p)  # the ones not finished (an error)
         return win.data
 
     def _produce(self, out: queue.Queue[Any], stop: threading.Event, start: int) -> None:

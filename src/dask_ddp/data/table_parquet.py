@@ -7,6 +7,7 @@ stores, and pyarrow decodes them.
 
 from __future__ import annotations
 
+import concurrent.futures
 import io
 import logging
 import threading
@@ -117,8 +118,18 @@ def describe(url_or_urls: str | Sequence[str], columns: Sequence[str] | None,
             "row_groups": parts, "storage_options": dict(options)}
 
 
+class ParquetPending:
+    """A started read of one row group."""
+
+    def __init__(self, partition: int, future: concurrent.futures.Future[np.ndarray]) -> None:
+        self.partition, self.future = partition, future
+
+
 class ParquetReader:
     """A rank's reader of a Parquet table's row groups (its files opened once)."""
+
+    #: Row groups read at once in the background (pyarrow decodes with the GIL released).
+    THREADS = 2
 
     def __init__(self, table: Any, columns: Sequence[Column] | None = None) -> None:
         self.table = table
@@ -126,6 +137,28 @@ class ParquetReader:
         self._stores: dict[str, Any] = {}
         self._files: dict[int, Any] = {}
         self._lock = threading.Lock()
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+
+    # The Dask reader's protocol (start, finish, cancel): reads run ahead on threads.
+    def start(self, partitions: Sequence[int], rows: Sequence[np.ndarray]
+              ) -> list[ParquetPending]:
+        """Start reading rows ``rows[i]`` (sorted) of row group ``partitions[i]`` in the
+        background; :meth:`finish` waits for each."""
+        with self._lock:
+            if self._pool is None:
+                self._pool = concurrent.futures.ThreadPoolExecutor(
+                    self.THREADS, thread_name_prefix="dask-ddp-parquet")
+            pool = self._pool
+        return [ParquetPending(int(p), pool.submit(self.read, int(p), r))
+                for p, r in zip(partitions, rows, strict=True)]
+
+    def finish(self, pending: ParquetPending) -> np.ndarray:
+        """The records of a started read (raises its error)."""
+        return pending.future.result()
+
+    def cancel(self, pending: ParquetPending) -> None:
+        """Drop a started read that will not be finished."""
+        pending.future.cancel()
 
     def read(self, partition: int, rows: np.ndarray) -> np.ndarray:
         """Rows ``rows`` (sorted) of row group ``partition`` as records (uint8 [rows,

@@ -86,9 +86,11 @@ class Loader:
     Given a :class:`~dask_ddp.data.Table` (a Dask DataFrame or Array, or Parquet), it
     returns the table's loader instead: ``Loader(table, batch_size, *, shuffle=True |
     False | "local", seed=0, features=None, label=None, drop_last=False, rank=None,
-    world_size=None, num_threads=None, prefetch=4, window=4)``, batches as a dict of
-    column tensors, or ``(x, y)`` with ``features``/``label``; the same ``set_epoch``,
-    ``state_dict`` and ``load_state_dict`` (see README "Datasets: tables").
+    world_size=None, num_threads=None, prefetch=4, window=4, cache=None)``, batches as a
+    dict of column tensors, or ``(x, y)`` with ``features``/``label``; the same
+    ``set_epoch``, ``state_dict`` and ``load_state_dict``; ``cache`` keeps the partitions
+    read in the rank across epochs (default: when they fit ``dask-ddp.data.table-cache``);
+    see README "Datasets: tables".
 
     Parameters
     ----------

@@ -36,7 +36,7 @@ from dask_ddp._launch.options import LaunchOptions
 from dask_ddp._launch.placement import RankSpec, choose_workers, rank_layout, worker_host
 from dask_ddp._launch.root_cause import lost_error, pick_root, record_of
 from dask_ddp._launch.supervisor import collect_stacks, run_rank
-from dask_ddp.errors import StallError, WorkerLostError
+from dask_ddp.errors import FailureKind, StallError, WorkerLostError
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +77,9 @@ class Job:
         self.output_dir = Path(options.output_dir) if options.output_dir is not None else None
         self._monitor: JobMonitor | None = None
         self._lost: dict[int, WorkerLostError] = {}
+        #: The ranks' return values, read by the watcher as the job ends (a worker that
+        #: dies afterwards cannot take them along; its rank's future becomes "lost").
+        self._values: list[Any] | None = None
         self._stall: StallError | None = None
         self._states: dict[int, Any] = {}
         self._cancelled = False
@@ -125,7 +128,7 @@ class Job:
                 raise error
             if self._cancelled:
                 raise concurrent.futures.CancelledError(f"job {self.name!r} was cancelled")
-            values = list(self.client.gather(self.futures))
+            values = self._values if self._values is not None else self._gather_values()
         except BaseException:
             # The job's own error wins over a failure to collect its metrics.
             try:
@@ -135,6 +138,18 @@ class Job:
             raise
         self._stop_monitor(monitor_timeout)
         return values
+
+    def _gather_values(self) -> list[Any]:
+        """The ranks' return values from their futures (the watcher could not read them);
+        a value lost with its worker raises instead of waiting for a recomputation that
+        cannot run (each rank is pinned to its worker)."""
+        for r, f in enumerate(self.futures):
+            if f.status in ("lost", "cancelled"):
+                raise WorkerLostError(
+                    f"rank {r} of job {self.name!r} finished, but its return value was lost "
+                    f"with its worker {self.workers[r]} before the client read it",
+                    r, self.workers[r], kind=FailureKind.LOST)
+        return list(self.client.gather(self.futures))
 
     def _stop_monitor(self, timeout: float) -> None:
         # The monitor stays attached: metrics() reads its records after the job.
@@ -282,6 +297,13 @@ class Job:
                     logger.warning("watcher of job %r: %s: %s (retrying)", self.name,
                                    type(exc).__name__, exc)
                 await asyncio.sleep(waits.watch_poll)
+            if all(f.status == "finished" for f in self.futures):
+                try:
+                    self._values = list(await self._bounded(
+                        self.client.gather(self.futures, asynchronous=True)))
+                except Exception as exc:  # result() reads them again, or names the loss
+                    logger.warning("job %r: reading the ranks' return values failed: %s: %s",
+                                   self.name, type(exc).__name__, exc)
         except Exception:
             logger.exception("watcher of job %r failed; stopping the job", self.name)
         finally:
@@ -350,7 +372,9 @@ class Job:
     async def _cleanup(self) -> None:
         # No task of an ended job stays on the scheduler (a pinned task of a lost worker
         # would wait in no-worker and ask an adaptive cluster for workers).
-        left = [f for f in self.futures if f.status not in _FINAL]
+        # A "lost" future (its rank finished, then its worker died with the value) would be
+        # computed again by Dask, pinned to the dead worker: no-worker for good.
+        left = [f for f in self.futures if f.status not in ("finished", "error", "cancelled")]
         if left:
             with contextlib.suppress(Exception):
                 await self._bounded(self.client.cancel(

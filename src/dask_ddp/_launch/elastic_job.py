@@ -249,9 +249,9 @@ class ElasticJob:
                 status = known[w].get("status", "?")
                 why.append(f"{w} (status {status}: it cannot take a rank)")
             elif w in lost:
-                why.append(f"{w} (it died during an attempt; no worker came back in its "
-                           "place: was it killed again soon after its nanny restarted "
-                           "it? distributed.deploy.lost-worker-timeout)")
+                why.append(f"{w} (it died during an attempt and no worker came back in "
+                           "its place: its nanny is gone too, or did not restart it because "
+                           "it died twice within distributed.deploy.lost-worker-timeout)")
             else:
                 why.append(f"{w} (it left the cluster)")
         return "; missing: " + ", ".join(why) if why else ""

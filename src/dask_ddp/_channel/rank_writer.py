@@ -47,6 +47,8 @@ logger = logging.getLogger(__name__)
 _F_SETPIPE_SZ = 1031  # Linux fcntl: grow a pipe's kernel buffer
 #: Seconds between two looks at the stop flag while the Forwarder waits.
 _POLL_S = 0.2
+#: A put that takes longer than this (seconds) is logged.
+_SLOW_PUT_S = 5.0
 
 
 # ------------------------------------------------------------------------------ rank side
@@ -405,6 +407,7 @@ class Forwarder:
             coro = self._worker.scheduler.dask_ddp_results_put(
                 topic=topic, entries=batch, writer=self.task_key
             )
+            began = time.monotonic()
             try:
                 reply = self._call(coro, min(120.0, self._retry_for))
             except (OSError, asyncio.TimeoutError, TimeoutError) as e:
@@ -423,6 +426,10 @@ class Forwarder:
                 delay = min(delay * 2, 2.0)
                 continue
             failing_since = None
+            took = time.monotonic() - began
+            if took > _SLOW_PUT_S:  # a diagnosis for records that arrive late
+                logger.warning("job %s rank %s: a results put to %s took %.1f s (%d entries)",
+                               self.job_id, self.rank, topic, took, len(batch))
             reply = checked_reply(reply, "dask_ddp_results_put", address)
             if reply.get("dropped") and not self._dropped_warned:
                 self._dropped_warned = True

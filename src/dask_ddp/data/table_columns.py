@@ -90,11 +90,14 @@ def fill_records(records: np.ndarray, columns: Sequence[Column],
 
 
 def pack(columns: Sequence[Column], arrays: Mapping[str, np.ndarray],
-         rows: np.ndarray | None = None) -> np.ndarray:
+         rows: np.ndarray | tuple[int, int] | None = None) -> np.ndarray:
     """Column arrays of equal length packed into records (uint8 [rows, record bytes]);
-    with ``rows``, only those rows of each array, in that order (one copy)."""
+    with ``rows`` (an integer array, or a ``(start, stop)`` range), only those rows of
+    each array, in that order (one copy)."""
     _, size = record_layout(columns)
-    if rows is not None:
+    if isinstance(rows, tuple):
+        n = rows[1] - rows[0]
+    elif rows is not None:
         n = len(rows)
     else:
         n = len(arrays[columns[0].name]) if columns else 0

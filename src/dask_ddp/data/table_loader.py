@@ -57,12 +57,12 @@ class _Window:
         self.data: list[np.ndarray] | None = None
         self.pending: list[Any] = []
         self.rows: list[np.ndarray]  # each partition's rows read, sorted
+        seg_of = np.zeros(len(offsets) - 1, np.int32)
+        seg_of[self.partitions] = np.arange(len(self.partitions), dtype=np.int32)
+        self.seg = seg_of[part]
         if whole:
             # Whole partitions (the loader's cache): a row's index is its row in the
             # partition.
-            seg_of = np.zeros(len(offsets) - 1, np.int32)
-            seg_of[self.partitions] = np.arange(len(self.partitions), dtype=np.int32)
-            self.seg = seg_of[part]
             self.row = rows - offsets[part]
             self.rows = [np.arange(offsets[p + 1] - offsets[p], dtype=np.int64)
                          for p in self.partitions]
@@ -80,9 +80,6 @@ class _Window:
         self.rows = [
             np.flatnonzero(marks[b:b + k]).astype(np.int64)
             for b, k in zip(base[self.partitions], sizes, strict=True)]
-        seg_of = np.zeros(len(offsets) - 1, np.int32)
-        seg_of[self.partitions] = np.arange(len(self.partitions), dtype=np.int32)
-        self.seg = seg_of[part]
         self.row = rank_of[compact] - seg_start[self.seg]
 
 

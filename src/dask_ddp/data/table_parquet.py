@@ -197,9 +197,8 @@ class ParquetReader:
         n = len(rows)
         if n == len(batch):
             return pack(self.columns, out)  # the whole row group (the loader's cache)
-        if n and rows[-1] - rows[0] + 1 == n:
-            return pack(self.columns, {k: v[rows[0]:rows[0] + n] for k, v in out.items()})
-        return pack(self.columns, out, rows)
+        contiguous = n and rows[-1] - rows[0] + 1 == n
+        return pack(self.columns, out, (int(rows[0]), int(rows[0]) + n) if contiguous else rows)
 
 
 class StoreFile(io.RawIOBase):

@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 import pytest
-from distributed import Client
+from distributed import Client, wait
 
 import dask_ddp
 from cluster_util import cluster_client, local_cluster
@@ -83,3 +83,39 @@ def test_a_restart_without_its_workers_names_the_missing_one() -> None:
         ids = [a.id for a in job.attempts]
         wait_until(lambda: [t for i in ids for t in client.run_on_scheduler(active_tasks, i)],
                    30, "tasks of the job's attempts left on the scheduler")
+
+
+
+@pytest.mark.parametrize("when", ["after-result", "as-futures-finish"])
+def test_a_value_lost_after_the_job_errs_instead_of_waiting(when: str) -> None:
+    # The user holds the ranks' futures after the job (the seed's dispatch.run returns
+    # them). Rank 1's worker is then closed with its nanny: Dask would compute the finished
+    # rank again, pinned to the gone worker, so the task would wait in no-worker for good
+    # and result() with it. Instead the future errs at once, naming the rank, its job and
+    # the worker, and no task of the job stays active on the scheduler. "as-futures-finish"
+    # kills while the job's watcher may still be ending the job.
+    with local_cluster(2) as cluster, Client(cluster) as client:
+        if when == "after-result":
+            job = dask_ddp.submit(client, chaos_train, 5, -1, -1, progress=False)
+            assert [v["rank"] for v in job.result(timeout=120)] == [0, 1]
+            futures = job.futures
+        else:
+            futures = dask_ddp.dispatch.run(client, chaos_train, 5, -1, -1)
+            wait(futures, timeout=120)
+        gone = next(iter(client.who_has(futures[1])[futures[1].key]))
+        nanny = next(n for n in cluster.workers.values() if n.worker_address == gone)
+        cluster.sync(nanny.close, timeout=30)
+        t0 = time.monotonic()
+        with pytest.raises(dask_ddp.WorkerLostError) as info:
+            futures[1].result(timeout=60)
+        message = str(info.value)
+        assert "rank 1 " in message and gone in message, message
+        assert "finished" in message, message
+        assert info.value.rank == 1 and info.value.worker == gone
+        assert time.monotonic() - t0 < 30, "the lost value waited before it erred"
+        assert futures[0].result(timeout=10)["rank"] == 0  # its worker is still there
+        if when == "after-result":
+            assert [v["rank"] for v in job.result(timeout=10)] == [0, 1]  # kept
+        key = str(futures[1].key)
+        wait_until(lambda: client.run_on_scheduler(active_tasks, key), 30,
+                   "the lost rank's task left active on the scheduler")

@@ -205,3 +205,35 @@ def test_a_put_waiting_on_a_full_topic_that_is_closed_is_dropped(client: Client)
     assert not t.is_alive()
     assert result.get("dropped"), result
     assert topic not in _topics(client)
+
+
+def hold_until(name: str, timeout: float) -> bool:
+    """Occupy this worker's one thread until the Event ``name`` is set (at most ``timeout``)."""
+    return Event(name).wait(timeout)
+
+
+def test_a_rendezvous_timeout_names_the_rank_that_never_came(client: Client) -> None:
+    # One worker's only thread is busy with another task, so the rank placed there never
+    # starts its process; its peer gives up after rendezvous_timeout. The error names the
+    # rank with no process and its worker (the stacks of the peers still running would
+    # follow; none is running here), read before the abort.
+    busy_worker = sorted(client.scheduler_info(n_workers=-1)["workers"])[1]
+    release = Event(f"release-{os.getpid()}-{time.time()}", client=client)
+    busy = client.submit(hold_until, release.name, 120, workers=[busy_worker], pure=False)
+    wait_until(lambda: not client.processing(workers=[busy_worker])[busy_worker], 30,
+               "the busy task did not start")
+    try:
+        job = dask_ddp.submit(client, sleep_only, 0.1, n_workers=2, rendezvous_timeout=6,
+                              stall_timeout=None, progress=False)
+        waiting = job.workers.index(busy_worker)
+        wait_until(lambda: job.root_error() is None, 90, "no rank gave up waiting")
+        message = str(job.root_error())
+        assert "no process running" in message, message
+        assert f"{waiting} (worker {busy_worker})" in message, message
+    finally:
+        release.set()
+    assert busy.result(timeout=30) is True
+    with pytest.raises(dask_ddp.JobError):
+        job.result(timeout=60)
+    wait_until(lambda: client.run_on_scheduler(active_tasks, job.id), 30,
+               "tasks of the job left on the scheduler")

@@ -24,7 +24,7 @@ from typing import Any
 from dask_ddp._channel.monitor import JobMonitor
 from dask_ddp._channel.reader import prepare as prepare_channel
 from dask_ddp._dashboard import events as dashboard
-from dask_ddp._launch import jobs, stall, workdir
+from dask_ddp._launch import guard, jobs, stall, workdir
 from dask_ddp._launch.names import (
     abort_event_name,
     failure_topic,
@@ -221,6 +221,8 @@ class Job:
         """The error naming the job's root cause, or ``None`` while no rank failed."""
         if self._stall is not None:
             return self._stall
+        if self._values is not None:
+            return None  # every rank finished and was read: a later loss changes nothing
         errors: list[tuple[int, BaseException]] = []
         for rank, fut in enumerate(self.futures):
             if rank in self._lost:
@@ -240,7 +242,7 @@ class Job:
                 # Pinned, never moved, never retried: a rank belongs to its worker; if that
                 # worker goes, the job fails (the watcher notices) instead of waiting forever.
                 self.futures.append(self.client.submit(
-                    run_rank, spec, key=f"{self.name}-{self.id}-{spec.rank}",
+                    run_rank, spec, key=guard.rank_key(self.name, self.id, spec.rank),
                     workers=[spec.worker], allow_other_workers=False, pure=False, retries=0,
                     resources=res))
             jobs.remember(self)
@@ -346,6 +348,8 @@ class Job:
     def _final_state(self) -> str:
         """The ended job's state for the job page (its root cause comes from the ranks)."""
         statuses = {f.status for f in self.futures}
+        if self._values is not None:
+            return "done"
         if self._lost or "error" in statuses:
             return "failed"
         return "cancelled" if self._cancelled or statuses - {"finished"} else "done"
@@ -372,9 +376,10 @@ class Job:
     async def _cleanup(self) -> None:
         # No task of an ended job stays on the scheduler (a pinned task of a lost worker
         # would wait in no-worker and ask an adaptive cluster for workers).
-        # A "lost" future (its rank finished, then its worker died with the value) would be
-        # computed again by Dask, pinned to the dead worker: no-worker for good.
-        left = [f for f in self.futures if f.status not in ("finished", "error", "cancelled")]
+        # A "lost" future (its rank finished, then its worker died with the value) is not
+        # cancelled: the scheduler's RankTaskGuard errs it with the loss (see guard.py).
+        left = [f for f in self.futures
+                if f.status not in ("finished", "error", "cancelled", "lost")]
         if left:
             with contextlib.suppress(Exception):
                 await self._bounded(self.client.cancel(
@@ -437,6 +442,7 @@ def launch(client: Any, options: LaunchOptions, *, workers: list[str] | None = N
     job = Job(client, options, uuid.uuid4().hex, [i["worker"] for i in layout])
     prepare_channel(client, job.id)
     workdir.install_cleaner(client)
+    guard.install(client)
     dashboard.install(client)
     dashboard.job_started(client, job_id=job.id, run_id=run_id or job.id, name=job.name,
                           attempt=restart, workers=job.workers,

@@ -192,11 +192,11 @@ def read_stacks(pid: int, workdir: str, timeout: float) -> str:
     """The Python stack of every thread of rank process ``pid`` (blocking, up to
     ``timeout`` seconds)."""
     path = os.path.join(workdir, STACKS_FILE)
+    if is_stopped(pid):
+        return "(no stack: the rank process is stopped (SIGSTOP or a debugger); it is frozen)"
     if not os.path.exists(path):
         return "(no stack: the rank process does not answer stack requests: a command, " \
                "or it has not started its Python yet)"
-    if is_stopped(pid):
-        return "(no stack: the rank process is stopped (SIGSTOP or a debugger); it is frozen)"
     with open(path, "r+") as f:
         f.truncate(0)
     try:

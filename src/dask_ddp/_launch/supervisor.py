@@ -30,7 +30,7 @@ from typing import IO, Any
 from dask_ddp._channel.rank_writer import Forwarder
 from dask_ddp._channel.wire import metrics_topic
 from dask_ddp._dashboard.sampler import RankSampler
-from dask_ddp._launch import probe, rank_env
+from dask_ddp._launch import probe, rank_env, stall
 from dask_ddp._launch.names import (
     abort_event_name,
     failure_topic,
@@ -69,6 +69,14 @@ _running_lock = threading.Lock()
 
 
 _RUNNING_STATES = ("executing", "long-running")
+
+
+def _waited_for_peers(phase: str, what: str) -> bool:
+    """Whether a rank's failure is a wait for its peers that ran out (rendezvous, process
+    group setup, a timed-out collective)."""
+    text = what.lower()
+    return (phase in ("rendezvous", "init_process_group")
+            or ("timed out" in text or "timeout" in text))
 
 
 def run_rank(spec: RankSpec) -> Any:
@@ -404,6 +412,9 @@ class _Supervisor:
 
     def _failed(self, phase: str, what: str, cause: BaseException | None, tb: str,
                 claimed: bool = False, died: bool = False) -> RankFailedError:
+        # A rank that gave up waiting for its peers: what they were doing is the diagnosis
+        # (read before the abort below stops them).
+        peers = self._peer_stacks() if _waited_for_peers(phase, what) else ""
         # Tell the peers first: they stop within one abort poll instead of waiting in a
         # collective until the backend's timeout.
         with contextlib.suppress(Exception):
@@ -414,6 +425,7 @@ class _Supervisor:
                f"failed{where}: {what}")
         if tb and not died:
             msg += f"\n\nTraceback from rank {spec.rank}:\n{tb.rstrip()}"
+        msg += peers
         if cause is None and tb:
             cause = RemoteException(tb)
         kind = (FailureKind.DIED if died else
@@ -421,6 +433,36 @@ class _Supervisor:
         err = RankFailedError(msg, spec.rank, spec.worker, tb, cause, kind)
         self._publish(record_of(err))
         return err
+
+    def _peer_stacks(self) -> str:
+        """The other ranks' live stacks, and the ranks with no process, as message text."""
+        spec, wait = self.spec, self.waits.stacks_timeout
+
+        async def read() -> Any:
+            return await self.client.run(collect_stacks, spec.job_id, wait,
+                                         workers=sorted(set(spec.workers)),
+                                         on_error="return", asynchronous=True)
+
+        try:
+            replies = self.client.sync(read, callback_timeout=wait + 10)
+        except Exception as exc:  # the error it goes into matters more
+            return f"\n\n(the other ranks' stacks could not be read: {exc})"
+        stacks: dict[int, str] = {}
+        for reply in replies.values():
+            if isinstance(reply, dict) and spec.job_id in reply:
+                stacks.update(reply[spec.job_id]["stacks"])
+        stacks.pop(spec.rank, None)
+        text = ""
+        if stacks:
+            text += ("\n\nPython stacks of the other ranks still running:\n"
+                     + stall.stacks_text(dict(sorted(stacks.items())), list(spec.workers)))
+        missing = [r for r in range(len(spec.workers)) if r != spec.rank and r not in stacks]
+        if missing:
+            text += ("\n\nranks with no process running: "
+                     + ", ".join(f"{r} (worker {spec.workers[r]})" for r in missing)
+                     + ": not started yet (its worker busy with other tasks, or waiting "
+                     "for rank 0's rendezvous address), or already ended")
+        return text
 
     def _publish(self, record: Mapping[str, Any]) -> None:
         with contextlib.suppress(Exception):

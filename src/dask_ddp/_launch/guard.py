@@ -66,7 +66,7 @@ class RankTaskGuard(SchedulerPlugin):
 
     def transition(self, key: Any, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
         if start == "memory" and finish == "released":
-            if isinstance(key, str) and RANK_KEY.match(key):
+            if isinstance(key, str) and RANK_KEY.match(key) and self._is_rank(key):
                 self._left_memory.add(key)
         elif key in self._left_memory:
             if finish == "no-worker":
@@ -74,6 +74,14 @@ class RankTaskGuard(SchedulerPlugin):
                 asyncio.get_running_loop().call_soon(self._err, key)
             elif finish in ("memory", "erred", "forgotten"):
                 self._left_memory.discard(key)
+
+    def _is_rank(self, key: str) -> bool:
+        """Whether ``key`` is a rank's task: it runs the launcher's ``run_rank``, pinned."""
+        ts = self.scheduler.tasks.get(key) if self.scheduler is not None else None
+        func = getattr(getattr(ts, "run_spec", None), "func", None)
+        return (ts is not None and not ts.loose_restrictions
+                and getattr(func, "__name__", "") == "run_rank"
+                and getattr(func, "__module__", "") == "dask_ddp._launch.supervisor")
 
     def _err(self, key: str) -> None:
         scheduler = self.scheduler

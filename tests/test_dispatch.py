@@ -70,6 +70,10 @@ def test_seed_run_returns_plain_futures(client: Client) -> None:
     job = dispatch.job_of(futures)
     assert job is not None and job.futures == futures and job.name == "with_local_rank"
     assert all(f.key.startswith("with_local_rank-") for f in futures)
+    # The futures are the caller's: the job's watcher does not read the values a second
+    # time (a large return value crosses once); the job still answers result().
+    assert job.result(timeout=60) == [0, 1, 2, 3]
+    assert job._values is None
 
 
 def test_ddp_matches_single_process(client: Client) -> None:

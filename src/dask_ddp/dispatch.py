@@ -208,7 +208,7 @@ def run(client: Any, pytorch_function: Callable[..., Any], *args: Any, backend: 
     job = launch(client, LaunchOptions.build(
         name=getattr(pytorch_function, "__name__", None) or "dask-ddp",
         payload=cloudpickle.dumps((pytorch_function, args, kwargs)), backend=backend,
-        pass_local_rank=pass_local_rank, stall_timeout=stall_timeout))
+        pass_local_rank=pass_local_rank, stall_timeout=stall_timeout), keep_values=False)
     job._table_sources = tables  # type: ignore[attr-defined]
     return list(job.futures)
 

@@ -78,8 +78,13 @@ class Job:
         self._monitor: JobMonitor | None = None
         self._lost: dict[int, WorkerLostError] = {}
         #: The ranks' return values, read by the watcher as the job ends (a worker that
-        #: dies afterwards cannot take them along; its rank's future becomes "lost").
+        #: dies afterwards cannot take them along; its rank's future becomes "lost"), when
+        #: ``keep_values`` (``dispatch.run`` hands the futures to its user instead: a
+        #: large value would cross twice).
+        self.keep_values = True
         self._values: list[Any] | None = None
+        #: Every rank finished: the job's outcome, fixed (a later loss changes nothing).
+        self._all_finished = False
         self._stall: StallError | None = None
         self._states: dict[int, Any] = {}
         self._cancelled = False
@@ -221,8 +226,8 @@ class Job:
         """The error naming the job's root cause, or ``None`` while no rank failed."""
         if self._stall is not None:
             return self._stall
-        if self._values is not None:
-            return None  # every rank finished and was read: a later loss changes nothing
+        if self._all_finished:
+            return None  # every rank finished: a value lost later changes nothing
         errors: list[tuple[int, BaseException]] = []
         for rank, fut in enumerate(self.futures):
             if rank in self._lost:
@@ -299,7 +304,8 @@ class Job:
                     logger.warning("watcher of job %r: %s: %s (retrying)", self.name,
                                    type(exc).__name__, exc)
                 await asyncio.sleep(waits.watch_poll)
-            if all(f.status == "finished" for f in self.futures):
+            self._all_finished = all(f.status == "finished" for f in self.futures)
+            if self._all_finished and self.keep_values:
                 try:
                     self._values = list(await self._bounded(
                         self.client.gather(self.futures, asynchronous=True)))
@@ -348,9 +354,9 @@ class Job:
     def _final_state(self) -> str:
         """The ended job's state for the job page (its root cause comes from the ranks)."""
         statuses = {f.status for f in self.futures}
-        if self._values is not None:
+        if self._all_finished:
             return "done"
-        if self._lost or "error" in statuses:
+        if self._lost or statuses & {"error", "lost"}:  # lost: a value went with its worker
             return "failed"
         return "cancelled" if self._cancelled or statuses - {"finished"} else "done"
 
@@ -424,8 +430,9 @@ class Job:
 
 
 def launch(client: Any, options: LaunchOptions, *, workers: list[str] | None = None,
-           restart: int = 0, run_id: str | None = None) -> Job:
-    """Place and start one attempt of a job; ``workers`` overrides ``options``'s choice.
+           restart: int = 0, run_id: str | None = None, keep_values: bool = True) -> Job:
+    """Place and start one attempt of a job; ``workers`` overrides ``options``'s choice;
+    ``keep_values=False``: the job's watcher does not read the ranks' values at the end.
 
     Raises
     ------
@@ -440,6 +447,7 @@ def launch(client: Any, options: LaunchOptions, *, workers: list[str] | None = N
                                  options.workers, options.resources)
     layout = rank_layout(workers, options.nprocs_per_worker)
     job = Job(client, options, uuid.uuid4().hex, [i["worker"] for i in layout])
+    job.keep_values = keep_values
     prepare_channel(client, job.id)
     workdir.install_cleaner(client)
     guard.install(client)

@@ -413,8 +413,10 @@ class _Supervisor:
     def _failed(self, phase: str, what: str, cause: BaseException | None, tb: str,
                 claimed: bool = False, died: bool = False) -> RankFailedError:
         # A rank that gave up waiting for its peers: what they were doing is the diagnosis
-        # (read before the abort below stops them).
-        peers = self._peer_stacks() if _waited_for_peers(phase, what) else ""
+        # (read before the abort below stops them; by the first rank to give up only, so
+        # that many ranks timing out together do not all read every rank's stack).
+        peers = (self._peer_stacks()
+                 if _waited_for_peers(phase, what) and not self._aborted() else "")
         # Tell the peers first: they stop within one abort poll instead of waiting in a
         # collective until the backend's timeout.
         with contextlib.suppress(Exception):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import time
+from typing import Any
 
 import psutil
 import pytest
@@ -196,3 +197,18 @@ def test_client_disconnect_stops_ranks(client: Client) -> None:
     finally:
         other.close()
     wait_no_rank_processes(client.scheduler.address, 30)
+
+
+def scheduler_events(dask_scheduler: Any = None) -> list[str]:
+    """The names of the Dask Events on the scheduler (``client.run_on_scheduler``)."""
+    return sorted(dask_scheduler.extensions["events"]._events)
+
+
+def test_cancel_after_the_end_changes_nothing(client: Client) -> None:
+    # A job that ended cannot be cancelled: its result stays, and the cancel leaves no
+    # abort Event behind on the scheduler (the job's cleanup had removed it).
+    job = dask_ddp.submit(client, with_local_rank, n_workers=2, pass_local_rank=True)
+    assert job.result(timeout=120) == [0, 1]
+    job.cancel()
+    assert job.result(timeout=10) == [0, 1]
+    assert job.id not in " ".join(client.run_on_scheduler(scheduler_events))

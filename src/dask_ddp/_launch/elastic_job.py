@@ -163,7 +163,10 @@ class ElasticJob:
         return list(self._values)
 
     def cancel(self) -> None:
-        """Stop the current attempt's ranks and start no other."""
+        """Stop the current attempt's ranks and start no other (an ended job is left as
+        it is)."""
+        if self._done.is_set():
+            return
         with self._changed:
             self._cancelled = True
             current = self.current

@@ -162,7 +162,12 @@ class Job:
             self._monitor.stop(timeout=timeout)
 
     def cancel(self) -> None:
-        """Stop every rank of the job (their processes are killed) and cancel its futures."""
+        """Stop every rank of the job (their processes are killed) and cancel its futures.
+
+        A job that already ended is left as it is (its result stays).
+        """
+        if self._done.is_set():
+            return
         self._cancelled = True
         self.client.sync(self._set_abort, callback_timeout=self.options.waits.scheduler_call)
         self.client.cancel(self.futures, reason="dask-ddp job cancelled",

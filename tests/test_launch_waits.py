@@ -15,7 +15,13 @@ import pytest
 from distributed import Client, Event, get_worker
 
 import dask_ddp
-from cluster_util import client_fixture, rank_processes, sleep_only, wait_no_rank_processes
+from cluster_util import (
+    client_fixture,
+    raise_on_rank,
+    rank_processes,
+    sleep_only,
+    wait_no_rank_processes,
+)
 from dask_ddp._channel.rank_writer import Forwarder
 from dask_ddp._launch import workdir
 from dask_ddp._launch.names import master_variable_name
@@ -237,3 +243,26 @@ def test_a_rendezvous_timeout_names_the_rank_that_never_came(client: Client) -> 
         job.result(timeout=60)
     wait_until(lambda: client.run_on_scheduler(active_tasks, job.id), 30,
                "tasks of the job left on the scheduler")
+
+
+def job_topics(job_id: str, dask_scheduler: Any = None) -> list[str]:
+    """The scheduler's event topics that name ``job_id`` (``client.run_on_scheduler``)."""
+    return sorted(t for t in dask_scheduler._broker._topics if job_id in t)
+
+
+def test_an_ended_jobs_event_topics_are_dropped(client: Client) -> None:
+    # Dask keeps an event topic for the scheduler's life: a job's progress, failure and
+    # output topics, and Dask's topic of the rendezvous Variable's pseudo-client, would
+    # pile up job after job on a long-lived scheduler. None stays after the job's end.
+    ok = dask_ddp.submit(client, sleep_only, 3.0, n_workers=2, stream_output=True,
+                         progress=False)
+    wait_until(lambda: not client.run_on_scheduler(job_topics, ok.id), 60,
+               "the running job made no topic (the test would prove nothing)")
+    assert ok.result(timeout=120) == [0, 0]
+    bad = dask_ddp.submit(client, raise_on_rank, 1, "topic test", n_workers=2,
+                          progress=False)
+    with pytest.raises(dask_ddp.RankFailedError):
+        bad.result(timeout=120)
+    for job in (ok, bad):
+        wait_until(lambda j=job: client.run_on_scheduler(job_topics, j.id), 30,
+                   f"event topics of job {job.name!r} left on the scheduler")

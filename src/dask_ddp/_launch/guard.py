@@ -1,13 +1,21 @@
-"""A finished rank is never computed again: its lost value errs instead of waiting forever.
+"""The launcher's scheduler side: nothing of an ended job stays on the scheduler.
 
-A rank's task is pinned to its worker. When that worker leaves after the rank finished
-(its job ended, or is ending) while a client still holds the rank's future, Dask computes
-the task again to get the value back; pinned to a worker that is gone, the task waits in
-``no-worker`` for good, and ``future.result()`` with it. A rank cannot run again outside its
-job anyway (its peers are gone). :class:`RankTaskGuard`, a scheduler plugin the launcher
-installs, errs such a task as soon as it reaches ``no-worker``, with a
+**A finished rank is never computed again.** A rank's task is pinned to its worker. When
+that worker leaves after the rank finished (its job ended, or is ending) while a client
+still holds the rank's future, Dask computes the task again to get the value back; pinned
+to a worker that is gone, the task would wait in ``no-worker`` for good, and
+``future.result()`` with it. A rank cannot run again outside its job anyway (its peers
+are gone). :class:`JobGuard` errs such a task as soon as it reaches ``no-worker``, with a
 :class:`~dask_ddp.WorkerLostError` naming the rank, its job and the worker.
 (``Job.result()`` keeps the values the job's watcher read when the job ended.)
+
+**An ended job's event topics go.** Dask keeps every event topic for the scheduler's
+life (up to ``distributed.admin.low-level-log-length`` events each): a job's progress,
+failure and output topics, and the one Dask makes for the rendezvous Variable's
+pseudo-client, would pile up job after job. The job's cleanup asks the guard to forget
+them (:data:`FORGET_HANDLER`); it does so :data:`FORGET_DELAY_S` later, when the
+messages still in flight on the workers' and client's streams have landed, and leaves a
+topic that someone still subscribes to.
 """
 
 from __future__ import annotations
@@ -24,6 +32,10 @@ from dask_ddp.errors import FailureKind, WorkerLostError
 
 logger = logging.getLogger(__name__)
 
+#: The scheduler handler the job's cleanup calls (``topics=[...]``).
+FORGET_HANDLER = "dask_ddp_forget_topics"
+#: How long after the job's end its topics are dropped.
+FORGET_DELAY_S = 5.0
 #: A rank's key: ``f"{job name}-{job id}-{rank}"`` (the id is a uuid4's 32 hex digits).
 RANK_KEY = re.compile(r"^(?P<name>.+)-(?P<id>[0-9a-f]{32})-(?P<rank>\d+)$")
 
@@ -46,15 +58,16 @@ def lost_value_error(key: str, worker: str) -> WorkerLostError | None:
         rank, worker, kind=FailureKind.LOST)
 
 
-class RankTaskGuard(SchedulerPlugin):
-    """Errs a finished rank's task that Dask would compute again (see the module).
+class JobGuard(SchedulerPlugin):
+    """Errs a finished rank's task that Dask would compute again; forgets an ended job's
+    event topics (see the module).
 
     Only a task that left memory (its value was lost or released) and then waits in
     ``no-worker`` is touched: a rank still running whose worker leaves is the job
     watcher's to report.
     """
 
-    name = "dask-ddp-rank-guard"
+    name = "dask-ddp-job-guard"
     idempotent = True
 
     def __init__(self) -> None:
@@ -63,6 +76,21 @@ class RankTaskGuard(SchedulerPlugin):
 
     async def start(self, scheduler: Any) -> None:
         self.scheduler = scheduler
+        scheduler.handlers[FORGET_HANDLER] = self.forget_topics
+
+    def forget_topics(self, topics: list[str]) -> None:
+        """Drop these event topics in :data:`FORGET_DELAY_S` seconds (a scheduler handler)."""
+        asyncio.get_running_loop().call_later(FORGET_DELAY_S, self._drop, list(topics))
+
+    def _drop(self, topics: list[str]) -> None:
+        broker = getattr(self.scheduler, "_broker", None)
+        known = getattr(broker, "_topics", None)
+        if not isinstance(known, dict):  # a Dask without the broker: nothing to drop
+            return
+        for name in topics:
+            topic = known.get(name)
+            if topic is not None and not getattr(topic, "subscribers", None):
+                del known[name]
 
     def transition(self, key: Any, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
         if start == "memory" and finish == "released":
@@ -109,4 +137,4 @@ class RankTaskGuard(SchedulerPlugin):
 
 def install(client: Any) -> None:
     """Put the guard on ``client``'s scheduler (idempotent: one cheap round trip)."""
-    client.register_plugin(RankTaskGuard())
+    client.register_plugin(JobGuard())

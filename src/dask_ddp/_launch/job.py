@@ -388,7 +388,7 @@ class Job:
         # No task of an ended job stays on the scheduler (a pinned task of a lost worker
         # would wait in no-worker and ask an adaptive cluster for workers).
         # A "lost" future (its rank finished, then its worker died with the value) is not
-        # cancelled: the scheduler's RankTaskGuard errs it with the loss (see guard.py).
+        # cancelled: the scheduler's JobGuard errs it with the loss (see guard.py).
         left = [f for f in self.futures
                 if f.status not in ("finished", "error", "cancelled", "lost")]
         if left:
@@ -404,6 +404,16 @@ class Job:
         for event in (abort_event_name(self.id), master_variable_name(self.id)):
             with contextlib.suppress(Exception):
                 await self._bounded(self.client.scheduler.event_clear(name=event))
+        await self._forget_topics(progress_topic(self.id), failure_topic(self.id),
+                                  output_topic(self.id),
+                                  # Dask's topic of the Variable's pseudo-client
+                                  f"variable-{master_variable_name(self.id)}")
+
+    async def _forget_topics(self, *topics: str) -> None:
+        """Have the scheduler drop these event topics of the ended job (see guard.py)."""
+        with contextlib.suppress(Exception):
+            await self._bounded(getattr(self.client.scheduler, guard.FORGET_HANDLER)(
+                topics=list(topics)))
 
     # -- rank output --------------------------------------------------------------------
     def _on_output(self, event: Any) -> None:
@@ -432,6 +442,7 @@ class Job:
                 self._eof_cond.wait(left)
         with contextlib.suppress(Exception):
             self.client.unsubscribe_topic(output_topic(self.id))
+            self.client.sync(self._forget_topics, output_topic(self.id))
 
 
 def launch(client: Any, options: LaunchOptions, *, workers: list[str] | None = None,

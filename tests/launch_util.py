@@ -122,8 +122,3 @@ def collectives_forever() -> int:
     while True:
         dist.all_reduce(t)
         time.sleep(0.02)
-
-
-def failure_records(job_id: str, dask_scheduler: Any = None) -> list[dict[str, Any]]:
-    """The job's failure-topic records on the scheduler (``client.run_on_scheduler``)."""
-    return [dict(m) for _, m in dask_scheduler.get_events(f"dask-ddp-failure-{job_id}")]

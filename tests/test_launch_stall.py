@@ -21,7 +21,6 @@ from dask_ddp import dispatch
 from dask_ddp._launch.stall import find_stall
 from launch_util import (
     collectives_forever,
-    failure_records,
     long_eval_on_rank0,
     uneven_collectives,
     wait_until,
@@ -32,6 +31,12 @@ pytestmark = [pytest.mark.timeout(180)]
 client = client_fixture(2)
 
 STALL_S = 4.0
+
+
+def page_stall(job_id: str, dask_scheduler: Any = None) -> Any:
+    """The stall on the job page's JSON (``client.run_on_scheduler``)."""
+    body = dask_scheduler.extensions["dask_ddp_dashboard"].board.job_json(job_id, None)
+    return None if body is None else body["job"].get("stall")
 
 
 def test_ranks_disagreeing_on_collective_count_end_as_a_stall(client: Client) -> None:
@@ -54,11 +59,11 @@ def test_ranks_disagreeing_on_collective_count_end_as_a_stall(client: Client) ->
     # The seed's gather names the stall too, from every rank's future.
     with pytest.raises(dask_ddp.StallError):
         client.gather(job.futures)
-    # The scheduler holds the stall (a dashboard reads it): rank, collective, stacks.
-    records = client.run_on_scheduler(failure_records, job.id)
-    stall = [r for r in records if r["kind"] == "stalled"]
-    assert stall and list(stall[0]["ranks"]) == [1] and stall[0]["collective"] == "all_reduce"
-    assert "all_reduce" in stall[0]["stacks"]["1"]
+    # The scheduler holds the stall for the job page (from the job's failure topic, which
+    # is dropped a few seconds after the job's end): rank, collective, stacks.
+    stall = client.run_on_scheduler(page_stall, job.id)
+    assert stall and list(stall["ranks"]) == [1] and stall["collective"] == "all_reduce", stall
+    assert "all_reduce" in stall["stacks"]["1"]
     logging.getLogger(__name__).warning("stall error after %.1f s (stall_timeout %g s):\n%s",
                                         took, STALL_S, text)
 

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -222,3 +223,30 @@ def test_a_scripts_stall_is_found_too(client: Client, tmp_path: Any) -> None:
     assert err.ranks == [0, 1] and err.collective == "recv", str(err)
     assert "rank 1 blocked in all_reduce" in str(err), str(err)
     assert "uneven.py" in err.stacks[0] and "uneven.py" in err.stacks[1], err.stacks
+
+
+INSTALL_ORDER = """
+import faulthandler, os, sys
+from dask_ddp._launch import probe
+workdir = sys.argv[1]
+register = faulthandler.register
+def checked(*args, **kwargs):
+    named = os.path.exists(os.path.join(workdir, probe.STACKS_FILE))
+    print("stacks file named before the handler" if named else "handler first", flush=True)
+    return register(*args, **kwargs)
+faulthandler.register = checked
+probe.install(workdir)
+print("named" if os.path.exists(os.path.join(workdir, probe.STACKS_FILE)) else "unnamed")
+"""
+
+
+def test_the_stacks_file_appears_only_with_its_handler(tmp_path: Path) -> None:
+    # The supervisor sends the stacks signal once the rank's stacks file exists; the
+    # signal's default action kills the process. So the file must get its name only after
+    # the handler is registered (make stress once caught a rank killed by SIGUSR2, asked
+    # for its stacks between the two).
+    out = subprocess.run([sys.executable, "-c", INSTALL_ORDER, str(tmp_path)],
+                         capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["handler", "first", "named"], out.stdout

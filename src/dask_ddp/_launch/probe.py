@@ -101,9 +101,12 @@ def install(workdir: str) -> None:
     import torch.distributed.distributed_c10d as c10d
 
     # Append mode: the supervisor truncates the file before each request and each dump
-    # starts at its new end.
-    _stacks_file = open(os.path.join(workdir, STACKS_FILE), "a")  # noqa: SIM115 - for life
+    # starts at its new end. The supervisor signals only once the file has its name, so it
+    # gets it after the handler is in place: the signal's default action kills a process.
+    path = os.path.join(workdir, STACKS_FILE)
+    _stacks_file = open(path + ".new", "a")  # noqa: SIM115 - for life
     faulthandler.register(STACKS_SIGNAL, file=_stacks_file, all_threads=True, chain=False)
+    os.replace(path + ".new", path)
     _state = _State(os.path.join(workdir, STATE_FILE))
     for name in COLLECTIVES:
         fn = getattr(c10d, name, None)

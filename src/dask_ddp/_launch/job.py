@@ -35,7 +35,7 @@ from dask_ddp._launch.names import (
 from dask_ddp._launch.options import LaunchOptions
 from dask_ddp._launch.placement import RankSpec, choose_workers, rank_layout, worker_host
 from dask_ddp._launch.root_cause import lost_error, pick_root, record_of
-from dask_ddp._launch.supervisor import collect_stacks, run_rank
+from dask_ddp._launch.supervisor import read_job_stacks, run_rank
 from dask_ddp.errors import FailureKind, StallError, WorkerLostError
 
 logger = logging.getLogger(__name__)
@@ -195,14 +195,7 @@ class Job:
         return dict(self.client.sync(self._stacks, wait, callback_timeout=wait + 10))
 
     async def _stacks(self, timeout: float) -> dict[int, str]:
-        replies = await self.client.run(collect_stacks, self.id, timeout,
-                                        workers=sorted(set(self.workers)), on_error="return",
-                                        asynchronous=True)
-        stacks: dict[int, str] = {}
-        for reply in replies.values():
-            if isinstance(reply, dict) and self.id in reply:
-                stacks.update(reply[self.id]["stacks"])
-        return dict(sorted(stacks.items()))
+        return await read_job_stacks(self.client, self.id, self.workers, timeout)
 
     def _stacks_note(self) -> str:
         """The ranks' stacks for an error message ("" when they cannot be read)."""
@@ -389,8 +382,7 @@ class Job:
         # would wait in no-worker and ask an adaptive cluster for workers).
         # A "lost" future (its rank finished, then its worker died with the value) is not
         # cancelled: the scheduler's JobGuard errs it with the loss (see guard.py).
-        left = [f for f in self.futures
-                if f.status not in ("finished", "error", "cancelled", "lost")]
+        left = [f for f in self.futures if f.status not in _FINAL]
         if left:
             with contextlib.suppress(Exception):
                 await self._bounded(self.client.cancel(

@@ -440,24 +440,16 @@ class _Supervisor:
         """The other ranks' live stacks, and the ranks with no process, as message text."""
         spec, wait = self.spec, self.waits.stacks_timeout
 
-        async def read() -> Any:
-            return await self.client.run(collect_stacks, spec.job_id, wait,
-                                         workers=sorted(set(spec.workers)),
-                                         on_error="return", asynchronous=True)
-
         try:
-            replies = self.client.sync(read, callback_timeout=wait + 10)
+            stacks = self.client.sync(read_job_stacks, self.client, spec.job_id,
+                                      list(spec.workers), wait, callback_timeout=wait + 10)
         except Exception as exc:  # the error it goes into matters more
             return f"\n\n(the other ranks' stacks could not be read: {exc})"
-        stacks: dict[int, str] = {}
-        for reply in replies.values():
-            if isinstance(reply, dict) and spec.job_id in reply:
-                stacks.update(reply[spec.job_id]["stacks"])
         stacks.pop(spec.rank, None)
         text = ""
         if stacks:
             text += ("\n\nPython stacks of the other ranks still running:\n"
-                     + stall.stacks_text(dict(sorted(stacks.items())), list(spec.workers)))
+                     + stall.stacks_text(stacks, list(spec.workers)))
         missing = [r for r in range(len(spec.workers)) if r != spec.rank and r not in stacks]
         if missing:
             text += ("\n\nranks with no process running: "
@@ -664,6 +656,18 @@ async def collect_stacks(job: str, timeout: float,
     for ((job_id, rank), (name, _, _)), text in zip(chosen, texts, strict=True):
         found.setdefault(job_id, {"name": name, "stacks": {}})["stacks"][rank] = text
     return found
+
+
+async def read_job_stacks(client: Any, job_id: str, workers: list[str],
+                          timeout: float) -> dict[int, str]:
+    """The live stacks of job ``job_id``'s running ranks on ``workers``, by rank."""
+    replies = await client.run(collect_stacks, job_id, timeout, workers=sorted(set(workers)),
+                               on_error="return", asynchronous=True)
+    stacks: dict[int, str] = {}
+    for reply in replies.values():
+        if isinstance(reply, dict) and job_id in reply:
+            stacks.update(reply[job_id]["stacks"])
+    return dict(sorted(stacks.items()))
 
 
 def _kill_all_live() -> None:

@@ -90,10 +90,10 @@ test-py:
 # The launch, results and chaos tests STRESS_RUNS times beside a CPU hog (one busy process
 # per core): timing faults show up as flakes here. Not in CI; prints the count of failures.
 STRESS_RUNS ?= 20
-STRESS_TESTS ?= tests/test_launch_defects.py tests/test_launch_faults.py \
-	tests/test_launch_stall.py tests/test_launch_waits.py tests/test_launch_restarts.py \
-	tests/test_launch_command.py tests/test_results.py tests/test_results_lifecycle.py \
-	tests/test_results_e2e.py tests/test_chaos.py
+STRESS_TESTS ?= tests/launch/test_defects.py tests/launch/test_faults.py \
+	tests/launch/test_stall.py tests/launch/test_waits.py tests/launch/test_restarts.py \
+	tests/launch/test_command.py tests/results/test_results.py tests/results/test_lifecycle.py \
+	tests/results/test_results_e2e.py tests/launch/test_chaos.py
 stress: build
 	@mkdir -p $(BUILD)/stress; hogs=""; \
 	for i in $$(seq $(JOBS)); do $(PY) -c 'while True: pass' & hogs="$$hogs $$!"; done; \

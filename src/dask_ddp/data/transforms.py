@@ -19,7 +19,7 @@ buffers once: the geometric transforms must end with a fixed size (``CenterCrop`
 The randomness of each sample depends only on (seed, epoch, index), never on threads.
 Resizing gives OpenCV 4.6's pixels (the engine's own code, ``cpp/src/image/resize.h``):
 area interpolation when antialiased downscaling (close to PIL's
-antialiased bilinear that torchvision uses on PIL images; see ``tests/test_data_transforms.py``
+antialiased bilinear that torchvision uses on PIL images; see ``tests/data/test_transforms.py``
 for the measured tolerance), bilinear otherwise.
 
 Each object is also callable on a PIL image, where it runs the torchvision equivalent, so

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from test_examples import EXAMPLES, run
+from examples_util import EXAMPLES, run
 
 pytestmark = [pytest.mark.slow, pytest.mark.dask, pytest.mark.timeout(400)]
 

@@ -257,7 +257,7 @@ def test_uint8_train_pipeline_matches_torchvision_and_the_float_path(folder: Pat
         # A flip applied on the wrong side would be far off: check orientation per sample.
         mirrored = (images[i].int() - F.hflip(ref_t).int()).abs().float().mean().item()
         assert diffs[-1] <= mirrored or diffs[-1] < 1.0, (path, diffs[-1], mirrored)
-    assert float(np.mean(diffs)) <= 3.0, diffs  # DOWNSCALE_MEAN in test_data_transforms.py
+    assert float(np.mean(diffs)) <= 3.0, diffs  # DOWNSCALE_MEAN in data/test_transforms.py
 
 
 def test_torchvision_transform_is_a_type_error(folder: Path) -> None:

@@ -34,7 +34,7 @@ client = client_fixture(2)
 
 def artifacts() -> Path:
     """Where the screenshots go: the build directory, kept by CI as artifacts."""
-    default = Path(__file__).resolve().parents[1] / "build" / "dev" / "artifacts"
+    default = Path(__file__).resolve().parents[2] / "build" / "dev" / "artifacts"
     out = Path(os.environ.get("DASK_DDP_ARTIFACTS", default))
     out.mkdir(parents=True, exist_ok=True)
     return out

@@ -13,7 +13,6 @@ import os
 import signal
 import time
 import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +20,10 @@ import dask.config
 import pytest
 from distributed import Client, LocalCluster
 
-from _rankproc import run_rank
 from cluster_util import client_fixture
 from conftest import free_port
 from dask_ddp import _channel, results
+from results_util import REPORT_N, JobLike, launch
 from dask_ddp._channel import rank_writer as _rankwriter
 from dask_ddp._channel import records as _records
 from dask_ddp._channel import wire as _wire
@@ -33,56 +32,6 @@ pytestmark = [pytest.mark.dask, pytest.mark.timeout(300)]
 
 
 client = client_fixture(2, threads_per_worker=2)
-
-
-@dataclass
-class JobLike:
-    """The attributes of the launcher's Job that the results monitor uses (the contract)."""
-
-    client: Any
-    id: str
-    name: str
-    futures: list[Any] = field(default_factory=list)
-    output_dir: Path | None = None
-    world_size: int = 2
-    storage: str | None = None
-
-
-def launch(
-    client: Any,
-    code: str,
-    world_size: int = 2,
-    env: dict[str, str] | None = None,
-    job_id: str | None = None,
-) -> tuple[str, list[Any]]:
-    """Start ``world_size`` rank processes, one per worker, each running ``code``."""
-    job_id = job_id or uuid.uuid4().hex[:12]
-    _channel.prepare(client, job_id)
-    workers = sorted(client.scheduler_info()["workers"])
-    futures = [
-        client.submit(
-            run_rank,
-            job_id,
-            rank,
-            world_size,
-            code,
-            env,
-            workers=[workers[rank % len(workers)]],
-            pure=False,
-            key=f"rank-{job_id}-{rank}",
-        )
-        for rank in range(world_size)
-    ]
-    return job_id, futures
-
-
-REPORT_N = """
-import os
-import dask_ddp.results as r
-n = int(os.environ["N"])
-for i in range(n):
-    r.report({"loss": 1.0 / (i + 1), "tag": "x"}, step=i)
-"""
 
 
 def check_exactly_once_in_order(records: list[dict[str, Any]], world_size: int, n: int) -> None:

@@ -54,7 +54,7 @@ def netns_cluster() -> Iterator[tuple[str, list[str]]]:
     procs: list[subprocess.Popen[bytes]] = []
     env = dict(os.environ)
     src = str(Path(dask_ddp.__file__).resolve().parents[1])
-    tests = str(Path(__file__).resolve().parent)
+    tests = str(Path(__file__).resolve().parents[1])  # tests/: the shared helpers
     env["PYTHONPATH"] = os.pathsep.join([src, tests, env.get("PYTHONPATH", "")])
     try:
         _ip("link", "add", bridge, "type", "bridge")

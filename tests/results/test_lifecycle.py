@@ -26,7 +26,7 @@ from distributed.core import rpc
 from cluster_util import client_fixture
 from conftest import free_port
 from dask_ddp import _channel, results
-from test_results import REPORT_N, JobLike, launch
+from results_util import REPORT_N, JobLike, launch
 from waits import wait_until
 
 pytestmark = [pytest.mark.dask, pytest.mark.timeout(300)]
@@ -354,7 +354,7 @@ def test_a_rank_blocked_on_a_killed_clients_topic_goes_on(client: Any, tmp_path:
     job_id = uuid.uuid4().hex[:12]
     topic = _channel.metrics_topic(job_id)
     done = tmp_path / "done"
-    tests = str(Path(__file__).resolve().parent)
+    tests = str(Path(__file__).resolve().parents[1])  # tests/: the shared helpers
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([tests, *sys.path]))
     proc = subprocess.Popen(
         [sys.executable, "-c", LAUNCHING_CLIENT, client.scheduler.address, job_id, str(done),

@@ -182,7 +182,7 @@ def check_root_cause(run: Run, workers: list[str], exc: BaseException) -> None:
 def client_run(client: Client, run: Run, tmp_path: Path) -> list[str]:
     addr = client.scheduler.address
     script = tmp_path / f"{run.name}.py"
-    tests = str(Path(__file__).parent)
+    tests = str(Path(__file__).resolve().parents[1])  # tests/: the shared helpers
     script.write_text(CLIENT_SCRIPT.format(tests=tests, addr=addr, steps=STEPS * 100,
                                            name=run.name, restarts=run.restarts))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(

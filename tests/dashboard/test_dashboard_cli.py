@@ -34,7 +34,7 @@ def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[tuple[str, str]]:
     """(scheduler address, dashboard root URL) of a ``dask scheduler`` + 2 ``dask worker``."""
-    here = Path(__file__).resolve().parent
+    here = Path(__file__).resolve().parents[1]  # tests/: the shared helpers
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
         [str(here.parent / "src"), str(here), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)

@@ -79,13 +79,17 @@ test: setup test-cpp test-py
 
 test-quick: build
 	cd $(BUILD) && $(ROOT)/.venv/bin/ctest --output-on-failure -j $(JOBS)
-	$(PY) -m pytest -m "$(QUICK_MARKERS)" -q $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadscope -m "$(QUICK_MARKERS)" -q $(PYTEST_ARGS)
 
 test-cpp:
 	cd $(BUILD) && $(ROOT)/.venv/bin/ctest --output-on-failure -j $(JOBS)
 
+# The test modules run on one process per core (pytest-xdist); a module's tests stay on one
+# process (--dist loadscope), so a module-scoped cluster starts once. Every test isolates its
+# ports, names and files (free ports, ids tagged by pid), so modules run side by side.
+PYTEST_WORKERS ?= $(JOBS)
 test-py:
-	$(PY) -m pytest --durations=15 $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadscope --durations=25 $(PYTEST_ARGS)
 
 # The launch, results and chaos tests STRESS_RUNS times beside a CPU hog (one busy process
 # per core): timing faults show up as flakes here. Not in CI; prints the count of failures.

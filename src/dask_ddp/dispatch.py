@@ -16,7 +16,7 @@ from typing import Any
 
 import cloudpickle
 
-from dask_ddp._launch import jobs
+from dask_ddp._launch import registry
 from dask_ddp._launch.elastic_job import ElasticJob, Restart
 from dask_ddp._launch.job import Job, launch
 from dask_ddp._launch.options import FROM_CONFIG, LaunchOptions
@@ -43,7 +43,7 @@ def job_of(futures: Any) -> Job | None:
     Returns ``None`` for futures of no dask-ddp job. The job stays known as long as its
     futures are held; dask-ddp keeps no finished job alive by itself.
     """
-    job: Job | None = jobs.job_of(futures)
+    job: Job | None = registry.job_of(futures)
     return job
 
 

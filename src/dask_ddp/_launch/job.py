@@ -24,7 +24,7 @@ from typing import Any
 from dask_ddp._channel.monitor import JobMonitor
 from dask_ddp._channel.reader import prepare as prepare_channel
 from dask_ddp._dashboard import events as dashboard
-from dask_ddp._launch import guard, jobs, stall, workdir
+from dask_ddp._launch import registry, scheduler_plugin, stall, workdir
 from dask_ddp._launch.names import (
     abort_event_name,
     failure_topic,
@@ -245,10 +245,10 @@ class Job:
                 # Pinned, never moved, never retried: a rank belongs to its worker; if that
                 # worker goes, the job fails (the watcher notices) instead of waiting forever.
                 self.futures.append(self.client.submit(
-                    run_rank, spec, key=guard.rank_key(self.name, self.id, spec.rank),
+                    run_rank, spec, key=scheduler_plugin.rank_key(self.name, self.id, spec.rank),
                     workers=[spec.worker], allow_other_workers=False, pure=False, retries=0,
                     resources=res))
-            jobs.remember(self)
+            registry.remember(self)
             self._monitor = JobMonitor(self, progress=self.options.progress)
         except BaseException:
             self._abandon()
@@ -257,7 +257,7 @@ class Job:
 
     def _abandon(self) -> None:
         """A launch failed part-way: stop the ranks submitted so far and release them."""
-        jobs.forget(self)
+        registry.forget(self)
         bound = self.options.waits.scheduler_call
         with contextlib.suppress(Exception):
             self.client.sync(self._set_abort, callback_timeout=bound)
@@ -314,7 +314,7 @@ class Job:
             logger.exception("watcher of job %r failed; stopping the job", self.name)
         finally:
             await self._cleanup()
-            jobs.forget(self)
+            registry.forget(self)
             dashboard.job_state(self.client, self.id, self._final_state())
             self._done.set()
 
@@ -381,7 +381,7 @@ class Job:
         # No task of an ended job stays on the scheduler (a pinned task of a lost worker
         # would wait in no-worker and ask an adaptive cluster for workers).
         # A "lost" future (its rank finished, then its worker died with the value) is not
-        # cancelled: the scheduler's JobGuard errs it with the loss (see guard.py).
+        # cancelled: the scheduler's JobGuard errs it with the loss (see scheduler_plugin.py).
         left = [f for f in self.futures if f.status not in _FINAL]
         if left:
             with contextlib.suppress(Exception):
@@ -402,9 +402,9 @@ class Job:
                                   f"variable-{master_variable_name(self.id)}")
 
     async def _forget_topics(self, *topics: str) -> None:
-        """Have the scheduler drop these event topics of the ended job (see guard.py)."""
+        """Have the scheduler drop these event topics of the ended job (see scheduler_plugin.py)."""
         with contextlib.suppress(Exception):
-            await self._bounded(getattr(self.client.scheduler, guard.FORGET_HANDLER)(
+            await self._bounded(getattr(self.client.scheduler, scheduler_plugin.FORGET_HANDLER)(
                 topics=list(topics)))
 
     # -- rank output --------------------------------------------------------------------
@@ -458,7 +458,7 @@ def launch(client: Any, options: LaunchOptions, *, workers: list[str] | None = N
     job.keep_values = keep_values
     prepare_channel(client, job.id)
     workdir.install_cleaner(client)
-    guard.install(client)
+    scheduler_plugin.install(client)
     dashboard.install(client)
     dashboard.job_started(client, job_id=job.id, run_id=run_id or job.id, name=job.name,
                           attempt=restart, workers=job.workers,

@@ -250,3 +250,35 @@ def test_unavailable_metadata_raises_instead_of_resuming_older(
         with pytest.raises(ConnectionError, match="step-000000000002/.metadata"):
             latest_sharded_step(url)
         assert proxy.failed > 0
+
+
+class _RunsCode:
+    """A pickle that runs ``touch MARKER`` when loaded: what a file put into a bucket can be."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_metadata_that_names_code_is_refused_not_run(tmp_path: Path) -> None:
+    """A ``.metadata`` holding any global beyond DCP's metadata classes is never unpickled:
+    the newest-step lookup skips it (an older good step wins) and the reader refuses it,
+    naming the object and the global; the code it names never runs."""
+    import pickle
+
+    from dask_ddp.checkpoint import save_sharded
+
+    url = (tmp_path / "run").as_uri()
+    save_sharded(small_state(1.0), 1, storage=url)
+    step2 = tmp_path / "run" / "checkpoints" / "step-000000000002"
+    step2.mkdir(parents=True)
+    marker = tmp_path / "ran"
+    (step2 / ".metadata").write_bytes(pickle.dumps(_RunsCode(marker)))
+    assert latest_sharded_step(url) == 1
+    with pytest.raises(pickle.UnpicklingError, match=r"step-000000000002/\.metadata.*system"):
+        StorageReader(step_url(url, 2)).read_metadata()
+    assert not marker.exists(), "the checkpoint's metadata ran code in this process"
+    # A real checkpoint's metadata still reads (dtypes, sizes, storage records).
+    assert len(StorageReader(step_url(url, 1)).read_metadata().state_dict_metadata) > 0

@@ -69,6 +69,7 @@ from torch.futures import Future
 
 from dask_ddp._identity import process_group
 from dask_ddp.checkpoint.layout import open_store, retry
+from dask_ddp.checkpoint.metadata import load_metadata
 
 if TYPE_CHECKING:
     from dask_ddp.storage import Store
@@ -350,9 +351,7 @@ class StorageReader(dcp.StorageReader):
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         data = self._get(METADATA, 0, None)
-        metadata = pickle.loads(data)
-        if not isinstance(metadata, Metadata):
-            raise ValueError(f"StorageReader: {self.url}/{METADATA} is not DCP metadata")
+        metadata = load_metadata(data, f"StorageReader: {self.url}/{METADATA}")
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
         return metadata

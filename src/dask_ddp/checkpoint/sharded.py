@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
-import pickle
 from typing import Any
 
 from torch.distributed import checkpoint as dcp
@@ -35,6 +34,8 @@ from dask_ddp.checkpoint.layout import (
     sharded_prefix,
     storage_url,
 )
+from dask_ddp.checkpoint.metadata import load_metadata
+from dask_ddp.storage import redact_url
 
 logger = logging.getLogger(__name__)
 
@@ -72,12 +73,12 @@ def latest_sharded_step(storage: str | None = None, **store_options: Any) -> int
         if raw is None:
             continue
         try:
-            metadata = pickle.loads(raw)
+            metadata = load_metadata(raw, f"{redact_url(url)}/{base}{METADATA}")
             needed: dict[str, int] = {}
             for info in (metadata.storage_data or {}).values():
                 key = base + info.relative_path
                 needed[key] = max(needed.get(key, 0), info.offset + info.length)
-        except Exception as e:  # noqa: BLE001 - unpickling fails in many ways
+        except Exception as e:  # noqa: BLE001 - not metadata, or refused: skip it
             logger.warning("sharded checkpoint step %d in %s unreadable (%s)", step, url, e)
             continue
         missing = [k for k, n in needed.items() if sizes.get(k, -1) < n]

@@ -68,7 +68,7 @@ from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
 from dask_ddp._identity import process_group
-from dask_ddp.checkpoint.layout import open_store, retry
+from dask_ddp.checkpoint.layout import open_store, redacted, retry
 from dask_ddp.checkpoint.metadata import load_metadata
 
 if TYPE_CHECKING:
@@ -110,7 +110,8 @@ def _check_url(url: str | os.PathLike[str], schemes: Sequence[str], who: str) ->
     if "://" not in url:  # a plain path is a folder
         url = "file://" + os.path.abspath(url)
     if not url.startswith(tuple(schemes)):
-        raise ValueError(f"{who}: unsupported URL {url!r}; use one of {', '.join(schemes)}")
+        raise ValueError(
+            f"{who}: unsupported URL {redacted(url)!r}; use one of {', '.join(schemes)}")
     return url.rstrip("/")
 
 
@@ -118,7 +119,7 @@ class _Errors:
     """Adds the URL, key and rank to storage errors (same exception type)."""
 
     def __init__(self, who: str, url: str, rank: int) -> None:
-        self.who, self.url, self.rank = who, url, rank
+        self.who, self.url, self.rank = who, redacted(url), rank
 
     def wrap(self, what: str, key: str, exc: BaseException) -> BaseException:
         msg = f"{self.who}: {what} {self.url}/{key} failed on rank {self.rank}: {exc}"
@@ -185,7 +186,8 @@ class StorageWriter(dcp.StorageWriter):
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         if kwargs.get("use_collectives", True) is False:
             raise ValueError(
-                f"StorageWriter({self.url!r}): use_collectives=False is not supported: the "
+                f"StorageWriter({redacted(self.url)!r}): use_collectives=False is not "
+                "supported: the "
                 "metadata is written once every rank's shards are complete"
             )
         self.is_coordinator = is_coordinator
@@ -208,7 +210,7 @@ class StorageWriter(dcp.StorageWriter):
                 if _OBJECT.match(info.key):  # only DCP's objects, whatever else is there
                     self.store.delete(info.key)
         except Exception as e:  # noqa: BLE001 - stale objects are harmless, just space
-            logger.warning("StorageWriter: could not clear %s: %s", self.url, e)
+            logger.warning("StorageWriter: could not clear %s: %s", redacted(self.url), e)
         return [dataclasses.replace(p, storage_data=f"__{i}_") for i, p in enumerate(plans)]
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
@@ -231,7 +233,7 @@ class StorageWriter(dcp.StorageWriter):
             self.rank,
             len(names),
             sum(r.size_in_bytes for r in results),
-            self.url,
+            redacted(self.url),
             time.perf_counter() - t0,
         )
         fut: Future[list[WriteResult]] = Future()
@@ -250,7 +252,7 @@ class StorageWriter(dcp.StorageWriter):
         return isinstance(checkpoint_id, str) and checkpoint_id.startswith(_WRITE_SCHEMES)
 
     def storage_meta(self) -> StorageMeta | None:
-        return StorageMeta(checkpoint_id=self.url)
+        return StorageMeta(checkpoint_id=redacted(self.url))
 
     # -- mechanics -----------------------------------------------------------------------
 
@@ -351,7 +353,7 @@ class StorageReader(dcp.StorageReader):
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         data = self._get(METADATA, 0, None)
-        metadata = load_metadata(data, f"StorageReader: {self.url}/{METADATA}")
+        metadata = load_metadata(data, f"StorageReader: {redacted(self.url)}/{METADATA}")
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
         return metadata
@@ -360,7 +362,7 @@ class StorageReader(dcp.StorageReader):
         self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any
     ) -> None:
         if metadata.storage_data is None:
-            raise ValueError(f"StorageReader: {self.url}/{METADATA} has no storage data")
+            raise ValueError(f"StorageReader: {redacted(self.url)}/{METADATA} has no storage data")
         self.storage_data = metadata.storage_data
         self.rank = kwargs.get("rank")
 
@@ -411,7 +413,8 @@ class StorageReader(dcp.StorageReader):
         )
         if length is not None and len(data) != length:
             raise OSError(
-                f"StorageReader: {self.url}/{key} is short on rank {_rank_of(self.rank)}: "
+                f"StorageReader: {redacted(self.url)}/{key} is short on rank "
+                f"{_rank_of(self.rank)}: "
                 f"wanted bytes {offset}..{offset + length}, got {len(data)}"
             )
         return data
@@ -428,7 +431,7 @@ class StorageReader(dcp.StorageReader):
         target = planner.resolve_tensor(req).detach()
         if target.size() != tensor.size():
             raise ValueError(
-                f"StorageReader: {self.url}: {req.storage_index.fqn} has shape "
+                f"StorageReader: {redacted(self.url)}: {req.storage_index.fqn} has shape "
                 f"{tuple(tensor.size())} in the checkpoint, {tuple(target.size())} here"
             )
         target.copy_(tensor)

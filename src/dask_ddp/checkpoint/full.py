@@ -35,6 +35,7 @@ from dask_ddp.checkpoint.layout import (
     get_or_none,
     key_of,
     open_store,
+    redacted,
     storage_url,
 )
 
@@ -78,7 +79,7 @@ def _upload(url: str, step: int, data: memoryview, keep: int) -> str:
         "checkpoint step %d: %d bytes to %s in %.2fs",
         step,
         len(data),
-        url,
+        redacted(url),
         time.perf_counter() - t0,
     )
     if keep > 0:
@@ -209,7 +210,7 @@ def load_checkpoint(
             data = read_verified(store, url, s)
             if data is not None:
                 # Visible on purpose: a new job pointed at an old job's storage resumes.
-                logger.info("loading checkpoint step %d from %s", s, url)
+                logger.info("loading checkpoint step %d from %s", s, redacted(url))
                 return torch.load(
                     io.BytesIO(data), weights_only=weights_only, map_location=map_location
                 )
@@ -222,16 +223,19 @@ def read_verified(store: Any, url: str, step: int) -> bytes | None:
     raw = get_or_none(store, url, full_manifest_key(step), f"checkpoint step {step}")
     data = get_or_none(store, url, full_data_key(step), f"checkpoint step {step}")
     if raw is None or data is None:
-        logger.warning("checkpoint step %d in %s is incomplete (pruned meanwhile?)", step, url)
+        logger.warning("checkpoint step %d in %s is incomplete (pruned meanwhile?)", step,
+                       redacted(url))
         return None
     try:
         manifest = json.loads(raw)
         ok = len(data) == manifest["size"] and hashlib.sha256(data).hexdigest() == manifest[
             "sha256"]
     except (ValueError, KeyError, TypeError) as e:
-        logger.warning("checkpoint step %d in %s has a bad manifest (%s)", step, url, e)
+        logger.warning("checkpoint step %d in %s has a bad manifest (%s)", step,
+                       redacted(url), e)
         return None
     if not ok:
-        logger.warning("checkpoint step %d in %s does not match its manifest", step, url)
+        logger.warning("checkpoint step %d in %s does not match its manifest", step,
+                       redacted(url))
         return None
     return data

@@ -62,6 +62,14 @@ def storage_url(storage: str | None) -> str:
     return url
 
 
+def redacted(url: str | os.PathLike[str]) -> str:
+    """``url`` with a ``user:password@`` taken out: what every log line and error of the
+    checkpoints shows (worker logs reach Dask's dashboard)."""
+    from dask_ddp import storage
+
+    return storage.redact_url(url)
+
+
 def open_store(url: str, **options: Any) -> Any:
     """The :class:`dask_ddp.storage.Store` at ``url`` (imported here, on first use)."""
     from dask_ddp import storage
@@ -112,7 +120,7 @@ def get_or_none(store: Any, url: str, key: str, what: str) -> bytes | None:
     """
 
     def failed(e: Exception) -> BaseException:
-        msg = f"reading {what} {url.rstrip('/')}/{key}: {e}"
+        msg = f"reading {what} {redacted(url).rstrip('/')}/{key}: {e}"
         try:
             return type(e)(msg)  # the same type, so callers catch what they know
         except Exception:  # noqa: BLE001 - a type with another signature

@@ -28,7 +28,7 @@ from dask_ddp.checkpoint.full import (
     save_checkpoint,
     wait_checkpoints,
 )
-from dask_ddp.checkpoint.layout import open_store, storage_url
+from dask_ddp.checkpoint.layout import open_store, redacted, storage_url
 
 logger = logging.getLogger(__name__)
 
@@ -407,5 +407,5 @@ class Checkpointer:
                 optim_state_dict=state["optim"],
             )
         rest = torch.load(io.BytesIO(state["train"]), weights_only=True)
-        logger.info("restored sharded checkpoint step %d from %s", step, url)
+        logger.info("restored sharded checkpoint step %d from %s", step, redacted(url))
         return restore_training_state(rest, None, None, self.scheduler, self.loader)

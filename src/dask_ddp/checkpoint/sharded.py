@@ -31,11 +31,11 @@ from dask_ddp.checkpoint.layout import (
     delete_steps,
     get_or_none,
     open_store,
+    redacted,
     sharded_prefix,
     storage_url,
 )
 from dask_ddp.checkpoint.metadata import load_metadata
-from dask_ddp.storage import redact_url
 
 logger = logging.getLogger(__name__)
 
@@ -73,19 +73,20 @@ def latest_sharded_step(storage: str | None = None, **store_options: Any) -> int
         if raw is None:
             continue
         try:
-            metadata = load_metadata(raw, f"{redact_url(url)}/{base}{METADATA}")
+            metadata = load_metadata(raw, f"{redacted(url)}/{base}{METADATA}")
             needed: dict[str, int] = {}
             for info in (metadata.storage_data or {}).values():
                 key = base + info.relative_path
                 needed[key] = max(needed.get(key, 0), info.offset + info.length)
         except Exception as e:  # noqa: BLE001 - not metadata, or refused: skip it
-            logger.warning("sharded checkpoint step %d in %s unreadable (%s)", step, url, e)
+            logger.warning("sharded checkpoint step %d in %s unreadable (%s)", step,
+                           redacted(url), e)
             continue
         missing = [k for k, n in needed.items() if sizes.get(k, -1) < n]
         if missing:
             logger.warning(
                 "sharded checkpoint step %d in %s lacks %d objects (e.g. %s)",
-                step, url, len(missing), missing[0],
+                step, redacted(url), len(missing), missing[0],
             )
             continue
         return step
@@ -216,7 +217,7 @@ def load_sharded(
         if step is None:
             return None
     reader = StorageReader(step_url(url, step), **reader_options)
-    logger.info("loading sharded checkpoint step %d from %s", step, url)
+    logger.info("loading sharded checkpoint step %d from %s", step, redacted(url))
     with _quiet_single_process():
         dcp.load(state_dict, storage_reader=reader, process_group=process_group,
                  no_dist=_identity.process_group() is None)

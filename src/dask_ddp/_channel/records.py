@@ -39,14 +39,48 @@ class StoredRef(NamedTuple):
     kind: str  # "s" or "b"
 
 
+#: Limits of a result's path: the whole path and each of its names, in UTF-8 bytes (Linux's
+#: PATH_MAX leaves room for the results folder; NAME_MAX is 255 on every common file system).
+MAX_PATH_BYTES = 1024
+MAX_NAME_BYTES = 255
+
+
 def check_path(path: Any) -> str:
-    """``path`` if it is a relative path that stays inside the results folder."""
+    """``path`` if it names a file inside the results folder, else an error naming the rule.
+
+    A path is relative, ``/``-separated, at most :data:`MAX_PATH_BYTES` bytes, each name
+    non-empty, at most :data:`MAX_NAME_BYTES` bytes, neither ``.`` nor ``..``, with no
+    backslash, NUL or other control character. Checked in the rank (``submit_result``)
+    and again by the client for every record that arrives.
+    """
     if not isinstance(path, str) or not path:
         raise TypeError(f"submit_result(): path must be a non-empty str, got {path!r}")
-    parts = path.replace("\\", "/").split("/")
-    if path.startswith("/") or ".." in parts:
-        raise ValueError(f"submit_result(): path {path!r} must stay inside the results folder")
+    rule = _broken_rule(path)
+    if rule is not None:
+        raise ValueError(f"submit_result(): result path {path[:300]!r} is refused: {rule}")
     return path
+
+
+def _broken_rule(path: str) -> str | None:
+    try:
+        size = len(path.encode())
+    except UnicodeEncodeError:
+        return "it is not valid UTF-8 text"
+    if size > MAX_PATH_BYTES:
+        return f"it is {size} bytes long (at most {MAX_PATH_BYTES})"
+    if any(ord(c) < 32 or ord(c) == 127 for c in path):
+        return "it contains a control character (NUL, newline, ...)"
+    if "\\" in path:
+        return "it contains a backslash (use '/' between names)"
+    if path.startswith("/"):
+        return "it is absolute (it must be relative to the results folder)"
+    for name in path.split("/"):
+        if name in ("", ".", ".."):
+            return (f"it has an empty, '.' or '..' name ({name!r}): a result is a file "
+                    "inside the results folder")
+        if len(name.encode()) > MAX_NAME_BYTES:
+            return f"its name {name[:40]!r}... is over {MAX_NAME_BYTES} bytes"
+    return None
 
 
 def encode_metric(record: dict[str, Any]) -> bytes:
@@ -69,15 +103,37 @@ class ResultWriter:
         self.root = root
         self.files: dict[Path, Any] = {}
         self.max_open = max_open
+        #: Records refused or not written: ``(rank, reason)``, oldest first (the first 100).
+        self.failures: list[tuple[int, str]] = []
+        self.failed = 0
 
     def _target(self, path: str) -> Path:
         target = (self.root / check_path(path)).resolve()
-        if not target.is_relative_to(self.root.resolve()):
-            raise ValueError(f"result path {path!r} leaves {self.root}")
+        root = self.root.resolve()
+        if target == root or not target.is_relative_to(root):
+            raise ValueError(f"result path {path[:300]!r} leaves {self.root}")
         target.parent.mkdir(parents=True, exist_ok=True)
         return target
 
-    def write(self, rec: Record) -> None:
+    def write(self, rec: Record) -> bool:
+        """Write one record; True if it was written.
+
+        A record that cannot be written (a refused path, a malformed record, a full disk,
+        a stored result that cannot be fetched) is logged, counted in :attr:`failed` and
+        skipped: one bad record never costs the others.
+        """
+        try:
+            self._write(rec)
+            return True
+        except Exception as exc:  # noqa: BLE001 - any failure of one record is that record's
+            self.failed += 1
+            reason = f"{type(exc).__name__}: {exc}"
+            if len(self.failures) < 100:
+                self.failures.append((rec.rank, reason))
+            logger.error("a result of rank %d was not written (skipped): %s", rec.rank, reason)
+            return False
+
+    def _write(self, rec: Record) -> None:
         kind, payload = rec.payload[:1], rec.payload
         if kind == KIND_RESULT:
             (n,) = _PATH_LEN.unpack_from(payload, 1)
@@ -108,9 +164,13 @@ class ResultWriter:
             old = self.files.pop(target, None)
             if old is not None:
                 old.close()
-            tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}.tmp")
-            tmp.write_bytes(body)
-            os.replace(tmp, target)
+            tmp = target.with_name(f".{target.name[:200]}.{uuid.uuid4().hex[:8]}.tmp")
+            try:
+                tmp.write_bytes(body)
+                os.replace(tmp, target)
+            except BaseException:
+                tmp.unlink(missing_ok=True)  # no temporary file is left beside the results
+                raise
 
     def flush(self) -> None:
         for f in self.files.values():

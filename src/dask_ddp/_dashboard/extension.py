@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 from typing import Any
 
@@ -124,10 +125,30 @@ class JobPage(_Base):
         self.write(_page("job.html"))
 
 
+def page_json(body: Any) -> str:
+    """``body`` as strict JSON (RFC 8259): a non-finite number (a diverged loss) becomes
+    the string ``"NaN"``, ``"Infinity"`` or ``"-Infinity"``; Python's ``NaN`` token, which no
+    browser parses, never reaches the page."""
+    try:
+        return json.dumps(body, allow_nan=False)
+    except ValueError:
+        return json.dumps(_finite(body), allow_nan=False)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
 class JobsApi(_Base):
     def get(self) -> None:
         self.set_header("Content-Type", "application/json")
-        self.write(json.dumps(self.extension.board.jobs_json()))
+        self.write(page_json(self.extension.board.jobs_json()))
 
 
 class JobApi(_Base):
@@ -137,7 +158,7 @@ class JobApi(_Base):
         if body is None:
             self.set_status(404)
             body = {"version": 1, "error": f"no dask-ddp job {job!r} on this scheduler"}
-        self.write(json.dumps(body))
+        self.write(page_json(body))
 
 
 _pages: dict[str, str] = {}

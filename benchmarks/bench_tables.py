@@ -282,7 +282,7 @@ def main() -> None:
     p.add_argument("--parquet", action="store_true")
     a = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(name)s %(message)s")
-    for name in ("distributed", "dask_ddp._launch", "dask_ddp.data.table"):
+    for name in ("distributed", "dask_ddp._launch", "dask_ddp.data.table.table"):
         logging.getLogger(name).setLevel(logging.WARNING)
     benchenv.log_load_around_run(logger)
     import dask

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from dask_ddp.data.table import Table, TableColumnError
 
 # Names are imported on first use (PEP 562): a Dask worker serving a table's rows imports
-# ``dask_ddp.data.table_fetch`` (numpy only), not torch through the datasets.
+# ``dask_ddp.data.table.fetch`` (numpy only), not torch through the datasets.
 _WHERE = {
     "transforms": "dask_ddp.data.transforms",
     **{n: f"dask_ddp.data.datasets:{n}"

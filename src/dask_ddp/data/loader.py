@@ -34,7 +34,7 @@ from dask_ddp._identity import cores_per_rank
 from dask_ddp.data import transforms as T
 from dask_ddp.data.datasets import ImageList
 from dask_ddp.data.shards import TarShards
-from dask_ddp.data.table import Table
+from dask_ddp.data.table.table import Table
 from dask_ddp.data.world import rank_and_world
 
 __all__ = ["Loader"]
@@ -150,9 +150,9 @@ class Loader:
 
     def __new__(cls, dataset: Any = None, *args: Any, **kwargs: Any) -> Any:
         # A table (dask_ddp.data.Table) has its own loader, with the same iteration,
-        # set_epoch and state_dict protocol: see dask_ddp.data.table_loader.
+        # set_epoch and state_dict protocol: see dask_ddp.data.table.loader.
         if isinstance(dataset, Table):
-            from dask_ddp.data.table_loader import TableLoader
+            from dask_ddp.data.table.loader import TableLoader
 
             return TableLoader(dataset, *args, **kwargs)
         return super().__new__(cls)

@@ -12,8 +12,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dask_ddp.data.table_columns import Column, TableColumnError, pack, record_layout
-from dask_ddp.data.table_fetch import _HEADER, _TOKEN_BYTES, _file_size, export_many
+from dask_ddp.data.table.columns import Column, TableColumnError, pack, record_layout
+from dask_ddp.data.table.fetch import _HEADER, _TOKEN_BYTES, _file_size, export_many
 
 COLS = [Column("id", "<i8"), Column("a", "<f4"), Column("emb", "<f4", (2,), "object_list")]
 

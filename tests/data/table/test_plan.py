@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.utils.data import DistributedSampler
 
-from dask_ddp.data import table_plan
+from dask_ddp.data.table import plan as table_plan
 
 COUNTS = [7, 0, 13, 5, 9, 11]  # 45 rows, an empty partition among them
 
@@ -118,7 +118,7 @@ def test_torch_is_not_needed_for_the_plan() -> None:
 def test_window_pieces_and_positions_match_a_sort(whole: bool) -> None:
     """A window's pieces (distinct rows of each partition, sorted) and each position's
     (piece, row) agree with np.unique, repeats and empty partitions included."""
-    from dask_ddp.data.table_loader import _Window
+    from dask_ddp.data.table.loader import _Window
 
     rng = np.random.default_rng(5)
     for _ in range(200):

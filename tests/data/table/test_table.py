@@ -61,7 +61,7 @@ def test_persisted_frame_every_row_once_equal_batches(client: Any, cache: bool) 
 def test_cache_reads_each_partition_once_and_keeps_the_order(client: Any) -> None:
     """With the cache, a rank reads each partition once for the whole run (none after the
     first epoch) and yields the batches the window-by-window reads yield."""
-    from dask_ddp.data.table_loader import TableLoader
+    from dask_ddp.data.table.loader import TableLoader
 
     ddf = _frame(6007, 6).persist()  # held: the table does not hold its partitions
     table = dask_ddp.data.Table(ddf, client=client)
@@ -98,7 +98,7 @@ def test_cache_reads_each_partition_once_and_keeps_the_order(client: Any) -> Non
 def test_cache_is_off_when_the_rows_exceed_the_configured_size(client: Any) -> None:
     import dask
 
-    from dask_ddp.data.table_loader import TableLoader
+    from dask_ddp.data.table.loader import TableLoader
 
     ddf = _frame(1000, 2).persist()
     table = dask_ddp.data.Table(ddf, client=client)

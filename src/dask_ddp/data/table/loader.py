@@ -1,9 +1,9 @@
 """The Loader over a :class:`~dask_ddp.data.Table` (internal; made by
 :class:`dask_ddp.data.Loader` when given a table).
 
-Per epoch, the rank's rows come from the epoch plan (:mod:`dask_ddp.data.table_plan`);
-they are read window by window, one piece per partition (:mod:`~dask_ddp.data.table_fetch`
-for Dask tables, :mod:`~dask_ddp.data.table_parquet` for Parquet), the next window
+Per epoch, the rank's rows come from the epoch plan (:mod:`dask_ddp.data.table.plan`);
+they are read window by window, one piece per partition (:mod:`~dask_ddp.data.table.fetch`
+for Dask tables, :mod:`~dask_ddp.data.table.parquet` for Parquet), the next window
 requested while the current one is gathered. A background thread gathers each batch in
 C++ (:class:`dask_ddp._core.TableWindow`, GIL released) into tensors that own their
 buffers.
@@ -25,9 +25,9 @@ import torch
 
 from dask_ddp import _core
 from dask_ddp._identity import cores_per_rank
-from dask_ddp.data import table_plan
-from dask_ddp.data.table import Table
-from dask_ddp.data.table_columns import Column, record_layout
+from dask_ddp.data.table import plan
+from dask_ddp.data.table.columns import Column, record_layout
+from dask_ddp.data.table.table import Table
 from dask_ddp.data.world import rank_and_world
 
 __all__ = ["TableLoader"]
@@ -236,7 +236,7 @@ class TableLoader:
             got: list[Any] = [None] * self.world_size
             torch.distributed.all_gather_object(got, me)
             workers = [str(w) for w in got]
-        pieces = table_plan.local_assignment(self.table.partition_rows, self.table.workers,
+        pieces = plan.local_assignment(self.table.partition_rows, self.table.workers,
                                              workers, drop_last=self.drop_last)
         if self.rank == 0:
             local = sum(b - a for r, ps in enumerate(pieces) for p, a, b in ps
@@ -246,12 +246,12 @@ class TableLoader:
                         sum(b - a for ps in pieces for _, a, b in ps), pieces[0][:8])
         return pieces
 
-    def _sequence(self, epoch: int, world: int) -> table_plan.EpochSequence:
+    def _sequence(self, epoch: int, world: int) -> plan.EpochSequence:
         counts = self.table.partition_rows
         if self._pieces is not None and world == self.world_size:
-            return table_plan.local_sequence(counts, self._pieces, seed=self.seed,
+            return plan.local_sequence(counts, self._pieces, seed=self.seed,
                                              epoch=epoch, window=self.window)
-        return table_plan.epoch_sequence(counts, world=world, shuffle=bool(self.shuffle),
+        return plan.epoch_sequence(counts, world=world, shuffle=bool(self.shuffle),
                                          seed=self.seed, epoch=epoch,
                                          drop_last=self.drop_last, window=self.window)
 
@@ -270,7 +270,7 @@ class TableLoader:
         if resume is not None:
             r = resume
             old = self._sequence_for_world(r["world_size"], r.get("pieces"))
-            seq = table_plan.resumed_sequence(old, consumed_per_rank=r["consumed"],
+            seq = plan.resumed_sequence(old, consumed_per_rank=r["consumed"],
                                               old_world=r["world_size"],
                                               new_world=self.world_size,
                                               drop_last=self.drop_last)
@@ -279,13 +279,13 @@ class TableLoader:
         rows, wins = seq.for_rank(self.rank, self.world_size)
         return np.ascontiguousarray(rows), np.ascontiguousarray(wins)
 
-    def _sequence_for_world(self, world: int, pieces: Any) -> table_plan.EpochSequence:
+    def _sequence_for_world(self, world: int, pieces: Any) -> plan.EpochSequence:
         if pieces is not None:
-            return table_plan.local_sequence(self.table.partition_rows,
+            return plan.local_sequence(self.table.partition_rows,
                                              [[tuple(p) for p in ps] for ps in pieces],
                                              seed=self.seed, epoch=self.epoch,
                                              window=self.window)
-        return table_plan.epoch_sequence(self.table.partition_rows, world=world,
+        return plan.epoch_sequence(self.table.partition_rows, world=world,
                                          shuffle=bool(self.shuffle), seed=self.seed,
                                          epoch=self.epoch, drop_last=self.drop_last,
                                          window=self.window)
@@ -315,11 +315,11 @@ class TableLoader:
         with self._reader_lock:
             if self._reader is None:
                 if self.table.source == "parquet":
-                    from dask_ddp.data.table_parquet import ParquetReader
+                    from dask_ddp.data.table.parquet import ParquetReader
 
                     self._reader = ParquetReader(self.table, self._columns)
                 else:
-                    from dask_ddp.data.table_fetch import DaskReader
+                    from dask_ddp.data.table.fetch import DaskReader
 
                     self._reader = DaskReader(self.table, self._columns)
             return self._reader

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from dask_ddp.data.table_columns import Column, TableColumnError, numeric, unsupported
+from dask_ddp.data.table.columns import Column, TableColumnError, numeric, unsupported
 
 logger = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from dask_ddp.data.table_columns import (
+from dask_ddp.data.table.columns import (
     Column,
     TableColumnError,
     fill_records,

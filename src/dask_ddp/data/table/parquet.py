@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from dask_ddp import storage
-from dask_ddp.data.table_columns import Column, numeric, pack, unsupported
+from dask_ddp.data.table.columns import Column, numeric, pack, unsupported
 
 __all__ = ["ParquetReader", "StoreFile", "describe"]
 

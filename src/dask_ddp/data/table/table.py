@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from dask_ddp.data.table_columns import Column, TableColumnError
+from dask_ddp.data.table.columns import Column, TableColumnError
 
 __all__ = ["Table", "TableColumnError", "replace_collections"]
 
@@ -69,9 +69,9 @@ class Table:
 
     def __init__(self, data: Any, columns: Sequence[str] | None = None, *,
                  client: Any = None) -> None:
-        from dask_ddp.data import table_meta
+        from dask_ddp.data.table import meta
 
-        fields = table_meta.describe(data, columns, client)
+        fields = meta.describe(data, columns, client)
         self.__dict__.update(fields)
         logger.info("%s", self._summary())
 
@@ -104,9 +104,9 @@ class Table:
         Only the files' footers are read here (ranged GETs); each rank reads the row
         groups it needs through the engine's stores, decoded by pyarrow.
         """
-        from dask_ddp.data import table_parquet
+        from dask_ddp.data.table import parquet
 
-        table = cls._from_fields(**table_parquet.describe(url_or_urls, columns, storage_options))
+        table = cls._from_fields(**parquet.describe(url_or_urls, columns, storage_options))
         logger.info("%s", table._summary())
         return table
 

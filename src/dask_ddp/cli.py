@@ -152,7 +152,7 @@ def stacks_main(argv: Sequence[str]) -> int:
     logging.basicConfig(level=logging.WARNING, format="dask-ddp: %(message)s")
     from distributed import Client
 
-    from dask_ddp._launch.supervisor import collect_stacks
+    from dask_ddp._launch.stacks import collect_stacks
 
     try:
         with Client(opts.scheduler, timeout=opts.timeout) as client:

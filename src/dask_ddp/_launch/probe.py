@@ -30,6 +30,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from dask_ddp._states import RankActivity
+
 #: The collectives of ``torch.distributed`` whose calls are tracked.
 COLLECTIVES = (
     "all_reduce", "all_gather", "all_gather_object", "all_gather_into_tensor",
@@ -144,15 +146,18 @@ def mark_returned() -> None:
 
 
 class RankState:
-    """What the supervisor reads of its rank: ``(state, collective, seconds in it)``."""
+    """What the supervisor reads of its rank: ``(activity, collective, seconds in it)``."""
 
     def __init__(self, workdir: str) -> None:
         self.path = os.path.join(workdir, STATE_FILE)
         self.map: mmap.mmap | None = None
 
-    def read(self) -> tuple[str, str, float] | None:
-        """``("working" | "returned" | "collective", name, seconds since)``; ``None`` when
-        the rank has not written its file (not started yet, or a command)."""
+    def read(self) -> tuple[RankActivity, str, float] | None:
+        """``(activity, collective, seconds in it)``: :attr:`RankActivity.WORKING`,
+        :attr:`RankActivity.RETURNED`, or :attr:`RankActivity.BLOCKED` with the name of the
+        collective the rank is inside (its supervisor reports it as blocked only once it
+        waited there long enough); ``None`` when the rank has not written its file (not
+        started yet, or a command)."""
         if self.map is None:
             try:
                 with open(self.path, "rb") as f:
@@ -165,12 +170,12 @@ class RankState:
                 break
         age = max(0.0, time.monotonic() - since)
         if state == WORKING:
-            return ("working", "", age)
+            return (RankActivity.WORKING, "", age)
         if state == RETURNED:
-            return ("returned", "", age)
+            return (RankActivity.RETURNED, "", age)
         index = state - FIRST_COLLECTIVE
         name = COLLECTIVES[index] if 0 <= index < len(COLLECTIVES) else f"collective {index}"
-        return ("collective", name, age)
+        return (RankActivity.BLOCKED, name, age)
 
     def close(self) -> None:
         if self.map is not None:

@@ -1,10 +1,11 @@
 """The rank process: ``python -m dask_ddp._launch.rank WORKDIR`` (internal).
 
 Started by the supervisor task (:mod:`dask_ddp._launch.supervisor`) with the torchrun-style
-environment set. It loads the user's function from ``WORKDIR/spec.pkl``, joins the job's
-rendezvous store, agrees on the backend, calls ``init_process_group``, runs the function,
-and writes ``WORKDIR/result.pkl``: the pickled return value, or the failing phase, the
-formatted traceback and the pickled exception.
+environment set. It loads the user's function from the launch record in ``WORKDIR`` (a
+:class:`~dask_ddp._launch.launch_record.LaunchRecord`, written by the supervisor), joins
+the job's rendezvous store, agrees on the backend, calls ``init_process_group``, runs the
+function, and writes ``WORKDIR/result.pkl``: the pickled return value, or the failing
+phase, the formatted traceback and the pickled exception.
 """
 
 from __future__ import annotations
@@ -121,15 +122,16 @@ def main(workdir: str) -> None:
     phase = "load"
     store = None
     try:
-        with open(os.path.join(workdir, "spec.pkl"), "rb") as f:
-            spec = pickle.load(f)
-        for p in spec["sys_path"]:
+        from dask_ddp._launch.launch_record import LaunchRecord
+
+        record = LaunchRecord.read(workdir)
+        for p in record.sys_path:
             if p not in sys.path:
                 sys.path.append(p)
         import cloudpickle
 
-        fn, args, kwargs = cloudpickle.loads(spec["payload"])
-        init_kwargs = cloudpickle.loads(spec["init_kwargs"])
+        fn, args, kwargs = cloudpickle.loads(record.payload)
+        init_kwargs = cloudpickle.loads(record.init_kwargs)
         phase = "rendezvous"
         import torch.distributed as dist
 
@@ -137,17 +139,17 @@ def main(workdir: str) -> None:
 
         probe.install(workdir)
 
-        timeout = timedelta(seconds=spec["rendezvous_timeout"])
+        timeout = timedelta(seconds=record.rendezvous_timeout)
         # A peer frozen before the function starts leaves this rank waiting here: a stall.
         with probe.waiting_for_peers("rendezvous"):
             store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
                                   world, False, timeout)
             phase = "init_process_group"
-            backend = _resolve_backend(spec["backend"], store, rank, world, spec["worker"])
+            backend = _resolve_backend(record.backend, store, rank, world, record.worker)
             dist.init_process_group(backend=backend, store=store, rank=rank,
                                     world_size=world, **init_kwargs)
         phase = "run"
-        if spec["pass_local_rank"]:
+        if record.pass_local_rank:
             kwargs = {**kwargs, "local_rank": int(os.environ["LOCAL_RANK"])}
         value = fn(*args, **kwargs)
         phase = "teardown"

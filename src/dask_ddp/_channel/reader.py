@@ -23,6 +23,7 @@ from dask_ddp._channel.wire import (
     expiry_seconds,
     iter_run,
     metrics_topic,
+    parse_entry,
     rank_of,
 )
 
@@ -136,7 +137,12 @@ class Reader:
         self.cursor = int(reply["cursor"])
         out: list[Record] = []
         for raw in reply["entries"]:
-            self._take(out, Entry.of(raw))
+            try:
+                entry = parse_entry(raw)
+            except ValueError as exc:  # the scheduler refuses these: an older or odd peer
+                self._gap(f"a malformed entry was skipped: {exc}")
+                continue
+            self._take(out, entry)
         return out
 
     def _take(self, out: list[Record], e: Entry) -> None:

@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 from distributed.diagnostics.plugin import SchedulerPlugin
 from tornado.ioloop import PeriodicCallback
 
-from dask_ddp._channel.wire import Entry, budget_bytes, expiry_seconds
+from dask_ddp._channel.wire import Entry, budget_bytes, expiry_seconds, parse_entry
 
 logger = logging.getLogger(__name__)
 
@@ -183,7 +183,7 @@ class ResultsExtension:
             if writer is None or writer in gone.writers:
                 return {"accepted": len(entries), "dropped": gone.reason}
             del self.removed[topic]  # a new job writes to it: a new topic
-        batch = [Entry.of(e) for e in entries]
+        batch, at = self._checked(topic, writer, entries)
         t = self._topic(topic)
         if writer:
             t.writers.add(writer)
@@ -206,7 +206,25 @@ class ResultsExtension:
             n = t.accept(batch)
         if n:
             t.notify()
-        return {"accepted": n, "used": t.used, "budget": t.budget}
+        # Counted in the caller's list: a malformed entry is taken (and dropped) with the
+        # valid ones around it, so the forwarder never retries it.
+        taken = len(entries) if n == len(batch) else at[n]
+        return {"accepted": taken, "used": t.used, "budget": t.budget}
+
+    def _checked(self, topic: str, writer: str | None,
+                 entries: list[Any]) -> tuple[list[Entry], list[int]]:
+        """The well-formed entries of a put, and where each stood in ``entries``; each
+        malformed one is logged with its reason and dropped (its reader reports a gap)."""
+        batch: list[Entry] = []
+        at: list[int] = []
+        for i, raw in enumerate(entries):
+            try:
+                batch.append(parse_entry(raw))
+                at.append(i)
+            except ValueError as exc:
+                logger.warning("results topic %r: refused a malformed entry from %s: %s",
+                               topic[:200], writer or "an unnamed writer", exc)
+        return batch, at
 
     async def get(
         self,

@@ -100,8 +100,55 @@ class Entry(NamedTuple):
         return len(self.payload) + ENTRY_OVERHEAD
 
 
+#: Longest stream name (``<job>/<rank>/<nonce>.<pid>``), in characters.
+MAX_SOURCE = 1024
+
+
+def parse_entry(raw: Any) -> Entry:
+    """An :class:`Entry` from its wire form, checked whole before anything reads it.
+
+    The scheduler checks every entry a forwarder puts, the reader every entry it gets: a
+    malformed one (from a broken or hostile peer) raises :class:`ValueError` saying what
+    is wrong, and is never half-read.
+    """
+    try:
+        e = Entry.of(raw)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"not a results entry ({exc})") from None
+    if not e.source or len(e.source) > MAX_SOURCE:
+        raise ValueError(f"its stream name is empty or over {MAX_SOURCE} characters")
+    if min(e.seq, e.records, e.part, e.nparts) < 0:
+        raise ValueError(f"a negative number in seq={e.seq} records={e.records} "
+                         f"part={e.part} nparts={e.nparts}")
+    if e.is_end:
+        if e.records or e.part or e.payload:
+            raise ValueError("an end marker that carries records or data")
+    elif e.is_run:
+        _check_run(e)
+    elif e.part >= e.nparts:
+        raise ValueError(f"part {e.part} of a record cut into {e.nparts} parts")
+    return e
+
+
+def _check_run(e: Entry) -> None:
+    size = len(e.payload)
+    if not 1 <= e.records <= size // HEADER_SIZE:
+        raise ValueError(f"a run that claims {e.records} records in {size} bytes")
+    pos = 0
+    for i in range(e.records):
+        if pos + HEADER_SIZE > size:
+            raise ValueError(f"record {e.seq + i} of a run starts past its {size} bytes")
+        head = FrameHeader.unpack_from(e.payload, pos)
+        pos += HEADER_SIZE + head.topic_len + head.length
+        if pos > size:
+            raise ValueError(f"record {e.seq + i} of a run ends past its {size} bytes")
+    if pos != size:
+        raise ValueError(f"a run with {size - pos} bytes after its {e.records} records")
+
+
 def iter_run(entry: Entry) -> Iterator[tuple[FrameHeader, bytes]]:
-    """The frames of a run entry: each header and its record's data."""
+    """The frames of a run entry (checked by :func:`parse_entry`): each header and its
+    record's data."""
     view = memoryview(entry.payload)
     pos = 0
     for _ in range(entry.records):

@@ -120,6 +120,7 @@ lint: | $(PY)
 	$(ROOT)/.venv/bin/ruff check src tests benchmarks examples
 	$(ROOT)/.venv/bin/mypy
 	$(ROOT)/.venv/bin/lint-imports --no-cache
+	$(PY) tools/check_import_cycles.py
 
 # The type stub of the C++ module, checked in (tests/test_stubs.py fails when it is stale).
 stubs: build

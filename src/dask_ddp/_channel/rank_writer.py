@@ -333,6 +333,8 @@ class Forwarder:
                     piece.data += buf[start + head.topic_len : end]
                     if head.fragment + 1 == head.fragments:
                         del pieces[key]
+                        if self._tap is not None and topic == self._tap[0]:
+                            self._tap[1](bytes(piece.data))  # a large record, whole
                         source = f"{self.source}.{head.pid}"
                         entries = batches.setdefault(topic, [])
                         entries.extend(self._parts(source, head.seq, bytes(piece.data)))

@@ -32,8 +32,13 @@ logger = logging.getLogger(__name__)
 SAMPLE_S = 2.0
 #: The step rate is measured over about this many seconds.
 RATE_WINDOW_S = 10.0
-#: Metric records kept between two samples for the curve point (the latest ones).
+#: Metric records kept between two samples for the curve point (the latest ones), and
+#: their bytes at most (records of any size arrive; what is kept stays bounded).
 KEEP_RECORDS = 512
+KEEP_BYTES = 4 << 20
+#: Metrics of a rank shown on the page (a record of 150 gradient norms and the loss shows
+#: the loss and the first others).
+MAX_METRICS = 48
 #: Seconds a sample may take to reach the scheduler.
 SEND_TIMEOUT_S = 5.0
 _METRIC = b"M"[0]
@@ -62,6 +67,7 @@ class RankSampler:
         self.pid: int | None = None
         self._records: collections.deque[bytes] = collections.deque(maxlen=KEEP_RECORDS)
         self._lock = threading.Lock()
+        self._kept = 0  # bytes in _records
         self._reports = 0
         self._last_step: int | None = None
         self._last_metrics: dict[str, Any] = {}
@@ -80,7 +86,12 @@ class RankSampler:
         """One record of the job's metrics topic, as the rank wrote it (kept, not parsed)."""
         if payload and payload[0] == _METRIC:
             with self._lock:
+                if len(self._records) == self._records.maxlen:
+                    self._kept -= len(self._records[0])
                 self._records.append(payload)
+                self._kept += len(payload)
+                while self._kept > KEEP_BYTES and len(self._records) > 1:
+                    self._kept -= len(self._records.popleft())
                 self._reports += 1
 
     # -- the thread ------------------------------------------------------------------
@@ -116,6 +127,7 @@ class RankSampler:
         with self._lock:
             records, self._records = list(self._records), collections.deque(
                 maxlen=KEEP_RECORDS)
+            self._kept = 0
             reports = self._reports
         points = self._curve_points(records)
         count = self.counters.read()
@@ -161,7 +173,7 @@ class RankSampler:
                 continue
             step = rec.get("step")
             self._last_step = step if isinstance(step, int) else self._last_step
-            self._last_metrics = {k: v for k, v in rec.items() if k not in _RESERVED}
+            self._last_metrics = _shown_metrics(rec)
             if i != len(records) - 1 and self._first_done:
                 continue
             self._first_done = True
@@ -226,3 +238,19 @@ def _exit_text(returncode: int | None) -> str:
         except ValueError:
             return f"killed by signal {-returncode}"
     return f"exit code {returncode}"
+
+
+def _shown_metrics(record: dict[str, Any]) -> dict[str, Any]:
+    """The metrics of a record the page shows: at most :data:`MAX_METRICS`, the loss
+    (any name with "loss") first, long texts clipped."""
+    names = [k for k in record if k not in _RESERVED]
+    names.sort(key=lambda k: "loss" not in str(k).lower())  # stable: loss first
+    shown: dict[str, Any] = {}
+    for name in names[:MAX_METRICS]:
+        value = record[name]
+        if isinstance(value, str) and len(value) > 200:
+            value = value[:200] + "..."
+        elif isinstance(value, (dict, list)):
+            value = str(value)[:200]
+        shown[str(name)[:100]] = value
+    return shown

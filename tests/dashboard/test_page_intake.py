@@ -1,0 +1,62 @@
+"""What the job page receives from real ranks: metric records of any size, and a diverged
+loss (NaN, infinity), over the real HTTP API of a real LocalCluster's scheduler."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from typing import Any
+
+import pytest
+
+import dask_ddp
+from cluster_util import client_fixture
+from dashboard_util import dashboard_root, get, wait_job
+
+pytestmark = [pytest.mark.timeout(240)]
+
+client = client_fixture(2)
+
+
+def diverging(steps: int, hold: float) -> int:
+    """Each step reports 150 gradient norms and the loss in one record (about 5 KB, more
+    than one pipe frame), the loss NaN on rank 0 and infinite on rank 1 from step 3 on."""
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    for step in range(steps):
+        loss = 1.0 / (step + 1) if step < 3 else (math.nan if rank == 0 else math.inf)
+        record: dict[str, Any] = {f"grad_norm/layer{i:03d}": 0.001 * i for i in range(150)}
+        record["loss"] = loss
+        dask_ddp.report(record, step=step)
+        time.sleep(0.05)
+    time.sleep(hold)  # the page samples every 2 s: stay visible while the test looks
+    return rank
+
+
+def test_large_and_non_finite_metrics_reach_the_page(client: Any) -> None:
+    root = dashboard_root(client)
+    job = dask_ddp.submit(client, diverging, 8, 8.0, name="diverged", progress=False)
+    try:
+        seen = wait_job(root, job.id, "both ranks' metrics with the loss",
+                        lambda j: len(j["ranks"]) == 2 and all(
+                            "loss" in (r.get("metrics") or {}) and r.get("step") == 7
+                            for r in j["ranks"]))
+        status, _, body = get(f"{root}api/job/{job.id}?metric=*")
+        assert status == 200
+
+        def refuse(token: str) -> Any:
+            raise AssertionError(f"the job page's JSON holds {token}")
+
+        strict = json.loads(body, parse_constant=refuse)["job"]
+        losses = {r["rank"]: r["metrics"]["loss"] for r in strict["ranks"]}
+        assert losses == {0: "NaN", 1: "Infinity"}, losses
+        for r in seen["ranks"]:
+            assert len(r["metrics"]) <= 48 and "grad_norm/layer000" in r["metrics"]
+        # The loss curve holds the finite points only.
+        for curve in strict["curves"].values():
+            for x, y in curve.get("loss", []):
+                assert math.isfinite(y) and x < 3, curve["loss"]
+    finally:
+        assert job.result(timeout=120) == [0, 1]

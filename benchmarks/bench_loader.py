@@ -10,6 +10,7 @@ cores. Every figure comes from the same run:
    and its uint8 output (PILToTensor instead of ToTensor + Normalize: normalise on the
    GPU), row "ours_uint8"
 3. libjpeg-turbo full-size decode only, all cores, bytes in memory    (2 should be >= 0.8x)
+   (decode_throughput of the development module dask_ddp_bench: see bench_helpers)
 4. NVIDIA DALI on the CPU (device_id=None, cores threads): readers.file ->
    decoders.image_random_crop -> resize -> crop_mirror_normalize       (target >= 3x 4)
    (optional: skipped with a note when nvidia-dali-cuda120 is not installed)
@@ -25,13 +26,16 @@ cores. Every figure comes from the same run:
    nginx's own CPU is not counted; it shares the cores. moto (5.) serves ~170 objects/s
    to any client, so its rows measure moto.
 
-Run:  python benchmarks/bench_loader.py [--n 1000] [--s3-seed-n 256]
+Run (after ``make build``, which builds dask_ddp_bench into build/dev/bench):
+      python benchmarks/bench_loader.py [--n 1000] [--s3-seed-n 256]
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import importlib.machinery
+import importlib.util
 import logging
 import os
 import subprocess
@@ -41,6 +45,7 @@ import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import benchenv  # noqa: F401 - first: the clean environment, before distributed
@@ -49,7 +54,6 @@ import psutil
 import torch
 from PIL import Image
 
-from dask_ddp import _core
 from dask_ddp.data import ImageFolder, ImageList, Loader
 from dask_ddp.data import transforms as T
 
@@ -59,6 +63,24 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "immunohistochemistry", "hubble_deep_field")
 BATCH = 64
+
+
+def bench_helpers() -> ModuleType:
+    """The benchmark helper module ``dask_ddp_bench`` (``decode_throughput``).
+
+    ``make build`` builds it into the build tree (``build/dev/bench``; the environment
+    variable ``DDP_BUILD_DIR`` names another build directory); no wheel ships it. Exits
+    with a message saying to run ``make build`` when it is not there.
+    """
+    build = Path(os.environ.get("DDP_BUILD_DIR") or Path(HERE).parent / "build" / "dev")
+    where = build / "bench"
+    spec = importlib.machinery.PathFinder.find_spec("dask_ddp_bench", [str(where)])
+    if spec is None or spec.loader is None:
+        sys.exit(f"the benchmark helper module dask_ddp_bench is not in {where}: run `make build` "
+                 "(or set DDP_BUILD_DIR to the build directory that has it)")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def make_dataset(root: str, n: int, classes: int = 10, seed: int = 0) -> list[str]:
@@ -207,10 +229,11 @@ def read_blobs(root: str, keys: list[str]) -> list[bytes]:
 
 
 def bench_local(
-    root: str, keys: list[str], cores: int, rounds: int
+    root: str, keys: list[str], cores: int, rounds: int, helpers: ModuleType
 ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
     """Every configuration once per round, interleaved, so that load from other processes
-    on a shared machine hits them alike; callers report the best round of each."""
+    on a shared machine hits them alike; callers report the best round of each. The
+    decode ceiling comes from `helpers` (:func:`bench_helpers`)."""
     blobs = read_blobs(root, keys)
     loaders = {
         "ours": our_loader(root, cores),
@@ -226,13 +249,13 @@ def bench_local(
     dali = dali_loader(root, cores)
     if dali is not None:
         epoch_rate(dali_epoch(dali))  # warm up (not timed)
-    _core.decode_throughput(blobs[:64], cores)
+    helpers.decode_throughput(blobs[:64], cores)
     names = ["ceiling", *loaders, "torchvision", *(["dali_cpu"] if dali is not None else [])]
     rates: dict[str, list[float]] = {k: [] for k in names}
     cpu: dict[str, list[float]] = {k: [] for k in names}
     for r in range(rounds):
         c0 = cpu_seconds()
-        rates["ceiling"].append(float(_core.decode_throughput(blobs, cores)))
+        rates["ceiling"].append(float(helpers.decode_throughput(blobs, cores)))
         cpu["ceiling"].append((cpu_seconds() - c0) * 1e3 / len(blobs))
         for name, loader in loaders.items():
             rates[name].append(loader_epoch(loader, r, cpu[name]))
@@ -475,6 +498,7 @@ def main() -> None:
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     logger.setLevel(logging.INFO)
+    helpers = bench_helpers()  # before any work: a missing build fails at once
     cores = os.cpu_count() or 1
     tmp = None
     root = args.data
@@ -494,7 +518,7 @@ def main() -> None:
     logger.info("%d images, %d cores, batch %d; %s", len(keys), cores, BATCH,
                 benchenv.load_average())
 
-    rates, cpu = bench_local(root, keys, cores, args.rounds)
+    rates, cpu = bench_local(root, keys, cores, args.rounds, helpers)
     best = {k: max(v) for k, v in rates.items()}
     cost = {k: min(v) for k, v in cpu.items()}
     logger.info("best of %d rounds: images/s (wall), CPU ms per image (all processes)", args.rounds)

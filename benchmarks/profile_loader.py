@@ -33,6 +33,7 @@ import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
+from types import ModuleType
 
 HERE = Path(__file__).resolve().parent
 logger = logging.getLogger("profile_loader")
@@ -76,19 +77,18 @@ def classify(line: str) -> str:
     return "other"
 
 
-def decode_split(root: str, n: int) -> None:
+def decode_split(root: str, n: int, helpers: ModuleType) -> None:
     """Entropy decode against the rest of the JPEG decode, without symbols: a 1/8-scale
     DCT decode still entropy-decodes the whole file but does almost no IDCT, upsampling
-    or colour conversion, so its time is close to the entropy-decode floor."""
-    from dask_ddp import _core
-
+    or colour conversion, so its time is close to the entropy-decode floor. `helpers` is
+    the benchmark module dask_ddp_bench (``bench_loader.bench_helpers``)."""
     paths = sorted(str(p) for p in Path(root).rglob("*.jpg"))[:n]
     blobs = [Path(p).read_bytes() for p in paths]
     cores = os.cpu_count() or 1
     ms = {}
     for denom in (1, 8):
-        _core.decode_throughput(blobs[:16], cores, 1, denom)
-        best = max(_core.decode_throughput(blobs, cores, 3, denom) for _ in range(3))
+        helpers.decode_throughput(blobs[:16], cores, 1, denom)
+        best = max(helpers.decode_throughput(blobs, cores, 3, denom) for _ in range(3))
         ms[denom] = 1e3 * cores / best
     logger.info(
         "JPEG decode split (%d files, CPU ms per image): full decode %.3f; entropy-decode floor "
@@ -148,6 +148,7 @@ def main() -> None:
     sys.path.insert(0, str(HERE))
     import bench_loader as bl  # noqa: E402
 
+    helpers = bl.bench_helpers()  # before the profile: a missing build fails at once
     have = sum(f.endswith(".jpg") for _, _, fs in os.walk(root) for f in fs)
     if have < args.n:
         logger.info("writing %d JPEGs to %s", args.n, root)
@@ -194,7 +195,7 @@ def main() -> None:
         logger.info("  %-30s %6.1f%%", stage, pct)
         for p, what in sorted(tops[stage], reverse=True)[: args.top]:
             logger.info("      %5.1f%%  %s", p, what[:100])
-    decode_split(root, args.n)
+    decode_split(root, args.n, helpers)
     tmp.cleanup()
 
 

@@ -32,7 +32,7 @@ PyObject* ExceptionFor(Code code) {
 
 }  // namespace
 
-void init_errors(nb::module_& m) {
+void RegisterStatusTranslator() {
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {
       std::rethrow_exception(p);
@@ -40,6 +40,10 @@ void init_errors(nb::module_& m) {
       PyErr_SetString(ExceptionFor(e.status().code()), e.what());
     }
   });
+}
+
+void init_errors(nb::module_& m) {
+  RegisterStatusTranslator();
   m.def(
       "_raise_status",
       [](int code, const std::string& message) {

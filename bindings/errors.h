@@ -32,6 +32,11 @@ T ValueOrThrow(Result<T>&& r) {
   return std::move(r).value();
 }
 
+// Translates StatusError to the Python exception of its code, in every module that
+// registers it (dask_ddp._core, and the benchmark module dask_ddp_bench).
+void RegisterStatusTranslator();
+
+// The translator, and _raise_status (for tests of the mapping).
 void init_errors(nanobind::module_& m);
 
 }  // namespace ddp::py

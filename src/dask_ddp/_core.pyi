@@ -111,11 +111,6 @@ def rrc_box(width: int, height: int, scale: Sequence[float], ratio: Sequence[flo
     RandomResizedCrop's (top, left, height, width) for an image, using `draws` (uniform [0, 1) values) where torchvision draws random numbers; also returns how many were used.
     """
 
-def decode_throughput(blobs: Sequence[bytes], num_threads: int, rounds: int = 1, scale_denom: int = 1) -> float:
-    """
-    Images per second of full-size decode only (no fetch, no transform) on N threads.
-    """
-
 class ImageLoader:
     """The C++ batch loader (use dask_ddp.data.Loader)."""
 

@@ -1,12 +1,13 @@
-#include "pipeline/throughput.h"
+#include "throughput.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <mutex>
 #include <thread>
 #include <vector>
 
-namespace ddp::pipeline {
+namespace ddp::bench {
 
 Result<double> DecodeThroughput(std::span<const std::string> blobs, int num_threads, int rounds,
                                 int scale_denom) {
@@ -35,4 +36,4 @@ Result<double> DecodeThroughput(std::span<const std::string> blobs, int num_thre
   return static_cast<double>(total) / std::max(secs, 1e-9);
 }
 
-}  // namespace ddp::pipeline
+}  // namespace ddp::bench

@@ -27,11 +27,13 @@ def local_cluster(n_workers: int, threads_per_worker: int = 1) -> LocalCluster:
 
 @contextlib.contextmanager
 def cluster_client(n_workers: int, threads_per_worker: int = 1) -> Iterator[Client]:
-    """A client of a fresh local cluster; on exit, no rank process of it may be left."""
+    """A client of a fresh local cluster; on exit, no rank process or warm template of it
+    may be left."""
     with local_cluster(n_workers, threads_per_worker) as cluster, Client(cluster) as c:
         yield c
         addr = c.scheduler.address
     wait_no_rank_processes(addr, 10)
+    wait_no_template_processes(addr, 10)
 
 
 def client_fixture(n_workers: int, threads_per_worker: int = 1) -> Any:
@@ -49,17 +51,21 @@ def client_fixture(n_workers: int, threads_per_worker: int = 1) -> Any:
     return client
 
 
-def rank_processes(scheduler: str, marker: str = "dask_ddp._launch.rank") -> list[psutil.Process]:
-    """Live rank processes of jobs on the cluster at ``scheduler``.
+#: A rank forked by a warm template is named so (``prctl(PR_SET_NAME)``) and its command line
+#: reads as a cold rank's; the template's own command line names its module.
+WARM_RANK_NAME = "ddp-rank-"
+TEMPLATE_MARKER = "dask_ddp._launch.warm"
 
-    Matched by ``marker`` in the command line and the ``DASK_DDP_SCHEDULER`` the launcher
-    sets, so other clusters' ranks on the same machine do not count (orphans included).
-    """
+
+def _cluster_processes(scheduler: str, match: Any) -> list[psutil.Process]:
+    """Live processes of the cluster at ``scheduler`` that ``match(name, cmdline)``: by
+    the ``DASK_DDP_SCHEDULER`` the launcher sets, so other clusters' processes on the same
+    machine do not count (orphans included)."""
     found = []
-    for proc in psutil.process_iter(["cmdline", "pid"]):
+    for proc in psutil.process_iter(["cmdline", "name", "pid"]):
         try:
             cmd = " ".join(proc.info["cmdline"] or [])
-            if marker not in cmd or proc.pid == os.getpid():
+            if proc.pid == os.getpid() or not match(proc.info["name"] or "", cmd):
                 continue
             if proc.environ().get("DASK_DDP_SCHEDULER") != scheduler:
                 continue
@@ -70,19 +76,48 @@ def rank_processes(scheduler: str, marker: str = "dask_ddp._launch.rank") -> lis
     return found
 
 
+def rank_processes(scheduler: str, marker: str = "dask_ddp._launch.rank") -> list[psutil.Process]:
+    """Live rank processes of jobs on the cluster at ``scheduler``.
+
+    Matched by ``marker`` in the command line, or (the rank module's marker) by a warm
+    rank's name; a warm template is not a rank.
+    """
+    def is_rank(name: str, cmd: str) -> bool:
+        if marker in cmd:
+            return True
+        return marker == "dask_ddp._launch.rank" and name.startswith(WARM_RANK_NAME)
+
+    return _cluster_processes(scheduler, is_rank)
+
+
+def template_processes(scheduler: str) -> list[psutil.Process]:
+    """Live warm templates of the cluster at ``scheduler`` (not the ranks they forked)."""
+    return _cluster_processes(scheduler, lambda name, cmd: TEMPLATE_MARKER in cmd
+                              and not name.startswith(WARM_RANK_NAME))
+
+
+def _described(procs: list[psutil.Process]) -> list[tuple[int, list[str]]]:
+    found = []
+    for p in procs:
+        try:  # one may end (or be a zombie being reaped) while it is looked at
+            found.append((p.pid, p.cmdline()))
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
 def wait_no_rank_processes(scheduler: str, timeout: float = 30.0,
                            marker: str = "dask_ddp._launch.rank") -> None:
     """Fail unless every rank process of the cluster is gone within ``timeout`` seconds."""
-    def alive() -> list[tuple[int, list[str]]]:
-        found = []
-        for p in rank_processes(scheduler, marker):
-            try:  # one may end (or be a zombie being reaped) while it is looked at
-                found.append((p.pid, p.cmdline()))
-            except (psutil.NoSuchProcess, psutil.AccessDenied):
-                continue
-        return found
+    wait_until(lambda: _described(rank_processes(scheduler, marker)), timeout,
+               "rank processes still running")
 
-    wait_until(alive, timeout, "rank processes still running")
+
+def wait_no_template_processes(scheduler: str, timeout: float = 30.0) -> None:
+    """Fail unless every warm template of the cluster is gone within ``timeout`` seconds
+    (a template must not outlive its worker)."""
+    wait_until(lambda: _described(template_processes(scheduler)), timeout,
+               "warm templates still running")
 
 
 def wait_rank_processes(scheduler: str, n: int, timeout: float = 60.0,
@@ -241,3 +276,36 @@ def dataloader_rank(num_workers: int) -> dict[str, Any]:
     t = torch.tensor([total])
     dist.all_reduce(t)
     return {"total": t.item(), "loader_pids": sorted(pids), "pid": os.getpid()}
+
+
+def rank_facts(note: str) -> dict[str, Any]:
+    """What a rank process is, as its function sees it: environment, parentage, argv,
+    working directory; ``note`` goes to its stdout and stderr, and its results channel."""
+    import sys
+
+    import torch
+
+    os.write(int(os.environ["DASK_DDP_CHANNEL_FD"]), note.encode())
+    print(f"out {note}", flush=True)  # noqa: T201 - the output under test
+    print(f"err {note}", file=sys.stderr, flush=True)  # noqa: T201
+    return {"env": dict(os.environ), "pid": os.getpid(), "ppid": os.getppid(),
+            "pgid": os.getpgrp(), "sid": os.getsid(0), "cwd": os.getcwd(),
+            "argv": list(sys.argv), "path0": sys.path[0], "threads": torch.get_num_threads(),
+            "hashseed": sys.flags.hash_randomization}
+
+
+def exit_with(code: int) -> int:
+    os._exit(code)
+
+
+def child_then_sleep(pidfile: str) -> int:
+    """Start a child in the rank's process group, name it in ``pidfile``, then sleep."""
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    with open(pidfile + ".tmp", "w") as f:
+        f.write(str(child.pid))
+    os.replace(pidfile + ".tmp", pidfile)
+    time.sleep(600)
+    return 0

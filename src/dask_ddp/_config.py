@@ -73,6 +73,20 @@ def positive_int(key: str) -> int:
     return value
 
 
+def flag(key: str) -> bool:
+    """``key`` as a boolean (``True``/``False``, or ``"true"``/``"false"``/``"1"``/``"0"``
+    from a ``DASK_DASK_DDP__...`` variable)."""
+    value = get(key)
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "1", "yes", "on"):
+        return True
+    if text in ("false", "0", "no", "off"):
+        return False
+    raise ValueError(f"{key} must be true or false, got {value!r}")
+
+
 def duration(value: Any, what: str, *, allow_none: bool = False) -> float | None:
     """``value`` (seconds, ``"30 s"``, a ``timedelta``, or ``None`` when allowed) as a
     positive number of seconds; ``what`` names it in the error."""

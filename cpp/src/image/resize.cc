@@ -1,7 +1,6 @@
 #include "image/resize.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cfloat>
 #include <cmath>
 #include <cstring>
@@ -13,25 +12,9 @@
 #define DDP_RESIZE_AVX2 1
 #endif
 
-namespace ddp::image {
-namespace internal {
-namespace {
-std::atomic<int> g_simd_cap{static_cast<int>(Simd::kAvx2)};
-Simd CpuSimd() {
-#if defined(__x86_64__) || defined(__i386__)
-  if (__builtin_cpu_supports("avx2")) return Simd::kAvx2;
-  if (__builtin_cpu_supports("ssse3")) return Simd::kSsse3;
-#endif
-  return Simd::kSse2;
-}
-}  // namespace
-void CapSimdForTesting(Simd cap) { g_simd_cap.store(static_cast<int>(cap)); }
-Simd SimdLevel() {
-  static const Simd cpu = CpuSimd();
-  return static_cast<Simd>(std::min(static_cast<int>(cpu), g_simd_cap.load(std::memory_order_relaxed)));
-}
-}  // namespace internal
+#include "common/simd.h"
 
+namespace ddp::image {
 namespace {
 
 constexpr int kChannels = 3;
@@ -197,7 +180,7 @@ void HorizontalLinear(const uint8_t* row, int row_bytes, const LinearTaps& x, in
 #if DDP_RESIZE_AVX2
   // AVX2 does pairs of pixels; the rest goes one at a time below. (An SSSE3 loop with one
   // byte shuffle per pixel measured no faster than this SSE2 one, so there is none.)
-  if (internal::SimdLevel() == internal::Simd::kAvx2) d = HorizontalLinearAvx2(row, row_bytes, x, last, out);
+  if (SimdLevel() == Simd::kAvx2) d = HorizontalLinearAvx2(row, row_bytes, x, last, out);
 #endif
 #if defined(__SSE2__)
   // Per pixel: the two 4-byte groups at the taps interleaved (r r' g g' b b' . .), widened

@@ -7,6 +7,9 @@
 // Bilinear: half-pixel centres, edge pixels repeated, 11-bit fixed-point weights; the
 // vertical pass rounds as OpenCV's SIMD path does. Area: each output pixel is the mean of
 // the source area it covers, partly covered pixels weighted by the fraction covered.
+//
+// Resize has SSE2 and AVX2 loops, picked by SimdLevel() (common/simd.h); at the SSSE3
+// level it runs the SSE2 ones (that level is the fused output write's, transforms.cc).
 #pragma once
 
 #include <cstddef>
@@ -42,17 +45,5 @@ using RowSink = std::function<void(int y, const uint8_t* row)>;
 // row (e.g. convert it to planar float) while it is still in cache.
 void ResizeRgb8Rows(const Rgb8View& src, int out_width, int out_height, ResizeFilter filter,
                     const RowSink& sink);
-
-namespace internal {
-// The SIMD level this CPU runs: the best it has (checked once), unless a test capped it.
-// The wheel's baseline is SSE2 (every x86-64 CPU); higher levels are chosen at run time
-// and give the same values as the SSE2 loops. Resize has SSE2 and AVX2 loops (at the SSSE3
-// level it runs the SSE2 ones); the SSSE3 level is the fused output write's
-// (transforms.cc).
-enum class Simd { kSse2 = 0, kSsse3 = 1, kAvx2 = 2 };
-Simd SimdLevel();
-// Tests only: run at most the loops of `cap`, to compare every level.
-void CapSimdForTesting(Simd cap);
-}  // namespace internal
 
 }  // namespace ddp::image

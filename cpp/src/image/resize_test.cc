@@ -6,6 +6,8 @@
 #include <random>
 #include <string>
 
+#include "common/simd.h"
+
 #ifdef DDP_TEST_WITH_OPENCV
 #include <opencv2/core.hpp>
 #include <opencv2/imgproc.hpp>
@@ -68,8 +70,7 @@ TEST(Resize, RowsGiveTheSamePixelsAsTheWholeImage) {
 // ones) gives the pixels of the SSE2 loops, for every filter path, odd widths (the
 // SIMD/scalar split) and strided views.
 TEST(Resize, EverySimdLevelGivesTheSamePixels) {
-  using internal::Simd;
-  if (internal::SimdLevel() == Simd::kSse2) GTEST_SKIP() << "only the SSE2 loops run on this CPU";
+  if (SimdLevel() == Simd::kSse2) GTEST_SKIP() << "only the SSE2 loops run on this CPU";
   const int W = 611, H = 203;
   const std::vector<uint8_t> px = Photo(W, H, 17);
   const int sizes[][4] = {{600, 200, 224, 224}, {301, 203, 224, 224}, {500, 150, 224, 224},
@@ -80,18 +81,18 @@ TEST(Resize, EverySimdLevelGivesTheSamePixels) {
     const Rgb8View view{px.data() + 3 * (W - sz[0]), sz[0], sz[1], static_cast<size_t>(3) * W};
     for (ResizeFilter f : {ResizeFilter::kBilinear, ResizeFilter::kArea}) {
       std::vector<uint8_t> plain;
-      internal::CapSimdForTesting(Simd::kSse2);
+      CapSimdForTesting(Simd::kSse2);
       ResizeRgb8(view, sz[2], sz[3], f, plain);
       for (Simd level : {Simd::kSsse3, Simd::kAvx2}) {
         std::vector<uint8_t> fast;
-        internal::CapSimdForTesting(level);
+        CapSimdForTesting(level);
         ResizeRgb8(view, sz[2], sz[3], f, fast);
         EXPECT_EQ(fast, plain) << sz[0] << "x" << sz[1] << " -> " << sz[2] << "x" << sz[3] << " filter "
-                               << static_cast<int>(f) << " level " << static_cast<int>(level);
+                               << static_cast<int>(f) << " level " << SimdName(level);
       }
     }
   }
-  internal::CapSimdForTesting(Simd::kAvx2);
+  CapSimdForTesting(Simd::kAvx2);
 }
 
 TEST(Resize, SameSizeCopiesFromAStridedView) {

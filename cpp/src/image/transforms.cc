@@ -10,6 +10,7 @@
 #define DDP_TRANSFORMS_SSSE3 1
 #endif
 
+#include "common/simd.h"
 #include "image/resize.h"
 
 namespace ddp::image {
@@ -123,7 +124,7 @@ void WriteRow(const uint8_t* row, int y, int out_h, int out_w, bool flip, bool f
   const size_t at = static_cast<size_t>(y) * out_w;
   int done = 0;
 #if DDP_TRANSFORMS_SSSE3
-  if (internal::SimdLevel() >= internal::Simd::kSsse3) {
+  if (SimdLevel() >= Simd::kSsse3) {
     if (float_out) {
       float* const f32[3] = {static_cast<float*>(out) + at, static_cast<float*>(out) + plane + at,
                              static_cast<float*>(out) + 2 * plane + at};

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <deque>
 
+#include "common/simd.h"
 #include "image/image_testutil.h"
 #include "image/resize.h"
 
@@ -194,8 +195,8 @@ TEST(Transforms, FusedResizeWritesTheSameValuesAsSeparatePasses) {
       {{Op(OpKind::kResize, 30, 15), Op(OpKind::kToTensor), norm}, 30, 15, false, true},
   };
   // Every SIMD level of the resize and output loops the CPU has (the SSE2 ones everywhere).
-  for (const internal::Simd level : {internal::Simd::kAvx2, internal::Simd::kSsse3, internal::Simd::kSse2}) {
-    internal::CapSimdForTesting(level);
+  for (const Simd level : {Simd::kAvx2, Simd::kSsse3, Simd::kSse2}) {
+    CapSimdForTesting(level);
     for (const Case& c : cases) {
       auto p = Pipeline::Create(c.ops);
       ASSERT_TRUE(p.ok()) << p.status().message();
@@ -225,7 +226,7 @@ TEST(Transforms, FusedResizeWritesTheSameValuesAsSeparatePasses) {
       }
     }
   }
-  internal::CapSimdForTesting(internal::Simd::kAvx2);
+  CapSimdForTesting(Simd::kAvx2);
 }
 
 }  // namespace

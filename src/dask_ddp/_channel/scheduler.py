@@ -28,7 +28,14 @@ from typing import Any, NamedTuple
 from distributed.diagnostics.plugin import SchedulerPlugin
 from tornado.ioloop import PeriodicCallback
 
-from dask_ddp._channel.wire import Entry, budget_bytes, expiry_seconds, parse_entry
+from dask_ddp._channel.wire import (
+    Entry,
+    budget_bytes,
+    expiry_seconds,
+    parse_entry,
+    total_budget_bytes,
+    unread_warning_seconds,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +73,8 @@ class Topic:
     writers: set[str] = field(default_factory=set)  # task keys of the Forwarders
     reading: int = 0  # gets in flight
     last_read: float = field(default_factory=time.monotonic)
+    full_since: float | None = None  # writers waiting on a full budget since
+    warned: bool = False
 
     def notify(self) -> None:
         # Swap the event so that waiters that armed the old one wake up exactly once.
@@ -79,18 +88,33 @@ class Topic:
             self.base += 1
             freed = True
         if freed:
+            self.full_since = None
+            self.warned = False
             self.notify()
 
-    def accept(self, entries: list[Entry]) -> int:
-        """Store ``entries`` from the front while they fit; how many were taken."""
+    def accept(self, entries: list[Entry], room: int | None = None, held: int = 0) -> int:
+        """Store ``entries`` from the front while they fit; how many were taken.
+
+        An entry fits when the topic's budget has room for it (or the topic is empty) and
+        ``room``, what the budget of all topics leaves, has room for it too (or no topic
+        holds anything: ``held`` is what all topics hold), so one entry larger than a
+        budget still travels.
+        """
         n = 0
         for e in entries:
             key = (e.seq, e.part)
             if key <= self.last.get(e.source, (-1, -1)):  # a retried put: already stored
                 n += 1
                 continue
-            if self.used and self.used + e.size > self.budget:
+            over_topic = self.used and self.used + e.size > self.budget
+            over_all = room is not None and held and e.size > room
+            if over_topic or over_all:
+                if self.full_since is None:
+                    self.full_since = time.monotonic()
                 break
+            if room is not None:
+                room -= e.size
+            held += e.size
             self.entries.append(e)
             self.used += e.size
             self.last[e.source] = key
@@ -132,6 +156,8 @@ class ResultsExtension:
                 "dask_ddp_results_info": self.info,
             }
         )
+        self.total_budget = total_budget_bytes()
+        self.unread_warning = unread_warning_seconds()
         self._sweeper = PeriodicCallback(self.sweep, SWEEP_S * 1000)
         scheduler.periodic_callbacks["dask-ddp-results-sweep"] = self._sweeper
         self._sweeper.start()
@@ -187,7 +213,7 @@ class ResultsExtension:
         t = self._topic(topic)
         if writer:
             t.writers.add(writer)
-        n = t.accept(batch)
+        n = t.accept(batch, *self._room())
         deadline = time.monotonic() + wait
         while n == 0 and batch:
             remaining = deadline - time.monotonic()
@@ -203,13 +229,20 @@ class ResultsExtension:
             t = self._topic(topic)
             if writer:
                 t.writers.add(writer)
-            n = t.accept(batch)
+            n = t.accept(batch, *self._room())
         if n:
             t.notify()
         # Counted in the caller's list: a malformed entry is taken (and dropped) with the
         # valid ones around it, so the forwarder never retries it.
         taken = len(entries) if n == len(batch) else at[n]
         return {"accepted": taken, "used": t.used, "budget": t.budget}
+
+    def _room(self) -> tuple[int, int]:
+        """What the budget of all topics (``dask-ddp.results.total-budget``) has left, and
+        what all topics hold: many topics never hold more than it together, whatever
+        each one's own budget."""
+        held = sum(x.used for x in self.topics.values())
+        return max(0, self.total_budget - held), held
 
     def _checked(self, topic: str, writer: str | None,
                  entries: list[Any]) -> tuple[list[Entry], list[int]]:
@@ -319,6 +352,18 @@ class ResultsExtension:
             reason = t.abandoned(now, clients, tasks)
             if reason is not None:
                 self.remove(name, reason)
+            elif (t.full_since is not None and not t.warned and not t.reading
+                  and now - t.full_since >= self.unread_warning
+                  and now - t.last_read >= self.unread_warning):
+                t.warned = True
+                logger.warning(
+                    "results topic %r is full and nobody read it for %.0f s: its writers "
+                    "(%s) wait in report()/submit_result() until it is read (%d of %d bytes; "
+                    "all topics %d of %d). Read the job's results (Job.result(), "
+                    "process_results) or raise dask-ddp.results.budget",
+                    name[:200], now - t.last_read, ", ".join(sorted(t.writers)[:4]) or "?",
+                    t.used, t.budget, sum(x.used for x in self.topics.values()),
+                    self.total_budget)
 
     def info(self, topic: str | None = None) -> dict[str, Any]:
         names = [topic] if topic is not None else list(self.topics)

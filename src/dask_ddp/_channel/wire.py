@@ -176,6 +176,17 @@ def budget_bytes() -> int:
     return _config.positive_bytes("dask-ddp.results.budget")
 
 
+def total_budget_bytes() -> int:
+    """The memory budget of all topics together (``dask-ddp.results.total-budget``)."""
+    return _config.positive_bytes("dask-ddp.results.total-budget")
+
+
+def unread_warning_seconds() -> float:
+    """How long writers wait on a full topic nobody reads before it is logged
+    (``dask-ddp.results.unread-warning``)."""
+    return _config.positive_seconds("dask-ddp.results.unread-warning")
+
+
 def part_size() -> int:
     """The largest part a record is cut into on its way through the scheduler."""
     return _config.positive_bytes("dask-ddp.results.part-size")

@@ -46,7 +46,7 @@ from dask_ddp._launch.root_cause import (
     record_of,
     root_error,
 )
-from dask_ddp._launch.stacks import collect_stacks, peer_stacks_text, read_job_stacks
+from dask_ddp._launch.stacks import peer_stacks_text, read_job_stacks
 from dask_ddp._launch.workdir import clean_orphans, create_workdir, remove_workdir
 from dask_ddp._states import RankActivity
 from dask_ddp.errors import (
@@ -57,8 +57,8 @@ from dask_ddp.errors import (
     RemoteException,
 )
 
-# The stack readers moved to dask_ddp._launch.stacks; the job still imports them from here.
-__all__ = ["collect_stacks", "read_job_stacks", "run_rank"]
+# read_job_stacks lives in dask_ddp._launch.stacks; the job still imports it from here.
+__all__ = ["read_job_stacks", "run_rank"]
 
 logger = logging.getLogger(__name__)
 

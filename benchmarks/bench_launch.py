@@ -15,6 +15,14 @@ Usage::
 
 Prints each measurement and the ratios dask-ddp / torchrun (targets: start-up <= 1.2x,
 step time <= 1.03x). Ray Train is skipped with a note when not installed (make bench-deps).
+
+``--warm`` compares instead the rank starts warm (forked from the worker's template,
+``dask-ddp.launch.warm-start: true``) and cold (a fresh Python, ``false``), with torchrun,
+in the same run: the *rank's start*, from the call to the first line of the function of a
+one-rank job (no peer to wait for), and the *launch*, from the call to every rank of a
+two-rank job being in its process group::
+
+    PYTHONPATH=src .venv/bin/python benchmarks/bench_launch.py --warm [--repeats 5]
 """
 
 from __future__ import annotations
@@ -37,6 +45,11 @@ def entered() -> float:
     import torch.distributed as dist
 
     assert dist.is_initialized()
+    return time.time()
+
+
+def first_line() -> float:
+    """Rank side: the wall time at the function's first line."""
     return time.time()
 
 
@@ -98,13 +111,72 @@ def run_dask(client: Any, mode: str, steps: int) -> tuple[float, dict[str, Any]]
     return max(v["step"] for v in values), values[0]["env"]
 
 
+def _set_warm_start(on: bool) -> None:
+    """Worker side: the worker's ``dask-ddp.launch.warm-start`` (read on the worker)."""
+    import dask
+
+    dask.config.set({"dask-ddp.launch.warm-start": on})
+
+
+def run_start(client: Any, how: str) -> tuple[float, float]:
+    """(rank start, launch) seconds under ``how``: ``torchrun``, ``warm`` or ``cold``."""
+    if how == "torchrun":
+        t0, values = peers.run_torchrun("bench_launch:first_line", [], nproc=1)
+        start = values[0] - t0
+        t0, values = peers.run_torchrun("bench_launch:entered", [])
+        return start, max(values) - t0
+    import dask_ddp
+
+    client.run(_set_warm_start, how == "warm")
+    t0 = time.time()
+    start = dask_ddp.submit(client, first_line, n_workers=1, progress=False).result()[0] - t0
+    t0 = time.time()
+    launch = max(dask_ddp.submit(client, entered, n_workers=2, progress=False).result()) - t0
+    return start, launch
+
+
+def main_warm(repeats: int) -> None:
+    """``--warm``: rank start and launch, warm and cold, against torchrun."""
+    from distributed import Client, LocalCluster
+
+    logging.getLogger("distributed").setLevel(logging.WARNING)
+    kinds = ["torchrun", "warm", "cold"]
+    figures: dict[str, list[tuple[float, float]]] = {k: [] for k in kinds}
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                      dashboard_address=":0") as cluster, Client(cluster) as client:
+        first = run_start(client, "warm")  # starts each worker's template
+        logger.info("warm, first call on fresh workers (templates start): rank start %.2f s, "
+                    "launch %.2f s", *first)
+        for i in range(repeats):
+            for how in kinds:  # alternate, so drift on this machine hits each alike
+                figures[how].append(run_start(client, how))
+            logger.info("repeat %d (%s): %s", i, benchenv.load_average(), "; ".join(
+                f"{k} start {figures[k][-1][0]:.2f} s, launch {figures[k][-1][1]:.2f} s"
+                for k in kinds))
+    med = {k: (statistics.median(s for s, _ in v), statistics.median(la for _, la in v))
+           for k, v in figures.items()}
+    for k in kinds:
+        logger.info("%-8s rank start %.3f s (%.2fx torchrun), launch %.3f s (%.2fx torchrun)",
+                    k, med[k][0], med[k][0] / med["torchrun"][0], med[k][1],
+                    med[k][1] / med["torchrun"][1])
+    logger.info("warm / cold: rank start %.2fx, launch %.2fx; medians of %d repeats; end: %s",
+                med["warm"][0] / med["cold"][0], med["warm"][1] / med["cold"][1], repeats,
+                benchenv.load_average())
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--no-ray", action="store_true", help="skip Ray Train")
+    p.add_argument("--warm", action="store_true",
+                   help="rank start and launch, warm and cold, against torchrun")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if args.warm:
+        logger.info("start: %s", benchenv.load_average())
+        main_warm(args.repeats)
+        return
     launchers = peers.with_ray(["torchrun", "dask-ddp"], args.no_ray)
     logger.info("start: %s", benchenv.load_average())
     from distributed import Client, LocalCluster

@@ -243,6 +243,16 @@ def test_exit_codes_signals_and_reaping(templates: None) -> None:
     assert isinstance(proc, warm.WarmProcess)
     assert not proc.wait_exit(0.5)
     assert proc.poll() is None
+
+    def looks_cold() -> str | None:
+        # As ps and psutil see a cold rank: its command line and its environment.
+        p = psutil.Process(proc.pid)
+        seen = (p.name(), p.cmdline()[1:3], p.environ().get("RANK"),
+                p.environ().get("DASK_DDP_SCHEDULER"))
+        wanted = ("ddp-rank-0", ["-m", "dask_ddp._launch.rank"], "0", SCHEDULER)
+        return None if seen == wanted else f"{seen} != {wanted}"
+
+    wait_until(looks_cold, 30, "the warm rank does not read as a rank")
     os.killpg(proc.pid, signal.SIGTERM)
     assert proc.wait_exit(30)
     assert proc.wait() == -signal.SIGTERM

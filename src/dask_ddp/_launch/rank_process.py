@@ -27,7 +27,7 @@ import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import IO
 
-from dask_ddp._launch import probe, rank_env
+from dask_ddp._launch import probe, rank_env, warm
 from dask_ddp._launch.launch_record import LaunchRecord
 from dask_ddp._launch.placement import RankSpec, worker_host
 
@@ -146,7 +146,14 @@ def start_process(argv: Sequence[str], env: Mapping[str, str], cwd: str,
     """Start a rank's process in a session of its own (its group is killed whole).
 
     The one place a rank's process is made. Raises :class:`OSError` when it cannot start.
+    A function's rank is forked from this worker's warm template when it can be
+    (:mod:`~dask_ddp._launch.warm`), else started afresh.
     """
+    if list(argv[1:3]) == ["-m", "dask_ddp._launch.rank"] and "DASK_DDP_CHANNEL_FD" in env:
+        proc = warm.start_rank(env, cwd, argv[3], int(env["DASK_DDP_CHANNEL_FD"]),
+                               capture_output)
+        if proc is not None:
+            return proc
     pipe = subprocess.PIPE if capture_output else None
     return subprocess.Popen(list(argv), env=dict(env), pass_fds=tuple(pass_fds), stdout=pipe,
                             stderr=pipe, start_new_session=True, cwd=cwd)
@@ -255,6 +262,8 @@ def _wait_exit(proc: subprocess.Popen[bytes], timeout: float | None) -> bool:
     """Wait until the rank process exited, without reaping it (``WNOWAIT``): while it is
     not reaped its pid, which is its process group's id, cannot be reused, so a later
     ``killpg`` reaches its own group and no stranger's. True once it exited."""
+    if isinstance(proc, warm.WarmProcess):  # its template reports the exit, unreaped
+        return proc.wait_exit(timeout)
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         if proc.returncode is not None:

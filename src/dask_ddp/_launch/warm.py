@@ -4,7 +4,8 @@ A rank started cold (``python -m dask_ddp._launch.rank WORKDIR``) spends ~2 s st
 Python and importing torch before the user's function runs. A worker instead keeps a
 *template* process, ``python -m dask_ddp._launch.warm``, that has imported torch,
 ``torch.distributed``, cloudpickle and the rank module and then waits; each rank is a
-``fork()`` of it that becomes exactly what the cold start would have been.
+``fork()`` of it that becomes exactly what the cold start would have been. This module
+is the worker's side; the template's is :mod:`dask_ddp._launch.warm_template`.
 
 The template
     Started by the worker at its first function-mode rank (:func:`start_rank`), from a
@@ -65,22 +66,19 @@ runtimes derived at import from the key's variables (equal by construction).
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import dataclasses
 import logging
 import os
 import pickle
 import queue
-import selectors
 import signal
 import socket
 import subprocess
 import sys
 import threading
-import time
-import traceback
 from collections.abc import Callable, Mapping
 from typing import IO, Any
+
+from dask_ddp._launch.warm_template import Reap, StartRequest, recv, send
 
 logger = logging.getLogger(__name__)
 
@@ -89,13 +87,10 @@ MAX_TEMPLATES = 2
 #: Bound on a template's start (its imports), and on its answer to a start request.
 START_TIMEOUT_S = 120.0
 REQUEST_TIMEOUT_S = 30.0
-#: How often the template looks at its parent.
-PARENT_POLL_S = 0.5
-#: Room in the template's argv and environ areas for a rank's own (see ``_retitle``).
+#: Room in the template's argv and environ areas, that a forked rank rewrites in place
+#: with its own command line and environment (as ps and /proc show them).
 TITLE_ROOM = 512
 ENVIRON_ROOM = 16384
-_MAX_MESSAGE = 1 << 20
-_PR_SET_NAME = 15
 
 #: Prefixes of the variables read while Python starts and torch, torch.distributed,
 #: cloudpickle and the rank module are imported (logged through an LD_PRELOAD getenv
@@ -147,50 +142,6 @@ def template_environment(env: Mapping[str, str],
             or (worker_env.get(k) == v and k not in per_rank and not k.startswith("DASK_DDP_"))}
 
 
-# -- what crosses the sockets ----------------------------------------------------------------
-
-@dataclasses.dataclass(frozen=True)
-class StartRequest:
-    """Start one rank; sent with its fds: rank connection, channel, stdout, stderr."""
-
-    env: dict[str, str]
-    cwd: str
-    workdir: str
-    channel_fd: int
-    affinity: tuple[int, ...] | None
-
-
-@dataclasses.dataclass(frozen=True)
-class Reply:
-    """From a template: ``ready`` (on its control socket), and on a rank connection
-    ``started`` (``pid``), ``refused`` (``message``), ``exited`` (``code``, not reaped
-    yet) and ``reaped`` (``code``). ``code`` is a Popen return code (``-N``: signal N)."""
-
-    kind: str
-    pid: int = 0
-    code: int = 0
-    message: str = ""
-
-
-@dataclasses.dataclass(frozen=True)
-class Reap:
-    """To a template, on a rank connection: reap the rank once it exited."""
-
-
-def _send(sock: socket.socket, message: object, fds: list[int] | None = None) -> None:
-    data = pickle.dumps(message)
-    if fds:
-        socket.send_fds(sock, [data], fds)
-    else:
-        sock.sendall(data)
-
-
-def _recv(sock: socket.socket) -> tuple[Any, list[int]]:
-    """One message and its fds; ``(None, [])`` when the peer closed its end."""
-    data, fds, _, _ = socket.recv_fds(sock, _MAX_MESSAGE, 8)
-    return (pickle.loads(data) if data else None), fds
-
-
 # -- the worker's side -----------------------------------------------------------------------
 
 class WarmProcess(subprocess.Popen[bytes]):
@@ -227,7 +178,7 @@ class WarmProcess(subprocess.Popen[bytes]):
         code = None
         with contextlib.suppress(OSError, EOFError, pickle.UnpicklingError):
             while True:
-                reply, _ = _recv(self._conn)
+                reply, _ = recv(self._conn)
                 if reply is None:
                     break
                 if reply.kind in ("exited", "reaped"):
@@ -264,7 +215,7 @@ class WarmProcess(subprocess.Popen[bytes]):
             if not self._exited.wait(timeout):
                 raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
             with contextlib.suppress(OSError):
-                _send(self._conn, Reap())
+                send(self._conn, Reap())
             # The template reaps at once once asked (the rank has exited).
             if not self._reaped.wait(REQUEST_TIMEOUT_S if timeout is None else timeout):
                 raise subprocess.TimeoutExpired(self.args, timeout or REQUEST_TIMEOUT_S)
@@ -320,7 +271,7 @@ class _Template:
                          daemon=True).start()
         ours.settimeout(START_TIMEOUT_S)
         try:
-            reply, _ = _recv(ours)
+            reply, _ = recv(ours)
         except TimeoutError:
             raise RuntimeError(f"no answer within {START_TIMEOUT_S:.0f} s") from None
         if reply is None or reply.kind != "ready":
@@ -349,7 +300,7 @@ class _Template:
         conn, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             with self.lock:
-                _send(self.control, request, [theirs.fileno(), *fds])
+                send(self.control, request, [theirs.fileno(), *fds])
         except OSError as exc:
             conn.close()
             return f"it does not take requests any more ({exc})"
@@ -357,7 +308,7 @@ class _Template:
             theirs.close()
         conn.settimeout(REQUEST_TIMEOUT_S)
         try:
-            reply, _ = _recv(conn)
+            reply, _ = recv(conn)
         except (OSError, TimeoutError) as exc:
             reply, problem = None, f"no answer to a start request ({exc})"
         else:
@@ -468,12 +419,6 @@ def _template_for(key: tuple[tuple[str, str], ...], env: Mapping[str, str],
     return None if template.problem is not None else template
 
 
-def prestart(env: Mapping[str, str], cwd: str) -> None:
-    """Start this worker's template for ranks with ``env`` in ``cwd`` ahead of time."""
-    if enabled():
-        _template_for(template_key(env, cwd), env, cwd)
-
-
 def template_pids() -> list[int]:
     """The pids of this worker's live templates."""
     with _templates_lock:
@@ -537,269 +482,8 @@ def _launcher_loop(requests: queue.SimpleQueue[tuple[Callable[[], Any],
             answer.put((False, exc))
 
 
-# -- the template's side ---------------------------------------------------------------------
-
-@dataclasses.dataclass
-class _Rank:
-    """A forked rank, as its template tracks it."""
-
-    conn: socket.socket | None
-    code: int | None = None      # its exit status once it exited (not reaped yet)
-    reap_asked: bool = False
-
-
-def _import_all() -> float:
-    """What a rank imports before the user's function; returns the seconds it took."""
-    t0 = time.perf_counter()
-    import cloudpickle  # noqa: F401
-    import torch
-    import torch.distributed  # noqa: F401
-
-    import dask_ddp  # noqa: F401
-    from dask_ddp._launch import probe, rank  # noqa: F401
-
-    assert not torch.cuda.is_initialized()
-    return time.perf_counter() - t0
-
-
-def _stop_blas_threads() -> None:
-    """Shut down OpenBLAS's thread pool (numpy starts it at import; a fork would copy a
-    process with those threads). OpenBLAS starts it again at a child's first BLAS call."""
-    with contextlib.suppress(OSError):
-        with open("/proc/self/maps") as f:
-            paths = {line.split()[-1] for line in f if "openblas" in line.lower()}
-        for path in paths:
-            with contextlib.suppress(OSError, AttributeError):
-                ctypes.CDLL(path).blas_thread_shutdown_()
-
-
-def _threads() -> int:
-    try:
-        return len(os.listdir("/proc/self/task"))
-    except OSError:
-        return threading.active_count()
-
-
-def _unsafe_to_fork() -> str | None:
-    """Why this template must not fork now, or ``None``."""
-    import torch
-
-    if torch.cuda.is_initialized():
-        return "CUDA is initialised in the template"
-    n = _threads()
-    if n != 1:
-        return f"the template runs {n} threads"
-    return None
-
-
-def serve(control: socket.socket, parent: int) -> None:
-    """The template's loop: fork ranks on request, report their exits, reap when told."""
-    sel = selectors.DefaultSelector()
-    wake_r, wake_w = os.pipe()
-    os.set_blocking(wake_r, False)
-    os.set_blocking(wake_w, False)
-    signal.set_wakeup_fd(wake_w)
-    signal.signal(signal.SIGCHLD, lambda *_: None)
-    sel.register(control, selectors.EVENT_READ, None)
-    sel.register(wake_r, selectors.EVENT_READ, None)
-    ranks: dict[int, _Rank] = {}
-    try:
-        while os.getppid() == parent:
-            for key, _ in sel.select(PARENT_POLL_S):
-                if key.fileobj is control:
-                    request, fds = _recv(control)
-                    if request is None:
-                        return  # the worker let go of this template
-                    _start(request, fds, ranks, sel)
-                elif key.fileobj == wake_r:
-                    with contextlib.suppress(BlockingIOError):
-                        os.read(wake_r, 512)
-                else:
-                    _from_worker(key.data, ranks, sel)
-            _report_exits(ranks, sel)
-    finally:
-        for pid in ranks:
-            with contextlib.suppress(OSError):
-                os.killpg(pid, signal.SIGKILL)
-        for pid in ranks:
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, 0)
-
-
-def _start(request: StartRequest, fds: list[int], ranks: dict[int, _Rank],
-           sel: selectors.BaseSelector) -> None:
-    conn = socket.socket(fileno=fds[0])
-    problem = _unsafe_to_fork()
-    pid = 0
-    if problem is None:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:
-            try:
-                _become_rank(request, fds[1:])
-            except BaseException:
-                with contextlib.suppress(Exception):
-                    os.write(2, traceback.format_exc().encode())
-            os._exit(1)
-    for fd in fds[1:]:
-        os.close(fd)
-    if problem is not None:
-        with contextlib.suppress(OSError):
-            _send(conn, Reply("refused", message=problem))
-        conn.close()
-        return
-    ranks[pid] = _Rank(conn)
-    sel.register(conn, selectors.EVENT_READ, pid)
-    with contextlib.suppress(OSError):
-        _send(conn, Reply("started", pid=pid))
-
-
-def _from_worker(pid: int, ranks: dict[int, _Rank], sel: selectors.BaseSelector) -> None:
-    rank = ranks[pid]
-    assert rank.conn is not None
-    try:
-        message, _ = _recv(rank.conn)
-    except OSError:
-        message = None
-    if isinstance(message, Reap):
-        rank.reap_asked = True
-    elif message is None:
-        # The supervisor is gone: nobody will killpg the rank's group after its exit.
-        sel.unregister(rank.conn)
-        rank.conn.close()
-        rank.conn = None
-        with contextlib.suppress(OSError):
-            os.killpg(pid, signal.SIGKILL)
-    _report_exits(ranks, sel)
-
-
-def _report_exits(ranks: dict[int, _Rank], sel: selectors.BaseSelector) -> None:
-    for pid, rank in list(ranks.items()):
-        if rank.code is None:
-            info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-            if info is None:
-                continue
-            rank.code = (info.si_status if info.si_code == os.CLD_EXITED
-                         else -info.si_status)
-            _tell(rank, Reply("exited", pid=pid, code=rank.code))
-        if rank.reap_asked or rank.conn is None:
-            os.waitpid(pid, 0)
-            del ranks[pid]
-            _tell(rank, Reply("reaped", pid=pid, code=rank.code))
-            if rank.conn is not None:
-                sel.unregister(rank.conn)
-                rank.conn.close()
-
-
-def _tell(rank: _Rank, reply: Reply) -> None:
-    if rank.conn is not None:
-        with contextlib.suppress(OSError):
-            _send(rank.conn, reply)
-
-
-def _become_rank(request: StartRequest, fds: list[int]) -> None:
-    """In the forked child: become the rank a cold start would have made, then run it."""
-    import fcntl
-    import random
-
-    os.setsid()  # its own process group, whose id is its pid, as start_new_session=True
-    from dask_ddp._launch.tether import die_with_parent
-
-    die_with_parent()
-    if os.getppid() != int(request.env["DASK_DDP_SUPERVISOR_PID"]):
-        os._exit(137)  # the template ended meanwhile
-    signal.set_wakeup_fd(-1)
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    # The fds to their numbers (stdout, stderr, the channel's), every other one closed.
-    channel_fd, stdout_fd, stderr_fd = fds
-    base = max(request.channel_fd, 2) + 1
-    high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, base) for fd in fds]
-    os.dup2(high[1], 1)
-    os.dup2(high[2], 2)
-    os.dup2(high[0], request.channel_fd)
-    os.closerange(3, request.channel_fd)
-    os.closerange(request.channel_fd + 1, _max_fd())
-    os.chdir(request.cwd)
-    os.environ.clear()
-    os.environ.update(request.env)
-    workdir = request.workdir
-    from dask_ddp._launch import rank
-
-    sys.argv = [rank.__file__, workdir]
-    sys.orig_argv = [sys.executable, "-m", "dask_ddp._launch.rank", workdir]
-    sys.path[0] = os.getcwd()  # what ``python -m`` puts first
-    random.seed()
-    if "numpy.random" in sys.modules:
-        sys.modules["numpy.random"].seed()
-    if request.affinity is not None:
-        with contextlib.suppress(OSError):
-            os.sched_setaffinity(0, request.affinity)
-    _retitle(request.env.get("RANK", "?"), sys.orig_argv, request.env)
-    rank.main(workdir)
-    os._exit(0)
-
-
-def _max_fd() -> int:
-    try:
-        return int(os.sysconf("SC_OPEN_MAX"))
-    except (OSError, ValueError):
-        return 65536
-
-
-def _retitle(rank: str, argv: list[str], env: Mapping[str, str]) -> None:
-    """Make this forked rank read as a cold-started one: its name (``ddp-rank-N``), and
-    ``/proc/self/cmdline`` and ``/proc/self/environ`` rewritten in place (the areas of the
-    template's own, which it left room in), as ``setproctitle`` does. Best effort."""
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_NAME, ctypes.c_char_p(f"ddp-rank-{rank}".encode()[:15]), 0, 0, 0)
-    try:
-        with open("/proc/self/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-        arg_start, arg_end, env_start, env_end = (int(x) for x in fields[45:49])
-    except (OSError, ValueError, IndexError):
-        return
-    # The kernel reads a title up to its NUL when the argv area's last byte is not NUL.
-    title = " ".join(argv).encode()[:arg_end - arg_start - 2]
-    room = arg_end - arg_start
-    ctypes.memmove(arg_start, title + b"\0" * (room - len(title) - 1) + b" ", room)
-    block = b""
-    for k, v in env.items():
-        entry = f"{k}={v}".encode() + b"\0"
-        if len(block) + len(entry) >= env_end - env_start:
-            break
-        block += entry
-    ctypes.memmove(env_start, block.ljust(env_end - env_start, b"\0"), env_end - env_start)
-
-
-def main(argv: list[str]) -> None:
-    """``python -m dask_ddp._launch.warm CONTROL_FD WORKER_PID [ROOM]``."""
-    from dask_ddp._launch.tether import die_with_parent
-
-    control_fd, parent = int(argv[0]), int(argv[1])
-    problem = die_with_parent()
-    if problem is not None:
-        sys.stderr.write(f"{problem}\n")
-    if os.getppid() != parent:
-        sys.exit(137)  # the worker is gone already
-    control = socket.socket(fileno=control_fd)
-    seconds = _import_all()
-    _stop_blas_threads()
-    import gc
-
-    gc.collect()
-    gc.freeze()  # the ranks' collections leave the template's objects (and pages) alone
-    _send(control, Reply("ready", pid=os.getpid(), message=f"{seconds:.2f}"))
-    serve(control, parent)
-
-
 if __name__ == "__main__":
-    if len(sys.argv) < 3:
-        sys.stderr.write("usage: python -m dask_ddp._launch.warm CONTROL_FD WORKER_PID "
-                         "(started by dask-ddp)\n")
-        sys.exit(2)
-    # The module's own copy, not ``__main__``'s: the records both sides pickle name it.
-    from dask_ddp._launch import warm
+    # The template: ``python -m dask_ddp._launch.warm CONTROL_FD WORKER_PID [ROOM]``.
+    from dask_ddp._launch import warm_template
 
-    warm.main(sys.argv[1:3])
+    warm_template.main(sys.argv[1:3])

@@ -2,14 +2,13 @@
 // StoreOptions and the AWS conventions (environment variables and the shared files).
 #pragma once
 
-#include <functional>
-#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
 
 #include "ddp/store.h"
-#include "store/s3/credential_sources.h"
+#include "store/s3/credentials/chain.h"
+#include "store/s3/credentials/environment.h"
 
 namespace ddp::store_internal {
 
@@ -30,33 +29,16 @@ struct S3Config {
   std::string BucketUrl() const;
 };
 
-EnvLookup ProcessEnv();
-
 // Resolves everything for `url` ("s3://bucket[/prefix]"). Precedence:
 //  endpoint: options.endpoint_url, AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, else AWS
 //            (virtual-hosted style, or path style for bucket names with dots);
 //  region:   options.region, AWS_REGION, AWS_DEFAULT_REGION, the profile's region in
 //            the config file, else us-east-1;
-//  credentials (unless options.anonymous), the first of:
-//            1. the profile named by AWS_PROFILE, if set;
-//            2. AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY(/AWS_SESSION_TOKEN);
-//            3. the "default" profile; a profile is read from the shared credentials
-//               file (AWS_SHARED_CREDENTIALS_FILE or ~/.aws/credentials), then from the
-//               config file (AWS_CONFIG_FILE or ~/.aws/config);
-//            4. web identity, 5. container credentials, 6. EC2 instance metadata: a
-//               credential_source (see credential_sources.h), fetched by the store.
-//            None is kUnauthenticated (only when AWS_EC2_METADATA_DISABLED=true, since
+//  credentials (unless options.anonymous): the chain of credentials/chain.h, fixed
+//            keys or else a credential_source fetched by the store. None is
+//            kUnauthenticated (only when AWS_EC2_METADATA_DISABLED=true, since
 //            instance metadata is otherwise the last resort). No network here.
 Result<S3Config> ResolveS3Config(std::string_view url, const StoreOptions& options,
                                  const EnvLookup& env);
-
-// kUnauthenticated: nothing in the chain gave credentials for `url`; lists what to set.
-// `why` (may be empty) says why the last resort, instance metadata, failed.
-Status NoCredentialsError(std::string_view url, const EnvLookup& env, std::string_view why);
-
-// The key/value pairs of section `section` of an INI file ("[default]",
-// "[profile x]"). A missing file is an empty map; nullopt when the section is absent.
-Result<std::optional<std::map<std::string, std::string>>> ReadIniSection(
-    const std::string& path, const std::string& section);
 
 }  // namespace ddp::store_internal

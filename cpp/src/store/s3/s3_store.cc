@@ -14,8 +14,8 @@
 #include "store/http/object_get.h"
 #include "store/key.h"
 #include "store/retry.h"
-#include "store/s3/aws_credentials.h"
-#include "store/s3/credential_sources.h"
+#include "store/s3/credentials/aws_credentials.h"
+#include "store/s3/credentials/chain.h"
 #include "store/s3/s3_config.h"
 #include "store/s3/s3_xml.h"
 #include "store/s3/sigv4.h"
@@ -54,7 +54,7 @@ Status S3Error(const HttpRequest& request, const HttpResponse& response) {
 // attempt signs with fresh ones (the clock of the server may run ahead of ours).
 bool S3Retryable(const HttpResponse& response, CredentialsProvider* refreshing) {
   std::string code, message;
-  ParseS3Error(response.body, &code, &message);
+  if (!ParseS3Error(response.body, &code, &message)) code.clear();  // no S3 error code: the status decides
   if (refreshing != nullptr && IsExpiredCredentialsCode(code)) {
     refreshing->Invalidate();
     return true;

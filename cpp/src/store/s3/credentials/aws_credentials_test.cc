@@ -1,4 +1,4 @@
-#include "store/s3/aws_credentials.h"
+#include "store/s3/credentials/aws_credentials.h"
 
 #include <gtest/gtest.h>
 

@@ -7,7 +7,8 @@
 - :class:`TarShards` (WebDataset tar shards) and :func:`write_shards` (write them on Dask).
 - :class:`Loader`: decode and transform in C++ threads; batches as tensors.
 - :class:`Table`: a Dask DataFrame or Array, or Parquet files, for the Loader (rows read
-  where Dask holds them, gathered into batches in C++).
+  where Dask holds them, gathered into batches in C++); ``Loader(table)`` returns a
+  :class:`TableLoader`, the Loader subclass for tables.
 - :mod:`dask_ddp.data.transforms`: the transforms the Loader runs.
 """
 
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
     from dask_ddp.data.datasets import IMG_EXTENSIONS, ImageFolder, ImageList, S3ImageFolder
     from dask_ddp.data.loader import Loader
     from dask_ddp.data.shards import TarShards, write_shards
-    from dask_ddp.data.table import Table, TableColumnError
+    from dask_ddp.data.table import Table, TableColumnError, TableLoader
 
 # Names are imported on first use (PEP 562): a Dask worker serving a table's rows imports
 # ``dask_ddp.data.table.fetch`` (numpy only), not torch through the datasets.
@@ -32,7 +33,9 @@ _WHERE = {
        for n in ("IMG_EXTENSIONS", "ImageFolder", "ImageList", "S3ImageFolder")},
     "Loader": "dask_ddp.data.loader:Loader",
     **{n: f"dask_ddp.data.shards:{n}" for n in ("TarShards", "write_shards")},
-    **{n: f"dask_ddp.data.table:{n}" for n in ("Table", "TableColumnError")},
+    "Table": "dask_ddp.data.table.table:Table",
+    "TableColumnError": "dask_ddp.data.table.columns:TableColumnError",
+    "TableLoader": "dask_ddp.data.table.loader:TableLoader",
 }
 
 __all__ = [
@@ -43,6 +46,7 @@ __all__ = [
     "S3ImageFolder",
     "Table",
     "TableColumnError",
+    "TableLoader",
     "TarShards",
     "transforms",
     "write_shards",

@@ -20,6 +20,7 @@ engine buffer that is reused only after torch frees the tensor, so keeping one i
 
 from __future__ import annotations
 
+import importlib
 import logging
 import time
 from collections.abc import Iterator
@@ -34,7 +35,6 @@ from dask_ddp._identity import cores_per_rank
 from dask_ddp.data import transforms as T
 from dask_ddp.data.datasets import ImageList
 from dask_ddp.data.shards import TarShards
-from dask_ddp.data.table.table import Table
 from dask_ddp.data.world import rank_and_world
 
 __all__ = ["Loader"]
@@ -67,6 +67,16 @@ def _resolve_dataset(dataset: object) -> tuple[ImageList, list[int] | None]:
     )
 
 
+def _own_loader(dataset: object) -> type[Loader] | None:
+    """The Loader subclass ``dataset``'s type names (``_dask_ddp_loader``), if any."""
+    where = getattr(type(dataset), "_dask_ddp_loader", None)
+    if not isinstance(where, str):
+        return None
+    module, _, name = where.partition(":")
+    own: type[Loader] = getattr(importlib.import_module(module), name)
+    return own
+
+
 def _state_segments(
     state: dict[str, Any], shards: TarShards, *, skip_errors: bool
 ) -> list[tuple[int, int, int]] | None:
@@ -83,14 +93,15 @@ def _state_segments(
 class Loader:
     """Iterate over an image dataset in batches, with the work done in C++ threads.
 
-    Given a :class:`~dask_ddp.data.Table` (a Dask DataFrame or Array, or Parquet), it
-    returns the table's loader instead: ``Loader(table, batch_size, *, shuffle=True |
-    False | "local", seed=0, features=None, label=None, drop_last=False, rank=None,
-    world_size=None, num_threads=None, prefetch=4, window=4, cache=None)``, batches as a
-    dict of column tensors, or ``(x, y)`` with ``features``/``label``; the same
-    ``set_epoch``, ``state_dict`` and ``load_state_dict``; ``cache`` keeps the partitions
-    read in the rank across epochs (default: when they fit ``dask-ddp.data.table-cache``);
-    see README "Datasets: tables".
+    Given a :class:`~dask_ddp.data.Table` (a Dask DataFrame or Array, or Parquet),
+    ``Loader(table, batch_size, *, shuffle=True | False | "local", seed=0, features=None,
+    label=None, drop_last=False, rank=None, world_size=None, num_threads=None, prefetch=4,
+    window=4, cache=None)`` returns a :class:`~dask_ddp.data.TableLoader`, the subclass
+    of Loader for tables (see ``__new__``): batches as a dict of column tensors, or
+    ``(x, y)`` with ``features``/``label``; the same ``len``, ``set_epoch``,
+    ``state_dict`` and ``load_state_dict``; ``cache`` keeps the partitions read in the
+    rank across epochs (default: when they fit ``dask-ddp.data.table-cache``); see README
+    "Datasets: tables".
 
     Parameters
     ----------
@@ -148,14 +159,27 @@ class Loader:
         For inconsistent arguments.
     """
 
-    def __new__(cls, dataset: Any = None, *args: Any, **kwargs: Any) -> Any:
-        # A table (dask_ddp.data.Table) has its own loader, with the same iteration,
-        # set_epoch and state_dict protocol: see dask_ddp.data.table.loader.
-        if isinstance(dataset, Table):
-            from dask_ddp.data.table.loader import TableLoader
+    def __new__(cls, dataset: Any = None, *args: Any, **kwargs: Any) -> Loader:
+        """A Loader of the subclass that reads ``dataset``, as ``pathlib.Path(...)``
+        makes a ``PosixPath``: a :class:`~dask_ddp.data.TableLoader` for a
+        :class:`~dask_ddp.data.Table`, else a Loader.
 
-            return TableLoader(dataset, *args, **kwargs)
-        return super().__new__(cls)
+        One name to call for every dataset, one type to check (``isinstance(loader,
+        Loader)``) and one protocol (``len``, ``set_epoch``, iteration, ``state_dict``,
+        ``load_state_dict``, ``close``); the subclass takes the options and yields the
+        batches of its kind of data. A dataset type names the subclass that reads it in
+        its ``_dask_ddp_loader`` attribute (``"module:Class"``), imported here on first
+        use: the subclass's module imports this one, never the reverse.
+        """
+        own = _own_loader(dataset)
+        if own is None or issubclass(cls, own):
+            return super().__new__(cls)
+        if issubclass(own, cls):
+            # An instance of cls: Python then runs own.__init__ with these arguments.
+            return super().__new__(own)
+        # A subclass of Loader of a user's given a table: the table's loader, made here
+        # (Python runs no __init__ on an object that is not an instance of cls).
+        return own(dataset, *args, **kwargs)
 
     def __init__(
         self,
@@ -200,7 +224,8 @@ class Loader:
         self.dataset = dataset
         self.batch_size = int(batch_size)
         self.transform = chosen
-        self.shuffle = bool(shuffle)
+        # bool here; a TableLoader's may also be "local".
+        self.shuffle: bool | str = bool(shuffle)
         self.seed = int(seed)
         self.rank = int(rank)
         self.world_size = int(world_size)
@@ -356,7 +381,7 @@ class Loader:
                 epoch,
                 position,
                 world_size=int(state["world_size"]),
-                shuffle=self.shuffle,
+                shuffle=bool(self.shuffle),
                 seed=self.seed,
                 drop_last=self.drop_last,
                 epoch_segments=subset,

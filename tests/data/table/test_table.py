@@ -61,7 +61,7 @@ def test_persisted_frame_every_row_once_equal_batches(client: Any, cache: bool) 
 def test_cache_reads_each_partition_once_and_keeps_the_order(client: Any) -> None:
     """With the cache, a rank reads each partition once for the whole run (none after the
     first epoch) and yields the batches the window-by-window reads yield."""
-    from dask_ddp.data.table.loader import TableLoader
+    from dask_ddp.data import TableLoader
 
     ddf = _frame(6007, 6).persist()  # held: the table does not hold its partitions
     table = dask_ddp.data.Table(ddf, client=client)
@@ -69,7 +69,7 @@ def test_cache_reads_each_partition_once_and_keeps_the_order(client: Any) -> Non
     for cache in (True, False):
         loader = TableLoader(table, 256, shuffle=True, seed=3, rank=1, world_size=2,
                              cache=cache)
-        reader = loader._get_reader()
+        reader = loader._reads.reader()
         starts: list[int] = []
         start = reader.start
 
@@ -98,17 +98,17 @@ def test_cache_reads_each_partition_once_and_keeps_the_order(client: Any) -> Non
 def test_cache_is_off_when_the_rows_exceed_the_configured_size(client: Any) -> None:
     import dask
 
-    from dask_ddp.data.table.loader import TableLoader
+    from dask_ddp.data import TableLoader
 
     ddf = _frame(1000, 2).persist()
     table = dask_ddp.data.Table(ddf, client=client)
     with dask.config.set({"dask-ddp.data.table-cache": "1 KiB"}):
-        assert TableLoader(table, 10, rank=0, world_size=1)._cache is None
+        assert TableLoader(table, 10, rank=0, world_size=1)._reads.cache is None
     with dask.config.set({"dask-ddp.data.table-cache": "1 MiB"}):
-        assert TableLoader(table, 10, rank=0, world_size=1)._cache == {}
+        assert TableLoader(table, 10, rank=0, world_size=1)._reads.cache == {}
     with dask.config.set({"dask-ddp.data.table-cache": 0}):
-        assert TableLoader(table, 10, rank=0, world_size=1)._cache is None
-        assert TableLoader(table, 10, rank=0, world_size=1, cache=True)._cache == {}
+        assert TableLoader(table, 10, rank=0, world_size=1)._reads.cache is None
+        assert TableLoader(table, 10, rank=0, world_size=1, cache=True)._reads.cache == {}
 
 
 def test_kwargs_and_dispatch_run_and_unshuffled_order(client: Any) -> None:

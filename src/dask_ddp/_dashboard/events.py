@@ -14,6 +14,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from dask_ddp._states import JobState
+
 logger = logging.getLogger(__name__)
 
 SEND_TIMEOUT_S = 5.0
@@ -41,11 +43,11 @@ def job_started(client: Any, *, job_id: str, run_id: str, name: str, attempt: in
                           "time": time.time()})
 
 
-def job_state(via: Any, job_id: str, state: str, **fields: Any) -> None:
-    """The attempt ``job_id`` is now ``state``: ``"running"``, ``"done"``, ``"failed"``
-    or ``"cancelled"`` (see :func:`job_stalled` for ``"stalled"``). A failure's root
-    cause comes from the rank's failure record, which the extension reads itself."""
-    send(via, job_id, {"kind": "state", "state": state, "time": time.time(), **fields})
+def job_state(via: Any, job_id: str, state: JobState | str, **fields: Any) -> None:
+    """The attempt ``job_id`` is now ``state``: running, done, failed or cancelled (see
+    :func:`job_stalled` for stalled). A failure's root cause comes from the rank's failure
+    record, which the extension reads itself. The event carries the state's value."""
+    send(via, job_id, {"kind": "state", "state": str(state), "time": time.time(), **fields})
 
 
 def job_stalled(via: Any, job_id: str, ranks: Sequence[int], collective: str,
@@ -62,7 +64,8 @@ def job_stalled(via: Any, job_id: str, ranks: Sequence[int], collective: str,
     via
         A ``distributed.Client`` or ``distributed.Worker`` connected to the job's scheduler.
     """
-    send(via, job_id, {"kind": "state", "state": "stalled", "ranks": [int(r) for r in ranks],
+    send(via, job_id, {"kind": "state", "state": JobState.STALLED.value,
+                       "ranks": [int(r) for r in ranks],
                        "collective": str(collective),
                        "stacks": {str(int(r)): str(s) for r, s in stacks.items()},
                        "time": time.time()})

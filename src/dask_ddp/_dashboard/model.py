@@ -16,7 +16,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from dask_ddp.errors import kind_order
+from dask_ddp._states import AttemptState, JobState
+from dask_ddp.errors import FailureKind, kind_order
 
 #: Jobs remembered (the oldest ended one goes first).
 MAX_JOBS = 200
@@ -30,9 +31,6 @@ INPUT_BOUND = 1.0 / 3.0
 STRAGGLER = 0.8
 #: Characters of a traceback or a stack kept.
 MAX_TEXT = 20_000
-#: Job states (a job's state is its last attempt's).
-STATES = ("starting", "running", "stalled", "done", "failed", "cancelled")
-FINAL = frozenset({"done", "failed", "cancelled"})
 
 
 def _clip(text: Any) -> str:
@@ -48,7 +46,7 @@ class RankView:
     worker: str = ""
     host: str = ""
     pid: int | None = None
-    state: str = "starting"  # starting, running, exited
+    state: str = "starting"  # the rank's process (the sampler's): starting, running, exited
     exit: str = ""  # how the process ended ("exit code 0", "killed by SIGKILL")
     steps: int = 0
     steps_per_s: float | None = None
@@ -122,7 +120,8 @@ class Attempt:
     workers: list[str]
     start: float
     end: float | None = None
-    state: str = "starting"
+    #: A job's state is its last attempt's.
+    state: AttemptState = AttemptState.STARTING
     failures: list[dict[str, Any]] = field(default_factory=list)
     stall: dict[str, Any] | None = None
     ranks: dict[int, RankView] = field(default_factory=dict)
@@ -132,16 +131,16 @@ class Attempt:
         first, raised, aborted; then the lowest rank)."""
         if not self.failures:
             return None
-        stalls = [f for f in self.failures if f.get("kind") == "stalled"]
+        stalls = [f for f in self.failures if f.get("kind") == FailureKind.STALLED]
         if stalls:
             return stalls[0]
         return min(self.failures, key=lambda f: (kind_order(str(f.get("kind", ""))),
-                                                 int(f.get("rank", -1))))
+                                                 _rank_or(f.get("rank"))))
 
     def summary(self) -> dict[str, Any]:
         cause = self.root_cause()
         return {
-            "job_id": self.job_id, "attempt": self.attempt, "state": self.state,
+            "job_id": self.job_id, "attempt": self.attempt, "state": self.state.value,
             "world_size": self.world_size, "start": self.start, "end": self.end,
             "root_cause": None if cause is None else {
                 k: cause.get(k) for k in ("rank", "worker", "kind", "message", "traceback")},
@@ -163,7 +162,7 @@ class JobView:
         return self.attempts[-1]
 
     @property
-    def state(self) -> str:
+    def state(self) -> JobState:
         return self.current.state
 
     def hosts(self) -> list[str]:
@@ -174,7 +173,7 @@ class JobView:
         a, first = self.current, self.attempts[0]
         end = a.end
         return {
-            "id": self.run_id, "name": self.name, "state": a.state, "job_id": a.job_id,
+            "id": self.run_id, "name": self.name, "state": a.state.value, "job_id": a.job_id,
             "world_size": a.world_size, "attempt": a.attempt,
             "restarts": len(self.attempts) - 1, "max_restarts": self.max_restarts,
             "start": first.start, "end": end,
@@ -190,8 +189,10 @@ class JobView:
                  if r.steps_per_s is not None and r.state == "running"]
         median = statistics.median(rates) if len(rates) >= 2 else None
         cause = a.root_cause()
-        failed_rank = None if cause is None or a.state != "failed" else cause.get("rank")
-        stalled = set(a.stall.get("ranks", ())) if a.stall and a.state == "stalled" else set()
+        failed_rank = None if cause is None or a.state is not JobState.FAILED \
+            else cause.get("rank")
+        stalled = set(a.stall.get("ranks", ())) if a.stall and a.state is JobState.STALLED \
+            else set()
         ranks = [a.ranks[r].json(median, stalled, failed_rank) for r in sorted(a.ranks)]
         names = sorted({n for r in a.ranks.values() for n in r.curves})
         default = ("loss" if "loss" in names else self.first_metric
@@ -199,8 +200,8 @@ class JobView:
         return {
             **self.row(now),
             "median_steps_per_s": median,
-            "stall": a.stall if a.state == "stalled" else None,
-            "root_cause": a.summary()["root_cause"] if a.state == "failed" else None,
+            "stall": a.stall if a.state is JobState.STALLED else None,
+            "root_cause": a.summary()["root_cause"] if a.state is JobState.FAILED else None,
             "attempts": [x.summary() for x in self.attempts],
             "ranks": ranks,
             "metric_names": names, "default_metric": default,
@@ -217,6 +218,11 @@ def _set_stall(a: Attempt, event: dict[str, Any], final: bool) -> None:
                "collective": str(event.get("collective") or ""), "stacks": stacks,
                "message": str(event.get("message") or "").split("\n\n")[0],
                "final": final, "time": float(event.get("time") or time.time())}
+
+
+def _rank_or(rank: Any) -> int:
+    """A failure record's rank for ordering; -1 for a job-wide one (no rank)."""
+    return rank if isinstance(rank, int) and not isinstance(rank, bool) else -1
 
 
 def _host(address: str) -> str:
@@ -239,8 +245,8 @@ class Board:
         if job is None:
             job = self.jobs[run_id] = JobView(run_id, str(event.get("name") or run_id),
                                               int(event.get("max_restarts") or 0))
-        if job.attempts and job.current.end is None and job.current.state not in FINAL:
-            job.current.state, job.current.end = "failed", time.time()
+        if job.attempts and job.current.end is None and not job.current.state.is_terminal:
+            job.current.state, job.current.end = JobState.FAILED, time.time()
         workers = [str(w) for w in event.get("workers", ())]
         attempt = Attempt(str(event["job_id"]), int(event.get("attempt") or 0),
                           int(event.get("world_size") or len(workers)), workers,
@@ -265,19 +271,22 @@ class Board:
         (a stall cleared). A recorded failure, or a stall that ended the job, stands
         against a later ``done``/``failed``/``running``/``stalled``; a cancel wins."""
         a = self._attempt(job_id)
-        state = str(event.get("state"))
-        if a is None or state not in STATES:
+        try:
+            state = JobState(event.get("state"))
+        except ValueError:
+            return
+        if a is None:
             return
         now = float(event.get("time") or time.time())
-        ended_stalled = a.state == "stalled" and bool(a.stall and a.stall["final"])
-        if state != "cancelled" and (a.state == "failed" or ended_stalled):
-            if state in FINAL:
+        ended_stalled = a.state is JobState.STALLED and bool(a.stall and a.stall["final"])
+        if state is not JobState.CANCELLED and (a.state is JobState.FAILED or ended_stalled):
+            if state.is_terminal:
                 a.end = a.end or now
             return
-        if state == "stalled":
+        if state is JobState.STALLED:
             _set_stall(a, event, final=False)
         a.state = state
-        if state in FINAL:
+        if state.is_terminal:
             a.end = now
 
     def failure(self, job_id: str, record: dict[str, Any]) -> None:
@@ -293,11 +302,11 @@ class Board:
         rec["traceback"] = _clip(record.get("traceback"))
         a.failures.append(rec)
         kind = str(rec.get("kind"))
-        if kind == "stalled":
+        if kind == FailureKind.STALLED:
             _set_stall(a, record, final=True)
-            a.state = "stalled"
-        elif kind != "aborted" and not (a.stall and a.stall["final"]):
-            a.state = "failed"
+            a.state = JobState.STALLED
+        elif kind != FailureKind.ABORTED and not (a.stall and a.stall["final"]):
+            a.state = JobState.FAILED
         else:
             return
         a.end = a.end or time.time()
@@ -311,14 +320,14 @@ class Board:
         if view is None:
             view = a.ranks[rank] = RankView(rank)
         view.merge(sample)
-        if a.state == "starting" and view.state == "running":
-            a.state = "running"
+        if a.state is JobState.STARTING and view.state == "running":
+            a.state = JobState.RUNNING
         ranks = a.ranks.values()
-        if a.end is None and a.state not in FINAL and len(a.ranks) >= a.world_size \
+        if a.end is None and not a.state.is_terminal and len(a.ranks) >= a.world_size \
                 and all(r.state == "exited" for r in ranks):
             # Every rank ended: the job did, also when its client never says so (gone).
             ok = all(r.exit == "exit code 0" for r in ranks)
-            a.state = "done" if ok and not a.failures else "failed"
+            a.state = JobState.DONE if ok and not a.failures else JobState.FAILED
             a.end = view.updated
         job = self.jobs[self.by_attempt[job_id][0]]
         if job.first_metric is None and view.curves:
@@ -348,7 +357,7 @@ class Board:
 
     def _trim(self) -> None:
         while len(self.jobs) > MAX_JOBS:
-            victim = next((r for r, j in self.jobs.items() if j.state in FINAL),
+            victim = next((r for r, j in self.jobs.items() if j.state.is_terminal),
                           next(iter(self.jobs)))
             gone = self.jobs.pop(victim)
             for a in gone.attempts:

@@ -18,10 +18,8 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from dask_ddp._states import RankActivity
 from dask_ddp.errors import FailureKind, StallError
-
-#: States in which a rank cannot move the job forward by itself.
-_IDLE = ("blocked", "returned", "frozen")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +42,15 @@ def latest_states(
     return states
 
 
+def activity(state: Mapping[str, Any] | None) -> RankActivity:
+    """The activity a rank's recorded state names; none (or one this launcher does not
+    know) reads as working: it never makes a stall."""
+    try:
+        return RankActivity(state.get("state")) if state is not None else RankActivity.WORKING
+    except ValueError:
+        return RankActivity.WORKING
+
+
 def find_stall(states: Mapping[int, Mapping[str, Any]], finished: Iterable[int], world: int,
                now: float, stall_timeout: float) -> Stall | None:
     """The job's stall, when it has lasted ``stall_timeout`` seconds, else ``None``.
@@ -55,20 +62,21 @@ def find_stall(states: Mapping[int, Mapping[str, Any]], finished: Iterable[int],
     view: dict[int, Mapping[str, Any]] = {}
     for rank in range(world):
         if rank in done:
-            view[rank] = {"state": "returned", "since": now}
+            view[rank] = {"state": RankActivity.RETURNED, "since": now}
             continue
         state = states.get(rank)
-        if state is None or state.get("state") not in _IDLE:
+        if state is None or not activity(state).is_idle:
             return None
         view[rank] = state
-    stuck = [r for r, s in view.items() if s["state"] in ("blocked", "frozen")]
+    stuck = [r for r, s in view.items()
+             if activity(s) in (RankActivity.BLOCKED, RankActivity.FROZEN)]
     if not stuck:
         return None
     # The stall began when the last rank reached its present state.
     since = max(float(s.get("since", now)) for r, s in view.items() if r not in done)
     if now - since < stall_timeout:
         return None
-    blocked = [r for r in stuck if view[r]["state"] == "blocked"]
+    blocked = [r for r in stuck if activity(view[r]) is RankActivity.BLOCKED]
     collective = str(view[blocked[0]].get("collective", "")) if blocked else ""
     return Stall(stuck, collective, since, view)
 
@@ -80,11 +88,11 @@ def describe(stall: Stall, job_name: str, stall_timeout: float, now: float) -> s
     for rank in order:
         s = stall.states[rank]
         age = now - float(s.get("since", now))
-        state = s["state"]
-        if state == "blocked":
+        state = activity(s)
+        if state is RankActivity.BLOCKED:
             parts.append(f"rank {rank} blocked in {s.get('collective') or 'a collective'} "
                          f"for {age:.0f} s")
-        elif state == "frozen":
+        elif state is RankActivity.FROZEN:
             parts.append(f"rank {rank} frozen (its process is stopped) for {age:.0f} s")
         else:
             parts.append(f"rank {rank} returned from its function")

@@ -17,7 +17,8 @@ from typing import Any
 import cloudpickle
 
 from dask_ddp._launch import registry
-from dask_ddp._launch.elastic_job import ElasticJob, Restart
+from dask_ddp._launch.elastic_job import ElasticJob
+from dask_ddp._launch.handle import JobHandle
 from dask_ddp._launch.job import Job, launch
 from dask_ddp._launch.options import FROM_CONFIG, LaunchOptions
 from dask_ddp.errors import (
@@ -25,6 +26,7 @@ from dask_ddp.errors import (
     JobError,
     RankAbortedError,
     RankFailedError,
+    Restart,
     StallError,
     WorkerLostError,
 )
@@ -51,7 +53,7 @@ def _tables(client: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
             ) -> tuple[tuple[Any, ...], dict[str, Any], list[Any]]:
     """The call's arguments with each top-level Dask DataFrame or Array replaced by a
     :class:`dask_ddp.data.Table` (described from metadata; its data stays on the workers),
-    and the collections replaced, which the job keeps alive."""
+    and the collections replaced, which the job keeps alive while it runs."""
     if not any(type(v).__module__.startswith(("dask.", "dask_expr"))
                for v in (*args, *kwargs.values())):
         return args, kwargs, []
@@ -173,10 +175,9 @@ def submit(
         rendezvous_timeout=rendezvous_timeout, max_restarts=max_restarts,
         min_workers=min_workers, max_workers=max_workers, elastic_timeout=elastic_timeout,
         stall_timeout=stall_timeout)
-    job: Job | ElasticJob = ElasticJob(client, options) if options.restarting \
-        else launch(client, options)
-    job._table_sources = tables  # type: ignore[union-attr]
-    return job
+    if options.restarting:
+        return ElasticJob(client, options, keep_alive=tables)
+    return launch(client, options, keep_alive=tables)
 
 
 def run(client: Any, pytorch_function: Callable[..., Any], *args: Any, backend: str = "auto",
@@ -208,8 +209,8 @@ def run(client: Any, pytorch_function: Callable[..., Any], *args: Any, backend: 
     job = launch(client, LaunchOptions.build(
         name=getattr(pytorch_function, "__name__", None) or "dask-ddp",
         payload=cloudpickle.dumps((pytorch_function, args, kwargs)), backend=backend,
-        pass_local_rank=pass_local_rank, stall_timeout=stall_timeout), keep_values=False)
-    job._table_sources = tables  # type: ignore[attr-defined]
+        pass_local_rank=pass_local_rank, stall_timeout=stall_timeout), keep_values=False,
+        keep_alive=tables)
     return list(job.futures)
 
 
@@ -252,7 +253,7 @@ def run_command(
         argv[1] = os.path.abspath(argv[1])
     job_name = name or Path(argv[1] if argv[0] in ("python", "python3") and len(argv) > 1
                             else argv[0]).stem or "command"
-    job = launch(client, LaunchOptions.build(
+    job: JobHandle = launch(client, LaunchOptions.build(
         name=job_name, command=tuple(argv), n_workers=n_workers, workers=workers,
         nprocs_per_worker=nprocs_per_worker, resources=resources, env=env, progress=False,
         stream_output=stream_output, rendezvous_timeout=rendezvous_timeout,

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+import time
 from typing import Any
 
 
@@ -38,8 +40,58 @@ def kind_order(kind: str) -> int:
         return FailureKind.RAISED.order
 
 
+@dataclasses.dataclass(frozen=True)
+class Restart:
+    """One failed attempt of an :class:`~dask_ddp.ElasticJob` (see :attr:`JobError.attempts`).
+
+    Attributes
+    ----------
+    attempt : int
+        The attempt that failed (0 is the first).
+    time : float
+        When its failure was seen (``time.time()``).
+    rank : int
+        The rank the failure is about (-1 when no rank is known).
+    worker : str
+        That rank's worker ("" when unknown).
+    kind : str
+        The failure's kind (see :class:`JobError`), or the exception's class name.
+    reason : str
+        The error message.
+    """
+
+    attempt: int
+    time: float
+    rank: int
+    worker: str
+    kind: str
+    reason: str
+
+    @classmethod
+    def of(cls, attempt: int, err: BaseException) -> Restart:
+        """The record of attempt ``attempt``, which failed with ``err``, seen now."""
+        if isinstance(err, JobError):
+            return cls(attempt, time.time(), err.rank, err.worker, str(err.kind), str(err))
+        return cls(attempt, time.time(), -1, "", type(err).__name__, str(err))
+
+    def __str__(self) -> str:
+        stamp = time.strftime("%H:%M:%S", time.localtime(self.time))
+        return f"attempt {self.attempt} at {stamp}: {self.reason}"
+
+
 class GangStartError(RuntimeError):
-    """The ranks of a job cannot all be placed: too few workers or missing resources."""
+    """The ranks of a job cannot all be placed: too few workers or missing resources.
+
+    Attributes
+    ----------
+    attempts : list of Restart
+        The earlier attempts of an elastic job whose restart could not be placed (empty
+        for a first attempt).
+    """
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.attempts: list[Restart] = []
 
 
 class JobError(RuntimeError):
@@ -58,6 +110,9 @@ class JobError(RuntimeError):
         raised before any other rank did), "died" (its process exited non-zero or was
         killed without reporting), "lost" (its worker left), "aborted" (stopped by the
         launcher).
+    attempts : list of Restart
+        Every attempt of an elastic job, oldest first, when its restarts ran out (the
+        last is this error's); empty otherwise.
     """
 
     def __init__(self, message: str, rank: int, worker: str, remote_traceback: str = "",
@@ -68,9 +123,8 @@ class JobError(RuntimeError):
         self.worker = worker
         self.remote_traceback = remote_traceback
         self.kind = FailureKind(kind)
-        #: Earlier attempts of an elastic job (see :class:`dask_ddp.dispatch.Restart`),
-        #: set when its restarts ran out.
-        self.attempts: list[Any] = []
+        #: Every attempt of an elastic job, set when its restarts ran out.
+        self.attempts: list[Restart] = []
         if cause is not None:
             self.__cause__ = cause
 

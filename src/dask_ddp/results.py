@@ -69,7 +69,6 @@ from dask_ddp._channel.wire import metrics_topic
 from dask_ddp._lazy import attribute_loader
 
 if TYPE_CHECKING:
-    from dask_ddp._channel.monitor import JobMonitor, iter_job_metrics, start_job_monitor
     from dask_ddp._channel.reader import GapError, Record
     from dask_ddp.checkpoint import load_checkpoint, save_checkpoint
 
@@ -80,9 +79,6 @@ __all__ = [
     "report",
     "save_checkpoint",
     "load_checkpoint",
-    "start_job_monitor",
-    "iter_job_metrics",
-    "JobMonitor",
 ]
 
 #: Keys every metric record carries; a user metric may not use them.
@@ -350,10 +346,9 @@ def _current_client() -> Any:
         return None
 
 
-
-
 # Re-exported names, imported on first use: a rank that only reports never loads the
-# client's reader or torch's checkpoint code.
+# client's reader or torch's checkpoint code. The monitor's names (its home is
+# dask_ddp._channel.monitor) stay importable from here, outside __all__.
 __getattr__ = attribute_loader(__name__, {
     **{n: f"dask_ddp._channel.monitor:{n}"
        for n in ("JobMonitor", "iter_job_metrics", "start_job_monitor")},

@@ -26,6 +26,7 @@ from distributed.core import rpc
 from cluster_util import client_fixture
 from conftest import free_port
 from dask_ddp import _channel, results
+from dask_ddp._channel.monitor import iter_job_metrics, start_job_monitor
 from results_util import REPORT_N, JobLike, launch
 from waits import wait_until
 
@@ -115,7 +116,7 @@ def test_topics_of_a_read_job_are_gone(client: Any, tmp_path: Path) -> None:
     )
     job_id, futures = launch(client, code, env={"N": "100", "KEY": key})
     job = JobLike(client, job_id, "read", futures)
-    assert len(list(results.iter_job_metrics(job))) == 200
+    assert len(list(iter_job_metrics(job))) == 200
     rh.process_results(tmp_path, futures)
     assert (tmp_path / "r.txt").read_text() == "x\nx\n"
     wait_gone(client, [_channel.metrics_topic(job_id), rh.topic], 2)
@@ -283,10 +284,10 @@ def test_metrics_without_output_dir_stay_bounded(
     job_id, futures = launch(client, REPORT_N, world_size=1, env={"N": str(n)})
     job = JobLike(client, job_id, "bounded", futures)
     with dask.config.set({"dask-ddp.results.metrics-buffer": 1000}):
-        job._monitor = results.start_job_monitor(job, progress=False)  # type: ignore[attr-defined]
-    job._monitor.stop(120)  # type: ignore[attr-defined]
+        monitor = start_job_monitor(job, progress=False)
+    monitor.stop(120)
     with caplog.at_level(logging.WARNING):
-        recs = list(results.iter_job_metrics(job))
+        recs = list(monitor.iter())
     assert [r["step"] for r in recs] == list(range(n - 1000, n))
     assert f"{n - 1000} metric records were dropped" in caplog.text
 

@@ -20,13 +20,15 @@ import dask.config
 import pytest
 from distributed import Client, LocalCluster
 
+from _rankproc import run_rank
 from cluster_util import client_fixture
 from conftest import free_port
 from dask_ddp import _channel, results
-from results_util import REPORT_N, JobLike, launch
 from dask_ddp._channel import rank_writer as _rankwriter
 from dask_ddp._channel import records as _records
 from dask_ddp._channel import wire as _wire
+from dask_ddp._channel.monitor import iter_job_metrics, start_job_monitor
+from results_util import REPORT_N, JobLike, launch
 
 pytestmark = [pytest.mark.dask, pytest.mark.timeout(300)]
 
@@ -47,9 +49,9 @@ def test_report_two_ranks_50000_exactly_once_in_order(client: Any, tmp_path: Pat
     n = 50_000
     job_id, futures = launch(client, REPORT_N, env={"N": str(n)})
     job = JobLike(client, job_id, "t", futures, output_dir=tmp_path)
-    job._monitor = results.start_job_monitor(job, progress=True)  # type: ignore[attr-defined]
-    seen = list(results.iter_job_metrics(job))
-    job._monitor.stop(60)  # type: ignore[attr-defined]
+    monitor = start_job_monitor(job, progress=True)
+    seen = list(monitor.iter())
+    monitor.stop(60)
     assert [f.result()["records"] for f in futures] == [n, n]
     check_exactly_once_in_order(seen, 2, n)
     assert all(r["tag"] == "x" and isinstance(r["time"], float) for r in seen[:10])
@@ -63,7 +65,7 @@ def test_late_reader_gets_everything(client: Any) -> None:
     job_id, futures = launch(client, REPORT_N, env={"N": str(n)})
     client.gather(futures)  # the job is over before anyone reads
     job = JobLike(client, job_id, "late", futures)
-    check_exactly_once_in_order(list(results.iter_job_metrics(job)), 2, n)
+    check_exactly_once_in_order(list(iter_job_metrics(job)), 2, n)
 
 
 KILLED_AFTER = """
@@ -78,7 +80,7 @@ os.kill(os.getpid(), signal.SIGKILL)
 def test_rank_killed_right_after_submitting(client: Any) -> None:
     job_id, futures = launch(client, KILLED_AFTER)
     job = JobLike(client, job_id, "killed", futures)
-    recs = list(results.iter_job_metrics(job))
+    recs = list(iter_job_metrics(job))
     assert [f.result()["returncode"] for f in futures] == [-signal.SIGKILL] * 2
     check_exactly_once_in_order(recs, 2, 1000)
 
@@ -108,7 +110,7 @@ def test_back_pressure_with_a_tiny_budget(client: Any) -> None:
     assert not any(f.done() for f in futures), "ranks finished although nobody read"
     assert 0 < peak <= budget
     job = JobLike(client, job_id, "bp", futures)
-    check_exactly_once_in_order(list(results.iter_job_metrics(job)), 2, n)
+    check_exactly_once_in_order(list(iter_job_metrics(job)), 2, n)
     assert [f.result()["records"] for f in futures] == [n, n]
 
 
@@ -126,7 +128,7 @@ os.waitpid(pid, 0)
 
 def test_forked_children_are_their_own_streams(client: Any) -> None:
     job_id, futures = launch(client, FORKS, world_size=1)
-    recs = list(results.iter_job_metrics(JobLike(client, job_id, "fork", futures)))
+    recs = list(iter_job_metrics(JobLike(client, job_id, "fork", futures)))
     for child in (False, True):
         assert [x["step"] for x in recs if x["child"] is child] == list(range(2000))
 
@@ -147,7 +149,7 @@ for t in threads:
 
 def test_threads_of_one_rank_share_its_stream(client: Any) -> None:
     job_id, futures = launch(client, THREADS, world_size=1)
-    recs = list(results.iter_job_metrics(JobLike(client, job_id, "threads", futures)))
+    recs = list(iter_job_metrics(JobLike(client, job_id, "threads", futures)))
     assert len(recs) == 8000
     for t in range(4):
         assert [x["i"] for x in recs if x["thread"] == t] == list(range(2000))
@@ -345,8 +347,7 @@ def test_second_job_in_same_output_dir_replays_only_its_own(client: Any, tmp_pat
     for n in (300, 200):
         job_id, futures = launch(client, REPORT_N, env={"N": str(n)})
         job = JobLike(client, job_id, "again", futures, output_dir=tmp_path)
-        job._monitor = results.start_job_monitor(job, progress=False)  # type: ignore[attr-defined]
-        recs = list(results.iter_job_metrics(job))
+        recs = list(start_job_monitor(job, progress=False).iter())
         check_exactly_once_in_order(recs, 2, n)
         counts.append(len(recs))
     assert counts == [600, 400]

@@ -15,10 +15,11 @@ import collections
 import json
 import logging
 import math
+import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Protocol
 
 from dask_ddp._channel.reader import GapError, Reader, Record, follow
 from dask_ddp._channel.records import KIND_METRIC
@@ -56,6 +57,21 @@ class RecordBuffer:
         return skipped, list(self.items)[max(i, first) - first :]
 
 
+class MonitoredJob(Protocol):
+    """What :func:`start_job_monitor` reads of a job (the launcher's job handle has more)."""
+
+    @property
+    def client(self) -> Any: ...
+    @property
+    def id(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def futures(self) -> list[Any]: ...
+    @property
+    def output_dir(self) -> Path | None: ...
+
+
 class JobMonitor:
     """Consumes a job's metric records on the client, in a thread.
 
@@ -63,10 +79,30 @@ class JobMonitor:
     module docstring) and drives a tqdm progress bar. :meth:`iter` replays them from the
     first. Ends by itself once the job's futures are done and every record was read; the
     topic is then removed from the scheduler, also when reading failed.
+
+    Parameters
+    ----------
+    client
+        The ``distributed.Client`` the job runs on.
+    job_id
+        The job's id (its metrics topic's name).
+    futures
+        The job's rank futures: the monitor ends once they are done and the topic is
+        drained (only its thread holds them).
+    name
+        The progress bar's label (default: the job id).
+    output_dir
+        Where ``metrics.jsonl`` goes; ``None`` keeps the records in a bounded buffer.
+    progress
+        Show a tqdm progress bar from the first record on.
     """
 
-    def __init__(self, job: Any, progress: bool = True) -> None:
-        self.job = job
+    def __init__(self, client: Any, job_id: str, futures: Sequence[Any], *,
+                 name: str | None = None, output_dir: str | os.PathLike[str] | None = None,
+                 progress: bool = True) -> None:
+        self.client = client
+        self.job_id = job_id
+        self.name = name if name is not None else job_id
         self.count = 0  # metric records read
         self.gaps: list[GapError] = []
         self.error: BaseException | None = None
@@ -74,9 +110,8 @@ class JobMonitor:
         self._cond = threading.Condition()
         self._progress = progress
         self._bar: Any = None
-        self._reader = Reader(job.client, metrics_topic(job.id), on_gap=self._on_gap)
-        out = getattr(job, "output_dir", None)
-        self.path = Path(out) / "metrics.jsonl" if out is not None else None
+        self._reader = Reader(client, metrics_topic(job_id), on_gap=self._on_gap)
+        self.path = Path(output_dir) / "metrics.jsonl" if output_dir is not None else None
         self.buffer = RecordBuffer(buffer_limit()) if self.path is None else None
         self._offset = 0  # where this job's records start in metrics.jsonl
         self._size = 0  # bytes of them written and flushed
@@ -86,7 +121,8 @@ class JobMonitor:
             self._file = open(self.path, "ab")  # noqa: SIM115 - closed by the thread
             self._offset = self._file.tell()
         self._thread = threading.Thread(
-            target=self._run, name=f"dask-ddp-metrics-{job.id}", daemon=True
+            target=self._run, args=(list(futures),), name=f"dask-ddp-metrics-{job_id}",
+            daemon=True
         )
         self._thread.start()
 
@@ -99,17 +135,17 @@ class JobMonitor:
         logger.error("%s", err)
         self.gaps.append(err)
 
-    def _run(self) -> None:
+    def _run(self, futures: list[Any]) -> None:
         try:
-            follow(self._reader, self.job.futures, self._handle, poll=0.5)
+            follow(self._reader, futures, self._handle, poll=0.5)
         except BaseException as e:  # noqa: BLE001 - re-raised by stop()
             self.error = e
-            if getattr(self.job.client, "status", None) in ("closing", "closed"):
+            if getattr(self.client, "status", None) in ("closing", "closed"):
                 # The user closed the client (e.g. after dispatch.run + process_results):
                 # nobody is left to read the records; not a failure worth a traceback.
-                logger.debug("metrics monitor of job %s ended: client closed", self.job.id)
+                logger.debug("metrics monitor of job %s ended: client closed", self.job_id)
             else:
-                logger.exception("metrics monitor of job %s failed", self.job.id)
+                logger.exception("metrics monitor of job %s failed", self.job_id)
         finally:
             if self._file is not None:
                 self._file.close()
@@ -127,7 +163,7 @@ class JobMonitor:
         n = 0
         for rec in recs:
             if rec.payload[:1] != KIND_METRIC:
-                logger.error("unexpected record kind on the metrics topic of job %s", self.job.id)
+                logger.error("unexpected record kind on the metrics topic of job %s", self.job_id)
                 continue
             n += 1
             body = rec.payload[1:]
@@ -142,7 +178,7 @@ class JobMonitor:
             if self._bar is None:  # first record: no bar for jobs that never report()
                 from tqdm.auto import tqdm
 
-                self._bar = tqdm(desc=str(getattr(self.job, "name", self.job.id)), unit="step")
+                self._bar = tqdm(desc=str(self.name), unit="step")
             _update_bar(self._bar, batch)
         with self._cond:
             if self.buffer is not None:
@@ -164,9 +200,9 @@ class JobMonitor:
         """
         self._thread.join(timeout)
         if self._thread.is_alive():
-            raise TimeoutError(f"metrics of job {self.job.id} not all read within {timeout}s")
+            raise TimeoutError(f"metrics of job {self.job_id} not all read within {timeout}s")
         if self.error is not None:
-            raise RuntimeError(f"reading the metrics of job {self.job.id} failed") from self.error
+            raise RuntimeError(f"reading the metrics of job {self.job_id} failed") from self.error
         if self.gaps:
             raise self.gaps[0]
 
@@ -188,7 +224,7 @@ class JobMonitor:
                     "job %s: %d metric records were dropped from the client's buffer before "
                     "this iterator reached them (dask-ddp.results.metrics-buffer keeps %d); "
                     "pass output_dir to keep every record",
-                    self.job.id, skipped, self.buffer.items.maxlen,
+                    self.job_id, skipped, self.buffer.items.maxlen,
                 )
             yield from batch
             i = total
@@ -236,14 +272,17 @@ def _update_bar(bar: Any, batch: list[dict[str, Any]]) -> None:
         bar.set_postfix(post, refresh=False)
 
 
-def start_job_monitor(job: Any, progress: bool = True) -> JobMonitor:
-    """Start consuming ``job``'s metric records (the launcher calls this after submit)."""
-    return JobMonitor(job, progress=progress)
+def start_job_monitor(job: MonitoredJob, progress: bool = True) -> JobMonitor:
+    """Start consuming ``job``'s metric records in a new monitor, which the caller holds."""
+    return JobMonitor(job.client, job.id, job.futures, name=job.name,
+                      output_dir=job.output_dir, progress=progress)
 
 
-def iter_job_metrics(job: Any) -> Iterator[dict[str, Any]]:
-    """``job``'s metric records from the first, live, until the job ends."""
-    monitor = getattr(job, "_monitor", None)
-    if monitor is None:
-        monitor = job._monitor = start_job_monitor(job, progress=False)
-    return monitor.iter()
+def iter_job_metrics(job: MonitoredJob) -> Iterator[dict[str, Any]]:
+    """``job``'s metric records from the first, live, until the job ends: its own
+    (``job.metrics()``, the launcher's job) or, for a job without, a new monitor's."""
+    metrics = getattr(job, "metrics", None)
+    if callable(metrics):
+        records: Iterator[dict[str, Any]] = metrics()
+        return records
+    return start_job_monitor(job, progress=False).iter()

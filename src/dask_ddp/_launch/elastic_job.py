@@ -1,61 +1,31 @@
-"""A job that starts again when it fails: :class:`ElasticJob` and its :class:`Restart` records.
+"""A job that starts again when it fails: :class:`ElasticJob`.
 
 Each attempt is a :class:`~dask_ddp._launch.job.Job` of its own (fresh rank processes and
 rendezvous), launched with the same :class:`~dask_ddp._launch.options.LaunchOptions`; a driver
-thread starts the next attempt on the workers available after a failure.
+thread carries out what the failure policy (:mod:`dask_ddp._launch.policy`) decides after a
+failure, recording each failed attempt as a :class:`~dask_ddp.errors.Restart`, and starts the
+next attempt on the workers available then.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import dataclasses
 import logging
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from dask_ddp._launch.job import Job, launch
 from dask_ddp._launch.options import LaunchOptions
 from dask_ddp._launch.placement import available_workers
-from dask_ddp.errors import GangStartError, JobError
+from dask_ddp._launch.policy import Decision, decide
+from dask_ddp._states import JobState
+from dask_ddp.errors import FailureKind, GangStartError, JobError, Restart, StallError
 
 logger = logging.getLogger(__name__)
-
-
-
-@dataclasses.dataclass(frozen=True)
-class Restart:
-    """One failed attempt of an :class:`ElasticJob`.
-
-    Attributes
-    ----------
-    attempt : int
-        The attempt that failed (0 is the first).
-    time : float
-        When its failure was seen (``time.time()``).
-    rank : int
-        The rank the failure is about (-1 when no rank is known).
-    worker : str
-        That rank's worker ("" when unknown).
-    kind : str
-        The failure's kind (see :class:`JobError`), or the exception's class name.
-    reason : str
-        The error message.
-    """
-
-    attempt: int
-    time: float
-    rank: int
-    worker: str
-    kind: str
-    reason: str
-
-    def __str__(self) -> str:
-        stamp = time.strftime("%H:%M:%S", time.localtime(self.time))
-        return f"attempt {self.attempt} at {stamp}: {self.reason}"
 
 
 class ElasticJob:
@@ -77,7 +47,8 @@ class ElasticJob:
         ``id`` is the current attempt's.
     """
 
-    def __init__(self, client: Any, options: LaunchOptions) -> None:
+    def __init__(self, client: Any, options: LaunchOptions, *,
+                 keep_alive: Sequence[Any] = ()) -> None:
         if client.asynchronous:
             raise TypeError("dask-ddp needs a synchronous distributed.Client "
                             "(got one created with asynchronous=True)")
@@ -97,6 +68,8 @@ class ElasticJob:
         self._changed = threading.Condition()
         self._values: list[Any] | None = None
         self._error: BaseException | None = None
+        #: What the ranks read while they run, attempt after attempt (see ``launch``).
+        self._keep_alive = list(keep_alive)
         if options.elastic:
             first = self._start(self._wait_for_workers(minimum=options.min_workers or 1,
                                                        target=options.max_workers, grace=0.0))
@@ -108,7 +81,7 @@ class ElasticJob:
         self._driver.start()
 
     def __repr__(self) -> str:
-        state = "done" if self._done.is_set() else "running"
+        state = JobState.DONE if self._done.is_set() else JobState.RUNNING
         return (f"<ElasticJob {self.name!r} attempt={len(self.attempts) - 1} "
                 f"world_size={self.world_size} restarts={len(self.restarts)} {state}>")
 
@@ -177,7 +150,7 @@ class ElasticJob:
         return self.current.stacks(timeout)
 
     @property
-    def stalled(self) -> Any:
+    def stalled(self) -> StallError | None:
         """The current attempt's :class:`~dask_ddp.StallError`, if it stalled."""
         return self.current.stalled
 
@@ -245,7 +218,7 @@ class ElasticJob:
             known = dict(self.client.scheduler_info(n_workers=-1).get("workers", {}))
         except Exception:
             known = {}
-        lost = {r.worker for r in self.restarts if r.kind == "lost"}
+        lost = {r.worker for r in self.restarts if r.kind == FailureKind.LOST}
         why = []
         for w in sorted(set(self.current.workers) - set(fit)):
             if w in known:
@@ -258,11 +231,6 @@ class ElasticJob:
             else:
                 why.append(f"{w} (it left the cluster)")
         return "; missing: " + ", ".join(why) if why else ""
-
-    def _record(self, attempt: int, err: BaseException) -> Restart:
-        if isinstance(err, JobError):
-            return Restart(attempt, time.time(), err.rank, err.worker, str(err.kind), str(err))
-        return Restart(attempt, time.time(), -1, "", type(err).__name__, str(err))
 
     def _history(self) -> str:
         return "\n".join(f"  {r}" for r in self.restarts)
@@ -278,10 +246,10 @@ class ElasticJob:
                     self._cancelled = True
                     return
                 except JobError as err:
-                    record = self._record(len(self.attempts) - 1, err)
+                    record = Restart.of(len(self.attempts) - 1, err)
                     if self._cancelled:  # ranks stopped by cancel(): result() says so
                         return
-                    if len(self.restarts) >= self.max_restarts:
+                    if decide(err, len(self.restarts), self.max_restarts) is Decision.RAISE:
                         self._fail(err, record)
                         return
                     self.restarts.append(record)
@@ -298,7 +266,7 @@ class ElasticJob:
                 except concurrent.futures.CancelledError:
                     return
                 except GangStartError as exc:
-                    exc.attempts = list(self.restarts)  # type: ignore[attr-defined]
+                    exc.attempts = list(self.restarts)
                     exc.args = (f"{exc}\nearlier attempts of job {self.name!r}:\n"
                                 f"{self._history()}",)
                     self._error = exc
@@ -307,6 +275,7 @@ class ElasticJob:
             logger.exception("restarting job %r failed", self.name)
             self._error = exc
         finally:
+            self._keep_alive.clear()
             with self._changed:
                 self._done.set()
                 self._changed.notify_all()

@@ -17,7 +17,8 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+import weakref
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,11 +37,13 @@ from dask_ddp._launch.options import LaunchOptions
 from dask_ddp._launch.placement import RankSpec, choose_workers, rank_layout, worker_host
 from dask_ddp._launch.root_cause import lost_error, pick_root, record_of
 from dask_ddp._launch.supervisor import read_job_stacks, run_rank
-from dask_ddp.errors import FailureKind, StallError, WorkerLostError
+from dask_ddp._states import JobState
+from dask_ddp.errors import FailureKind, Restart, StallError, WorkerLostError
 
 logger = logging.getLogger(__name__)
 
-_FINAL = ("finished", "error", "cancelled", "lost")
+#: The statuses of a Dask future whose task will not run again (Dask's names).
+_FUTURE_ENDED = ("finished", "error", "cancelled", "lost")
 
 
 class Job:
@@ -54,7 +57,8 @@ class Job:
     name : str
         The job's name; the Dask dashboard shows the rank tasks under it.
     futures : list of distributed.Future
-        One per rank, in rank order.
+        One per rank, in rank order; each leads back to the job
+        (:func:`~dask_ddp.dispatch.job_of`). The same objects while anyone holds them.
     world_size : int
     workers : list of str
         The worker address of every rank, in rank order.
@@ -62,15 +66,27 @@ class Job:
         The job's storage URL (checkpoints, results), when given.
     output_dir : pathlib.Path or None
         Where the client writes the job's results, when given.
+
+    Nothing refers back to the job but the futures it hands out: the job holds its tasks'
+    own futures, and those it hands out (which lead to it) only weakly, so it and its tasks
+    go as soon as nobody holds the job or a future of it (no reference cycle waits for
+    Python's garbage collector), also while the job runs.
     """
 
     def __init__(self, client: Any, options: LaunchOptions, job_id: str,
-                 workers: list[str]) -> None:
+                 workers: list[str], *, keep_values: bool = True,
+                 keep_alive: Sequence[Any] = ()) -> None:
         self.client = client
         self.options = options
         self.id = job_id
         self.name = options.name
-        self.futures: list[Any] = []
+        #: The rank tasks' futures, the job's own (no future refers to the job).
+        self._futures: list[Any] = []
+        #: The futures handed out (:attr:`futures`), each leading to the job; held weakly.
+        self._handed: list[weakref.ref[Any] | None] = []
+        self._handed_lock = threading.Lock()
+        #: What the ranks read while they run (a persisted collection behind a Table).
+        self._keep_alive = list(keep_alive)
         self.workers = workers
         self.world_size = len(workers)
         self.storage = options.storage
@@ -81,7 +97,7 @@ class Job:
         #: dies afterwards cannot take them along; its rank's future becomes "lost"), when
         #: ``keep_values`` (``dispatch.run`` hands the futures to its user instead: a
         #: large value would cross twice).
-        self.keep_values = True
+        self.keep_values = keep_values
         self._values: list[Any] | None = None
         #: Every rank finished: the job's outcome, fixed (a later loss changes nothing).
         self._all_finished = False
@@ -92,13 +108,32 @@ class Job:
         self._eof: set[int] = set()
         self._eof_cond = threading.Condition()
         #: Failed attempts: always empty here (see :class:`ElasticJob`).
-        self.restarts: list[Any] = []
+        self.restarts: list[Restart] = []
 
     def __repr__(self) -> str:
-        state = "done" if self._done.is_set() else "running"
+        state = JobState.DONE if self._done.is_set() else JobState.RUNNING
         return f"<Job {self.name!r} id={self.id[:8]} world_size={self.world_size} {state}>"
 
     # -- public API ---------------------------------------------------------------------
+    @property
+    def futures(self) -> list[Any]:
+        """One future per rank, in rank order, each leading back to the job."""
+        from distributed import Future
+
+        with self._handed_lock:
+            handed = []
+            for rank, own in enumerate(self._futures):
+                ref = self._handed[rank]
+                fut = ref() if ref is not None else None
+                if fut is None:
+                    # Shares the state of the job's own future of the key (its status,
+                    # value or error): a second reference to the same task.
+                    fut = Future(own.key, self.client)
+                    registry.attach(fut, self)
+                    self._handed[rank] = weakref.ref(fut)
+                handed.append(fut)
+            return handed
+
     def done(self) -> bool:
         """True once every rank has ended (finished, failed or cancelled)."""
         return self._done.is_set()
@@ -148,13 +183,13 @@ class Job:
         """The ranks' return values from their futures (the watcher could not read them);
         a value lost with its worker raises instead of waiting for a recomputation that
         cannot run (each rank is pinned to its worker)."""
-        for r, f in enumerate(self.futures):
+        for r, f in enumerate(self._futures):
             if f.status in ("lost", "cancelled"):
                 raise WorkerLostError(
                     f"rank {r} of job {self.name!r} finished, but its return value was lost "
                     f"with its worker {self.workers[r]} before the client read it",
                     r, self.workers[r], kind=FailureKind.LOST)
-        return list(self.client.gather(self.futures))
+        return list(self.client.gather(self._futures))
 
     def _stop_monitor(self, timeout: float) -> None:
         # The monitor stays attached: metrics() reads its records after the job.
@@ -170,14 +205,18 @@ class Job:
             return
         self._cancelled = True
         self.client.sync(self._set_abort, callback_timeout=self.options.waits.scheduler_call)
-        self.client.cancel(self.futures, reason="dask-ddp job cancelled",
+        self.client.cancel(self._futures, reason="dask-ddp job cancelled",
                            msg=f"job {self.name!r} was cancelled")
 
     def metrics(self) -> Iterator[dict[str, Any]]:
         """The job's metric records as they arrive (see :mod:`dask_ddp.results`)."""
         if self._monitor is None:
-            self._monitor = JobMonitor(self, progress=False)
+            self._monitor = self._start_monitor(progress=False)
         return self._monitor.iter()
+
+    def _start_monitor(self, progress: bool) -> JobMonitor:
+        return JobMonitor(self.client, self.id, self._futures, name=self.name,
+                          output_dir=self.output_dir, progress=progress)
 
     @property
     def monitor(self) -> Any:
@@ -215,9 +254,10 @@ class Job:
         return self._stall
 
     def rank_states(self) -> dict[int, dict[str, Any]]:
-        """Each rank's last recorded state: ``{"state": "working" | "blocked" |
-        "returned" | "frozen", "collective": name, "since": time.time()}`` (stall
-        detection's view; updated by the watcher while ``stall_timeout`` is set)."""
+        """Each rank's last recorded state: ``{"state": a RankActivity's value
+        ("working", "blocked", "returned", "frozen"), "collective": name, "since":
+        time.time()}`` (stall detection's view; updated by the watcher while
+        ``stall_timeout`` is set)."""
         return {r: dict(s) for r, s in sorted(self._states.items())}
 
     def root_error(self) -> BaseException | None:
@@ -227,7 +267,7 @@ class Job:
         if self._all_finished:
             return None  # every rank finished: a value lost later changes nothing
         errors: list[tuple[int, BaseException]] = []
-        for rank, fut in enumerate(self.futures):
+        for rank, fut in enumerate(self._futures):
             if rank in self._lost:
                 errors.append((rank, self._lost[rank]))
             elif fut.status == "error":
@@ -240,16 +280,17 @@ class Job:
         try:
             if self.options.stream_output:
                 # Subscribe before submitting, so no early line is missed.
-                self.client.subscribe_topic(output_topic(self.id), self._on_output)
+                self.client.subscribe_topic(output_topic(self.id), _output_printer(self))
             for spec, res in zip(specs, resources, strict=True):
                 # Pinned, never moved, never retried: a rank belongs to its worker; if that
                 # worker goes, the job fails (the watcher notices) instead of waiting forever.
-                self.futures.append(self.client.submit(
+                self._futures.append(self.client.submit(
                     run_rank, spec, key=scheduler_plugin.rank_key(self.name, self.id, spec.rank),
                     workers=[spec.worker], allow_other_workers=False, pure=False, retries=0,
                     resources=res))
-            registry.remember(self)
-            self._monitor = JobMonitor(self, progress=self.options.progress)
+                self._handed.append(None)
+            registry.remember(self, [f.key for f in self._futures])
+            self._monitor = self._start_monitor(progress=self.options.progress)
         except BaseException:
             self._abandon()
             raise
@@ -257,12 +298,12 @@ class Job:
 
     def _abandon(self) -> None:
         """A launch failed part-way: stop the ranks submitted so far and release them."""
-        registry.forget(self)
+        registry.forget(self, [f.key for f in self._futures])
         bound = self.options.waits.scheduler_call
         with contextlib.suppress(Exception):
             self.client.sync(self._set_abort, callback_timeout=bound)
         with contextlib.suppress(Exception):
-            self.client.cancel(self.futures, reason="dask-ddp launch failed",
+            self.client.cancel(self._futures, reason="dask-ddp launch failed",
                                msg=f"launching job {self.name!r} failed")
         with contextlib.suppress(Exception):
             self.client.sync(self._cleanup, callback_timeout=4 * bound)
@@ -279,8 +320,8 @@ class Job:
         next_check = 0.0
         try:
             while True:
-                statuses = [f.status for f in self.futures]
-                if all(s in _FINAL for s in statuses):
+                statuses = [f.status for f in self._futures]
+                if all(s in _FUTURE_ENDED for s in statuses):
                     break
                 if self.client.status in ("closing", "closed"):
                     break  # nothing left to watch with
@@ -302,11 +343,11 @@ class Job:
                     logger.warning("watcher of job %r: %s: %s (retrying)", self.name,
                                    type(exc).__name__, exc)
                 await asyncio.sleep(waits.watch_poll)
-            self._all_finished = all(f.status == "finished" for f in self.futures)
+            self._all_finished = all(f.status == "finished" for f in self._futures)
             if self._all_finished and self.keep_values:
                 try:
                     self._values = list(await self._bounded(
-                        self.client.gather(self.futures, asynchronous=True)))
+                        self.client.gather(self._futures, asynchronous=True)))
                 except Exception as exc:  # result() reads them again, or names the loss
                     logger.warning("job %r: reading the ranks' return values failed: %s: %s",
                                    self.name, type(exc).__name__, exc)
@@ -314,8 +355,9 @@ class Job:
             logger.exception("watcher of job %r failed; stopping the job", self.name)
         finally:
             await self._cleanup()
-            registry.forget(self)
+            registry.forget(self, [f.key for f in self._futures])
             dashboard.job_state(self.client, self.id, self._final_state())
+            self._keep_alive.clear()  # the ranks read nothing more
             self._done.set()
 
     async def _bounded(self, coro: Any) -> Any:
@@ -349,14 +391,15 @@ class Job:
             topic=failure_topic(self.id), msg=stall.stall_record(err)))
         return True
 
-    def _final_state(self) -> str:
+    def _final_state(self) -> JobState:
         """The ended job's state for the job page (its root cause comes from the ranks)."""
-        statuses = {f.status for f in self.futures}
+        statuses = {f.status for f in self._futures}
         if self._all_finished:
-            return "done"
+            return JobState.DONE
         if self._lost or statuses & {"error", "lost"}:  # lost: a value went with its worker
-            return "failed"
-        return "cancelled" if self._cancelled or statuses - {"finished"} else "done"
+            return JobState.FAILED
+        return JobState.CANCELLED if self._cancelled or statuses - {"finished"} \
+            else JobState.DONE
 
     async def _check_workers(self, statuses: list[str]) -> bool:
         """Detect ranks whose worker left; cancel their futures (else they stay pending)."""
@@ -372,7 +415,7 @@ class Job:
                 await self.client.scheduler.log_event(topic=failure_topic(self.id),
                                                       msg=record_of(self._lost[r]))
         if lost:
-            await self.client.cancel([self.futures[r] for r in lost], asynchronous=True,
+            await self.client.cancel([self._futures[r] for r in lost], asynchronous=True,
                                      reason="dask-ddp worker lost",
                                      msg="; ".join(str(self._lost[r]) for r in lost))
         return bool(lost)
@@ -382,7 +425,7 @@ class Job:
         # would wait in no-worker and ask an adaptive cluster for workers).
         # A "lost" future (its rank finished, then its worker died with the value) is not
         # cancelled: the scheduler's JobGuard errs it with the loss (see scheduler_plugin.py).
-        left = [f for f in self.futures if f.status not in _FINAL]
+        left = [f for f in self._futures if f.status not in _FUTURE_ENDED]
         if left:
             with contextlib.suppress(Exception):
                 await self._bounded(self.client.cancel(
@@ -437,10 +480,25 @@ class Job:
             self.client.sync(self._forget_topics, output_topic(self.id))
 
 
+def _output_printer(job: Job) -> Callable[[Any], None]:
+    """The handler of ``job``'s output topic; it holds the job weakly (Dask keeps a topic's
+    handler after an unsubscribe: the job would never go)."""
+    ref = weakref.ref(job)
+
+    def on_output(event: Any) -> None:
+        alive = ref()
+        if alive is not None:
+            alive._on_output(event)
+
+    return on_output
+
+
 def launch(client: Any, options: LaunchOptions, *, workers: list[str] | None = None,
-           restart: int = 0, run_id: str | None = None, keep_values: bool = True) -> Job:
+           restart: int = 0, run_id: str | None = None, keep_values: bool = True,
+           keep_alive: Sequence[Any] = ()) -> Job:
     """Place and start one attempt of a job; ``workers`` overrides ``options``'s choice;
-    ``keep_values=False``: the job's watcher does not read the ranks' values at the end.
+    ``keep_values=False``: the job's watcher does not read the ranks' values at the end;
+    ``keep_alive``: what the job holds until its end (the collections behind its Tables).
 
     Raises
     ------
@@ -454,8 +512,8 @@ def launch(client: Any, options: LaunchOptions, *, workers: list[str] | None = N
         workers = choose_workers(client.scheduler_info(n_workers=-1), options.n_workers,
                                  options.workers, options.resources)
     layout = rank_layout(workers, options.nprocs_per_worker)
-    job = Job(client, options, uuid.uuid4().hex, [i["worker"] for i in layout])
-    job.keep_values = keep_values
+    job = Job(client, options, uuid.uuid4().hex, [i["worker"] for i in layout],
+              keep_values=keep_values, keep_alive=keep_alive)
     prepare_channel(client, job.id)
     workdir.install_cleaner(client)
     scheduler_plugin.install(client)

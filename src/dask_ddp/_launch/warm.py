@@ -175,15 +175,13 @@ class WarmProcess(subprocess.Popen[bytes]):
         self._reader.start()
 
     def _read(self) -> None:
-        code = None
         with contextlib.suppress(OSError, EOFError, pickle.UnpicklingError):
             while True:
                 reply, _ = recv(self._conn)
                 if reply is None:
                     break
                 if reply.kind in ("exited", "reaped"):
-                    code = reply.code
-                    self._exit_code = code
+                    self._exit_code = reply.code
                     self._exited.set()
                 if reply.kind == "reaped":
                     break
@@ -218,7 +216,12 @@ class WarmProcess(subprocess.Popen[bytes]):
                 send(self._conn, Reap())
             # The template reaps at once once asked (the rank has exited).
             if not self._reaped.wait(REQUEST_TIMEOUT_S if timeout is None else timeout):
-                raise subprocess.TimeoutExpired(self.args, timeout or REQUEST_TIMEOUT_S)
+                if timeout is not None:
+                    raise subprocess.TimeoutExpired(self.args, timeout)
+                # Its exit is known; left unreaped, its pid cannot be reused meanwhile.
+                logger.warning("rank process %d: its warm template did not reap it within "
+                               "%.0f s", self.pid, REQUEST_TIMEOUT_S)
+                self.returncode = self._exit_code
         assert self.returncode is not None
         return self.returncode
 

@@ -291,7 +291,16 @@ def rank_facts(note: str) -> dict[str, Any]:
     return {"env": dict(os.environ), "pid": os.getpid(), "ppid": os.getppid(),
             "pgid": os.getpgrp(), "sid": os.getsid(0), "cwd": os.getcwd(),
             "argv": list(sys.argv), "path0": sys.path[0], "threads": torch.get_num_threads(),
-            "hashseed": sys.flags.hash_randomization}
+            "hashseed": sys.flags.hash_randomization, "fds": _open_fds()}
+
+
+def _open_fds() -> list[str]:
+    """What this process's open file descriptors are (their kinds, by number)."""
+    kinds = []
+    for fd in sorted(os.listdir("/proc/self/fd"), key=int):
+        with contextlib.suppress(OSError):
+            kinds.append(f"{fd}:{os.readlink(f'/proc/self/fd/{fd}').split(':')[0]}")
+    return kinds
 
 
 def exit_with(code: int) -> int:

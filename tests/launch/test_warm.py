@@ -217,6 +217,11 @@ def test_environment_equals_a_cold_rank(templates: None) -> None:
     for key in sorted(set(cold["env"]) | set(hot["env"])):
         if key not in PER_START:
             assert hot["env"].get(key) == cold["env"].get(key), key
+    # The same open files (numbers aside): the template passes on nothing of its own.
+    def kinds(fds: list[str]) -> list[str]:
+        return sorted(os.path.basename(fd.split(":", 1)[1]) for fd in fds)
+
+    assert kinds(hot["fds"]) == kinds(cold["fds"]), (hot["fds"], cold["fds"])
     for fact in ("cwd", "path0", "threads", "hashseed"):
         assert hot[fact] == cold[fact], fact
     assert hot["argv"][0] == cold["argv"][0]  # the rank module's file
@@ -286,6 +291,8 @@ def test_a_differing_import_environment_gets_another_template(templates: None) -
         facts = rank.value()["value"]
         rank.close()
         pids.append(facts["ppid"])
+        if "OMP_NUM_THREADS" in extra:  # what torch derives from it, as a cold rank's
+            assert facts["threads"] == 1
         assert facts["env"].get("UNRELATED_TO_IMPORTS") == extra.get("UNRELATED_TO_IMPORTS")
     assert pids[0] == pids[1] != pids[2]
     assert len(warm.template_pids()) == warm.MAX_TEMPLATES == 2

@@ -3,6 +3,7 @@ job, or its rank tasks on the scheduler, once its caller dropped it."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import gc
 import uuid
@@ -13,7 +14,7 @@ import pytest
 from distributed import Client
 
 import dask_ddp
-from cluster_util import client_fixture, with_local_rank
+from cluster_util import client_fixture, sleep_only, with_local_rank
 from dask_ddp import dispatch
 from waits import wait_until
 
@@ -86,4 +87,19 @@ def test_seed_run_futures_then_drop(client: Client) -> None:
         found = dispatch.job_of(futures)
         assert found is not None and found.id == job_id
         del found, futures
+        wait_gone(client, job_id)
+
+
+def test_cancelled_job_then_drop(client: Client) -> None:
+    with no_garbage_collector():
+        job = dask_ddp.submit(client, sleep_only, 120, n_workers=2, progress=False)
+        job_id = job.id
+        wait_until(lambda: [s for _, s in tasks_named(client, job_id)
+                            if s != "processing"], 60, "rank tasks not running")
+        job.cancel()
+        with pytest.raises(concurrent.futures.CancelledError):
+            job.result(timeout=60)
+        # Dask forgets a cancelled key: the futures still read cancelled, never pending.
+        assert [f.status for f in job.futures] == ["cancelled", "cancelled"]
+        del job
         wait_gone(client, job_id)

@@ -125,13 +125,19 @@ class Job:
             for rank, own in enumerate(self._futures):
                 ref = self._handed[rank]
                 fut = ref() if ref is not None else None
-                if fut is None:
+                if fut is None and own.key in self.client.futures:
                     # Shares the state of the job's own future of the key (its status,
                     # value or error): a second reference to the same task.
                     fut = Future(own.key, self.client)
-                    registry.attach(fut, self)
-                    self._handed[rank] = weakref.ref(fut)
-                handed.append(fut)
+                    if fut.status != own.status:  # cancelled in between: see below
+                        fut = None
+                    else:
+                        registry.attach(fut, self)
+                        self._handed[rank] = weakref.ref(fut)
+                # Dask forgets a cancelled key's state (a new future of it would read
+                # pending for good): the job's own future stands in, cancelled, holding
+                # nothing on the scheduler.
+                handed.append(fut if fut is not None else own)
             return handed
 
     def done(self) -> bool:

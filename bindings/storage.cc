@@ -137,9 +137,80 @@ class GetManyIterator {
   std::thread thread_;
 };
 
-}  // namespace
+std::vector<ObjectInfo> StoreList(const PyStore& s, const std::string& prefix) {
+  Result<std::vector<ObjectInfo>> r = [&] {
+    nb::gil_scoped_release release;
+    return s.store->List(prefix);
+  }();
+  return ValueOrThrow(std::move(r));
+}
 
-void init_storage(nb::module_& m) {
+ObjectInfo StoreStat(const PyStore& s, const std::string& key) {
+  Result<ObjectInfo> r = [&] {
+    nb::gil_scoped_release release;
+    return s.store->Stat(key);
+  }();
+  return ValueOrThrow(std::move(r));
+}
+
+nb::bytes StoreGet(const PyStore& s, const std::string& key, uint64_t offset, std::optional<uint64_t> length) {
+  Result<std::string> r = [&] {
+    nb::gil_scoped_release release;
+    return s.store->Get(key, ByteRange{offset, length});
+  }();
+  return ToBytes(ValueOrThrow(std::move(r)));
+}
+
+void StorePut(const PyStore& s, const std::string& key, nb::handle data) {
+  BufferView view(data);
+  Status st;
+  {
+    nb::gil_scoped_release release;
+    st = s.store->Put(key, view.data());
+  }
+  ThrowIfError(st);
+}
+
+void StoreDelete(const PyStore& s, const std::string& key) {
+  Status st;
+  {
+    nb::gil_scoped_release release;
+    st = s.store->Delete(key);
+  }
+  ThrowIfError(st);
+}
+
+GetManyIterator* StoreGetMany(const PyStore& s, std::vector<std::string> keys, int max_in_flight) {
+  return new GetManyIterator(s.store, std::move(keys), max_in_flight);
+}
+
+PyStore OpenStoreFor(const std::string& url, bool anonymous, const std::string& endpoint_url,
+                     const std::string& region, const std::string& ca_bundle, int max_attempts,
+                     double initial_backoff, double max_backoff, uint64_t multipart_threshold,
+                     uint64_t multipart_part_size, int max_in_flight, double connect_timeout,
+                     double low_speed_timeout, uint64_t max_body_bytes) {
+  StoreOptions o;
+  o.anonymous = anonymous;
+  o.endpoint_url = endpoint_url;
+  o.region = region;
+  o.ca_bundle = ca_bundle;
+  o.retry.max_attempts = max_attempts;
+  o.retry.initial_backoff_s = initial_backoff;
+  o.retry.max_backoff_s = max_backoff;
+  o.multipart_threshold = multipart_threshold;
+  o.multipart_part_size = multipart_part_size;
+  o.max_in_flight = max_in_flight;
+  o.connect_timeout_s = connect_timeout;
+  o.low_speed_timeout_s = low_speed_timeout;
+  o.max_body_bytes = max_body_bytes;
+  Result<std::unique_ptr<Store>> r = [&] {
+    nb::gil_scoped_release release;
+    return OpenStore(url, o);
+  }();
+  return PyStore{std::shared_ptr<Store>(ValueOrThrow(std::move(r)))};
+}
+
+void DefObjectInfo(nb::module_& m) {
   nb::class_<ObjectInfo>(m, "ObjectInfo", "An object's key (relative to the store root) and size.")
       .def(nb::init<>())
       .def("__init__",
@@ -163,7 +234,9 @@ void init_storage(nb::module_& m) {
         std::string key_repr = nb::repr(nb::str(o.key.c_str(), o.key.size())).c_str();
         return "ObjectInfo(key=" + key_repr + ", size=" + std::to_string(o.size) + ")";
       });
+}
 
+void DefStore(nb::module_& m) {
   nb::class_<GetManyIterator>(m, "GetManyIterator",
                               "Iterator of (key, bytes) in completion order (see Store.get_many).")
       .def("__iter__", [](nb::handle self) { return self; })
@@ -172,69 +245,17 @@ void init_storage(nb::module_& m) {
   nb::class_<PyStore>(m, "Store", "An object store opened on a root URL (see open_store).")
       .def_prop_ro("url", [](const PyStore& s) { return s.store->url(); },
                    "The root URL (normalised, no credentials).")
-      .def(
-          "list",
-          [](const PyStore& s, const std::string& prefix) {
-            Result<std::vector<ObjectInfo>> r = [&] {
-              nb::gil_scoped_release release;
-              return s.store->List(prefix);
-            }();
-            return ValueOrThrow(std::move(r));
-          },
-          "prefix"_a = "", "Every object whose key starts with `prefix`, sorted by key.")
-      .def(
-          "stat",
-          [](const PyStore& s, const std::string& key) {
-            Result<ObjectInfo> r = [&] {
-              nb::gil_scoped_release release;
-              return s.store->Stat(key);
-            }();
-            return ValueOrThrow(std::move(r));
-          },
-          "key"_a, "The object's size; FileNotFoundError if missing.")
-      .def(
-          "get",
-          [](const PyStore& s, const std::string& key, uint64_t offset,
-             std::optional<uint64_t> length) {
-            Result<std::string> r = [&] {
-              nb::gil_scoped_release release;
-              return s.store->Get(key, ByteRange{offset, length});
-            }();
-            return ToBytes(ValueOrThrow(std::move(r)));
-          },
-          "key"_a, "offset"_a = 0, "length"_a = nb::none(),
-          "The object's bytes, or `length` bytes from `offset` (None: to the end).")
-      .def(
-          "put",
-          [](const PyStore& s, const std::string& key, nb::handle data) {
-            BufferView view(data);
-            Status st;
-            {
-              nb::gil_scoped_release release;
-              st = s.store->Put(key, view.data());
-            }
-            ThrowIfError(st);
-          },
-          "key"_a, "data"_a, "Write an object (atomically replacing any old one).")
-      .def(
-          "delete",
-          [](const PyStore& s, const std::string& key) {
-            Status st;
-            {
-              nb::gil_scoped_release release;
-              st = s.store->Delete(key);
-            }
-            ThrowIfError(st);
-          },
-          "key"_a, "Delete an object; deleting a missing key is not an error.")
-      .def(
-          "get_many",
-          [](const PyStore& s, std::vector<std::string> keys, int max_in_flight) {
-            return new GetManyIterator(s.store, std::move(keys), max_in_flight);
-          },
-          "keys"_a, "max_in_flight"_a = 0, nb::rv_policy::take_ownership,
-          "Fetch many objects concurrently; an iterator of (key, bytes) in completion order.");
+      .def("list", &StoreList, "prefix"_a = "", "Every object whose key starts with `prefix`, sorted by key.")
+      .def("stat", &StoreStat, "key"_a, "The object's size; FileNotFoundError if missing.")
+      .def("get", &StoreGet, "key"_a, "offset"_a = 0, "length"_a = nb::none(),
+           "The object's bytes, or `length` bytes from `offset` (None: to the end).")
+      .def("put", &StorePut, "key"_a, "data"_a, "Write an object (atomically replacing any old one).")
+      .def("delete", &StoreDelete, "key"_a, "Delete an object; deleting a missing key is not an error.")
+      .def("get_many", &StoreGetMany, "keys"_a, "max_in_flight"_a = 0, nb::rv_policy::take_ownership,
+           "Fetch many objects concurrently; an iterator of (key, bytes) in completion order.");
+}
 
+void DefUrls(nb::module_& m) {
   m.def(
       "parse_url",
       [](const std::string& url) {
@@ -249,44 +270,23 @@ void init_storage(nb::module_& m) {
   m.def("redact_url", [](const std::string& url) { return RedactUrl(url); }, "url"_a,
         "The URL without any 'user:password@' in its authority, for messages and logs.");
 
-  StoreOptions defaults;
-  m.def(
-      "open_store",
-      [](const std::string& url, bool anonymous, const std::string& endpoint_url,
-         const std::string& region, const std::string& ca_bundle, int max_attempts, double initial_backoff,
-         double max_backoff, uint64_t multipart_threshold, uint64_t multipart_part_size,
-         int max_in_flight, double connect_timeout, double low_speed_timeout,
-         uint64_t max_body_bytes) {
-        StoreOptions o;
-        o.anonymous = anonymous;
-        o.endpoint_url = endpoint_url;
-        o.region = region;
-        o.ca_bundle = ca_bundle;
-        o.retry.max_attempts = max_attempts;
-        o.retry.initial_backoff_s = initial_backoff;
-        o.retry.max_backoff_s = max_backoff;
-        o.multipart_threshold = multipart_threshold;
-        o.multipart_part_size = multipart_part_size;
-        o.max_in_flight = max_in_flight;
-        o.connect_timeout_s = connect_timeout;
-        o.low_speed_timeout_s = low_speed_timeout;
-        o.max_body_bytes = max_body_bytes;
-        Result<std::unique_ptr<Store>> r = [&] {
-          nb::gil_scoped_release release;
-          return OpenStore(url, o);
-        }();
-        return PyStore{std::shared_ptr<Store>(ValueOrThrow(std::move(r)))};
-      },
-      "url"_a, nb::kw_only(), "anonymous"_a = defaults.anonymous, "endpoint_url"_a = "",
-      "region"_a = "", "ca_bundle"_a = "", "max_attempts"_a = defaults.retry.max_attempts,
-      "initial_backoff"_a = defaults.retry.initial_backoff_s,
-      "max_backoff"_a = defaults.retry.max_backoff_s,
-      "multipart_threshold"_a = defaults.multipart_threshold,
-      "multipart_part_size"_a = defaults.multipart_part_size,
-      "max_in_flight"_a = defaults.max_in_flight, "connect_timeout"_a = defaults.connect_timeout_s,
-      "low_speed_timeout"_a = defaults.low_speed_timeout_s,
-      "max_body_bytes"_a = defaults.max_body_bytes,
-      "Open the store for a URL: file:// or a plain path, s3://, http(s)://, memory://.");
+  const StoreOptions defaults;
+  m.def("open_store", &OpenStoreFor, "url"_a, nb::kw_only(), "anonymous"_a = defaults.anonymous,
+        "endpoint_url"_a = "", "region"_a = "", "ca_bundle"_a = "", "max_attempts"_a = defaults.retry.max_attempts,
+        "initial_backoff"_a = defaults.retry.initial_backoff_s, "max_backoff"_a = defaults.retry.max_backoff_s,
+        "multipart_threshold"_a = defaults.multipart_threshold,
+        "multipart_part_size"_a = defaults.multipart_part_size, "max_in_flight"_a = defaults.max_in_flight,
+        "connect_timeout"_a = defaults.connect_timeout_s, "low_speed_timeout"_a = defaults.low_speed_timeout_s,
+        "max_body_bytes"_a = defaults.max_body_bytes,
+        "Open the store for a URL: file:// or a plain path, s3://, http(s)://, memory://.");
+}
+
+}  // namespace
+
+void init_storage(nb::module_& m) {
+  DefObjectInfo(m);
+  DefStore(m);
+  DefUrls(m);
 }
 
 }  // namespace ddp::py

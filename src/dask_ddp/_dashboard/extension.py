@@ -31,6 +31,7 @@ from typing import Any
 from distributed.diagnostics.plugin import SchedulerPlugin
 from tornado import web
 
+from dask_ddp._dashboard import intake
 from dask_ddp._dashboard.model import Board
 
 logger = logging.getLogger(__name__)
@@ -60,24 +61,22 @@ class DashboardExtension:
 
     def job_event(self, job_id: str, event: dict[str, Any]) -> None:
         """A launcher event: ``{"kind": "started", ...}`` or ``{"kind": "state", ...}``."""
-        try:
-            if event.get("kind") == "started":
-                self.board.job_started({**event, "job_id": job_id})
-            else:
-                self.board.job_state(job_id, event)
-        except (KeyError, TypeError, ValueError):
-            logger.warning("dask-ddp dashboard: bad job event for %s: %r", job_id, event,
-                           exc_info=True)
+        self._take(intake.take_job_event, job_id, event, "job event")
 
     def rank_sample(self, job_id: str, sample: dict[str, Any]) -> None:
-        try:
-            self.board.rank_sample(job_id, sample)
-        except (KeyError, TypeError, ValueError):
-            logger.warning("dask-ddp dashboard: bad rank sample for %s", job_id, exc_info=True)
+        self._take(intake.take_rank_sample, job_id, sample, "rank sample")
 
     def failure(self, topic: str, msg: Any) -> None:
-        if isinstance(msg, dict):
-            self.board.failure(topic[len(FAILURE_PREFIX):], msg)
+        self._take(intake.take_failure, topic[len(FAILURE_PREFIX):], msg, "failure record")
+
+    def _take(self, take: Any, job_id: Any, message: Any, what: str) -> None:
+        """One message into the board, checked at the edge; a refused one is logged with
+        its reason and changes nothing (:mod:`~dask_ddp._dashboard.intake`)."""
+        try:
+            take(self.board, job_id, message)
+        except (KeyError, TypeError, ValueError) as exc:
+            logger.warning("dask-ddp dashboard: refused a %s for job %s: %s", what,
+                           str(job_id)[:60], exc)
 
 
 class DashboardPlugin(SchedulerPlugin):

@@ -287,8 +287,10 @@ class DaskResultsHandler:
         futures
             The rank futures (``dispatch.run``'s result).
         raise_errors
-            Raise the first rank error (after writing what arrived); otherwise log it and
-            go on.
+            Raise the first rank error (after writing what arrived), or else the first
+            result that could not be written (a refused path, a full disk: after every
+            other record was written); otherwise log each and go on. A record that cannot
+            be written never costs the others.
         """
         futures = list(futures)
         client = futures[0].client if futures else _current_client()
@@ -324,6 +326,11 @@ class DaskResultsHandler:
             exc = _exception(first_error[0])
             if isinstance(exc, BaseException):
                 raise exc
+        if raise_errors and writer.first_error is not None:
+            # Every record that could be written was: then the first that could not.
+            logger.error("process_results: %d result(s) were not written under %s",
+                         writer.failed, prefix)
+            raise writer.first_error
 
 
 def _exception(future: Any) -> BaseException | None:

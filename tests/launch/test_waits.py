@@ -164,10 +164,12 @@ def test_launch_failing_part_way_leaves_no_coordination_objects(
 
 
 def _put(client: Client, topic: str, seq: int, writer: str, wait: float = 1.0) -> Any:
-    from dask_ddp._channel.wire import Entry
+    """Put one well-formed record of 1000 bytes (one frame, as a rank writes it)."""
+    from dask_ddp._channel.wire import Entry, FrameHeader
 
+    frame = FrameHeader(1000, seq, 1, 0, 0, 1).pack() + b"x" * 1000
     return client.sync(client.scheduler.dask_ddp_results_put, topic=topic,
-                       entries=[list(Entry.run("src", seq, 1, b"x" * 1000))], writer=writer,
+                       entries=[list(Entry.run("job/0/src.1", seq, 1, frame))], writer=writer,
                        wait=wait)
 
 

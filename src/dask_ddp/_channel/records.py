@@ -106,6 +106,9 @@ class ResultWriter:
         #: Records refused or not written: ``(rank, reason)``, oldest first (the first 100).
         self.failures: list[tuple[int, str]] = []
         self.failed = 0
+        #: The first record's error, raised by ``process_results(raise_errors=True)`` once
+        #: every other record is written.
+        self.first_error: Exception | None = None
 
     def _target(self, path: str) -> Path:
         target = (self.root / check_path(path)).resolve()
@@ -127,6 +130,8 @@ class ResultWriter:
             return True
         except Exception as exc:  # noqa: BLE001 - any failure of one record is that record's
             self.failed += 1
+            if self.first_error is None:
+                self.first_error = exc
             reason = f"{type(exc).__name__}: {exc}"
             if len(self.failures) < 100:
                 self.failures.append((rec.rank, reason))

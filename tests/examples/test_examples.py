@@ -13,18 +13,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 
-from examples_util import EXAMPLES, ROOT, TORCHRUN, read_jsonl, run, session_processes
+from examples_util import EXAMPLES, TORCHRUN, read_jsonl, run
 
 pytestmark = [pytest.mark.slow, pytest.mark.dask, pytest.mark.timeout(400)]
 

@@ -503,6 +503,8 @@ class FaultHandler(http.server.BaseHTTPRequestHandler):
       - 1), send a few bytes and close (a client must refuse before allocating).
     - ``/unsized/...``: GET answers carry no Content-Length; the body (the usual
       object bytes) runs to the connection's close.
+    - ``/list-loop/``, ``/list-notoken/``: a ListObjectsV2 that never ends (the same
+      continuation token on every page, or none though the page is truncated).
     - ``/_stats``: JSON of request counts per ``"METHOD path"``; ``/_reset`` clears them.
     """
 
@@ -612,6 +614,15 @@ class FaultHandler(http.server.BaseHTTPRequestHandler):
                 self._send(204, b"")
             else:
                 self._send(400, _error_xml("InvalidRequest", "unexpected", path))
+            return
+        if mode.startswith("list-") and self.command == "GET" and "list-type=2" in query:
+            # A ListObjectsV2 that never ends: each page says "truncated" and names the
+            # same continuation token (list-loop), or none at all (list-notoken).
+            token = ("" if mode == "list-notoken"
+                     else "<NextContinuationToken>again</NextContinuationToken>")
+            n_key = f"<Contents><Key>k{n}</Key><Size>1</Size></Contents>"
+            self._send(200, (f"<ListBucketResult><IsTruncated>true</IsTruncated>{n_key}"
+                             f"{token}</ListBucketResult>").encode())
             return
         if mode == "huge-length" and self.command == "GET":
             self.send_response(200)

@@ -322,3 +322,18 @@ def test_stalled_transfer_times_out_and_is_retried(kind: str, fault_server: Any)
     key = f"{uuid.uuid4().hex}.bin"
     assert store.get(key) == object_bytes(f"/stall-1/{key}")
     assert _gets(fault_server, f"/stall-1/{key}") == 2
+
+
+@pytest.mark.parametrize("mode, words", [("list-loop", "repeated a continuation token"),
+                                         ("list-notoken", "without NextContinuationToken")])
+def test_a_listing_that_never_ends_fails_naming_it(fault_server: Any, mode: str,
+                                                   words: str) -> None:
+    """An S3 listing whose server repeats its continuation token (or sends none while it
+    says the listing goes on) looped for ever, its memory growing; now it fails after
+    two pages, naming the bucket and prefix."""
+    store = _open("s3", fault_server, mode)
+    fault_server.reset()
+    with pytest.raises(Exception, match=words) as info:
+        store.list("train/")
+    assert f"s3://{mode}/train/" in str(info.value)
+    assert sum(v for k, v in fault_server.counts().items() if k.startswith("GET /")) <= 3

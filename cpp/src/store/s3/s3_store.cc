@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <atomic>
 #include <memory>
+#include <string>
+#include <unordered_set>
 
 #include "store/backends.h"
 #include "store/http/curl_client.h"
@@ -26,6 +28,8 @@ namespace {
 
 constexpr uint64_t kMinPartSize = 5ull << 20;  // S3's minimum for all parts but the last
 constexpr uint64_t kMaxParts = 10000;
+// Pages of one listing at most (1000 keys each: a billion objects).
+constexpr size_t kMaxListPages = 1000000;
 
 // Maps an S3 error answer to a Status naming the object, the HTTP status and the S3
 // error code and message from the XML body.
@@ -104,7 +108,15 @@ class S3Store final : public Store {
     std::vector<ObjectInfo> out;
     std::string full = root_ + std::string(prefix);
     std::string token;
-    do {
+    // Every token a listing handed out: a server that repeats one (or never ends) would
+    // make this loop for ever, its memory growing; a page cap bounds any other misstep.
+    std::unordered_set<std::string> seen;
+    size_t pages = 0;
+    while (true) {
+      if (++pages > kMaxListPages) {
+        return DataLossError("listing " + KeyUrl(prefix) + ": the server sent more than " +
+                             std::to_string(kMaxListPages) + " pages; giving up");
+      }
       // Parameters in canonical (sorted) order.
       std::string query = "?";
       if (!token.empty()) query += "continuation-token=" + UriEncode(token, false) + "&";
@@ -120,8 +132,14 @@ class S3Store final : public Store {
         o.key.erase(0, root_.size());
         out.push_back(std::move(o));
       }
-      token = page.truncated ? page.next_token : std::string();
-    } while (!token.empty());
+      if (!page.truncated) break;
+      if (!seen.insert(page.next_token).second) {
+        return DataLossError("listing " + KeyUrl(prefix) +
+                             ": the server repeated a continuation token (after " +
+                             std::to_string(pages) + " pages); the listing would never end");
+      }
+      token = page.next_token;
+    }
     std::sort(out.begin(), out.end(),
               [](const ObjectInfo& a, const ObjectInfo& b) { return a.key < b.key; });
     return out;

@@ -14,18 +14,33 @@
   stopped process, but it needs ptrace rights a container usually lacks and a binary
   outside the standard library.
 
-Collectives reached without the Python API (DDP's gradient all-reduce inside
-``backward()``) are not seen: a rank waiting there counts as working.
+- **c10d collectives**: what the Python wrappers cannot see, DDP's gradient all-reduce
+  issued by its reducer from C++ inside ``backward()``, its forward-time broadcasts, any
+  collective a C++ extension issues. torch's flight recorder (on in every rank: the
+  launcher sets ``TORCH_FR_BUFFER_SIZE``, see :mod:`~dask_ddp._launch.rank_env`) keeps
+  each process group's last collectives in a ring, gloo's as NCCL's, each with its
+  per-group sequence number, its name (``gloo:all_reduce``), when it was issued and
+  whether it completed. A daemon thread of the probe reads the ring every
+  :data:`C10D_POLL_S` and writes the rank's latest collective and its count per group
+  (plain data, JSON) into a second area of the same file: the training thread does no
+  work for it, the ring costs one record per collective (a few microseconds, invisible
+  next to a DDP step), a read of a 64-entry ring well under a millisecond. The
+  supervisor publishes it with the rank's state; the stall rule compares counts
+  (:mod:`~dask_ddp._launch.stall`). Without a flight recorder (an old torch) the area
+  stays empty and only the Python collectives are seen.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import mmap
 import os
+import pickle
 import signal
 import struct
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -47,6 +62,14 @@ STATE_FILE = "probe.bin"
 STACKS_FILE = "stacks.txt"
 STACKS_SIGNAL = signal.SIGUSR2
 _LAYOUT = struct.Struct("<QdI4x")  # change counter, since (CLOCK_MONOTONIC), state
+#: The rank's latest c10d collective: a counter (odd while being written), the length of
+#: the JSON that follows, at this offset of the file.
+_C10D_AT = 64
+_C10D_HEAD = struct.Struct("<QI4x")
+_C10D_MAX = 4096
+_FILE_SIZE = _C10D_AT + _C10D_HEAD.size + _C10D_MAX
+#: How often the probe's thread reads the flight recorder (seconds).
+C10D_POLL_S = 0.5
 
 # -------------------------------------------------------------------------- rank side
 
@@ -57,17 +80,28 @@ class _State:
     def __init__(self, path: str) -> None:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
-            os.ftruncate(fd, _LAYOUT.size)
-            self.map = mmap.mmap(fd, _LAYOUT.size)
+            os.ftruncate(fd, _FILE_SIZE)
+            self.map = mmap.mmap(fd, _FILE_SIZE)
         finally:
             os.close(fd)
         self.changes = 0
         self.depth = 0
+        self.c10d_changes = 0
         self.set(WORKING)
 
     def set(self, state: int) -> None:
         self.changes += 1
         _LAYOUT.pack_into(self.map, 0, self.changes, time.monotonic(), state)
+
+    def set_c10d(self, record: dict[str, Any]) -> None:
+        """Write the rank's latest c10d collective (one writer: the probe's thread)."""
+        blob = json.dumps(record, separators=(",", ":")).encode()[:_C10D_MAX]
+        self.c10d_changes += 1  # odd: a reader retries
+        _C10D_HEAD.pack_into(self.map, _C10D_AT, self.c10d_changes, len(blob))
+        start = _C10D_AT + _C10D_HEAD.size
+        self.map[start:start + len(blob)] = blob
+        self.c10d_changes += 1
+        _C10D_HEAD.pack_into(self.map, _C10D_AT, self.c10d_changes, len(blob))
 
     def wrap(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         state = FIRST_COLLECTIVE + COLLECTIVES.index(name)
@@ -89,6 +123,64 @@ class _State:
         return tracked
 
 
+def latest_c10d(dump: Any) -> dict[str, Any] | None:
+    """The rank's latest c10d collective in a flight-recorder dump (``None``: none yet).
+
+    ``{"seq": its sequence number in its process group, "group": the group's name, "name":
+    "gloo:all_reduce"..., "since": when it was issued (``time.time()``), "done": whether
+    it completed, "counts": {group: the group's latest sequence number}}``. Point-to-point
+    operations have their own counters and are left out (they are Python calls the
+    collective state sees).
+    """
+    entries = dump.get("entries") if isinstance(dump, dict) else None
+    latest: dict[str, Any] | None = None
+    counts: dict[str, int] = {}
+    for entry in entries or ():
+        if entry.get("is_p2p"):
+            continue
+        group = str((entry.get("process_group") or ("?",))[0])
+        seq = int(entry.get("collective_seq_id") or 0)
+        counts[group] = max(counts.get(group, 0), seq)
+        if latest is None or int(entry.get("record_id", 0)) >= int(latest.get("record_id", 0)):
+            latest = entry
+    if latest is None:
+        return None
+    group = str((latest.get("process_group") or ("?",))[0])
+    if len(counts) > 32:  # the file's area is bounded: the latest's group is what counts
+        counts = {group: counts[group]}
+    return {"seq": int(latest.get("collective_seq_id") or 0), "group": group,
+            "name": str(latest.get("profiling_name", "")),
+            "since": int(latest.get("time_created_ns") or 0) / 1e9,
+            "done": bool(latest.get("retired")) or latest.get("state") == "completed",
+            "counts": counts}
+
+
+def _watch_c10d(state: _State) -> None:
+    """The probe's thread: the flight recorder's latest collective into the state file.
+
+    The pickled dump without stack traces is torch's cheapest read of the ring (a 64-entry
+    ring: about 0.3 ms, against 0.5 ms for its JSON); it holds the recorder's lock only to
+    copy the entries, so the training thread's next record waits at most that long.
+    """
+    try:
+        import torch._C._distributed_c10d as c10d_core
+    except ImportError:  # a torch without distributed support
+        return
+    dump = getattr(c10d_core, "_dump_fr_trace", None)
+    if dump is None:  # a torch without a flight recorder: Python collectives only
+        return
+    last: dict[str, Any] | None = None
+    while True:
+        time.sleep(C10D_POLL_S)
+        try:
+            record = latest_c10d(pickle.loads(dump(True, False, False)))
+        except Exception:  # the recorder is unreadable (the process is ending): stop
+            return
+        if record is not None and record != last:
+            state.set_c10d(record)
+            last = record
+
+
 _state: _State | None = None
 _stacks_file: Any = None
 
@@ -99,6 +191,12 @@ def install(workdir: str) -> None:
     global _state, _stacks_file
     import faulthandler
 
+    from dask_ddp._launch.rank_env import collective_defaults
+
+    # The rank's environment has them (rank_env); a script started some other way, or a
+    # user's os.environ edit before this, may not: before torch makes a process group.
+    for key, value in collective_defaults(os.environ).items():
+        os.environ[key] = value
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
 
@@ -110,6 +208,8 @@ def install(workdir: str) -> None:
     faulthandler.register(STACKS_SIGNAL, file=_stacks_file, all_threads=True, chain=False)
     os.replace(path + ".new", path)
     _state = _State(os.path.join(workdir, STATE_FILE))
+    threading.Thread(target=_watch_c10d, args=(_state,), name="dask-ddp-c10d-probe",
+                     daemon=True).start()
     for name in COLLECTIVES:
         fn = getattr(c10d, name, None)
         if fn is None or getattr(fn, "__dask_ddp_tracked__", False):
@@ -158,12 +258,9 @@ class RankState:
         collective the rank is inside (its supervisor reports it as blocked only once it
         waited there long enough); ``None`` when the rank has not written its file (not
         started yet, or a command)."""
-        if self.map is None:
-            try:
-                with open(self.path, "rb") as f:
-                    self.map = mmap.mmap(f.fileno(), _LAYOUT.size, access=mmap.ACCESS_READ)
-            except (OSError, ValueError):
-                return None
+        if not self._open():
+            return None
+        assert self.map is not None
         for _ in range(3):  # a read racing a write: read again
             changes, since, state = _LAYOUT.unpack_from(self.map, 0)
             if _LAYOUT.unpack_from(self.map, 0)[0] == changes:
@@ -176,6 +273,36 @@ class RankState:
         index = state - FIRST_COLLECTIVE
         name = COLLECTIVES[index] if 0 <= index < len(COLLECTIVES) else f"collective {index}"
         return (RankActivity.BLOCKED, name, age)
+
+    def read_c10d(self) -> dict[str, Any] | None:
+        """The rank's latest c10d collective as its probe's thread last wrote it
+        (:func:`latest_c10d`'s plain data), or ``None`` (none yet, or no flight recorder)."""
+        if not self._open():
+            return None
+        assert self.map is not None
+        start = _C10D_AT + _C10D_HEAD.size
+        for _ in range(5):  # a read racing the thread's write: read again
+            changes, length = _C10D_HEAD.unpack_from(self.map, _C10D_AT)
+            if changes == 0 or length > _C10D_MAX:
+                return None
+            blob = self.map[start:start + length]
+            if changes % 2 == 0 and _C10D_HEAD.unpack_from(self.map, _C10D_AT)[0] == changes:
+                try:
+                    record = json.loads(blob)
+                except ValueError:
+                    return None
+                return record if isinstance(record, dict) else None
+            time.sleep(0.001)
+        return None
+
+    def _open(self) -> bool:
+        if self.map is None:
+            try:
+                with open(self.path, "rb") as f:
+                    self.map = mmap.mmap(f.fileno(), _FILE_SIZE, access=mmap.ACCESS_READ)
+            except (OSError, ValueError):
+                return False
+        return True
 
     def close(self) -> None:
         if self.map is not None:

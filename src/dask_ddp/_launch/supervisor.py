@@ -131,6 +131,8 @@ class _Supervisor:
         # The rank's state last recorded on the progress topic, and since when.
         self._reported: tuple[RankActivity, str] | None = (RankActivity.WORKING, "")
         self._reported_since = 0.0
+        # The rank's latest c10d collective last recorded (None: none, or still moving).
+        self._reported_c10d: dict[str, Any] | None = None
 
     # -- the task -----------------------------------------------------------------------
     def run(self) -> Any:
@@ -221,11 +223,14 @@ class _Supervisor:
 
     def _observe(self, rank: RankProcess, state: probe.RankState) -> None:
         """Record on the job's progress topic when the rank's activity changes: blocked in
-        a collective (for ``blocked_after``), working again, returned, frozen."""
+        a collective (for ``blocked_after``), working again, returned, frozen; and its
+        latest c10d collective (:func:`~dask_ddp._launch.probe.latest_c10d`) once that has
+        stood still for ``blocked_after`` (a moving count is work: nothing is recorded
+        while a rank trains, one record when it stops issuing collectives)."""
         seen = state.read()
         now = time.time()
         if rank.is_stopped():
-            current = (RankActivity.FROZEN, "")
+            current: tuple[RankActivity, str] = (RankActivity.FROZEN, "")
             age = 0.0 if self._reported is None or self._reported[0] is not RankActivity.FROZEN \
                 else now - self._reported_since
         elif seen is None:
@@ -236,13 +241,18 @@ class _Supervisor:
                 # A collective that completes soon is work.
                 what, name, age = RankActivity.WORKING, "", 0.0
             current = (what, name)
-        if current == self._reported:
+        c10d = state.read_c10d()
+        if c10d is not None and now - float(c10d.get("since", now)) < self.waits.blocked_after:
+            c10d = None
+        if current == self._reported and c10d == self._reported_c10d:
             return
-        self._reported, self._reported_since = current, now - age
+        if current != self._reported:
+            self._reported, self._reported_since = current, now - age
+        self._reported_c10d = c10d
         try:
             self.worker.log_event(progress_topic(self.spec.job_id), {
                 "rank": self.spec.rank, "worker": self.spec.worker, "state": current[0].value,
-                "collective": current[1], "since": now - age})
+                "collective": current[1], "since": self._reported_since, "c10d": c10d})
         except Exception as exc:  # the next change is recorded again
             logger.warning("rank %d of job %r: recording its state failed: %s",
                            self.spec.rank, self.spec.job_name, exc)

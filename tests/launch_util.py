@@ -122,3 +122,35 @@ def collectives_forever() -> int:
     while True:
         dist.all_reduce(t)
         time.sleep(0.02)
+
+
+def ddp_uneven_steps(pause: float) -> int:
+    """Rank r trains 3 + r DDP steps (uneven data): rank 0 returns and waits at the end,
+    rank 1 blocks for good in its 4th ``backward()``, in DDP's gradient all-reduce."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    time.sleep(pause)
+    model = DistributedDataParallel(torch.nn.Linear(8, 2))
+    for _ in range(3 + dist.get_rank()):
+        model(torch.randn(4, 8)).sum().backward()
+    return dist.get_rank()
+
+
+def ddp_compute_after_backward(seconds: float) -> int:
+    """Both ranks train 3 DDP steps; then rank 1 computes for ``seconds`` (busy, no
+    collective) while rank 0 returns and waits at the end: a healthy job."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    model = DistributedDataParallel(torch.nn.Linear(8, 2))
+    for _ in range(3):
+        model(torch.randn(4, 8)).sum().backward()
+    if dist.get_rank() == 1:
+        deadline = time.monotonic() + seconds
+        x = 0
+        while time.monotonic() < deadline:  # busy, as an evaluation is
+            x += 1
+    return dist.get_rank()

@@ -10,6 +10,21 @@ or frozen: a collective that a peer which returned, froze or waits in another co
 will never join cannot complete. It is reported once that has lasted ``stall_timeout``
 seconds. A rank that works (rank 0's long evaluation while the others wait at a barrier
 or at the end) keeps the job out of a stall however long it takes.
+
+A rank whose Python state is working may still wait in a collective the Python wrappers
+do not see: DDP's gradient all-reduce, issued by its reducer from C++ inside
+``backward()`` (the commonest DDP hang: uneven data, rank 1 trains one step more than
+rank 0, which returned). Each supervisor also records its rank's latest c10d collective
+from torch's flight recorder once it stood still (:mod:`~dask_ddp._launch.probe`): its
+sequence number in its process group, whether it completed, and the group's count of
+every group the rank used. Such a rank is stuck (:func:`in_c10d`) when that collective
+has not completed, no peer's count of its group is beyond it (a peer ahead means it
+completed there and is being finished here), and some peer's count is below it: a peer
+that never issued it. Then the rule above applies with it counted as blocked: every
+other rank returned, blocked, frozen or stuck so too, and no count moved for
+``stall_timeout`` (the stall's start is when the collective was issued). A rank that
+computes has a count equal to its peers' (or moving, and then no count is recorded), or
+its latest collective completed: never a stall.
 """
 
 from __future__ import annotations
@@ -30,6 +45,9 @@ class Stall:
     collective: str
     since: float
     states: dict[int, Mapping[str, Any]]
+    #: The stuck ranks whose Python state is working: they wait in a c10d collective
+    #: issued from C++ (their state's ``c10d`` says which).
+    in_c10d: list[int] = dataclasses.field(default_factory=list)
 
 
 def latest_states(
@@ -51,44 +69,121 @@ def activity(state: Mapping[str, Any] | None) -> RankActivity:
         return RankActivity.WORKING
 
 
+def in_c10d(rank: int, view: Mapping[int, Mapping[str, Any]]) -> bool:
+    """Whether ``rank`` waits in a c10d collective some peer never issued: its latest
+    one (its state's ``c10d``) has not completed, no peer counts beyond it in its process
+    group, and some peer counts below it (a peer with no count counts 0) or waits at the
+    same count in another collective (a mismatch: gloo's barrier against the reducer's
+    all-reduce waits for good)."""
+    mine = view[rank].get("c10d")
+    if not isinstance(mine, Mapping) or mine.get("done"):
+        return False
+    group, seq = str(mine.get("group", "")), int(mine.get("seq", 0))
+    missing = False
+    for peer, state in view.items():
+        if peer == rank:
+            continue
+        theirs = state.get("c10d")
+        theirs = theirs if isinstance(theirs, Mapping) else {}
+        counts = theirs.get("counts")
+        count = int(counts.get(group, 0)) if isinstance(counts, Mapping) else 0
+        if count > seq:
+            return False
+        missing = missing or count < seq or (
+            str(theirs.get("group")) == group and int(theirs.get("seq", -1)) == seq
+            and not theirs.get("done") and theirs.get("name") != mine.get("name"))
+    return missing
+
+
+def _since(state: Mapping[str, Any], c10d: bool, now: float) -> float:
+    """When a rank reached its present state (for a rank stuck in a c10d collective:
+    when it issued it)."""
+    if c10d:
+        return float(state["c10d"].get("since", now))
+    return float(state.get("since", now))
+
+
 def find_stall(states: Mapping[int, Mapping[str, Any]], finished: Iterable[int], world: int,
                now: float, stall_timeout: float) -> Stall | None:
     """The job's stall, when it has lasted ``stall_timeout`` seconds, else ``None``.
 
     ``states`` are the ranks' last states (:func:`latest_states`); ``finished`` the ranks
-    whose task already ended (they count as returned); a rank with no state works.
+    whose task already ended (they count as returned, with their last c10d count); a rank
+    with no state works.
     """
     done = set(finished)
     view: dict[int, Mapping[str, Any]] = {}
     for rank in range(world):
-        if rank in done:
-            view[rank] = {"state": RankActivity.RETURNED, "since": now}
-            continue
         state = states.get(rank)
-        if state is None or not activity(state).is_idle:
+        if rank in done:
+            view[rank] = {"state": RankActivity.RETURNED, "since": now,
+                          "c10d": state.get("c10d") if state is not None else None}
+        elif state is None:
             return None
-        view[rank] = state
-    stuck = [r for r, s in view.items()
-             if activity(s) in (RankActivity.BLOCKED, RankActivity.FROZEN)]
+        else:
+            view[rank] = state
+    c10d = [r for r, s in view.items()
+            if r not in done and activity(s) is RankActivity.WORKING and in_c10d(r, view)]
+    if any(not activity(s).is_idle and r not in c10d for r, s in view.items()):
+        return None
+    # A rank in a collective its peers never issued first: the error is about it.
+    stuck = c10d + [r for r, s in view.items()
+                    if activity(s) in (RankActivity.BLOCKED, RankActivity.FROZEN)]
     if not stuck:
         return None
     # The stall began when the last rank reached its present state.
-    since = max(float(s.get("since", now)) for r, s in view.items() if r not in done)
+    since = max(_since(s, r in c10d, now) for r, s in view.items() if r not in done)
     if now - since < stall_timeout:
         return None
     blocked = [r for r in stuck if activity(view[r]) is RankActivity.BLOCKED]
-    collective = str(view[blocked[0]].get("collective", "")) if blocked else ""
-    return Stall(stuck, collective, since, view)
+    if c10d:
+        collective = str(view[c10d[0]]["c10d"].get("name", ""))
+    else:
+        collective = str(view[blocked[0]].get("collective", "")) if blocked else ""
+    return Stall(stuck, collective, since, view, c10d)
 
 
-def describe(stall: Stall, job_name: str, stall_timeout: float, now: float) -> str:
+#: How to train on uneven data: the end of a stall error whose stuck rank issued a
+#: collective its peers never did.
+UNEVEN_HINT = (
+    "A rank waits in a collective its peers never issued: the usual cause is uneven data "
+    "(one rank trains more steps than another). Give every rank the same number of "
+    "batches (torch's DistributedSampler with drop_last=True under a DataLoader, or "
+    "dask_ddp.data's Loader, whose ranks yield equal batch counts), or train inside "
+    "torch.distributed.algorithms.Join([model]) (DDP's model.join()), which lets a rank "
+    "that ran out of data shadow its peers' collectives until every rank is done.")
+
+
+def where_c10d(state: Mapping[str, Any], stack: str) -> str:
+    """What a rank stuck in a c10d collective waits in, in words: DDP's gradient
+    all-reduce when its Python stack is inside ``backward()``, DDP's forward-time
+    broadcast inside its ``forward``, else the collective's name."""
+    c10d = state["c10d"]
+    name = str(c10d.get("name", "")) or "a c10d collective"
+    what = f"{name} #{c10d.get('seq')} of process group {c10d.get('group')!r}"
+    op = name.split(":")[-1]
+    if op.startswith("all_reduce") and "backward" in stack:
+        return f"DDP's gradient all-reduce ({what}, issued from backward())"
+    if op.startswith("broadcast") and "nn/parallel/distributed.py" in stack:
+        return f"DDP's forward-time broadcast ({what})"
+    return what
+
+
+def describe(stall: Stall, job_name: str, stall_timeout: float, now: float,
+             stacks: Mapping[int, str] | None = None) -> str:
     """The first paragraph of a stall error: who is stuck where, and what the others do."""
+    stacks = stacks or {}
     parts = []
     order = stall.stuck + [r for r in sorted(stall.states) if r not in stall.stuck]
     for rank in order:
         s = stall.states[rank]
-        age = now - float(s.get("since", now))
         state = activity(s)
+        if rank in stall.in_c10d:
+            age = now - _since(s, True, now)
+            parts.append(f"rank {rank} blocked in {where_c10d(s, stacks.get(rank, ''))} "
+                         f"for {age:.0f} s")
+            continue
+        age = now - float(s.get("since", now))
         if state is RankActivity.BLOCKED:
             parts.append(f"rank {rank} blocked in {s.get('collective') or 'a collective'} "
                          f"for {age:.0f} s")
@@ -99,6 +194,21 @@ def describe(stall: Stall, job_name: str, stall_timeout: float, now: float) -> s
     return (f"job {job_name!r} stalled: " + "; ".join(parts)
             + f". No rank made progress for {now - stall.since:.0f} s "
             f"(stall_timeout={stall_timeout:g} s): a collective that can no longer complete")
+
+
+def c10d_text(stall: Stall, now: float) -> str:
+    """Each rank's latest c10d collective, from torch's flight recorder ("" when no rank
+    recorded one)."""
+    lines = []
+    for rank in sorted(stall.states):
+        c10d = stall.states[rank].get("c10d")
+        if not isinstance(c10d, Mapping):
+            continue
+        done = "completed" if c10d.get("done") else "not completed"
+        lines.append(f"rank {rank}: {c10d.get('name')} #{c10d.get('seq')} of process group "
+                     f"{c10d.get('group')!r}, issued {now - float(c10d.get('since', now)):.0f} "
+                     f"s ago, {done}")
+    return "\n".join(lines)
 
 
 def stacks_text(stacks: Mapping[int, str], workers: list[str]) -> str:
@@ -112,8 +222,16 @@ def stacks_text(stacks: Mapping[int, str], workers: list[str]) -> str:
 
 def stall_error(stall: Stall, job_name: str, workers: list[str], stall_timeout: float,
                 stacks: Mapping[int, str], now: float) -> StallError:
-    """The error ending a stalled job, with every live rank's Python stack."""
-    message = describe(stall, job_name, stall_timeout, now)
+    """The error ending a stalled job: who is stuck where, each rank's latest c10d
+    collective, how to train on uneven data (a rank stuck in a collective its peers never
+    issued), and every live rank's Python stack."""
+    message = describe(stall, job_name, stall_timeout, now, stacks)
+    c10d = c10d_text(stall, now)
+    if c10d:
+        message += ("\n\nLatest c10d collective of each rank (torch's flight recorder):\n"
+                    + c10d)
+    if stall.in_c10d:
+        message += "\n\n" + UNEVEN_HINT
     if stacks:
         message += "\n\nPython stacks of the ranks:\n" + stacks_text(stacks, workers)
     first = stall.stuck[0]

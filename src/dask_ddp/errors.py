@@ -157,14 +157,19 @@ class StallError(JobError):
 
     Raised when no rank made progress for the job's ``stall_timeout`` (some rank blocked
     in a collective, every other rank blocked too, returned from its function, or
-    frozen). :attr:`rank` is the first stuck rank.
+    frozen). A collective issued from C++ counts too: a rank inside ``backward()`` waiting
+    in DDP's gradient all-reduce that a peer never issued (uneven data); the message
+    then lists each rank's latest c10d collective (torch's flight recorder) and how to
+    train on uneven data. :attr:`rank` is the first stuck rank (one in a collective its
+    peers never issued first).
 
     Attributes
     ----------
     ranks : list of int
         The ranks blocked in a collective (or frozen).
     collective : str
-        The collective the first stuck rank was blocked in (``"all_reduce"``...), or
+        The collective the first stuck rank was blocked in (``"all_reduce"``...; the
+        flight recorder's name, ``"gloo:all_reduce"``, for one issued from C++), or
         ``""`` when the stuck ranks were frozen.
     stacks : dict of int to str
         The Python stack of every thread of each rank still running when the stall was

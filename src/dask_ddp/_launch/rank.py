@@ -92,7 +92,9 @@ def _finish_barrier(store: Any, world: int) -> None:
     connection or a last transfer to a peer that returned early; a rank that exits then
     breaks its peers ("Connection closed by peer"). The store (not gloo) carries this
     barrier. Its bound is the job's: a peer that fails aborts the job, and a peer blocked
-    for good in a collective while this rank waits here is a stall (``stall_timeout``); a
+    for good in a collective while this rank waits here is a stall (``stall_timeout``),
+    also inside ``backward()`` in DDP's gradient all-reduce (a step more than this rank
+    took: the probe reads the rank's c10d collectives from torch's flight recorder); a
     peer still computing (rank 0's long evaluation) is waited for.
     """
     if store.add("dask_ddp/finished", 1) == world:

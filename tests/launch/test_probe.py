@@ -98,3 +98,16 @@ def test_the_probe_reads_the_flight_recorder_of_a_real_process_group(
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["gloo:all_reduce", "3", "True", "64"], out.stdout
+
+
+def test_the_flight_recorder_is_on_unless_the_user_sized_it() -> None:
+    from dask_ddp._launch.rank_env import collective_defaults
+
+    added = collective_defaults({})
+    assert added["TORCH_FR_BUFFER_SIZE"] == "64"
+    assert added["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
+    assert "TORCH_FR_BUFFER_SIZE" not in collective_defaults({"TORCH_FR_BUFFER_SIZE": "0"})
+    assert "TORCH_FR_BUFFER_SIZE" not in collective_defaults(
+        {"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000"})
+    assert "TORCH_NCCL_ASYNC_ERROR_HANDLING" not in collective_defaults(
+        {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"})

@@ -6,7 +6,11 @@ backward is never taken for one. The rule itself on plain records (no cluster)."
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,7 +19,7 @@ from distributed import Client
 import dask_ddp
 from cluster_util import client_fixture
 from dask_ddp import dispatch
-from dask_ddp._launch.stall import find_stall, in_c10d
+from dask_ddp._launch.stall import find_stall, in_c10d, where_c10d
 from launch_util import ddp_compute_after_backward, ddp_uneven_steps
 
 pytestmark = [pytest.mark.timeout(180)]
@@ -91,6 +95,21 @@ def test_a_scripts_ddp_stall_is_found_too(client: Client, tmp_path: Any) -> None
     log.warning("a script's stall error:\n%s", text)
 
 
+def test_dask_ddp_run_reports_the_ddp_stall(client: Client, tmp_path: Path) -> None:
+    script = tmp_path / "uneven_ddp.py"
+    script.write_text(UNEVEN_DDP_SCRIPT)
+    env = dict(os.environ)
+    src = str(Path(dask_ddp.__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join([src, env.get("PYTHONPATH", "")])
+    out = subprocess.run(
+        [sys.executable, "-m", "dask_ddp", "run", "--scheduler", client.scheduler.address,
+         "--stall-timeout", str(STALL_S), str(script)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=150)
+    assert out.returncode != 0, out.stdout
+    assert "rank 1 blocked in DDP's gradient all-reduce" in out.stderr, out.stderr
+    assert "Join" in out.stderr, out.stderr
+
+
 def test_compute_after_the_last_backward_is_not_a_stall(client: Client) -> None:
     # Rank 1 computes for 4x the stall timeout after its last backward while rank 0 waits
     # at the end: its count equals rank 0's and its last all-reduce completed.
@@ -138,3 +157,13 @@ def test_c10d_rule() -> None:
                "c10d": c10d(9, "gloo:barrier")}
     found = find_stall({0: barrier, 1: stuck}, [], 2, 107.0, 5.0)
     assert found is not None and found.stuck == [1, 0] and found.in_c10d == [1]
+
+
+def test_the_place_of_a_c10d_collective_in_words() -> None:
+    state = {"c10d": c10d(9)}
+    in_backward = 'File ".../torch/_tensor.py", line 623 in backward'
+    assert where_c10d(state, in_backward).startswith("DDP's gradient all-reduce (")
+    assert where_c10d(state, "") == "gloo:all_reduce #9 of process group '0'"
+    in_forward = 'File ".../torch/nn/parallel/distributed.py", line 1 in forward'
+    assert where_c10d({"c10d": c10d(4, "nccl:broadcast")}, in_forward) \
+        .startswith("DDP's forward-time broadcast (nccl:broadcast #4")

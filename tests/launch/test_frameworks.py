@@ -116,9 +116,10 @@ def _torchrun(script: Path, out: Path) -> dict[str, Any]:
         # This test process's start-up environment: no LocalCluster settings, no SLURM.
         env = _rankenv.start_environ(os.getpid()) or dict(os.environ)
         env["PYTHONPATH"] = os.environ.get("PYTHONPATH", "")
-        subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                        "--nproc-per-node=2", str(script), str(out)], check=True, env=env,
-                       capture_output=True, timeout=240)
+        done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                               "--nproc-per-node=2", str(script), str(out)], env=env,
+                              capture_output=True, text=True, timeout=240)
+        assert done.returncode == 0, f"torchrun exited {done.returncode}:\n{done.stderr[-4000:]}"
         _REFERENCE[source] = torch.load(out, weights_only=True)
     return _REFERENCE[source]
 

@@ -285,20 +285,23 @@ def test_killpg_reaches_the_ranks_children(templates: None, tmp_path: Any) -> No
 @pytest.mark.slow
 def test_a_differing_import_environment_gets_another_template(templates: None) -> None:
     pids = []
-    for extra in ({}, {"UNRELATED_TO_IMPORTS": "1"}, {"OMP_NUM_THREADS": "1"}):
+    # A thread count this process's environment does not have already (a LocalCluster
+    # started earlier in this process sets OMP_NUM_THREADS=1 in it).
+    threads = "2" if os.environ.get("OMP_NUM_THREADS") == "1" else "1"
+    for extra in ({}, {"UNRELATED_TO_IMPORTS": "1"}, {"OMP_NUM_THREADS": threads}):
         s = store(1)
         rank = start(rank_facts, ("x",), 0, 1, s.port, extra=extra)
         facts = rank.value()["value"]
         rank.close()
         pids.append(facts["ppid"])
         if "OMP_NUM_THREADS" in extra:  # what torch derives from it, as a cold rank's
-            assert facts["threads"] == 1
+            assert facts["threads"] == int(threads)
         assert facts["env"].get("UNRELATED_TO_IMPORTS") == extra.get("UNRELATED_TO_IMPORTS")
     assert pids[0] == pids[1] != pids[2]
     assert len(warm.template_pids()) == warm.MAX_TEMPLATES == 2
     # The cache is full: a third import environment starts cold.
     workdir = tempfile.mkdtemp(prefix="dask-ddp-warmtest-")
-    env = rank_env(0, 1, 1, 0, workdir, {"OMP_NUM_THREADS": "2"})
+    env = rank_env(0, 1, 1, 0, workdir, {"OMP_NUM_THREADS": "7"})  # a third key
     assert warm.start_rank(env, os.getcwd(), workdir, 0, capture_output=False) is None
 
 

@@ -16,11 +16,26 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.slow
-@pytest.mark.dask
-@pytest.mark.timeout(600)
-@pytest.mark.parametrize("api", ["seed", "loader"])
-def test_demo_quick_reaches_accuracy_and_writes_outputs(tmp_path: Path, api: str) -> None:
+_DEMO_MARKS = (pytest.mark.slow, pytest.mark.dask, pytest.mark.timeout(600))
+
+
+# One class per API: ``make test`` runs each class on a process of its own
+# (``--dist loadscope`` hands out whole classes), so the two demo runs go side by side.
+class TestDemoSeedApi:
+    pytestmark = list(_DEMO_MARKS)
+
+    def test_demo_quick_reaches_accuracy_and_writes_outputs(self, tmp_path: Path) -> None:
+        check_demo_quick_reaches_accuracy_and_writes_outputs(tmp_path, "seed")
+
+
+class TestDemoLoaderApi:
+    pytestmark = list(_DEMO_MARKS)
+
+    def test_demo_quick_reaches_accuracy_and_writes_outputs(self, tmp_path: Path) -> None:
+        check_demo_quick_reaches_accuracy_and_writes_outputs(tmp_path, "loader")
+
+
+def check_demo_quick_reaches_accuracy_and_writes_outputs(tmp_path: Path, api: str) -> None:
     out = tmp_path / "demo"
     run_demo(out, "--api", api, "--world-sizes", "1,2")
     rows = json.loads((out / "summary.json").read_text())

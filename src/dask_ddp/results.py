@@ -296,7 +296,16 @@ class DaskResultsHandler:
         client = futures[0].client if futures else _current_client()
         if client is None:
             raise ValueError("process_results(): no futures and no Dask client")
-        writer = ResultWriter(Path(prefix))
+        from dask_ddp._channel.reader import Reader, follow, job_storage  # client side only
+
+        declared: dict[str, str | None] = {}
+
+        def storage_of(job_id: str) -> str | None:
+            if job_id not in declared:
+                declared[job_id] = job_storage(client, job_id)
+            return declared[job_id]
+
+        writer = ResultWriter(Path(prefix), storage_of=storage_of)
         reported: set[str] = set()
         first_error: tuple[Any, float] | None = None
 
@@ -314,8 +323,6 @@ class DaskResultsHandler:
                         first_error = (f, time.monotonic())
             # Other ranks are being stopped by the launcher; do not wait forever.
             return first_error is not None and time.monotonic() - first_error[1] > 10
-
-        from dask_ddp._channel.reader import Reader, follow  # client side only
 
         try:
             reader = Reader(client, self.topic, on_gap=None if raise_errors else _log_gap)

@@ -189,3 +189,48 @@ def test_rank_crash_keeps_its_records(client: Client) -> None:
         job.result()
     recs = list(job.metrics())
     assert [r["step"] for r in recs if r["rank"] == 1] == list(range(500))
+
+
+def hostile_stored_records(key: str, unused: str, other_url: str) -> int:
+    """A rank that sends stored-result records pointing outside its job's own results:
+    at another file of the job's storage, and at another storage; then one good result."""
+    import os
+
+    import torch.distributed as dist
+
+    from dask_ddp._channel.rank_writer import write
+    from dask_ddp._channel.records import StoredRef, encode_stored
+
+    rank = dist.get_rank()
+    rh = results.DaskResultsHandler(key)
+    if rank == 0:
+        storage = os.environ["DASK_DDP_STORAGE"]
+        write(rh.topic, encode_stored(StoredRef("stolen.bin", storage, "victim.txt", "b")))
+        job = os.environ["DASK_DDP_JOB_ID"]
+        write(rh.topic, encode_stored(StoredRef("elsewhere.bin", other_url,
+                                                f"_results/{job}/{'0' * 32}", "b")))
+    rh.submit_result(f"good-{rank}.txt", f"rank {rank}")
+    return rank
+
+
+def test_stored_results_are_confined_to_the_jobs_own_prefix(client: Client,
+                                                            tmp_path: Path) -> None:
+    """A stored-result record made the client copy, then delete, any file it could reach
+    (the key and URL were taken from the record). Now a stored result comes only from the
+    storage the job was launched with, under its own ``_results/<job id>/``: the victim
+    files stay, the other records of every rank are written, and the error comes last."""
+    store_dir = tmp_path / "store"
+    store_dir.mkdir()
+    (store_dir / "victim.txt").write_text("precious")
+    other = tmp_path / "other"
+    (other / "_results").mkdir(parents=True)
+    key = uuid.uuid4().hex
+    rh = results.DaskResultsHandler(key)
+    job = dask_ddp.submit(client, hostile_stored_records, key, "", other.as_uri(),
+                          storage=store_dir.as_uri(), progress=False)
+    out = tmp_path / "out"
+    with pytest.raises(ValueError, match="outside its job's _results"):
+        rh.process_results(out, job.futures)
+    assert job.result() == [0, 1]
+    assert (store_dir / "victim.txt").read_text() == "precious"
+    assert sorted(p.name for p in out.iterdir()) == ["good-0.txt", "good-1.txt"]

@@ -64,9 +64,19 @@ def open_topic(client: Any, topic: str, budget: int | None = None, *, keep: bool
         )
 
 
-def prepare(client: Any, job_id: str) -> None:
-    """Make the scheduler ready to carry the records of ``job_id`` (idempotent)."""
+def prepare(client: Any, job_id: str, storage: str | None = None) -> None:
+    """Make the scheduler ready to carry the records of ``job_id`` (idempotent), and
+    declare the job's ``storage``: the one place its stored results may come from."""
     open_topic(client, metrics_topic(job_id))
+    if storage:
+        client.sync(client.scheduler.dask_ddp_results_declare, job_id=job_id,
+                    storage=storage)
+
+
+def job_storage(client: Any, job_id: str) -> str | None:
+    """The storage URL declared for ``job_id`` when it was launched, if any."""
+    found = client.sync(client.scheduler.dask_ddp_results_storage, job_id=job_id)
+    return found if isinstance(found, str) else None
 
 
 @dataclass

@@ -14,8 +14,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import struct
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -97,10 +99,18 @@ def encode_stored(ref: StoredRef) -> bytes:
 
 
 class ResultWriter:
-    """Writes results under a folder, keeping the appended-to files open."""
+    """Writes results under a folder, keeping the appended-to files open.
 
-    def __init__(self, root: Path, max_open: int = 64) -> None:
+    ``storage_of(job_id)`` is the storage URL the job's launching client declared: a
+    stored result is fetched only from there and only under the job's own
+    ``_results/<job id>/`` prefix (the job is that of the record's stream, which the
+    rank's worker names), then deleted; any other reference is refused.
+    """
+
+    def __init__(self, root: Path, max_open: int = 64,
+                 storage_of: Callable[[str], str | None] | None = None) -> None:
         self.root = root
+        self.storage_of = storage_of
         self.files: dict[Path, Any] = {}
         self.max_open = max_open
         #: Records refused or not written: ``(rank, reason)``, oldest first (the first 100).
@@ -145,7 +155,7 @@ class ResultWriter:
             path = payload[3 : 3 + n].decode()
             self._store(path, payload[3 + n : 4 + n], memoryview(payload)[4 + n :])
         elif kind == KIND_STORED:
-            ref = StoredRef(**json.loads(payload[1:]))
+            ref = self._confined(rec, payload)
             from dask_ddp import storage as _storage
 
             store = _storage.open(ref.url)
@@ -154,6 +164,28 @@ class ResultWriter:
             store.delete(ref.key)
         else:
             logger.error("unknown result record kind %r from rank %d", kind, rec.rank)
+
+    def _confined(self, rec: Record, payload: bytes) -> StoredRef:
+        """The stored result a record names, if it lies in its job's own storage."""
+        fields = json.loads(payload[1:])
+        if not isinstance(fields, dict) or set(fields) != set(StoredRef._fields) or not all(
+                isinstance(v, str) for v in fields.values()):
+            raise ValueError("a stored-result record that is not {path, url, key, kind}")
+        ref = StoredRef(**fields)
+        job_id = rec.source.split("/", 1)[0]
+        declared = self.storage_of(job_id) if self.storage_of is not None else None
+        if declared is None:
+            raise ValueError(f"stored result {ref.path[:200]!r}: job {job_id[:40]!r} declared "
+                             "no storage to this client")
+        if ref.url.rstrip("/") != declared.rstrip("/"):
+            from dask_ddp.storage import redact_url
+
+            raise ValueError(f"stored result {ref.path[:200]!r} names {redact_url(ref.url)!r}, "
+                             f"not its job's storage {redact_url(declared)!r}")
+        if not re.fullmatch(rf"_results/{re.escape(job_id)}/[0-9a-f]{{32}}", ref.key):
+            raise ValueError(f"stored result {ref.path[:200]!r} names the key "
+                             f"{ref.key[:200]!r}, outside its job's _results/{job_id}/")
+        return ref
 
     def _store(self, path: str, kind: bytes, body: memoryview) -> None:
         target = self._target(path)

@@ -154,8 +154,13 @@ class ResultsExtension:
                 "dask_ddp_results_get": self.get,
                 "dask_ddp_results_close": self.close,
                 "dask_ddp_results_info": self.info,
+                "dask_ddp_results_declare": self.declare,
+                "dask_ddp_results_storage": self.storage,
             }
         )
+        #: Each job's storage URL, as its launching client declared it: the only place a
+        #: stored result of the job may be fetched from (the newest jobs, bounded).
+        self.job_storage: collections.OrderedDict[str, str] = collections.OrderedDict()
         self.total_budget = total_budget_bytes()
         self.unread_warning = unread_warning_seconds()
         self._sweeper = PeriodicCallback(self.sweep, SWEEP_S * 1000)
@@ -236,6 +241,17 @@ class ResultsExtension:
         # valid ones around it, so the forwarder never retries it.
         taken = len(entries) if n == len(batch) else at[n]
         return {"accepted": taken, "used": t.used, "budget": t.budget}
+
+    def declare(self, job_id: str, storage: str) -> None:
+        """The launching client says where job ``job_id`` keeps its storage."""
+        self.job_storage[str(job_id)] = str(storage)
+        self.job_storage.move_to_end(str(job_id))
+        while len(self.job_storage) > TOMBSTONES:
+            self.job_storage.popitem(last=False)
+
+    def storage(self, job_id: str) -> str | None:
+        """The storage URL job ``job_id``'s client declared, if any."""
+        return self.job_storage.get(str(job_id))
 
     def _room(self) -> tuple[int, int]:
         """What the budget of all topics (``dask-ddp.results.total-budget``) has left, and

@@ -520,7 +520,7 @@ def launch(client: Any, options: LaunchOptions, *, workers: list[str] | None = N
     layout = rank_layout(workers, options.nprocs_per_worker)
     job = Job(client, options, uuid.uuid4().hex, [i["worker"] for i in layout],
               keep_values=keep_values, keep_alive=keep_alive)
-    prepare_channel(client, job.id)
+    prepare_channel(client, job.id, options.storage)
     workdir.install_cleaner(client)
     scheduler_plugin.install(client)
     dashboard.install(client)

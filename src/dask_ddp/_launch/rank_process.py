@@ -27,7 +27,7 @@ import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import IO
 
-from dask_ddp._launch import probe, rank_env, warm
+from dask_ddp._launch import oom, probe, rank_env, warm
 from dask_ddp._launch.launch_record import LaunchRecord
 from dask_ddp._launch.placement import RankSpec, worker_host
 
@@ -177,6 +177,7 @@ class RankProcess:
         self._proc = proc
         self.job_id, self.job_name, self.rank, self.workdir = job_id, job_name, rank, workdir
         self._pumps: list[threading.Thread] = []
+        self._memory = oom.MemoryWatch.of(proc.pid)
 
     @classmethod
     def start(cls, argv: Sequence[str], env: Mapping[str, str], cwd: str,
@@ -211,6 +212,10 @@ class RankProcess:
 
         threading.Thread(target=reap, name=f"dask-ddp-reap-{self.rank}", daemon=True).start()
         return exited
+
+    def oom_reason(self) -> str | None:
+        """"killed by the kernel's OOM killer ..." when one was counted since the start."""
+        return self._memory.oom_reason()
 
     def is_stopped(self) -> bool:
         """Whether the process is stopped (SIGSTOP, a debugger)."""

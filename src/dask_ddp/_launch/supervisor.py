@@ -189,7 +189,7 @@ class _Supervisor:
             self._close_forwarder(fwd)
             sampler.stop(rank.returncode)
         assert rank.returncode is not None  # stop() reaped it
-        return self._outcome(rank.returncode, workdir)
+        return self._outcome(rank.returncode, workdir, rank)
 
     def _close_forwarder(self, fwd: Forwarder) -> None:
         """Hand the rank's last records on; a failure here never hides the rank's outcome."""
@@ -279,7 +279,7 @@ class _Supervisor:
             raise self._root_or(err, self.waits.root_wait)
         raise err
 
-    def _outcome(self, returncode: int, workdir: str) -> Any:
+    def _outcome(self, returncode: int, workdir: str, rank: RankProcess) -> Any:
         spec = self.spec
         report: dict[str, Any] | None = None
         with contextlib.suppress(FileNotFoundError):
@@ -301,7 +301,10 @@ class _Supervisor:
             err = self._failed("run", message, None, tb)
             victim = looks_collective("", message)
         else:
-            if returncode < 0:
+            oom = rank.oom_reason() if returncode == -signal.SIGKILL else None
+            if oom is not None:
+                how = f"was {oom}"
+            elif returncode < 0:
                 how = f"was killed by signal {signal.Signals(-returncode).name}"
             else:
                 how = f"exited with code {returncode}"

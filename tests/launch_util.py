@@ -154,3 +154,18 @@ def ddp_compute_after_backward(seconds: float) -> int:
         while time.monotonic() < deadline:  # busy, as an evaluation is
             x += 1
     return dist.get_rank()
+
+
+def ddp_uneven_steps_with_buffers(pause: float) -> int:
+    """As :func:`ddp_uneven_steps` with a BatchNorm: DDP broadcasts its buffers from rank 0
+    in each forward, so rank 1's extra step blocks in ``forward()``, in that broadcast."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    time.sleep(pause)
+    model = DistributedDataParallel(
+        torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.BatchNorm1d(4)))
+    for _ in range(3 + dist.get_rank()):
+        model(torch.randn(4, 8)).sum().backward()
+    return dist.get_rank()

@@ -20,7 +20,11 @@ import dask_ddp
 from cluster_util import client_fixture
 from dask_ddp import dispatch
 from dask_ddp._launch.stall import find_stall, in_c10d, where_c10d
-from launch_util import ddp_compute_after_backward, ddp_uneven_steps
+from launch_util import (
+    ddp_compute_after_backward,
+    ddp_uneven_steps,
+    ddp_uneven_steps_with_buffers,
+)
 
 pytestmark = [pytest.mark.timeout(180)]
 
@@ -68,6 +72,19 @@ def test_dispatch_run_sees_the_ddp_stall(client: Client) -> None:
     with pytest.raises(dask_ddp.StallError) as info:
         client.gather(futures, errors="raise")
     check_ddp_stall(info.value, "ddp_uneven_steps")
+
+
+def test_ddp_forward_broadcast_stall(client: Client) -> None:
+    # DDP broadcasts a BatchNorm's buffers in each forward: rank 1's extra step waits
+    # there, before any backward.
+    job = dask_ddp.submit(client, ddp_uneven_steps_with_buffers, 0.0, n_workers=2,
+                          progress=False, stall_timeout=STALL_S)
+    with pytest.raises(dask_ddp.StallError) as info:
+        job.result(timeout=120)
+    text = str(info.value)
+    assert info.value.rank == 1, text
+    assert "rank 1 blocked in DDP's forward-time broadcast (gloo:broadcast #" in text, text
+    assert "Join" in text and "forward" in info.value.stacks[1], text
 
 
 UNEVEN_DDP_SCRIPT = """

@@ -166,3 +166,21 @@ def loader_loop(root: str, seconds: float, threads: int, compute_s: float) -> in
         loader.close()
     dist.barrier()
     return rank
+
+
+def diverging(steps: int, hold: float) -> int:
+    """Each step reports 150 gradient norms and the loss in one record (about 5 KB, more
+    than one pipe frame), the loss NaN on rank 0 and infinite on rank 1 from step 3 on."""
+    import torch.distributed as dist
+
+    import dask_ddp
+
+    rank = dist.get_rank()
+    for step in range(steps):
+        loss = 1.0 / (step + 1) if step < 3 else (math.nan if rank == 0 else math.inf)
+        record: dict[str, Any] = {f"grad_norm/layer{i:03d}": 0.001 * i for i in range(150)}
+        record["loss"] = loss
+        dask_ddp.report(record, step=step)
+        time.sleep(0.05)
+    time.sleep(hold)  # the page samples every 2 s: stay visible while the test looks
+    return rank

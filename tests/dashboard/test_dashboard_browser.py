@@ -19,7 +19,14 @@ import pytest
 
 import dask_ddp
 from cluster_util import client_fixture
-from dashboard_util import dashboard_root, fail_after, loader_loop, report_loop, wait_job
+from dashboard_util import (
+    dashboard_root,
+    diverging,
+    fail_after,
+    loader_loop,
+    report_loop,
+    wait_job,
+)
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(
@@ -187,3 +194,21 @@ def test_stalled_job_page(client: Any) -> None:
     assert "Stalled: rank(s) 1 blocked in all_reduce (the stall ended the job)" in dom
     assert "dist.all_reduce(t)" in dom and "evaluate(model)" in dom
     assert "f-stalled" in rows[1] and "f-stalled" not in rows[0]
+
+
+def test_diverged_loss_job_page(client: Any) -> None:
+    """A NaN loss made the page's JSON unparsable: the page showed no rank and "scheduler
+    not answering" for good. Now it renders both ranks and says since when the loss is
+    NaN."""
+    root = dashboard_root(client)
+    job = dask_ddp.submit(client, diverging, 8, 8.0, name="diverged", progress=False)
+    try:
+        wait_job(root, job.id, "both ranks' loss diverged",
+                 lambda j: all((r.get("diverged") or {}).get("step") == 3 for r in j["ranks"])
+                 and len(j["ranks"]) == 2, timeout=180)
+        dom = chromium(f"{root}job/{job.id}", "--dump-dom")
+    finally:
+        _finish(job)
+    assert sorted(rank_rows(dom)) == [0, 1], f"the page did not render both ranks:\n{dom[:3000]}"
+    assert "loss is NaN since step 3" in dom, dom[:3000]
+    assert "not answering" not in dom

@@ -5,34 +5,17 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from typing import Any
 
 import pytest
 
 import dask_ddp
 from cluster_util import client_fixture
-from dashboard_util import dashboard_root, get, wait_job
+from dashboard_util import dashboard_root, diverging, get, wait_job
 
 pytestmark = [pytest.mark.timeout(240)]
 
 client = client_fixture(2)
-
-
-def diverging(steps: int, hold: float) -> int:
-    """Each step reports 150 gradient norms and the loss in one record (about 5 KB, more
-    than one pipe frame), the loss NaN on rank 0 and infinite on rank 1 from step 3 on."""
-    import torch.distributed as dist
-
-    rank = dist.get_rank()
-    for step in range(steps):
-        loss = 1.0 / (step + 1) if step < 3 else (math.nan if rank == 0 else math.inf)
-        record: dict[str, Any] = {f"grad_norm/layer{i:03d}": 0.001 * i for i in range(150)}
-        record["loss"] = loss
-        dask_ddp.report(record, step=step)
-        time.sleep(0.05)
-    time.sleep(hold)  # the page samples every 2 s: stay visible while the test looks
-    return rank
 
 
 def test_large_and_non_finite_metrics_reach_the_page(client: Any) -> None:
@@ -54,6 +37,9 @@ def test_large_and_non_finite_metrics_reach_the_page(client: Any) -> None:
         assert losses == {0: "NaN", 1: "Infinity"}, losses
         for r in seen["ranks"]:
             assert len(r["metrics"]) <= 48 and "grad_norm/layer000" in r["metrics"]
+        diverged = {r["rank"]: r["diverged"] for r in strict["ranks"]}
+        assert diverged == {0: {"metric": "loss", "value": "NaN", "step": 3},
+                            1: {"metric": "loss", "value": "Infinity", "step": 3}}, diverged
         # The loss curve holds the finite points only.
         for curve in strict["curves"].values():
             for x, y in curve.get("loss", []):

@@ -66,6 +66,12 @@ def take_rank_sample(board: Board, job_id: Any, sample: Any) -> None:
             raise ValueError(f"a rank sample's {key} is not text")
     if sample.get("state") is not None and sample["state"] not in _RANK_STATES:
         raise ValueError(f"a rank sample's state is {str(sample['state'])[:40]!r}")
+    diverged = sample.get("diverged")
+    if diverged is not None and not (
+            isinstance(diverged, dict) and isinstance(diverged.get("metric"), str)
+            and diverged.get("value") in ("NaN", "Infinity", "-Infinity")
+            and (diverged.get("step") is None or _is_int(diverged["step"]))):
+        raise ValueError("a rank sample's diverged is not {metric, value, step}")
     metrics = sample.get("metrics")
     if metrics is not None and not isinstance(metrics, dict):
         raise ValueError("a rank sample's metrics are not a dict")

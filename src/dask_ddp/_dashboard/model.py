@@ -61,6 +61,9 @@ class RankView:
     reports: int = 0
     curves: dict[str, list[list[float]]] = field(default_factory=dict)
     updated: float = 0.0
+    #: The first non-finite loss-like metric (a diverged loss): its name, value ("NaN",
+    #: "Infinity", "-Infinity") and the step it was first seen at.
+    diverged: dict[str, Any] | None = None
 
     def merge(self, sample: dict[str, Any]) -> None:
         """Take a supervisor's sample (see :mod:`dask_ddp._dashboard.sampler`)."""
@@ -76,6 +79,8 @@ class RankView:
         if sample.get("metrics"):
             self.metrics = dict(sample["metrics"])
             self.step = sample.get("step")
+        if self.diverged is None and sample.get("diverged"):
+            self.diverged = dict(sample["diverged"])
         for name, points in (sample.get("points") or {}).items():
             curve = self.curves.get(name)
             if curve is None:
@@ -106,6 +111,7 @@ class RankView:
             "step_ms": self.step_ms, "wait_ms_per_step": self.wait_ms_per_step,
             "wait_fraction": self.wait_fraction, "cpu_percent": self.cpu_percent,
             "rss_bytes": self.rss_bytes, "step": self.step, "metrics": self.metrics,
+            "diverged": self.diverged,
             "reports": self.reports, "flags": flags, "updated": self.updated,
         }
 

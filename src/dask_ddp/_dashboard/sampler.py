@@ -68,6 +68,8 @@ class RankSampler:
         self._records: collections.deque[bytes] = collections.deque(maxlen=KEEP_RECORDS)
         self._lock = threading.Lock()
         self._kept = 0  # bytes in _records
+        #: The first non-finite loss-like metric the rank reported, and at which step.
+        self.diverged: dict[str, Any] | None = None
         self._reports = 0
         self._last_step: int | None = None
         self._last_metrics: dict[str, Any] = {}
@@ -145,6 +147,8 @@ class RankSampler:
         }
         if self._last_metrics:
             sample["metrics"] = self._last_metrics
+        if self.diverged is not None:
+            sample["diverged"] = self.diverged
             sample["step"] = self._last_step
         t0, s0, w0 = self._history[0]
         span, done = now - t0, steps - s0
@@ -174,6 +178,8 @@ class RankSampler:
             step = rec.get("step")
             self._last_step = step if isinstance(step, int) else self._last_step
             self._last_metrics = _shown_metrics(rec)
+            if self.diverged is None:  # every record is looked at: the first step counts
+                self.diverged = _diverged(rec, self._last_step)
             if i != len(records) - 1 and self._first_done:
                 continue
             self._first_done = True
@@ -254,3 +260,13 @@ def _shown_metrics(record: dict[str, Any]) -> dict[str, Any]:
             value = str(value)[:200]
         shown[str(name)[:100]] = value
     return shown
+
+
+def _diverged(record: dict[str, Any], step: int | None) -> dict[str, Any] | None:
+    """The record's first loss-like metric that is NaN or infinite, with its step."""
+    for name, value in record.items():
+        if "loss" in str(name).lower() and isinstance(value, float) \
+                and not math.isfinite(value):
+            text = "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"
+            return {"metric": str(name)[:100], "value": text, "step": step}
+    return None

@@ -105,6 +105,16 @@
       box.append(banner("bad", `Stalled: rank(s) ${s.ranks.join(", ")} ${what}${ended}`,
         ...(s.message ? [el("div", {text: s.message})] : []), ...stacks));
     }
+    const diverged = ranks.filter((r) => r.diverged);
+    if (diverged.length) {
+      const first = diverged.reduce((a, b) => (b.diverged.step ?? Infinity) < (a.diverged.step ?? Infinity) ? b : a);
+      const d = first.diverged;
+      const since = d.step === null || d.step === undefined ? "" : ` since step ${d.step}`;
+      box.append(banner("bad", `${d.metric} is ${d.value}${since}`,
+        el("div", {text: `Rank(s) ${diverged.map((r) => r.rank).join(", ")} report a non-finite ` +
+          `${d.metric}: the training diverged (a learning rate too high, a bad batch, an ` +
+          "overflow). The curves leave those points out."})));
+    }
     const input = flagged("input-bound"), slow = flagged("straggler");
     if (input.length) {
       box.append(banner("warn", `Input-bound: rank(s) ${input.join(", ")}`,

@@ -135,7 +135,7 @@ class ParquetReader:
         self.table = table
         self.columns = list(table._columns if columns is None else columns)
         self._stores: dict[str, Any] = {}
-        self._files: dict[int, Any] = {}
+        self._files: dict[tuple[int, int], Any] = {}  # (file, thread) -> handle
         self._lock = threading.Lock()
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
 
@@ -167,10 +167,13 @@ class ParquetReader:
 
         fi, rg = self.table.row_groups[partition]
         url = self.table.files[fi]
+        # A handle per reading thread: pyarrow's reader of one file is not safe to share
+        # between threads (two row groups of one file read at once crashed it).
+        key = (fi, threading.get_ident())
         with self._lock:
-            if fi not in self._files:
-                self._files[fi] = _open(url, self.table.storage_options, self._stores)
-            pf = self._files[fi]
+            if key not in self._files:
+                self._files[key] = _open(url, self.table.storage_options, self._stores)
+            pf = self._files[key]
         names = [c.name for c in self.columns]
         try:
             batch = pf.read_row_group(rg, columns=names)

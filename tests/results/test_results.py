@@ -327,6 +327,7 @@ def test_large_result_goes_through_storage(
 ) -> None:
     url = (tmp_path / "store").as_uri()
     monkeypatch.setenv("DASK_DDP_STORAGE", url)
+    monkeypatch.setenv("DASK_DDP_JOB_ID", "j")  # the job of the record's stream, j/0/n
     rh = results.DaskResultsHandler("k")
     with dask.config.set({"dask-ddp.results.inline-max": 1000}):
         rh.submit_result("big.bin", b"x" * 5000)
@@ -335,7 +336,8 @@ def test_large_result_goes_through_storage(
     ref = json.loads(frame[_wire.HEADER_SIZE + len("results/k") + 1 :])
     stored = tmp_path / "store" / ref["key"]
     assert stored.read_bytes() == b"x" * 5000
-    writer = _records.ResultWriter(tmp_path / "out")
+    # The client fetches it from the storage job j declared, under _results/j/ only.
+    writer = _records.ResultWriter(tmp_path / "out", storage_of={"j": url}.get)
     writer.write(_channel.Record("j/0/n", 0, 0, frame[_wire.HEADER_SIZE + len("results/k") :]))
     writer.close()
     assert (tmp_path / "out" / "big.bin").read_bytes() == b"x" * 5000

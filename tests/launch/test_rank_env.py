@@ -79,6 +79,21 @@ def test_rank_environment_order_and_omp_rule() -> None:
     assert env["RANK"] == "3"
 
 
+def test_a_slurm_started_worker_gives_lightning_2_0_one_job() -> None:
+    """Lightning 2.0.x reads SLURM before torchrun's variables: on a worker started by
+    SLURM (dask-jobqueue) every rank trained alone (checked by hand with Lightning 2.0.9:
+    its connector chose SLURMEnvironment, world size 1, rank 0, for rank 1 of 2; with the
+    job named "interactive" it chose TorchElasticEnvironment, world size 2, rank 1)."""
+    worker = {"SLURM_NTASKS": "1", "SLURM_JOB_NAME": "dask-worker", "SLURM_PROCID": "0"}
+    env = _rankenv.rank_environment(worker, {}, DEFAULTS, {}, {"RANK": "1"}, 1)
+    assert env["SLURM_JOB_NAME"] == "interactive"
+    assert env["DASK_DDP_SLURM_JOB_NAME"] == "dask-worker" and env["SLURM_NTASKS"] == "1"
+    # Not on SLURM, or the job's env= names the job: left as it is.
+    assert "SLURM_JOB_NAME" not in _rankenv.rank_environment({}, {}, DEFAULTS, {}, {}, 1)
+    mine = _rankenv.rank_environment(worker, {}, DEFAULTS, {"SLURM_JOB_NAME": "x"}, {}, 1)
+    assert mine["SLURM_JOB_NAME"] == "x" and "DASK_DDP_SLURM_JOB_NAME" not in mine
+
+
 def test_cores_per_rank_divides_the_affinity_mask(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(96)), raising=False)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")

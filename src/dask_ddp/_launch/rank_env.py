@@ -171,8 +171,25 @@ def rank_environment(worker_env: Mapping[str, str], nanny_env: Mapping[str, str]
     if local_world_size > 1 and "OMP_NUM_THREADS" not in env:
         env["OMP_NUM_THREADS"] = "1"
     env.update(collective_defaults(env))
+    env.update(slurm_as_one_job(env, job_env))
     env.update(launcher)
     return env
+
+
+def slurm_as_one_job(env: Mapping[str, str], job_env: Mapping[str, str]) -> dict[str, str]:
+    """What makes Lightning 2.0 on a SLURM-started worker see one job, not one per rank.
+
+    The worker's SLURM variables describe its own allocation (dask-jobqueue's job), not
+    the DDP job. Lightning 2.0.x checks SLURM before torchrun's variables and then trains
+    one job of world size 1 per rank; it skips SLURM for a job named ``interactive``
+    (Lightning 2.1 and later check torchrun's variables first). The worker's job name is
+    kept in ``DASK_DDP_SLURM_JOB_NAME``; a name the job's ``env=`` sets is left alone.
+    """
+    if "SLURM_NTASKS" not in env or "SLURM_JOB_NAME" in job_env \
+            or env.get("SLURM_JOB_NAME") in ("bash", "interactive"):
+        return {}
+    return {"DASK_DDP_SLURM_JOB_NAME": env.get("SLURM_JOB_NAME", ""),
+            "SLURM_JOB_NAME": "interactive"}
 
 
 def rotated_devices(visible: str | None, proc_index: int, nprocs: int) -> str | None:

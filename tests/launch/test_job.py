@@ -103,26 +103,3 @@ def test_cancelled_job_then_drop(client: Client) -> None:
         assert [f.status for f in job.futures] == ["cancelled", "cancelled"]
         del job
         wait_gone(client, job_id)
-
-
-def report_steps(n: int) -> int:
-    import torch.distributed as dist
-
-    for step in range(n):
-        dask_ddp.report({"loss": 1.0 / (step + 1)}, step=step)
-    return dist.get_rank()
-
-
-def test_each_run_has_its_own_metrics_file(client: Client, tmp_path: Any) -> None:
-    """Jobs sharing an ``output_dir`` appended to one ``metrics.jsonl`` for good; now each
-    run starts it afresh and the earlier run's file is kept as ``metrics.jsonl.1``."""
-    import json
-
-    for n in (30, 20):
-        job = dask_ddp.submit(client, report_steps, n, output_dir=tmp_path, progress=True)
-        assert job.result() == [0, 1]
-    current = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    earlier = [json.loads(x) for x in (tmp_path / "metrics.jsonl.1").read_text().splitlines()]
-    assert sorted((r["rank"], r["step"]) for r in current) == [
-        (r, s) for r in range(2) for s in range(20)]
-    assert len(earlier) == 60

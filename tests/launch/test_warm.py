@@ -285,10 +285,11 @@ def test_killpg_reaches_the_ranks_children(templates: None, tmp_path: Any) -> No
 @pytest.mark.slow
 def test_a_differing_import_environment_gets_another_template(templates: None) -> None:
     pids = []
-    # A thread count this process's environment does not have already (a LocalCluster
-    # started earlier in this process sets OMP_NUM_THREADS=1 in it).
-    threads = "2" if os.environ.get("OMP_NUM_THREADS") == "1" else "1"
-    for extra in ({}, {"UNRELATED_TO_IMPORTS": "1"}, {"OMP_NUM_THREADS": threads}):
+    # An import environment this process's own is not (a LocalCluster started earlier in
+    # this process sets OMP_NUM_THREADS=1 in it): a malloc setting beside the thread count.
+    threads = "1"
+    third = {"OMP_NUM_THREADS": threads, "MALLOC_ARENA_MAX": "4"}
+    for extra in ({}, {"UNRELATED_TO_IMPORTS": "1"}, third):
         s = store(1)
         rank = start(rank_facts, ("x",), 0, 1, s.port, extra=extra)
         facts = rank.value()["value"]

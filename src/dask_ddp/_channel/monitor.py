@@ -95,15 +95,11 @@ class JobMonitor:
         Where ``metrics.jsonl`` goes; ``None`` keeps the records in a bounded buffer.
     progress
         Show a tqdm progress bar from the first record on.
-    fresh
-        The first attempt of a run: an earlier run's non-empty ``metrics.jsonl`` in
-        ``output_dir`` is kept aside as ``metrics.jsonl.N`` and the file starts afresh
-        (one file per run; an elastic job's restarts append to theirs).
     """
 
     def __init__(self, client: Any, job_id: str, futures: Sequence[Any], *,
                  name: str | None = None, output_dir: str | os.PathLike[str] | None = None,
-                 progress: bool = True, fresh: bool = False) -> None:
+                 progress: bool = True) -> None:
         self.client = client
         self.job_id = job_id
         self.name = name if name is not None else job_id
@@ -122,8 +118,6 @@ class JobMonitor:
         self._file: BinaryIO | None = None
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            if fresh:
-                keep_aside(self.path)
             self._file = open(self.path, "ab")  # noqa: SIM115 - closed by the thread
             self._offset = self._file.tell()
         self._thread = threading.Thread(
@@ -292,21 +286,3 @@ def iter_job_metrics(job: MonitoredJob) -> Iterator[dict[str, Any]]:
         records: Iterator[dict[str, Any]] = metrics()
         return records
     return start_job_monitor(job, progress=False).iter()
-
-
-def keep_aside(path: Path) -> Path | None:
-    """Move a non-empty ``path`` (an earlier run's ``metrics.jsonl``) to the first free
-    ``<name>.1``, ``<name>.2``, ...: a new run's file holds its records only, and nothing of
-    the earlier run is lost (``dask-ddp plot`` reads ``*.jsonl``, not these)."""
-    try:
-        if path.stat().st_size == 0:
-            return None
-    except FileNotFoundError:
-        return None
-    n = 1
-    while path.with_name(f"{path.name}.{n}").exists():
-        n += 1
-    target = path.with_name(f"{path.name}.{n}")
-    os.replace(path, target)
-    logger.info("%s of an earlier run kept as %s", path, target.name)
-    return target

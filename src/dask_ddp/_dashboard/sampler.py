@@ -147,9 +147,9 @@ class RankSampler:
         }
         if self._last_metrics:
             sample["metrics"] = self._last_metrics
+            sample["step"] = self._last_step
         if self.diverged is not None:
             sample["diverged"] = self.diverged
-            sample["step"] = self._last_step
         t0, s0, w0 = self._history[0]
         span, done = now - t0, steps - s0
         if span > 0 and len(self._history) > 1:

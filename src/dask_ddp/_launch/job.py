@@ -75,12 +75,10 @@ class Job:
 
     def __init__(self, client: Any, options: LaunchOptions, job_id: str,
                  workers: list[str], *, keep_values: bool = True,
-                 keep_alive: Sequence[Any] = (), attempt: int = 0) -> None:
+                 keep_alive: Sequence[Any] = ()) -> None:
         self.client = client
         self.options = options
         self.id = job_id
-        #: Which attempt of its run this is (0: the first; an elastic job's restarts count).
-        self.attempt = attempt
         self.name = options.name
         #: The rank tasks' futures, the job's own (no future refers to the job).
         self._futures: list[Any] = []
@@ -223,11 +221,8 @@ class Job:
         return self._monitor.iter()
 
     def _start_monitor(self, progress: bool) -> JobMonitor:
-        # A run's first attempt starts output_dir/metrics.jsonl afresh (an earlier run's
-        # file is kept beside it); its restarts append to it.
         return JobMonitor(self.client, self.id, self._futures, name=self.name,
-                          output_dir=self.output_dir, progress=progress,
-                          fresh=self.attempt == 0)
+                          output_dir=self.output_dir, progress=progress)
 
     @property
     def monitor(self) -> Any:
@@ -524,7 +519,7 @@ def launch(client: Any, options: LaunchOptions, *, workers: list[str] | None = N
                                  options.workers, options.resources)
     layout = rank_layout(workers, options.nprocs_per_worker)
     job = Job(client, options, uuid.uuid4().hex, [i["worker"] for i in layout],
-              keep_values=keep_values, keep_alive=keep_alive, attempt=restart)
+              keep_values=keep_values, keep_alive=keep_alive)
     prepare_channel(client, job.id, options.storage)
     workdir.install_cleaner(client)
     scheduler_plugin.install(client)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -75,28 +76,32 @@ def test_one_input(data: bytes) -> None:
     # No job declared a storage here: every stored-result record is refused before any
     # store is opened (the writer's confinement is part of what is fuzzed).
     writer = _records.ResultWriter(_OUT, storage_of=lambda job: None)
-    for _ in range(fdp.ConsumeIntInRange(1, 6)):
-        raw = _entry(fdp)
-        try:
-            entry = parse_entry(raw)
-        except ValueError:
-            continue
-        out: list[Any] = []
-        rd._take(out, entry)
-        for rec in out:
-            body = rec.payload
-            if fdp.ConsumeBool():  # a result record with a fuzzed path and kind
-                path = fdp.ConsumeUnicode(12)
-                try:
-                    body = _records.encode_result(path, fdp.ConsumeBytes(1), body)
-                except UnicodeEncodeError:
-                    continue
-            writer.write(_reader.Record(rec.source, rec.rank, rec.seq, body))
-    writer.close()
-    for dirpath, _, files in os.walk(_ROOT):
-        for name in files:
-            if not Path(dirpath, name).resolve().is_relative_to(_OUT.resolve()):
-                raise AssertionError(f"a record wrote {dirpath}/{name} outside its folder")
+    try:
+        for _ in range(fdp.ConsumeIntInRange(1, 6)):
+            raw = _entry(fdp)
+            try:
+                entry = parse_entry(raw)
+            except ValueError:
+                continue
+            out: list[Any] = []
+            rd._take(out, entry)
+            for rec in out:
+                body = rec.payload
+                if fdp.ConsumeBool():  # a result record with a fuzzed path and kind
+                    path = fdp.ConsumeUnicode(12)
+                    try:
+                        body = _records.encode_result(path, fdp.ConsumeBytes(1), body)
+                    except UnicodeEncodeError:
+                        continue
+                writer.write(_reader.Record(rec.source, rec.rank, rec.seq, body))
+        writer.close()
+        for dirpath, _, files in os.walk(_ROOT):
+            for name in files:
+                if not Path(dirpath, name).resolve().is_relative_to(_OUT.resolve()):
+                    raise AssertionError(f"a record wrote {dirpath}/{name} outside its folder")
+    finally:
+        shutil.rmtree(_ROOT, ignore_errors=True)  # each input starts from an empty folder
+        _ROOT.mkdir()
 
 
 if __name__ == "__main__":

@@ -32,10 +32,7 @@ _RANK_STATES = ("starting", "running", "exited")
 
 def take_job_event(board: Board, job_id: Any, event: Any) -> None:
     """A launcher event (``{"kind": "started", ...}`` or a state change) into ``board``."""
-    job_id = _id(job_id)
-    event = _plain(event, "job event")
-    if not isinstance(event, dict):
-        raise ValueError("a job event is a dict")
+    job_id, event = _message(job_id, event, "job event")
     if event.get("kind") == "started":
         workers = event.get("workers", [])
         if not isinstance(workers, list) or not all(isinstance(w, str) for w in workers):
@@ -52,10 +49,7 @@ def take_job_event(board: Board, job_id: Any, event: Any) -> None:
 
 def take_rank_sample(board: Board, job_id: Any, sample: Any) -> None:
     """A supervisor's sample of its rank (:mod:`~dask_ddp._dashboard.sampler`)."""
-    job_id = _id(job_id)
-    sample = _plain(sample, "rank sample")
-    if not isinstance(sample, dict):
-        raise ValueError("a rank sample is a dict")
+    job_id, sample = _message(job_id, sample, "rank sample")
     rank = sample.get("rank")
     if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < MAX_RANK:
         raise ValueError(f"a rank sample's rank is {rank!r}")
@@ -89,10 +83,7 @@ def take_rank_sample(board: Board, job_id: Any, sample: Any) -> None:
 
 def take_failure(board: Board, job_id: Any, record: Any) -> None:
     """A rank's failure record (the launcher's failure topic)."""
-    job_id = _id(job_id)
-    record = _plain(record, "failure record")
-    if not isinstance(record, dict):
-        raise ValueError("a failure record is a dict")
+    job_id, record = _message(job_id, record, "failure record")
     if record.get("rank") is not None and not _is_int(record["rank"]):
         raise ValueError(f"a failure record's rank is {str(record['rank'])[:40]!r}")
     _number(record, "time")
@@ -109,10 +100,14 @@ def _stall_fields(event: dict[str, Any]) -> None:
         raise ValueError("a stall's stacks are not a dict")
 
 
-def _id(job_id: Any) -> str:
+def _message(job_id: Any, raw: Any, what: str) -> tuple[str, dict[str, Any]]:
+    """The job id and the message, checked as plain data and a dict."""
     if not isinstance(job_id, str) or not 0 < len(job_id) <= 200:
         raise ValueError("a job id is text of 1 to 200 characters")
-    return job_id
+    message = _plain(raw, what)
+    if not isinstance(message, dict):
+        raise ValueError(f"a {what} is a dict")
+    return job_id, message
 
 
 def _is_int(value: Any) -> bool:

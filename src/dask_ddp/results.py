@@ -81,8 +81,9 @@ __all__ = [
     "load_checkpoint",
 ]
 
-#: Keys every metric record carries; a user metric may not use them.
-RESERVED_KEYS = frozenset({"rank", "step", "time"})
+#: Keys every metric record carries (``job`` is added on the client, naming the job whose
+#: rank sent it); a user metric may not use them.
+RESERVED_KEYS = frozenset({"job", "rank", "step", "time"})
 #: Longest string value :func:`report` accepts.
 MAX_STRING = 1024
 
@@ -142,7 +143,8 @@ def report(metrics: dict[str, Any], step: int | None = None) -> None:
     """Send a metric record from this rank to the client.
 
     The record carries ``rank``, ``step`` and ``time`` (Unix seconds) besides the metrics.
-    On the client it appears in ``Job.metrics()``, the progress bar and ``metrics.jsonl``.
+    On the client it appears in ``Job.metrics()``, the progress bar and ``metrics.jsonl``,
+    with ``job`` (the job's id) added, so that jobs sharing an output folder stay apart.
     The call returns once the record is in the rank's channel (a few microseconds); it
     blocks only when the scheduler's budget for the job is full (back-pressure).
 
@@ -158,7 +160,7 @@ def report(metrics: dict[str, Any], step: int | None = None) -> None:
     TypeError
         A metric that is not a number or a short string (the message names its key).
     ValueError
-        A metric named ``rank``, ``step`` or ``time``.
+        A metric named ``job``, ``rank``, ``step`` or ``time``.
 
     Examples
     --------
@@ -181,7 +183,7 @@ def report(metrics: dict[str, Any], step: int | None = None) -> None:
         if key in RESERVED_KEYS or type(key) is not str:
             if type(key) is not str:
                 raise TypeError(f"report(): metric names must be str, got {key!r}")
-            raise ValueError(f"report(): metric {key!r} is reserved (rank, step, time)")
+            raise ValueError(f"report(): metric {key!r} is reserved (job, rank, step, time)")
         rec[key] = value
     payload = encode_metric(rec)
     if not s.enabled:

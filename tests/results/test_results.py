@@ -345,15 +345,49 @@ def test_large_result_goes_through_storage(
 
 
 def test_second_job_in_same_output_dir_replays_only_its_own(client: Any, tmp_path: Path) -> None:
-    counts = []
+    counts, ids = [], []
     for n in (300, 200):
         job_id, futures = launch(client, REPORT_N, env={"N": str(n)})
         job = JobLike(client, job_id, "again", futures, output_dir=tmp_path)
         recs = list(start_job_monitor(job, progress=False).iter())
         check_exactly_once_in_order(recs, 2, n)
+        assert {r["job"] for r in recs} == {job_id}
         counts.append(len(recs))
+        ids.append(job_id)
     assert counts == [600, 400]
-    assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 1000
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    # One file for both jobs, each line naming the job whose rank sent it.
+    assert [sum(rec["job"] == i for rec in lines) for i in ids] == [600, 400]
+    assert all(next(iter(rec)) == "job" for rec in lines)
+
+
+BAD_METRICS = """
+import dask_ddp.results as r
+from dask_ddp._channel import rank_writer, wire
+import dask_ddp
+topic = wire.metrics_topic(dask_ddp.rank_info().job_id)
+r.report({"loss": 1.0}, step=0)
+for bad in (b"M", b"Mnot json", b"M[1, 2]", b"M{}", b'M{"a": 1'):
+    rank_writer.write(topic, bad)
+r.report({"loss": 2.0}, step=1)
+"""
+
+
+def test_a_damaged_metric_record_is_skipped_and_the_others_kept(
+    client: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    job_id, futures = launch(client, BAD_METRICS, world_size=1)
+    job = JobLike(client, job_id, "bad", futures, output_dir=tmp_path)
+    monitor = start_job_monitor(job, progress=False)
+    with caplog.at_level(logging.ERROR, logger="dask_ddp._channel.monitor"):
+        recs = list(monitor.iter())
+        monitor.stop(60)
+    assert [(r["step"], r["loss"]) for r in recs] == [(0, 1.0), (1, 2.0)]
+    assert monitor.error is None
+    skipped = [m for m in caplog.messages if "not a JSON object: skipped" in m]
+    assert len(skipped) == 5, caplog.messages
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["step"] for x in lines] == [0, 1]
 
 
 def test_a_new_scheduler_on_a_reused_address_gets_the_extension() -> None:

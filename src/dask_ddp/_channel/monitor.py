@@ -165,13 +165,25 @@ class JobMonitor:
             if rec.payload[:1] != KIND_METRIC:
                 logger.error("unexpected record kind on the metrics topic of job %s", self.job_id)
                 continue
+            try:
+                obj = json.loads(rec.payload[1:])
+            except ValueError:
+                obj = None
+            if not isinstance(obj, dict) or not obj:
+                # A rank's report() always sends a non-empty JSON object: anything else is
+                # damaged on the way; skip it and keep the others.
+                logger.error("metric record of job %s is not a JSON object: skipped (%d bytes)",
+                             self.job_id, len(rec.payload))
+                continue
             n += 1
-            body = rec.payload[1:]
+            # The job's id goes first in each record: jobs sharing an output folder append
+            # to one metrics.jsonl, and each line says whose it is.
+            obj = {"job": self.job_id, **obj}
             if f is not None:
-                f.write(body)
+                f.write(json.dumps(obj).encode())
                 f.write(b"\n")
             if f is None or self._progress:
-                batch.append(json.loads(body))
+                batch.append(obj)
         if f is not None:
             f.flush()
         if self._progress and batch:

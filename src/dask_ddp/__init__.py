@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from dask_ddp._lazy import attribute_loader
+from dask_ddp._lazy import attribute_loader, public_dir
 
 if TYPE_CHECKING:
     from dask_ddp import checkpoint, data, dispatch, errors, results, storage
@@ -69,3 +69,4 @@ __all__ = [
     "training_state",
 ]
 __getattr__ = attribute_loader(__name__, _WHERE)
+__dir__ = public_dir(__name__)

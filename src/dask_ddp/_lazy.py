@@ -3,6 +3,8 @@
 A facade module lists where each public name lives; the name's module is imported the
 first time the name is read. A rank process so imports only what it uses: ``report()``
 needs the results channel's writer, not the launcher (distributed, tornado, cloudpickle).
+Its ``__dir__`` lists ``__all__``, so ``dir()`` and tab completion in a REPL or notebook
+offer the public names (not the facade's own imports), none of them imported.
 """
 
 from __future__ import annotations
@@ -33,3 +35,16 @@ def attribute_loader(package: str, where: Mapping[str, str]) -> Callable[[str], 
         return value
 
     return __getattr__
+
+
+def public_dir(package: str) -> Callable[[], list[str]]:
+    """A module ``__dir__``: the names of the module's ``__all__`` and its dunders
+    (``__version__``, ``__doc__``...), sorted; read when called, so ``__all__`` may be
+    set after this."""
+
+    def __dir__() -> list[str]:
+        module = sys.modules[package]
+        dunders = {n for n in vars(module) if n.startswith("__") and n.endswith("__")}
+        return sorted(set(getattr(module, "__all__", ())) | dunders)
+
+    return __dir__

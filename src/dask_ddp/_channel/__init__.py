@@ -28,7 +28,7 @@ imports the scheduler or client side.
 
 from __future__ import annotations
 
-from dask_ddp._lazy import attribute_loader
+from dask_ddp._lazy import attribute_loader, public_dir
 
 _WHERE = {
     **{n: f"dask_ddp._channel.scheduler:{n}" for n in ("ResultsExtension", "ResultsPlugin")},
@@ -44,3 +44,4 @@ _WHERE = {
 
 __all__ = sorted(_WHERE)
 __getattr__ = attribute_loader(__name__, _WHERE)
+__dir__ = public_dir(__name__)

@@ -78,7 +78,7 @@ seen while the job goes on (cleared by ``job_state(..., "running")``).
 
 from __future__ import annotations
 
-from dask_ddp._lazy import attribute_loader
+from dask_ddp._lazy import attribute_loader, public_dir
 
 _WHERE = {
     **{n: f"dask_ddp._dashboard.events:{n}"
@@ -90,3 +90,4 @@ _WHERE = {
 
 __all__ = sorted(_WHERE)
 __getattr__ = attribute_loader(__name__, _WHERE)
+__dir__ = public_dir(__name__)

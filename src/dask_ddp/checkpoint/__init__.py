@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from dask_ddp._lazy import attribute_loader
+from dask_ddp._lazy import attribute_loader, public_dir
 
 if TYPE_CHECKING:
     from dask_ddp.checkpoint.dcp import StorageReader, StorageWriter
@@ -63,3 +63,4 @@ __all__ = [
     "save_checkpoint", "save_sharded", "step_url", "training_state", "wait_checkpoints",
 ]
 __getattr__ = attribute_loader(__name__, _WHERE)
+__dir__ = public_dir(__name__)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from dask_ddp._lazy import attribute_loader
+from dask_ddp._lazy import attribute_loader, public_dir
 
 if TYPE_CHECKING:
     from dask_ddp.data import transforms
@@ -52,3 +52,4 @@ __all__ = [
     "write_shards",
 ]
 __getattr__ = attribute_loader(__name__, _WHERE)
+__dir__ = public_dir(__name__)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from dask_ddp._lazy import attribute_loader
+from dask_ddp._lazy import attribute_loader, public_dir
 
 if TYPE_CHECKING:
     from dask_ddp.data.table.columns import TableColumnError
@@ -37,3 +37,4 @@ _WHERE = {
 
 __all__ = ["Table", "TableColumnError", "TableLoader"]
 __getattr__ = attribute_loader(__name__, _WHERE)
+__dir__ = public_dir(__name__)

@@ -111,3 +111,31 @@ def check_epoch_coverage(results: list[dict[str, Any]], n: int, world: int) -> N
         assert 0 <= len(ids) - n <= world - 1
     if epochs > 1:
         assert results[0]["epochs"][0]["ids"] != results[0]["epochs"][1]["ids"]
+
+
+def loader_warnings(table: Any, epochs: int = 2, **loader_kwargs: Any) -> list[str]:
+    """A rank function: read ``epochs`` passes of ``table``, return the warnings the table
+    loader logged meanwhile."""
+    import logging
+
+    from dask_ddp.data import Loader
+
+    seen: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record.getMessage())
+
+    log = logging.getLogger("dask_ddp.data.table.loader")
+    handler = Keep(logging.WARNING)
+    log.addHandler(handler)
+    try:
+        loader = Loader(table, 512, **loader_kwargs)
+        for epoch in range(epochs):
+            loader.set_epoch(epoch)
+            for _ in loader:
+                pass
+        loader.close()
+    finally:
+        log.removeHandler(handler)
+    return seen

@@ -21,6 +21,7 @@ engine buffer that is reused only after torch frees the tensor, so keeping one i
 from __future__ import annotations
 
 import importlib
+import inspect
 import logging
 import time
 from collections.abc import Iterator
@@ -65,6 +66,39 @@ def _resolve_dataset(dataset: object) -> tuple[ImageList, list[int] | None]:
         f"Loader reads an ImageList, ImageFolder or S3ImageFolder (or a torch Subset of one), "
         f"not {type(dataset).__name__}; for other datasets use a torch DataLoader"
     )
+
+
+def _not_a_dataset(dataset: object) -> str | None:
+    """Why ``dataset`` cannot be read by any Loader, with the fix (``None``: it may be).
+
+    In-memory data (a pandas or numpy object, a list) would otherwise fail later with a
+    message about the Loader's own arguments (``features``) instead of naming the data.
+    """
+    kind = type(dataset)
+    module = (kind.__module__ or "").split(".")[0]
+    if module == "pandas":
+        return (f"Loader got a pandas {kind.__name__}, which it does not read: pass a Dask "
+                "DataFrame to submit() instead (dask.dataframe.from_pandas(df, "
+                "npartitions=...).persist()); the rank receives it as a "
+                "dask_ddp.data.Table, which Loader(table, batch_size, features=..., "
+                "label=...) reads")
+    if module == "numpy" or isinstance(dataset, (list, tuple, dict)):
+        return (f"Loader got a {kind.__module__}.{kind.__name__}" if module == "numpy"
+                else f"Loader got a {kind.__name__}") + (
+            ", which it does not read: for in-memory data use a torch DataLoader, or pass "
+            "a Dask Array or DataFrame to submit() (it arrives as a dask_ddp.data.Table); "
+            "for images, an ImageList (ImageList.from_csv, or keys and labels), an "
+            "ImageFolder or TarShards")
+    return None
+
+
+class _InitSignature:
+    """``inspect.signature(cls)`` reads ``cls.__init__``'s parameters: the generic
+    ``__new__`` (which picks the subclass) would otherwise hide them."""
+
+    def __get__(self, obj: object, owner: type) -> inspect.Signature:
+        sig = inspect.signature(owner.__init__)
+        return sig.replace(parameters=list(sig.parameters.values())[1:])
 
 
 def _own_loader(dataset: object) -> type[Loader] | None:
@@ -159,6 +193,8 @@ class Loader:
         For inconsistent arguments.
     """
 
+    __signature__ = _InitSignature()
+
     def __new__(cls, dataset: Any = None, *args: Any, **kwargs: Any) -> Loader:
         """A Loader of the subclass that reads ``dataset``, as ``pathlib.Path(...)``
         makes a ``PosixPath``: a :class:`~dask_ddp.data.TableLoader` for a
@@ -171,6 +207,9 @@ class Loader:
         its ``_dask_ddp_loader`` attribute (``"module:Class"``), imported here on first
         use: the subclass's module imports this one, never the reverse.
         """
+        wrong = _not_a_dataset(dataset)
+        if wrong is not None:
+            raise TypeError(wrong)
         own = _own_loader(dataset)
         if own is None or issubclass(cls, own):
             return super().__new__(cls)

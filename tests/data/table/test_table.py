@@ -235,3 +235,19 @@ def test_released_partitions_fail_naming_the_partition(client: Any) -> None:
     job = dask_ddp.submit(client, read_epochs, table, epochs=1, batch_size=100, progress=False)
     with pytest.raises(dask_ddp.errors.JobError, match=r"reading rows of partition \d"):
         job.result(timeout=240)
+
+
+@pytest.mark.parametrize("persist", [False, True], ids=["computed", "persisted"])
+def test_a_frame_read_again_unpersisted_gets_a_hint_to_persist(client: Any,
+                                                               persist: bool) -> None:
+    from table_util import loader_warnings
+
+    ddf = _frame(2_000, 3)
+    ddf = ddf.persist() if persist else ddf
+    warnings = _run(client, loader_warnings, ddf, epochs=2, cache=False)
+    hints = [w for w in warnings[0] if "not persisted" in w]
+    if persist:
+        assert hints == []
+    else:
+        assert len(hints) == 1 and ".persist()" in hints[0], warnings[0]
+    assert not any("not persisted" in w for w in warnings[1])  # rank 0 says it, once

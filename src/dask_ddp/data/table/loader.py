@@ -122,8 +122,12 @@ class TableLoader(Loader):
                                shuffle=shuffle, seed=self.seed, window=self.window,
                                drop_last=self.drop_last)
         pool = _core.GatherPool(self.num_threads)
-        self._reads = WindowReads(table, layout.columns, cache=cache_wanted(
-            cache, table, layout.columns, self.rank))
+        cached = cache_wanted(cache, table, layout.columns, self.rank)
+        self._reads = WindowReads(table, layout.columns, cache=cached)
+        #: Passes over the table left before the hint to persist it (a Dask table neither
+        #: persisted nor cached is computed again from its source at every pass).
+        self._passes_to_hint = 1 if table.source == "dask" and not table.persisted \
+            and not cached else -1
         self._batches = EpochBatches(layout, self._reads, pool, offsets,
                                      batch_size=self.batch_size, drop_last=self.drop_last,
                                      rank=self.rank, shuffle=shuffle)
@@ -159,11 +163,25 @@ class TableLoader(Loader):
             self._resume = None
         self.epoch = int(epoch)
 
+    def _hint_persist(self) -> None:
+        """Warn once, at the second pass, that a table neither persisted nor cached is
+        computed again from its source at every pass."""
+        if self._passes_to_hint < 0:
+            return
+        if self._passes_to_hint == 0 and self.rank == 0:
+            logger.warning(
+                "the table (%d rows, %d partitions) is read again but is not persisted: "
+                "every epoch computes its partitions again from their source (several "
+                "times slower); call .persist() on the Dask collection before submit()",
+                len(self.table), self.table.npartitions)
+        self._passes_to_hint -= 1
+
     def __iter__(self) -> Iterator[Any]:
         """Batches: a dict of column tensors, or ``x`` or ``(x, y)`` with ``features``
         and ``label``."""
         start, self._start = self._start, 0
         self._position = start
+        self._hint_persist()
         out: queue.Queue[Any] = queue.Queue(maxsize=self.prefetch)
         stop = threading.Event()
         self._stop = stop

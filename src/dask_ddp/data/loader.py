@@ -97,7 +97,7 @@ class _InitSignature:
     ``__new__`` (which picks the subclass) would otherwise hide them."""
 
     def __get__(self, obj: object, owner: type) -> inspect.Signature:
-        sig = inspect.signature(owner.__init__)
+        sig = inspect.signature(owner.__init__)  # type: ignore[misc]
         return sig.replace(parameters=list(sig.parameters.values())[1:])
 
 

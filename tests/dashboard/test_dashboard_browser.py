@@ -212,3 +212,32 @@ def test_diverged_loss_job_page(client: Any) -> None:
     assert sorted(rank_rows(dom)) == [0, 1], f"the page did not render both ranks:\n{dom[:3000]}"
     assert "loss is NaN since step 3" in dom, dom[:3000]
     assert "not answering" not in dom
+
+
+def test_unread_results_job_page(client: Any) -> None:
+    """A results topic nobody reads blocks its ranks: the page says which topic, for how
+    long, and what to do."""
+    import time
+
+    root = dashboard_root(client)
+    job = dask_ddp.submit(client, report_loop, 2000, 0.05, name="unread", progress=False)
+    try:
+        wait_job(root, job.id, "running", lambda j: j["state"] == "running"
+                 and len(j["ranks"]) == 2)
+        # The event the results extension logs when a topic of the job is full and unread.
+        client.log_event("dask-ddp-results-unread", {
+            "state": "unread", "topic": "results/forgotten-handler",
+            "writers": [f.key for f in job.futures], "since": time.time() - 75.0,
+            "used": 1 << 20, "budget": 1 << 20})
+        wait_job(root, job.id, "the unread topic listed", lambda j: bool(j["unread"]))
+        dom = chromium(f"{root}job/{job.id}", "--dump-dom")
+        client.log_event("dask-ddp-results-unread",
+                         {"state": "read", "topic": "results/forgotten-handler"})
+        wait_job(root, job.id, "the topic read again", lambda j: not j["unread"])
+    finally:
+        job.cancel()
+        with pytest.raises(concurrent.futures.CancelledError):
+            job.result(timeout=60)
+    assert "Results nobody reads: results/forgotten-handler" in dom, dom[:3000]
+    assert re.search(r"full for 1m 1\ds \(1\.0 MiB of 1\.0 MiB\)", dom), dom[:3000]
+    assert "Healthy" not in dom

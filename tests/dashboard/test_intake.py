@@ -65,3 +65,44 @@ def test_good_samples_and_non_finite_metrics_are_taken() -> None:
                                       "points": {"loss": [[0.0, 1.0]]}, "step": 3})
     job = json.loads(page_json(b.job_json("run")))["job"]
     assert job["ranks"][0]["metrics"] == {"loss": "NaN"} and job["state"] == "running"
+
+
+JOB_ID = "0123456789abcdef0123456789abcdef"
+
+BAD_RESULTS_EVENTS: dict[str, Any] = {
+    "no state": {"topic": "results/x"},
+    "an unknown state": {"state": "angry", "topic": "results/x"},
+    "a topic that is not text": {"state": "unread", "topic": 7},
+    "an over-long topic": {"state": "unread", "topic": "t" * 201},
+    "writers that are not a list": {"state": "unread", "topic": "t", "writers": "w"},
+    "too many writers": {"state": "unread", "topic": "t", "writers": ["w"] * 65},
+    "a non-finite since": {"state": "unread", "topic": "t", "since": math.inf},
+    "not a dict": ["unread"],
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_RESULTS_EVENTS))
+def test_a_bad_results_event_is_refused(name: str) -> None:
+    b = Board()
+    intake.take_job_event(b, JOB_ID, {"kind": "started", "name": "t", "time": 100.0,
+                                      "workers": ["tcp://10.0.0.1:1"]})
+    with pytest.raises(ValueError):
+        intake.take_results_unread(b, BAD_RESULTS_EVENTS[name])
+    assert json.loads(page_json(b.job_json(JOB_ID)))["job"]["unread"] == []
+
+
+def test_an_unread_topic_is_listed_on_its_job_until_read() -> None:
+    b = Board()
+    intake.take_job_event(b, JOB_ID, {"kind": "started", "name": "t", "time": 100.0,
+                                      "workers": ["tcp://10.0.0.1:1"]})
+    intake.take_job_event(b, "f" * 32, {"kind": "started", "name": "u", "time": 100.0,
+                                        "workers": ["tcp://10.0.0.1:1"]})
+    intake.take_results_unread(b, {"state": "unread", "topic": "results/k", "since": 50.0,
+                                   "used": 10, "budget": 10,
+                                   "writers": [f"train-{JOB_ID}-0", "other-key"]})
+    unread = json.loads(page_json(b.job_json(JOB_ID)))["job"]["unread"]
+    assert [(u["topic"], u["used"]) for u in unread] == [("results/k", 10)]
+    assert unread[0]["seconds"] > 0
+    assert json.loads(page_json(b.job_json("f" * 32)))["job"]["unread"] == []
+    intake.take_results_unread(b, {"state": "read", "topic": "results/k"})
+    assert json.loads(page_json(b.job_json(JOB_ID)))["job"]["unread"] == []

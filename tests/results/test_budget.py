@@ -81,3 +81,40 @@ def test_all_topics_together_stay_within_the_total_budget(
     rd.close()
     for topic in topics[1:]:
         client.sync(client.scheduler.dask_ddp_results_close, topic=topic)
+
+
+def unread_results(key: str, n: int, size: int) -> int:
+    """A rank that submits more results than the topic's budget holds."""
+    from dask_ddp.results import DaskResultsHandler
+
+    rh = DaskResultsHandler(key)
+    for i in range(n):
+        rh.submit_result(f"part-{i}.bin", b"x" * size)
+    return n
+
+
+def test_a_topic_nobody_reads_is_on_the_job_page(client: Client, tmp_path: Any) -> None:
+    """A job whose results nobody reads blocked its ranks silently; now its page lists the
+    topic while it is full and unread, and drops it once a client reads it."""
+    import dask_ddp
+    from dashboard_util import dashboard_root, wait_job
+    from dask_ddp.results import DaskResultsHandler
+
+    key = f"unread-{client.id[-8:]}"
+    rh = DaskResultsHandler(key)
+    job = dask_ddp.submit(client, unread_results, key, 12, 100_000, name="unread",
+                          progress=False, n_workers=1)
+    root = dashboard_root(client)
+    try:
+        seen = wait_job(root, job.id, "the unread results topic listed",
+                        lambda j: any(key in u["topic"] for u in j.get("unread", [])),
+                        timeout=60)
+        u = next(u for u in seen["unread"] if key in u["topic"])
+        assert u["used"] <= u["budget"] == 400 << 10 and u["seconds"] >= 0.5, u
+        rh.process_results(tmp_path / "res", job.futures, raise_errors=True)
+        wait_job(root, job.id, "the topic dropped once read",
+                 lambda j: not any(key in x["topic"] for x in j.get("unread", [])),
+                 timeout=60)
+    finally:
+        assert job.result(timeout=60) == [12]
+    assert len(list((tmp_path / "res").glob("part-*.bin"))) == 12

@@ -29,8 +29,10 @@ _FIELDS = ("rank", "state", "time", "steps", "steps_per_s", "wait_fraction", "st
            "wait_ms_per_step", "cpu_percent", "rss_bytes", "pid", "worker", "exit",
            "metrics", "points", "step", "reports", "step_source", "kind", "workers",
            "attempt", "world_size", "max_restarts", "name", "run_id", "ranks", "stacks",
-           "collective", "message", "traceback", "type")
-_STATES = ("starting", "running", "exited", "done", "failed", "cancelled", "stalled")
+           "collective", "message", "traceback", "type", "topic", "since", "used", "budget")
+_HEX = "0123456789abcdef" * 2  # a job id as the results events' writers carry it
+_STATES = ("starting", "running", "exited", "done", "failed", "cancelled", "stalled",
+           "unread", "read", f"train-{_HEX}-0", f"metrics/{_HEX}")
 
 
 def _value(fdp: atheris.FuzzedDataProvider, depth: int = 0) -> Any:
@@ -72,16 +74,19 @@ def test_one_input(data: bytes) -> None:
                                         "name": "fuzz", "attempt": 0, "max_restarts": 1,
                                         "workers": ["tcp://10.0.0.1:1", "tcp://10.0.0.2:1"],
                                         "time": 100.0})
-    takes = (intake.take_job_event, intake.take_rank_sample, intake.take_failure)
+    intake.take_job_event(board, _HEX, {"kind": "started", "name": "hex", "time": 100.0,
+                                        "workers": ["tcp://10.0.0.1:1"]})
+    takes = (intake.take_job_event, intake.take_rank_sample, intake.take_failure,
+             lambda b, _job, msg: intake.take_results_unread(b, msg))
     for _ in range(fdp.ConsumeIntInRange(1, 6)):
-        take = takes[fdp.ConsumeIntInRange(0, 2)]
+        take = takes[fdp.ConsumeIntInRange(0, 3)]
         job = fdp.PickValueInList(["a0", "a1", "run", "", 5])
         try:
             take(board, job, _message(fdp))
         except (ValueError, KeyError, TypeError):
             pass
         for text in [page_json(board.jobs_json())] + [
-                page_json(board.job_json(key, metric)) for key in ("run", "a0", "a1")
+                page_json(board.job_json(key, metric)) for key in ("run", "a0", "a1", _HEX)
                 for metric in (None, "*", "loss")]:
             json.loads(text, parse_constant=_refuse)
 

@@ -47,6 +47,12 @@ READER_LEASE_S = 10.0
 SWEEP_S = 1.0
 #: Removed topics remembered, so late puts to them are dropped instead of re-creating them.
 TOMBSTONES = 4096
+#: The scheduler event topic telling the job pages that a full topic is not read
+#: (``{"state": "unread", "topic", "writers", "since", "used", "budget"}``) or is read
+#: again (``{"state": "read", "topic"}``); the writers are rank task keys.
+UNREAD_EVENT = "dask-ddp-results-unread"
+#: Writers named in one such event.
+UNREAD_WRITERS = 64
 #: Task states in which a writing rank task may still put records.
 _ACTIVE = frozenset({"released", "waiting", "no-worker", "queued", "processing"})
 
@@ -81,7 +87,8 @@ class Topic:
         self.changed.set()
         self.changed = asyncio.Event()
 
-    def free_before(self, cursor: int) -> None:
+    def free_before(self, cursor: int) -> bool:
+        """Drop the entries before ``cursor``; whether any were dropped."""
         freed = False
         while self.entries and self.base < cursor:
             self.used -= self.entries.popleft().size
@@ -89,8 +96,8 @@ class Topic:
             freed = True
         if freed:
             self.full_since = None
-            self.warned = False
             self.notify()
+        return freed
 
     def accept(self, entries: list[Entry], room: int | None = None, held: int = 0) -> int:
         """Store ``entries`` from the front while they fit; how many were taken.
@@ -303,7 +310,9 @@ class ResultsExtension:
             t.owner = client
         t.reading += 1
         try:
-            t.free_before(cursor)
+            if t.free_before(cursor) and t.warned:
+                t.warned = False
+                self.scheduler.log_event(UNREAD_EVENT, {"state": "read", "topic": topic[:200]})
             deadline = time.monotonic() + timeout
             while t.base + len(t.entries) <= cursor:
                 remaining = deadline - time.monotonic()
@@ -350,6 +359,8 @@ class ResultsExtension:
         """Drop an abandoned topic; later puts to it are dropped too."""
         t = self.topics.pop(topic, None)
         self._bury(topic, reason, t)
+        if t is not None and t.warned:
+            self.scheduler.log_event(UNREAD_EVENT, {"state": "read", "topic": topic[:200]})
         if t is not None:
             if t.used:
                 logger.warning(
@@ -372,6 +383,11 @@ class ResultsExtension:
                   and now - t.full_since >= self.unread_warning
                   and now - t.last_read >= self.unread_warning):
                 t.warned = True
+                self.scheduler.log_event(UNREAD_EVENT, {
+                    "state": "unread", "topic": name[:200],
+                    "writers": sorted(t.writers)[:UNREAD_WRITERS],
+                    "since": time.time() - (now - t.full_since),
+                    "used": t.used, "budget": t.budget})
                 logger.warning(
                     "results topic %r is full and nobody read it for %.0f s: its writers "
                     "(%s) wait in report()/submit_result() until it is read (%d of %d bytes; "

@@ -46,6 +46,9 @@ the curves of ``metric``, by default ``default_metric``'s, ``*`` for all)::
                   "message": str, "time": float,
                   "final": bool} | null,       # when state is "stalled"; final: the
                                                # stall ended the job
+        "unread": [{"topic": str, "since": float, "seconds": float,
+                    "used": int, "budget": int}],  # results topics full and unread
+                                               # (their ranks wait): while running
         "attempts": [{"job_id", "attempt", "state", "world_size", "start", "end",
                       "root_cause": Failure | null}],
         "ranks": [Rank],                       # the current attempt's, by rank
@@ -69,6 +72,11 @@ Flags: *input-bound* when the rank waited for data more than a third of its step
 (ranks using the :class:`~dask_ddp.data.Loader`); *straggler* when a running rank's step
 rate is under 0.8 times the median rank's; *stalled* from the launcher's stall detection;
 *failed* on the root-cause rank of a failed job.
+
+A results topic of the job that is full and that nobody read for
+``dask-ddp.results.unread-warning`` seconds reaches the page from the results extension
+(a scheduler event, ``dask-ddp-results-unread``) and stays listed in ``unread`` until a
+client reads it again.
 
 Stalls reach the pages two ways: a failure record of kind ``"stalled"`` (with ``ranks``,
 ``collective``, ``stacks``) on the job's failure topic, which is how the launcher's stall

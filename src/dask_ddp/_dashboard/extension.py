@@ -40,6 +40,9 @@ PLUGIN_NAME = "dask-ddp-dashboard"
 EXTENSION = "dask_ddp_dashboard"
 #: The failure topics of the jobs (the launcher's ``names.failure_topic``).
 FAILURE_PREFIX = "dask-ddp-failure-"
+#: The results extension's event topic for a full topic nobody reads (its
+#: ``UNREAD_EVENT``; the job pages import nothing of the channel).
+RESULTS_UNREAD = "dask-ddp-results-unread"
 #: Seconds between two refreshes of an open page.
 REFRESH_S = 2.0
 STATIC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
@@ -69,6 +72,12 @@ class DashboardExtension:
     def failure(self, topic: str, msg: Any) -> None:
         self._take(intake.take_failure, topic[len(FAILURE_PREFIX):], msg, "failure record")
 
+    def results_unread(self, msg: Any) -> None:
+        try:
+            intake.take_results_unread(self.board, msg)
+        except (KeyError, TypeError, ValueError) as exc:
+            logger.warning("dask-ddp dashboard: refused a results event: %s", exc)
+
     def _take(self, take: Any, job_id: Any, message: Any, what: str) -> None:
         """One message into the board, checked at the edge; a refused one is logged with
         its reason and changes nothing (:mod:`~dask_ddp._dashboard.intake`)."""
@@ -95,8 +104,12 @@ class DashboardPlugin(SchedulerPlugin):
         self.extension = ext
 
     def log_event(self, topic: str, msg: Any) -> None:
-        if self.extension is not None and topic.startswith(FAILURE_PREFIX):
+        if self.extension is None:
+            return
+        if topic.startswith(FAILURE_PREFIX):
             self.extension.failure(topic, msg)
+        elif topic == RESULTS_UNREAD:
+            self.extension.results_unread(msg)
 
 
 # --------------------------------------------------------------------------- HTTP routes

@@ -91,6 +91,25 @@ def take_failure(board: Board, job_id: Any, record: Any) -> None:
     board.failure(job_id, record)
 
 
+def take_results_unread(board: Board, event: Any) -> None:
+    """The results extension's word that a topic is full and unread, or read again."""
+    event = _plain(event, "results event")
+    if not isinstance(event, dict):
+        raise ValueError("a results event is a dict")
+    if event.get("state") not in ("unread", "read"):
+        raise ValueError(f"a results event's state is {str(event.get('state'))[:40]!r}")
+    topic = event.get("topic")
+    if not isinstance(topic, str) or not 0 < len(topic) <= 200:
+        raise ValueError("a results event's topic is text of 1 to 200 characters")
+    writers = event.get("writers", [])
+    if not isinstance(writers, list) or len(writers) > 64 or not all(
+            isinstance(w, str) and len(w) <= 400 for w in writers):
+        raise ValueError("a results event's writers are a list of at most 64 task keys")
+    for key in ("since", "used", "budget"):
+        _number(event, key)
+    board.results_unread(event)
+
+
 def _stall_fields(event: dict[str, Any]) -> None:
     ranks = event.get("ranks")
     if ranks is not None and (not isinstance(ranks, list) or not all(map(_is_int, ranks))):

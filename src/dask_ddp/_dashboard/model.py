@@ -11,6 +11,7 @@ the package docstring, :mod:`dask_ddp._dashboard`). Memory is bounded: the last
 from __future__ import annotations
 
 import collections
+import re
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -31,6 +32,10 @@ INPUT_BOUND = 1.0 / 3.0
 STRAGGLER = 0.8
 #: Characters of a traceback or a stack kept.
 MAX_TEXT = 20_000
+#: Unread results topics remembered per attempt.
+MAX_UNREAD = 16
+#: A job id (``uuid4().hex``) inside a topic name or a rank task key.
+_JOB_ID = re.compile(r"(?<![0-9a-f])[0-9a-f]{32}(?![0-9a-f])")
 
 
 def _clip(text: Any) -> str:
@@ -131,6 +136,9 @@ class Attempt:
     failures: list[dict[str, Any]] = field(default_factory=list)
     stall: dict[str, Any] | None = None
     ranks: dict[int, RankView] = field(default_factory=dict)
+    #: Results topics of this attempt that are full and nobody reads (its ranks wait in
+    #: report()/submit_result()), by topic: ``{"topic", "since", "used", "budget"}``.
+    unread: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def root_cause(self) -> dict[str, Any] | None:
         """The most fundamental failure recorded (the launcher's order: lost, died, raised
@@ -207,6 +215,9 @@ class JobView:
             **self.row(now),
             "median_steps_per_s": median,
             "stall": a.stall if a.state is JobState.STALLED else None,
+            "unread": [] if a.state.is_terminal else [
+                {**u, "seconds": None if u["since"] is None else now - u["since"]}
+                for u in a.unread.values()],
             "root_cause": a.summary()["root_cause"] if a.state is JobState.FAILED else None,
             "attempts": [x.summary() for x in self.attempts],
             "ranks": ranks,
@@ -338,6 +349,25 @@ class Board:
         job = self.jobs[self.by_attempt[job_id][0]]
         if job.first_metric is None and view.curves:
             job.first_metric = next(iter(view.curves))
+
+    def results_unread(self, event: dict[str, Any]) -> None:
+        """A results topic is full and nobody reads it (``state == "unread"``), or it is
+        read again or gone (``"read"``). The attempts concerned are those whose rank task
+        keys (the topic's writers, ``<name>-<job id>-<rank>``) or topic name hold their
+        job id."""
+        topic = str(event["topic"])
+        if event.get("state") == "read":
+            for job in self.jobs.values():
+                for a in job.attempts:
+                    a.unread.pop(topic, None)
+            return
+        ids = {m for text in (topic, *event.get("writers", ()))
+               for m in _JOB_ID.findall(str(text))}
+        for job_id in ids:
+            a = self._attempt(job_id)
+            if a is not None and (topic in a.unread or len(a.unread) < MAX_UNREAD):
+                a.unread[topic] = {"topic": topic, "since": event.get("since"),
+                                   "used": event.get("used"), "budget": event.get("budget")}
 
     # -- views -------------------------------------------------------------------------
     def find(self, key: str) -> JobView | None:

@@ -115,6 +115,14 @@
           `${d.metric}: the training diverged (a learning rate too high, a bad batch, an ` +
           "overflow). The curves leave those points out."})));
     }
+    for (const u of job.unread || []) {
+      const since = typeof u.seconds === "number" ? ` for ${duration(u.seconds)}` : "";
+      box.append(banner("warn", `Results nobody reads: ${u.topic}`,
+        el("div", {text: `This topic is full${since} (${bytes(u.used)} of ${bytes(u.budget)}) ` +
+          "and no client reads it: the ranks writing to it wait in report() or " +
+          "submit_result() until it is read. Read the job's results (job.result(), " +
+          "job.metrics(), process_results) or raise dask-ddp.results.budget."})));
+    }
     const input = flagged("input-bound"), slow = flagged("straggler");
     if (input.length) {
       box.append(banner("warn", `Input-bound: rank(s) ${input.join(", ")}`,
@@ -126,7 +134,7 @@
         el("div", {text: `Under 0.8x the median step rate (${fixed(job.median_steps_per_s, 2)} steps/s): ` +
           "DDP waits for the slowest rank at every step."})));
     }
-    if (job.state === "running" && !input.length && !slow.length) {
+    if (job.state === "running" && !input.length && !slow.length && !(job.unread || []).length) {
       box.append(banner("ok", "Healthy", el("div", {text:
         "Every rank is stepping; no rank is input-bound or straggling."})));
     }

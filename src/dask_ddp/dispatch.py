@@ -8,15 +8,14 @@ worker. A job ends with one error naming the failing rank instead of hanging.
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import cloudpickle
-
-from dask_ddp._launch import registry
+from dask_ddp._launch import payload, registry
 from dask_ddp._launch.elastic_job import ElasticJob
 from dask_ddp._launch.handle import JobHandle
 from dask_ddp._launch.job import Job, launch
@@ -165,10 +164,13 @@ def submit(
     >>> job = dask_ddp.submit(client, train, epochs=2, n_workers=2)  # doctest: +SKIP
     >>> job.result()  # doctest: +SKIP
     """
+    # The call is checked before anything starts: each rank would fail on it seconds later.
+    payload.check_call(fn, args, kwargs, _SUBMIT_OPTIONS, pass_local_rank=pass_local_rank)
     args, kwargs, tables = _tables(client, args, kwargs)
     options = LaunchOptions.build(
         name=name or getattr(fn, "__name__", None) or "dask-ddp",
-        payload=cloudpickle.dumps((fn, args, kwargs)), n_workers=n_workers, workers=workers,
+        payload=payload.dumps_payload(fn, args, kwargs), sources=payload.code_ranges(fn),
+        n_workers=n_workers, workers=workers,
         nprocs_per_worker=nprocs_per_worker, resources=resources, backend=backend,
         init_kwargs=init_kwargs, env=env, pass_local_rank=pass_local_rank, progress=progress,
         output_dir=output_dir, storage=storage, stream_output=stream_output,
@@ -178,6 +180,10 @@ def submit(
     if options.restarting:
         return ElasticJob(client, options, keep_alive=tables)
     return launch(client, options, keep_alive=tables)
+
+
+#: submit()'s own keywords: a function's keyword close to one of them is likely a typo.
+_SUBMIT_OPTIONS = tuple(inspect.signature(submit).parameters)[3:-1]
 
 
 def run(client: Any, pytorch_function: Callable[..., Any], *args: Any, backend: str = "auto",
@@ -208,7 +214,8 @@ def run(client: Any, pytorch_function: Callable[..., Any], *args: Any, backend: 
     args, kwargs, tables = _tables(client, args, kwargs)
     job = launch(client, LaunchOptions.build(
         name=getattr(pytorch_function, "__name__", None) or "dask-ddp",
-        payload=cloudpickle.dumps((pytorch_function, args, kwargs)), backend=backend,
+        payload=payload.dumps_payload(pytorch_function, args, kwargs),
+        sources=payload.code_ranges(pytorch_function), backend=backend,
         pass_local_rank=pass_local_rank, stall_timeout=stall_timeout), keep_values=False,
         keep_alive=tables)
     return list(job.futures)

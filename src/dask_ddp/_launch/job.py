@@ -25,7 +25,7 @@ from typing import Any
 from dask_ddp._channel.monitor import JobMonitor
 from dask_ddp._channel.reader import prepare as prepare_channel
 from dask_ddp._dashboard import events as dashboard
-from dask_ddp._launch import registry, scheduler_plugin, stall, workdir
+from dask_ddp._launch import payload, registry, scheduler_plugin, stall, workdir
 from dask_ddp._launch.names import (
     abort_event_name,
     failure_topic,
@@ -37,8 +37,8 @@ from dask_ddp._launch.options import LaunchOptions
 from dask_ddp._launch.placement import RankSpec, choose_workers, rank_layout, worker_host
 from dask_ddp._launch.root_cause import lost_error, pick_root, record_of
 from dask_ddp._launch.supervisor import read_job_stacks, run_rank
-from dask_ddp._states import JobState
-from dask_ddp.errors import FailureKind, Restart, StallError, WorkerLostError
+from dask_ddp._states import JobState, RankActivity
+from dask_ddp.errors import FailureKind, JobError, Restart, StallError, WorkerLostError
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +91,8 @@ class Job:
         self.world_size = len(workers)
         self.storage = options.storage
         self.output_dir = Path(options.output_dir) if options.output_dir is not None else None
+        #: When the job was launched (``time.time()``).
+        self.start_time = time.time()
         self._monitor: JobMonitor | None = None
         self._lost: dict[int, WorkerLostError] = {}
         #: The ranks' return values, read by the watcher as the job ends (a worker that
@@ -111,8 +113,35 @@ class Job:
         self.restarts: list[Restart] = []
 
     def __repr__(self) -> str:
-        state = JobState.DONE if self._done.is_set() else JobState.RUNNING
-        return f"<Job {self.name!r} id={self.id[:8]} world_size={self.world_size} {state}>"
+        return (f"<Job {self.name!r} id={self.id[:8]} {self.state} "
+                f"world_size={self.world_size} ranks_finished={self._ranks_finished()}>")
+
+    def _repr_html_(self) -> str:
+        """The job in a notebook (as Dask's Client and Cluster show themselves)."""
+        from dask_ddp._launch import summary
+
+        return summary.job_html(self, self._ranks_finished(), self.page_link)
+
+    def _ranks_finished(self) -> int:
+        return sum(f.status == "finished" for f in self._futures)
+
+    @property
+    def state(self) -> JobState:
+        """The job's state: ``running`` (``stalled`` once a stall ended it) until every
+        rank has ended, then ``done``, ``failed`` or ``cancelled``."""
+        if self._stall is not None:
+            return JobState.STALLED if not self._done.is_set() else JobState.FAILED
+        if not self._done.is_set():
+            return JobState.RUNNING
+        return self._final_state()
+
+    @property
+    def page_link(self) -> str | None:
+        """The URL of the job's page on the Dask dashboard (``None`` without one)."""
+        link = getattr(self.client, "dashboard_link", None)
+        if not link:
+            return None
+        return f"{link.rsplit('/', 1)[0]}/dask-ddp/job/{self.id}"
 
     # -- public API ---------------------------------------------------------------------
     @property
@@ -260,11 +289,35 @@ class Job:
         return self._stall
 
     def rank_states(self) -> dict[int, dict[str, Any]]:
-        """Each rank's last recorded state: ``{"state": a RankActivity's value
-        ("working", "blocked", "returned", "frozen"), "collective": name, "since":
-        time.time()}`` (stall detection's view; updated by the watcher while
-        ``stall_timeout`` is set)."""
-        return {r: dict(s) for r, s in sorted(self._states.items())}
+        """Every rank's state, by rank: ``{"state": ..., "collective": name, "since":
+        time.time(), "worker": address}``.
+
+        ``state`` is the stall detection's view while the rank runs (a RankActivity's
+        value: "working", "blocked" in ``collective``, "returned", "frozen"); a running
+        rank that has not entered a collective yet is "working" since the job's start; a
+        rank whose task ended without a record is its task's end ("finished", "error",
+        "cancelled", "lost"). Read from the scheduler while the job runs.
+        """
+        if not self._done.is_set():
+            with contextlib.suppress(Exception):  # the last states read stand in
+                events = self.client.sync(
+                    self.client.scheduler.events, topic=progress_topic(self.id),
+                    callback_timeout=self.options.waits.scheduler_call)
+                self._states = dict(stall.latest_states(events))
+        states: dict[int, dict[str, Any]] = {}
+        for rank, fut in enumerate(self._futures):
+            recorded = self._states.get(rank)
+            if recorded is not None and (fut.status == "pending" or recorded.get("state")
+                                         == RankActivity.RETURNED):
+                entry = {k: recorded[k] for k in ("state", "collective", "since")
+                         if k in recorded}
+            elif fut.status == "pending":
+                entry = {"state": RankActivity.WORKING.value, "collective": "",
+                         "since": self.start_time}
+            else:
+                entry = {"state": fut.status, "collective": "", "since": None}
+            states[rank] = {**entry, "worker": self.workers[rank]}
+        return states
 
     def root_error(self) -> BaseException | None:
         """The error naming the job's root cause, or ``None`` while no rank failed."""
@@ -278,7 +331,10 @@ class Job:
                 errors.append((rank, self._lost[rank]))
             elif fut.status == "error":
                 errors.append((rank, fut.exception()))
-        return pick_root(errors)
+        root = pick_root(errors)
+        if isinstance(root, JobError) and self.options.sources:
+            payload.name_sources(root, self.options.sources)
+        return root
 
     # -- starting -------------------------------------------------------------------------
     def _submit(self, specs: list[RankSpec], resources: list[dict[str, float] | None]) -> None:

@@ -94,6 +94,10 @@ class LaunchOptions:
     max_workers: int | None = None
     elastic_timeout: float = 60.0
     stall_timeout: float | None = None
+    #: ``(name, file, first line, last line)`` of the submitted function's code, to put
+    #: the file and source lines back into a rank's traceback on the client
+    #: (:func:`~dask_ddp._launch.payload.with_sources`).
+    sources: tuple[tuple[str, str, int, int], ...] = ()
     waits: LaunchWaits = dataclasses.field(default_factory=LaunchWaits.from_config)
     cwd: str = dataclasses.field(default_factory=os.getcwd)
 

@@ -1,0 +1,40 @@
+"""A job shown in a notebook: the HTML of ``Job._repr_html_`` (internal).
+
+In the spirit of Dask's Client and Cluster widgets: a title with the job's name, then a
+small table of its state, ranks, workers, progress and a link to its page on the Dask
+dashboard. Everything shown is escaped (a job's name and worker addresses are user text).
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+_STATE_COLOURS = {"running": "#2c7be5", "stalled": "#e5a02c", "done": "#2ca02c",
+                  "failed": "#d62728", "cancelled": "#7f7f7f"}
+
+
+def job_html(job: Any, ranks_finished: int, page_link: str | None) -> str:
+    """The HTML of ``job`` (a :class:`~dask_ddp.Job`) for Jupyter's rich display."""
+    state = str(job.state)
+    colour = _STATE_COLOURS.get(state, "#7f7f7f")
+    workers = sorted(set(job.workers))
+    rows = [
+        ("State", f'<span style="color: {colour}; font-weight: bold">'
+                  f"{html.escape(state)}</span>"),
+        ("Ranks", f"{job.world_size} ({ranks_finished} finished)"),
+        ("Workers", html.escape(", ".join(workers[:4])
+                                + (f" and {len(workers) - 4} more" if len(workers) > 4
+                                   else ""))),
+        ("Job id", f"<code>{html.escape(job.id)}</code>"),
+    ]
+    monitor = job.monitor
+    if monitor is not None and monitor.count:
+        rows.append(("Progress", f"{monitor.count} metric records"))
+    if page_link:
+        link = html.escape(page_link, quote=True)
+        rows.append(("Job page", f'<a href="{link}" target="_blank">{link}</a>'))
+    cells = "".join(f'<tr><th style="text-align: left">{k}</th>'
+                    f'<td style="text-align: left">{v}</td></tr>' for k, v in rows)
+    return (f'<div class="dask-ddp-job"><h3 style="margin-bottom: 4px">dask-ddp Job: '
+            f"{html.escape(job.name)}</h3><table>{cells}</table></div>")

@@ -101,6 +101,18 @@ class LaunchOptions:
     waits: LaunchWaits = dataclasses.field(default_factory=LaunchWaits.from_config)
     cwd: str = dataclasses.field(default_factory=os.getcwd)
 
+    def __repr__(self) -> str:
+        # Shown in worker logs (a failed task's repr reaches Dask's dashboard): the storage
+        # URL without credentials, the environment's names without their values.
+        from dask_ddp.storage import redact_url
+
+        what = (f"payload=<{len(self.payload)} bytes>" if self.payload is not None
+                else f"command={list(self.command or ())!r}")
+        storage = None if self.storage is None else redact_url(self.storage)
+        return (f"LaunchOptions(name={self.name!r}, {what}, n_workers={self.n_workers}, "
+                f"backend={self.backend!r}, env={sorted(self.env)}, storage={storage!r}, "
+                f"output_dir={self.output_dir!r}, max_restarts={self.max_restarts})")
+
     def __post_init__(self) -> None:
         if (self.payload is None) == (self.command is None):
             raise ValueError("a launch runs either a function or a command")

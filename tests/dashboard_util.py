@@ -184,3 +184,15 @@ def diverging(steps: int, hold: float) -> int:
         time.sleep(0.05)
     time.sleep(hold)  # the page samples every 2 s: stay visible while the test looks
     return rank
+
+
+def report_unnumbered(steps: int, pause: float) -> int:
+    """A loop that calls ``report()`` without ``step=`` (report numbers the steps)."""
+    import torch.distributed as dist
+
+    import dask_ddp
+
+    for i in range(steps):
+        dask_ddp.report({"loss": 1.0 / (i + 1)})
+        time.sleep(pause)
+    return dist.get_rank()

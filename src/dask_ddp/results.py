@@ -100,6 +100,8 @@ class _RankState:
         self.rank = int(os.environ.get("RANK", "0"))
         self.job_id = os.environ.get("DASK_DDP_JOB_ID", "")
         self.topic = metrics_topic(self.job_id)
+        #: The step of a report() without ``step=``: one past the last record's.
+        self.next_step = 0
 
 
 _state: _RankState | None = None
@@ -153,7 +155,9 @@ def report(metrics: dict[str, Any], step: int | None = None) -> None:
     metrics
         Names to numbers (int, float, bool, numpy or torch scalars) or short strings.
     step
-        The training step (iteration) the metrics belong to.
+        The training step (iteration) the metrics belong to. Default: one past the step
+        of this rank's previous record (0 for the first), so calling ``report()`` once
+        per step numbers the steps 0, 1, 2, ...
 
     Raises
     ------
@@ -175,6 +179,9 @@ def report(metrics: dict[str, Any], step: int | None = None) -> None:
         if not isinstance(step, int):
             raise TypeError(f"report(): step must be an int, got {type(step).__name__}")
     s = _rank_state()
+    if step is None:
+        step = s.next_step
+    s.next_step = step + 1
     rec: dict[str, Any] = {"rank": s.rank, "step": step, "time": time.time()}
     for key, value in metrics.items():
         t = type(value)

@@ -25,7 +25,7 @@ SETUP_INPUTS := tools/setup_apt.sh tools/setup_venv.sh pyproject.toml
 SETUP_STAMP := $(BUILD)/.setup-stamp
 
 .PHONY: help setup apt venv build develop test test-quick test-cpp test-py asan lint stubs demo \
-	bench bench-deps fuzz clean sdist wheel check-wheel stress
+	bench bench-deps fuzz clean sdist wheel check-wheel stress docs
 
 help:
 	@echo "make demo       - set up, then train on a local Dask cluster (the embedded default)"
@@ -36,6 +36,7 @@ help:
 	@echo "make stress     - the launch, results and chaos tests 20 times beside a CPU hog (not CI)"
 	@echo "make lint       - ruff, mypy and the import layers (import-linter)"
 	@echo "make stubs      - regenerate src/dask_ddp/_core.pyi after changing bindings/"
+	@echo "make docs       - the documentation site in build/docs/html (warnings are errors)"
 	@echo "make bench      - run the benchmarks (see BENCHMARKS.md)"
 	@echo "make wheel      - dist/: the sdist and a self-contained manylinux wheel built from it"
 	@echo "make check-wheel - install the wheel in a fresh venv and run it with the system libraries hidden"
@@ -125,6 +126,14 @@ lint: | $(PY)
 # The type stub of the C++ module, checked in (tests/test_stubs.py fails when it is stale).
 stubs: build
 	$(PY) -m nanobind.stubgen -q -m dask_ddp._core -o src/dask_ddp/_core.pyi
+
+# The documentation site (docs/: Sphinx, MyST pages, the API pages from the docstrings).
+# Warnings are errors, all reported (-W --keep-going); every reference to dask_ddp's API
+# must resolve (-n); tests/docs/ checks that the built pages' relative links resolve.
+DOCS_OUT ?= build/docs/html
+docs: setup
+	$(PY) -m sphinx -b html -n -W --keep-going -q docs $(DOCS_OUT)
+	@echo "docs: $(DOCS_OUT)/index.html"
 
 demo: setup
 	$(PY) examples/transfer_learning.py $(DEMO_ARGS)

@@ -27,7 +27,7 @@ import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import IO
 
-from dask_ddp._launch import oom, probe, rank_env, warm
+from dask_ddp._launch import collective_dump, oom, probe, rank_env, warm
 from dask_ddp._launch.launch_record import LaunchRecord
 from dask_ddp._launch.placement import RankSpec, worker_host
 
@@ -118,6 +118,7 @@ def rank_environment(spec: RankSpec, port: int, workdir: str,
         env["DASK_DDP_STORAGE"] = spec.options.storage
     if spec.options.output_dir:
         env["DASK_DDP_OUTPUT_DIR"] = spec.options.output_dir
+    collective_dump.dump_environment(workdir, env)
     iface = rank_env.interface_of(worker_host(spec.worker))
     if iface:
         # The collectives must use the interface the peers reach this worker on, not

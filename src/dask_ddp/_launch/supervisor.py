@@ -26,7 +26,7 @@ from typing import Any
 from dask_ddp._channel.rank_writer import Forwarder
 from dask_ddp._channel.wire import metrics_topic
 from dask_ddp._dashboard.sampler import RankSampler
-from dask_ddp._launch import probe
+from dask_ddp._launch import collective_dump, probe
 from dask_ddp._launch.names import failure_topic, output_topic, progress_topic
 from dask_ddp._launch.placement import RankSpec
 from dask_ddp._launch.rank_process import (
@@ -310,6 +310,8 @@ class _Supervisor:
                 how = f"exited with code {returncode}"
             tail = "\n".join(self.stderr_tail)
             detail = f"\nlast stderr lines:\n{tail}" if tail else ""
+            # A collective's timeout (NCCL's watchdog) dumped the rank's last collectives.
+            detail += collective_dump.dump_summary(workdir, spec.rank)
             err = self._failed("run", f"the rank process {how}{detail}", None, tail, died=True)
             victim = returncode > 0 and looks_collective("", tail)
         # A rank whose collective broke (or that raised after another rank) is likely the

@@ -184,3 +184,37 @@ def test_the_place_of_a_c10d_collective_in_words() -> None:
     in_forward = 'File ".../torch/nn/parallel/distributed.py", line 1 in forward'
     assert where_c10d({"c10d": c10d(4, "nccl:broadcast")}, in_forward) \
         .startswith("DDP's forward-time broadcast (nccl:broadcast #4")
+
+
+def watchdog_abort(steps: int) -> int:
+    """What an NCCL rank does when a collective times out, on gloo: the watchdog writes the
+    flight recorder's ring (torch's own dump) to TORCH_NCCL_DEBUG_INFO_TEMP_FILE + rank,
+    then aborts the process. Rank 0 waits in a barrier rank 1 never joins."""
+    import os
+
+    import torch
+    import torch._C._distributed_c10d as c10d_core
+    import torch.distributed as dist
+
+    t = torch.ones(3)
+    for _ in range(steps):
+        dist.all_reduce(t)
+    if dist.get_rank() == 1:
+        path = os.environ["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] + "1"
+        with open(path, "wb") as f:
+            f.write(c10d_core._dump_fr_trace(True, False, False))
+        os.abort()
+    dist.barrier()
+    return 0
+
+
+def test_a_collectives_dump_is_attached_to_the_dead_ranks_error(client: Client) -> None:
+    """The launcher points torch's dump on a collective's timeout into the rank's work
+    directory and, when the rank dies, lists its last collectives in the error."""
+    job = dask_ddp.submit(client, watchdog_abort, 5, n_workers=2, progress=False)
+    with pytest.raises(dask_ddp.JobError) as info:
+        job.result(timeout=120)
+    text = str(info.value)
+    assert info.value.rank == 1 and "SIGABRT" in text, text
+    assert "last collectives of rank 1 in the flight recorder's dump" in text, text
+    assert "gloo:all_reduce #5 of process group '0': completed sizes [[3]]" in text, text

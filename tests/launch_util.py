@@ -169,3 +169,17 @@ def ddp_uneven_steps_with_buffers(pause: float) -> int:
     for _ in range(3 + dist.get_rank()):
         model(torch.randn(4, 8)).sum().backward()
     return dist.get_rank()
+
+
+def spin_with_pid(folder: str) -> int:
+    """A rank that writes its pid to ``folder/rank-N.pid``, then reports until stopped."""
+    import torch.distributed as dist
+
+    import dask_ddp
+
+    rank = dist.get_rank()
+    with open(os.path.join(folder, f"rank-{rank}.pid"), "w") as f:
+        f.write(str(os.getpid()))
+    while True:
+        dask_ddp.report({"loss": 1.0})
+        time.sleep(0.05)

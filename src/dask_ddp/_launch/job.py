@@ -25,7 +25,7 @@ from typing import Any
 from dask_ddp._channel.monitor import JobMonitor
 from dask_ddp._channel.reader import prepare as prepare_channel
 from dask_ddp._dashboard import events as dashboard
-from dask_ddp._launch import payload, registry, scheduler_plugin, stall, workdir
+from dask_ddp._launch import interrupt, payload, registry, scheduler_plugin, stall, workdir
 from dask_ddp._launch.names import (
     abort_event_name,
     failure_topic,
@@ -191,7 +191,17 @@ class Job:
             The job was cancelled with :meth:`cancel`.
         TimeoutError
             ``timeout`` passed first; the job keeps running.
+        KeyboardInterrupt
+            Ctrl-C while waiting: the job is cancelled and its ranks stopped first (the
+            message says so).
         """
+        try:
+            return self._result(timeout)
+        except KeyboardInterrupt:
+            # Ctrl-C cancels the job; the frames of the interrupted wait are noise.
+            raise interrupt.cancelled_by_interrupt(self) from None
+
+    def _result(self, timeout: float | None) -> list[Any]:
         if not self._done.wait(timeout):
             raise TimeoutError(f"job {self.name!r} still running after {timeout} s"
                                + self._stacks_note())
@@ -239,6 +249,7 @@ class Job:
         if self._done.is_set():
             return
         self._cancelled = True
+        interrupt.mark_cancelled(self.id)
         self.client.sync(self._set_abort, callback_timeout=self.options.waits.scheduler_call)
         self.client.cancel(self._futures, reason="dask-ddp job cancelled",
                            msg=f"job {self.name!r} was cancelled")
@@ -369,6 +380,9 @@ class Job:
                                msg=f"launching job {self.name!r} failed")
         with contextlib.suppress(Exception):
             self.client.sync(self._cleanup, callback_timeout=4 * bound)
+        # The page showed the job "starting": it never runs.
+        with contextlib.suppress(Exception):
+            dashboard.job_state(self.client, self.id, JobState.CANCELLED)
         self._done.set()
 
     # -- the watcher (runs on the client's event loop) -----------------------------------
@@ -458,6 +472,8 @@ class Job:
         statuses = {f.status for f in self._futures}
         if self._all_finished:
             return JobState.DONE
+        if self._cancelled:  # the ranks stopped by the cancel may have erred: not a failure
+            return JobState.CANCELLED
         if self._lost or statuses & {"error", "lost"}:  # lost: a value went with its worker
             return JobState.FAILED
         return JobState.CANCELLED if self._cancelled or statuses - {"finished"} \
@@ -580,9 +596,25 @@ def launch(client: Any, options: LaunchOptions, *, workers: list[str] | None = N
     workdir.install_cleaner(client)
     scheduler_plugin.install(client)
     dashboard.install(client)
-    dashboard.job_started(client, job_id=job.id, run_id=run_id or job.id, name=job.name,
-                          attempt=restart, workers=job.workers,
-                          max_restarts=options.max_restarts)
+    try:
+        dashboard.job_started(client, job_id=job.id, run_id=run_id or job.id, name=job.name,
+                              attempt=restart, workers=job.workers,
+                              max_restarts=options.max_restarts)
+        _start(client, job, options, layout, restart, run_id)
+    except BaseException:
+        # Interrupted (Ctrl-C) or failed before the watcher took over: nothing stays
+        # running, and the page does not show the job "starting" for good.
+        if not job.done():
+            job._abandon()
+        raise
+    logger.info("job %r (%s): %d ranks on %s", job.name, job.id, len(layout),
+                ", ".join(workers))
+    return job
+
+
+def _start(client: Any, job: Job, options: LaunchOptions, layout: list[dict[str, Any]],
+           restart: int, run_id: str | None) -> None:
+    """Build the ranks' specs and submit them (their watcher then runs)."""
     scheduler = client.scheduler.address
     specs = [RankSpec(
         options=options, job_id=job.id, run_id=run_id or job.id, restart=restart,
@@ -592,8 +624,5 @@ def launch(client: Any, options: LaunchOptions, *, workers: list[str] | None = N
         master_addr=worker_host(layout[0]["worker"]), scheduler=scheduler) for i in layout]
     res = options.resources
     job._submit(specs, [dict(res) if res and i["proc_index"] == 0 else None for i in layout])
-    logger.info("job %r (%s): %d ranks on %s", job.name, job.id, len(layout),
-                ", ".join(workers))
-    return job
 
 

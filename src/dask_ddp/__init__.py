@@ -8,6 +8,8 @@ The public API:
   ``TarShards``, ``Loader``, ``transforms``)
 - storage: :mod:`dask_ddp.storage` (object stores by URL)
 - results: :mod:`dask_ddp.results` (``DaskResultsHandler``, ``report``)
+- inference: :func:`dask_ddp.predict` (a model over a Dask DataFrame, Array or image
+  dataset, lazily), :class:`Evaluate` (checkpoints scored while a job trains)
 - checkpoints: :mod:`dask_ddp.checkpoint` (``save_checkpoint``, ``load_checkpoint``,
   ``Checkpointer`` for exact resume, sharded checkpoints through DCP)
 - errors: :mod:`dask_ddp.errors`
@@ -24,7 +26,7 @@ from typing import TYPE_CHECKING
 from dask_ddp._lazy import attribute_loader, public_dir
 
 if TYPE_CHECKING:
-    from dask_ddp import checkpoint, data, dispatch, errors, results, storage
+    from dask_ddp import checkpoint, data, dispatch, errors, predict, results, storage
     from dask_ddp._identity import RankInfo, rank_info
     from dask_ddp.checkpoint import (
         Checkpointer,
@@ -42,6 +44,7 @@ if TYPE_CHECKING:
         StallError,
         WorkerLostError,
     )
+    from dask_ddp.predict import Evaluate
     from dask_ddp.results import report
 
 __version__ = "0.1.0"
@@ -59,12 +62,16 @@ _WHERE = {
        for n in ("Checkpointer", "load_checkpoint", "restore_training_state",
                  "save_checkpoint", "training_state")},
     "report": "dask_ddp.results:report",
+    # A package callable as its function: dask_ddp.predict(model, data, ...).
+    "predict": "dask_ddp.predict",
+    "Evaluate": "dask_ddp.predict.evaluate:Evaluate",
 }
 
 __all__ = [
-    "Checkpointer", "ElasticJob", "GangStartError", "Job", "JobError", "RankAbortedError",
-    "RankFailedError", "RankInfo", "Restart", "StallError", "WorkerLostError", "__version__",
-    "checkpoint", "data", "dispatch", "errors", "load_checkpoint", "rank_info", "report",
+    "Checkpointer", "ElasticJob", "Evaluate", "GangStartError", "Job", "JobError",
+    "RankAbortedError", "RankFailedError", "RankInfo", "Restart", "StallError",
+    "WorkerLostError", "__version__", "checkpoint", "data", "dispatch", "errors",
+    "load_checkpoint", "predict", "rank_info", "report",
     "restore_training_state", "results", "run_command", "save_checkpoint", "storage", "submit",
     "training_state",
 ]

@@ -243,6 +243,10 @@ class Checkpointer:
         Sharded only: ``dcp.async_save``, so :meth:`save` returns once the state is copied
         to memory and the upload overlaps training. Call :meth:`wait` before the training
         function returns (the job's process group ends then).
+    evaluate : dask_ddp.Evaluate, optional
+        Score each checkpoint saved (every ``every``-th) on the cluster while training
+        goes on; the scores arrive as the job's ``eval/...`` metrics at the checkpoint's
+        step. :meth:`wait` also waits for them.
 
     Examples
     --------
@@ -269,7 +273,8 @@ class Checkpointer:
 
     def __init__(self, model: Any, optimizer: Any = None, scheduler: Any = None,
                  loader: Any = None, *, storage: str | None = None, keep: int = 3,
-                 sharded: bool = False, async_save: bool = False) -> None:
+                 sharded: bool = False, async_save: bool = False,
+                 evaluate: Any = None) -> None:
         if async_save and not sharded:
             raise ValueError("Checkpointer(async_save=True) needs sharded=True (full "
                              "checkpoints upload in the background already)")
@@ -288,6 +293,7 @@ class Checkpointer:
         self.keep = keep
         #: The step restored by the last :meth:`restore` (None: nothing to restore).
         self.restored_step: int | None = None
+        self.evaluate = evaluate
 
     def save(self, step: int, /, **extra: Any) -> Any:
         """Checkpoint the training state as ``step`` (collective: call on every rank).
@@ -297,10 +303,14 @@ class Checkpointer:
         ranks.
         """
         if self.sharded:
-            return self._save_sharded(step, extra)
-        state = training_state(self.model, self.optimizer, self.scheduler, self.loader,
-                               **{"step": step, **extra})
-        return save_checkpoint(state, step, storage=self.storage, rank=0, keep=self.keep)
+            upload = self._save_sharded(step, extra)
+        else:
+            state = training_state(self.model, self.optimizer, self.scheduler, self.loader,
+                                   **{"step": step, **extra})
+            upload = save_checkpoint(state, step, storage=self.storage, rank=0, keep=self.keep)
+        if self.evaluate is not None and (process_group() or (0, 1))[0] == 0:
+            self.evaluate.checkpoint_saved(step, storage_url(self.storage), upload)
+        return upload
 
     def restore(self) -> dict[str, Any]:
         """Load the newest complete checkpoint into the objects (collective).
@@ -336,6 +346,8 @@ class Checkpointer:
                 pending.result(timeout)
         else:
             wait_checkpoints(timeout)
+        if self.evaluate is not None:
+            self.evaluate.wait(timeout)
 
     def _newest(self) -> int | None:
         # The newest step whose data matches its manifest (load_checkpoint's choice).

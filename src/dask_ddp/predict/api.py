@@ -1,0 +1,184 @@
+"""``dask_ddp.predict``: a model's outputs over a Dask collection or an image dataset, lazily."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from dask_ddp.predict.model import ModelSpec, build
+from dask_ddp.predict.outputs import OUTPUTS, Layout, probe
+from dask_ddp.predict.skips import remember_call
+
+__all__ = ["predict"]
+
+logger = logging.getLogger(__name__)
+
+_ON_ERROR = ("raise", "skip")
+
+
+def _host_threads() -> dict[str, int]:
+    """Each host's Dask worker threads, from the current client (empty without one)."""
+    try:
+        from distributed import default_client
+
+        workers = default_client().scheduler_info(n_workers=-1)["workers"]
+    except (ImportError, ValueError):
+        return {}
+    from distributed.comm.addressing import get_address_host
+
+    hosts: dict[str, int] = {}
+    for address, info in workers.items():
+        host = get_address_host(address)
+        hosts[host] = hosts.get(host, 0) + int(info.get("nthreads", 1))
+    return hosts
+
+
+def _spec(model: nn.Module | Callable[[], nn.Module], checkpoint: str | os.PathLike[str] | None,
+          step: int | None, device: str | None, threads: int | None) -> ModelSpec:
+    import cloudpickle
+    from dask.base import tokenize
+
+    if not isinstance(model, nn.Module) and not callable(model):
+        raise TypeError(f"predict: model must be a torch.nn.Module or a function building one, "
+                        f"not {type(model).__name__}")
+    if threads is not None and threads < 1:
+        raise ValueError(f"predict: threads must be >= 1, got {threads}")
+    payload = cloudpickle.dumps(model)
+    url = None if checkpoint is None else os.fspath(checkpoint)
+    return ModelSpec(f"model-{tokenize(payload, url, step, device)}", payload, url, step,
+                     device, threads, _host_threads())
+
+
+def _layout(spec: ModelSpec, sample: Sequence[int], dtype: torch.dtype, name: str, output: str,
+            output_shape: Sequence[int] | None, output_dtype: Any) -> Layout:
+    import numpy as np
+
+    if output_shape is not None and output_dtype is not None:
+        return Layout(tuple(int(d) for d in output_shape), np.dtype(output_dtype), name, output)
+    # Weights do not change the output's shape: the probe runs the model as built.
+    plain = ModelSpec(spec.token, spec.payload)
+    return probe(build(plain), sample, dtype, name=name, output=output)
+
+
+def predict(
+    model: nn.Module | Callable[[], nn.Module],
+    data: Any,
+    *,
+    batch_size: int = 1024,
+    columns: Sequence[Any] | None = None,
+    checkpoint: str | os.PathLike[str] | None = None,
+    checkpoint_step: int | None = None,
+    on_error: str = "raise",
+    output: str = "columns",
+    name: str = "out",
+    output_shape: Sequence[int] | None = None,
+    output_dtype: Any = None,
+    transform: Any = None,
+    partition_size: int = 1024,
+    device: str | None = None,
+    threads: int | None = None,
+) -> Any:
+    """A model's outputs over ``data``: a lazy Dask collection, one partition per input's.
+
+    Parameters
+    ----------
+    model
+        A ``torch.nn.Module``, or a function of no arguments building one (the cheap
+        thing to ship: the module is then built on each worker). It is pickled once here,
+        reaches each worker process once (one key of the graph that every partition
+        depends on) and is built there once, cached across partitions and calls.
+    data
+        - a Dask DataFrame or Series: the model's input is a float32 ``[batch, n]`` of its
+          columns (all, or ``columns``); the result is a Dask DataFrame with the same
+          partitions and index;
+        - a Dask Array ``[samples, ...]``: the input is float32 ``[batch, ...]`` of its
+          rows; the result is a Dask Array ``[samples, *output]`` with the same row chunks;
+        - an image dataset (:class:`~dask_ddp.data.ImageList`, ``ImageFolder``,
+          ``S3ImageFolder``, a ``Subset`` of one, :class:`~dask_ddp.data.TarShards`) or a
+          folder URL (an ``ImageFolder``, local or ``s3://``): images decoded and
+          transformed by the C++ engine; the result is a Dask DataFrame with one row per
+          sample (``key``: its path or URL, ``label``, the outputs), indexed by its
+          position in the dataset, a partition per ``partition_size`` samples or per shard.
+    batch_size
+        Samples per forward call.
+    columns
+        DataFrame: the feature columns, in the model's order (default: all).
+    checkpoint
+        The weights: a job's checkpoint storage (``storage=`` of ``submit``: the newest
+        complete full or sharded checkpoint, or ``checkpoint_step``'s; a
+        :class:`~dask_ddp.Checkpointer`'s training state gives its ``"model"``), or a
+        state dict's URL (``.pt``, ``.pth``, ``.bin``, ``.ckpt``). Read with
+        ``torch.load(weights_only=True)``, once per worker process.
+    checkpoint_step
+        The checkpoint step to load (default: the newest).
+    on_error
+        ``"raise"``: a bad row (a feature that is not a finite number) or image (missing,
+        corrupt, not JPEG/PNG) fails its partition with an error naming its key.
+        ``"skip"``: left out (an Array's row gets NaN outputs instead) and counted:
+        :func:`dask_ddp.predict.skipped` after computing, and a warning in the worker's log.
+    output
+        How a DataFrame holds a sample's output of more than one value: ``"columns"``
+        (``out_0``, ``out_1``...; a scalar output is one column ``out``) or ``"list"``
+        (one fixed-size list column, ``pd.ArrowDtype``; Parquet stores it as a list).
+    name
+        The output columns' name (prefix).
+    output_shape, output_dtype
+        One sample's output shape and dtype; default: found by running the model built
+        here on one zero sample (pass both to skip that).
+    transform
+        Images: the engine's pipeline (:mod:`dask_ddp.data.transforms`, fixed output size;
+        no random ops for inference); default: the dataset's.
+    partition_size
+        Images (lists, folders): samples per partition.
+    device
+        Where the model runs; default: the worker's GPU when it sees one (a worker started
+        with ``CUDA_VISIBLE_DEVICES``), else the CPU. Place GPU work with Dask's resources:
+        ``client.compute(result, resources={"GPU": 1})``.
+    threads
+        torch's intra-op threads per task; default: the host's usable cores over its Dask
+        workers' threads (so concurrent tasks do not oversubscribe), restored after.
+
+    Returns
+    -------
+    dask.dataframe.DataFrame or dask.array.Array
+        Lazy; ``compute``, ``persist``, ``to_parquet``, ``to_zarr`` as any collection.
+
+    Examples
+    --------
+    >>> out = dask_ddp.predict(make_model, ddf, checkpoint="s3://bucket/job",
+    ...                        columns=features)  # doctest: +SKIP
+    >>> out.to_parquet("s3://bucket/scores/")  # doctest: +SKIP
+    """
+    if on_error not in _ON_ERROR:
+        raise ValueError(f"predict: on_error must be one of {_ON_ERROR}, got {on_error!r}")
+    if output not in OUTPUTS:
+        raise ValueError(f"predict: output must be one of {OUTPUTS}, got {output!r}")
+    if batch_size < 1 or partition_size < 1:
+        raise ValueError(f"predict: batch_size and partition_size must be >= 1, got "
+                         f"{batch_size} and {partition_size}")
+    spec = _spec(model, checkpoint, checkpoint_step, device, threads)
+    from dask_ddp.predict import graphs as coll
+
+    kind = coll.kind_of(data)
+    if kind != "frame" and columns is not None:
+        raise ValueError("predict: columns= is for DataFrames")
+    if kind != "images" and transform is not None:
+        raise ValueError("predict: transform= is for image datasets")
+
+    def layout(sample: Sequence[int], dtype: torch.dtype) -> Layout:
+        return _layout(spec, sample, dtype, name, output, output_shape, output_dtype)
+
+    if kind == "frame":
+        result = coll.predict_frame(spec, data, columns, batch_size, on_error, layout)
+    elif kind == "array":
+        result = coll.predict_array(spec, data, batch_size, on_error, layout)
+    else:
+        result = coll.predict_dataset(spec, data, transform, batch_size, partition_size,
+                                      on_error, layout)
+    remember_call(result[0], result[1])
+    return result[0]

@@ -1,0 +1,213 @@
+"""The image path: each partition's images read, decoded and transformed by the C++ engine.
+
+An :class:`~dask_ddp.data.ImageList` (or ``ImageFolder``, ``S3ImageFolder``, a torch
+``Subset`` of one) is cut into runs of ``partition_size`` samples; a
+:class:`~dask_ddp.data.TarShards` gives one partition per shard. A partition's task
+runs the engine's loader over its samples in order (``shuffle=False``, decode threads
+sized like torch's) and the model over each batch as it arrives, so a partition holds at
+most the loader's ``prefetch`` batches decoded at once, never all its images.
+
+For an image list the engine is handed each sample's position in the partition as its
+label, so the batches it returns say which samples they hold, also when ``on_error="skip"``
+left some out. Tar shards name a sample ``<shard URL>#<n>``, its ``n``-th sample in the
+shard (counted among the readable ones when samples are skipped).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from dask_ddp import _core, storage
+from dask_ddp.data import transforms as T
+from dask_ddp.data.datasets import ImageList
+from dask_ddp.data.loader import Loader, _resolve_dataset
+from dask_ddp.data.shards import TarShards
+from dask_ddp.predict import model as cache
+from dask_ddp.predict.outputs import Layout, forward
+from dask_ddp.predict.skips import record_skipped
+
+__all__ = ["ImageOptions", "image_parts", "predict_images", "sample_input"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageOptions:
+    """An image ``predict`` call's options, one record for every partition's task."""
+
+    call: str
+    ops: tuple[Any, ...]
+    batch_size: int
+    on_error: str
+    layout: Layout
+    prefetch: int = 2
+    max_side: int = 1 << 14
+
+
+@dataclasses.dataclass(frozen=True)
+class ListPart:
+    """A run of an image list: the keys under its root, their labels, the first position."""
+
+    root: str
+    anon: bool
+    storage_options: tuple[tuple[str, Any], ...]
+    prefix: str  # a sample's path or URL is prefix + key
+    keys: tuple[str, ...]
+    targets: tuple[int, ...]
+    start: int
+    skip_missing: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardPart:
+    """One tar shard of a TarShards and its first sample's position in the dataset."""
+
+    shards: TarShards
+    start: int
+
+
+def image_parts(dataset: Any, partition_size: int) -> list[ListPart | ShardPart]:
+    """The partitions of an image dataset, in its order."""
+    if isinstance(dataset, TarShards):
+        counts, urls = dataset.counts, dataset.urls
+        starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(int).tolist()
+        return [ShardPart(_one_shard(dataset, url, c), s)
+                for url, c, s in zip(urls, counts, starts, strict=True)]
+    folder, indices = _resolve_dataset(dataset)
+    keys, targets = folder._keys, folder.targets
+    if indices is not None:
+        keys, targets = [keys[i] for i in indices], [targets[i] for i in indices]
+    sample0 = folder.samples[0][0]
+    prefix = sample0[: len(sample0) - len(folder._keys[0])]
+    options = tuple(sorted(folder.storage_options.items()))
+    return [ListPart(folder.url, folder.anon, options, prefix,
+                     tuple(keys[s:s + partition_size]), tuple(targets[s:s + partition_size]),
+                     s, folder._skip_missing)
+            for s in range(0, len(keys), partition_size)]
+
+
+def _one_shard(dataset: TarShards, url: str, count: int) -> TarShards:
+    one = TarShards([url], transform=dataset.transform, label_field=dataset.label_field or None,
+                    fields=dataset.fields, counts=[count], shuffle_buffer=0,
+                    range_bytes=dataset.range_bytes, anon=dataset.anon,
+                    storage_options=dataset.storage_options)
+    one._store = None  # reopened in the worker's process
+    return one
+
+
+def sample_input(ops: Sequence[Any]) -> tuple[tuple[int, ...], torch.dtype]:
+    """The shape and dtype of one sample the engine makes with ``ops``."""
+    probe = _core.ImageLoader(storage.open("memory://dask-ddp-predict-probe")._core, ["x"],
+                              [0], list(ops), batch_size=1, shuffle=False)
+    shape = tuple(int(d) for d in probe.sample_shape)
+    dtype = torch.float32 if probe.float_output else torch.uint8
+    probe.close()
+    return shape, dtype
+
+
+_stores_lock = threading.Lock()
+_stores: dict[tuple[str, bool, str], storage.Store] = {}
+
+
+def _store(part: ListPart) -> storage.Store:
+    """The part's store, opened once per worker process and root."""
+    key = (part.root, part.anon, repr(part.storage_options))
+    with _stores_lock:
+        store = _stores.get(key)
+        if store is None:
+            store = storage.open(part.root, anon=part.anon, **dict(part.storage_options))
+            _stores[key] = store
+        return store
+
+
+def _list_batches(part: ListPart, opts: ImageOptions, threads: int,
+                  taken: list[np.ndarray]) -> Iterator[tuple[int, torch.Tensor]]:
+    n = len(part.keys)
+    engine = _core.ImageLoader(
+        _store(part)._core, list(part.keys), list(range(n)), list(opts.ops),
+        batch_size=opts.batch_size, shuffle=False, rank=0, world_size=1, drop_last=False,
+        num_threads=threads, prefetch=opts.prefetch, skip_errors=opts.on_error == "skip",
+        skip_missing=opts.on_error == "skip" and part.skip_missing, max_side=opts.max_side)
+    try:
+        engine.start_epoch(0, 0)
+        done = 0
+        while (item := engine.next()) is not None:
+            images, positions = item[0], item[1]
+            taken.append(positions.numpy().copy())
+            yield done, images
+            done += len(images)
+    finally:
+        engine.close()
+
+
+def _shard_batches(part: ShardPart, opts: ImageOptions, threads: int,
+                   taken: list[np.ndarray]) -> Iterator[tuple[int, torch.Tensor]]:
+    loader = Loader(part.shards, opts.batch_size, shuffle=False, rank=0, world_size=1,
+                    num_threads=threads, prefetch=opts.prefetch, on_error=opts.on_error,
+                    pin_memory=False, max_side=opts.max_side)
+    image_at = part.shards.image_field or 0
+    try:
+        done = 0
+        for batch in loader:
+            images = batch[image_at]
+            labels = batch[1] if part.shards.fields is None else torch.full((len(images),), -1)
+            taken.append(labels.numpy().copy())
+            yield done, images
+            done += len(images)
+    finally:
+        loader.close()
+
+
+def predict_images(part: ListPart | ShardPart, spec: cache.ModelSpec, opts: ImageOptions,
+                   number: int) -> Any:
+    """One partition's rows: ``key`` (the sample's path or URL), ``label`` and the outputs,
+    indexed by the samples' positions in the dataset."""
+    import pandas as pd
+
+    model, device = cache.model_for(spec)
+    threads = cache.thread_share(spec)
+    taken: list[np.ndarray] = []
+    if isinstance(part, ListPart):
+        n, first = len(part.keys), part.prefix + part.keys[0]
+        batches = _list_batches(part, opts, threads, taken)
+    else:
+        n, first = part.shards.counts[0], part.shards.urls[0]
+        batches = _shard_batches(part, opts, threads, taken)
+    with cache.torch_threads(threads):
+        out = forward(model, device, batches, n, opts.layout,
+                      lambda s: f"partition {number} ({first}, batch at sample {s})")
+    got = np.concatenate(taken) if taken else np.empty(0, np.int64)
+    out = out[:len(got)]
+    if isinstance(part, ListPart):
+        keys = [part.prefix + part.keys[i] for i in got]
+        labels = np.asarray(part.targets, dtype=np.int64)[got]
+        positions = part.start + got
+    else:
+        keys = [f"{first}#{i}" for i in range(len(got))]
+        labels, positions = got.astype(np.int64), part.start + np.arange(len(got))
+    if len(got) < n:
+        record_skipped(opts.call, number, n - len(got), first)
+    frame = {"key": pd.array(keys, dtype=object), "label": labels, **opts.layout.columns(out)}
+    return pd.DataFrame(frame, index=pd.Index(positions, dtype=np.int64))
+
+
+def transform_ops(dataset: Any, transform: Any) -> tuple[Any, ...]:
+    """The engine ops of ``transform``, else of the dataset's own transform."""
+    chosen = transform
+    if chosen is None:
+        inner = dataset
+        while not isinstance(inner, (ImageList, TarShards)) and hasattr(inner, "dataset"):
+            inner = inner.dataset
+        chosen = getattr(inner, "transform", None)
+    if chosen is None:
+        raise ValueError("predict on images needs a transform with a fixed output size, e.g. "
+                         "transforms.Compose([transforms.Resize((224, 224)), "
+                         "transforms.ToTensor()])")
+    return tuple(T.to_ops(chosen))

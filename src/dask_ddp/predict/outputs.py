@@ -1,0 +1,92 @@
+"""The model's outputs: their per-sample shape and dtype (known before anything runs, so
+the result's ``meta`` and chunks are right), the batched forward, and the output columns."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+__all__ = ["OUTPUTS", "Layout", "forward", "probe"]
+
+#: How a DataFrame holds a sample's output vector: separate columns or one list column.
+OUTPUTS = ("columns", "list")
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """One sample's output: its shape and numpy dtype, and how a DataFrame names it."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    name: str = "out"
+    output: str = "columns"
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    def column_names(self) -> list[str]:
+        if not self.shape or self.output == "list":
+            return [self.name]
+        return [f"{self.name}_{i}" for i in range(self.size)]
+
+    def empty(self, n: int) -> np.ndarray:
+        return np.empty((n, *self.shape), dtype=self.dtype)
+
+    def columns(self, out: np.ndarray) -> dict[str, Any]:
+        """``out`` (``[n, *shape]``) as DataFrame columns."""
+        if not self.shape:
+            return {self.name: out}
+        flat = out.reshape(len(out), self.size)
+        if self.output == "columns":
+            return {c: flat[:, i] for i, c in enumerate(self.column_names())}
+        import pandas as pd
+        import pyarrow as pa
+
+        values = pa.array(np.ascontiguousarray(flat).reshape(-1))
+        column = pa.FixedSizeListArray.from_arrays(values, self.size)
+        return {self.name: pd.arrays.ArrowExtensionArray(column)}
+
+
+def output_dtype(t: torch.dtype) -> np.dtype:
+    return torch.empty((), dtype=t).numpy().dtype
+
+
+def probe(model: nn.Module, sample: Sequence[int], dtype: torch.dtype, *, name: str,
+          output: str) -> Layout:
+    """The layout of ``model``'s output for one zero sample of shape ``sample`` (on the
+    CPU, in inference mode): what every partition will produce."""
+    with torch.inference_mode():
+        y = model.eval()(torch.zeros((1, *sample), dtype=dtype))
+    if not isinstance(y, torch.Tensor) or y.ndim == 0 or y.shape[0] != 1:
+        shown = tuple(y.shape) if isinstance(y, torch.Tensor) else type(y).__name__
+        raise TypeError(f"predict: the model must return a tensor [batch, ...]; for a batch "
+                        f"of 1 it returned {shown}")
+    return Layout(tuple(int(d) for d in y.shape[1:]), output_dtype(y.dtype), name, output)
+
+
+def forward(model: nn.Module, device: torch.device, batches: Any, n: int, layout: Layout,
+            where: Callable[[int], str]) -> np.ndarray:
+    """Run ``model`` over ``batches`` (``(start, input tensor)`` pairs covering ``n``
+    samples) in inference mode; the outputs as one ``[n, *shape]`` array.
+
+    ``where(start)`` names a batch for errors (its partition and first key).
+    """
+    out = layout.empty(n)
+    with torch.inference_mode():
+        for start, x in batches:
+            y = model(x.to(device, non_blocking=True))
+            if not isinstance(y, torch.Tensor) or tuple(y.shape) != (len(x), *layout.shape):
+                shown = tuple(y.shape) if isinstance(y, torch.Tensor) else type(y).__name__
+                raise ValueError(
+                    f"predict: the model returned {shown} for {where(start)} (a batch of "
+                    f"{len(x)}); every batch must give [batch, {', '.join(map(str, layout.shape))}]"
+                    " as the first one did")
+            out[start:start + len(x)] = y.detach().to("cpu").numpy()
+    return out

@@ -1,0 +1,213 @@
+"""dask_ddp.predict over Dask DataFrames, Series and Arrays on a real LocalCluster: every row
+once and in order, the model built once per worker process, checkpoints, bad rows, threads."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import dask.array as da
+import dask.dataframe as dd
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from distributed import Client
+
+import dask_ddp
+from cluster_util import client_fixture
+
+pytestmark = pytest.mark.timeout(240)
+
+client = client_fixture(2)
+
+N_FEATURES = 6
+
+
+class Mlp(torch.nn.Module):
+    def __init__(self, outputs: int = 3) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = torch.nn.Sequential(torch.nn.Linear(N_FEATURES, 16), torch.nn.ReLU(),
+                                       torch.nn.Linear(16, outputs))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+class CountingBuilder:
+    """Builds an Mlp and appends this process's pid to a file each time it is called."""
+
+    def __init__(self, log: str, outputs: int = 3) -> None:
+        self.log, self.outputs = log, outputs
+
+    def __call__(self) -> torch.nn.Module:
+        with open(self.log, "a") as f:
+            f.write(f"{os.getpid()}\n")
+        return Mlp(self.outputs)
+
+
+class ThreadsModel(torch.nn.Module):
+    """Outputs torch's intra-op thread count at forward time, one value per row."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.full((len(x),), float(torch.get_num_threads()))
+
+
+def frame(rows: int = 1000, seed: int = 0) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    data = rng.standard_normal((rows, N_FEATURES)).astype(np.float32)
+    df = pd.DataFrame(data, columns=[f"f{i}" for i in range(N_FEATURES)])
+    df.index = pd.Index(rng.permutation(rows * 3)[:rows], name="event")  # unsorted keys
+    df["tag"] = "x"
+    return df
+
+
+def local(model: torch.nn.Module, x: np.ndarray) -> np.ndarray:
+    with torch.inference_mode():
+        return model.eval()(torch.from_numpy(np.array(x, dtype=np.float32))).numpy()
+
+
+FEATURES = [f"f{i}" for i in range(N_FEATURES)]
+
+
+def builds_per_pid(log: Path) -> dict[int, int]:
+    pids = [int(line) for line in log.read_text().split()] if log.exists() else []
+    return {p: pids.count(p) for p in set(pids)}
+
+
+def test_every_row_once_in_order_with_its_index(client: Client, tmp_path: Path) -> None:
+    pdf = frame()
+    ddf = dd.from_pandas(pdf, npartitions=7, sort=False)
+    out = dask_ddp.predict(Mlp, ddf, columns=FEATURES, batch_size=50)
+    assert out.npartitions == ddf.npartitions
+    assert list(out.columns) == ["out_0", "out_1", "out_2"]
+    got = out.compute()
+    assert list(got.index) == list(pdf.index)
+    np.testing.assert_allclose(got.to_numpy(), local(Mlp(), pdf[FEATURES]), rtol=1e-5,
+                               atol=1e-6)
+    # A fixed-size list column, through Parquet and back.
+    listed = dask_ddp.predict(Mlp, ddf, columns=FEATURES, output="list", name="logits")
+    listed.to_parquet(str(tmp_path / "scores"))
+    back = pd.read_parquet(tmp_path / "scores", dtype_backend="pyarrow")  # list types
+    assert list(back.index) == list(pdf.index)
+    np.testing.assert_allclose(np.stack(back["logits"].tolist()), got.to_numpy(), rtol=1e-6)
+
+
+def test_series_and_scalar_output(client: Client) -> None:
+    s = pd.Series(np.linspace(-1, 1, 300, dtype=np.float32), name="x")
+    one = torch.nn.Linear(1, 1)
+    got = dask_ddp.predict(one, dd.from_pandas(s, npartitions=3)).compute()
+    assert list(got.columns) == ["out_0"]
+    np.testing.assert_allclose(got["out_0"], local(one, s.to_numpy()[:, None])[:, 0], rtol=1e-6)
+
+
+def test_model_built_once_per_worker_process(client: Client, tmp_path: Path) -> None:
+    log = tmp_path / "builds.log"
+    builder = CountingBuilder(str(log))
+    ddf = dd.from_pandas(frame(2000), npartitions=16, sort=False)
+    out = dask_ddp.predict(builder, ddf, columns=FEATURES, batch_size=64,
+                           output_shape=(3,), output_dtype="float32")
+    graph = dict(out.__dask_graph__())
+    holding = [k for k, v in graph.items() if "predict-model-" in str(k)]
+    assert len(holding) == 1, holding  # the model travels as one key, not in every task
+    out.compute()
+    dask_ddp.predict(builder, ddf, columns=FEATURES, batch_size=64, output_shape=(3,),
+                     output_dtype="float32").compute()  # a second call: cached
+    counts = builds_per_pid(log)
+    worker_pids = set(client.run(os.getpid).values())
+    assert set(counts) <= worker_pids and counts, counts
+    assert all(n == 1 for n in counts.values()), counts
+
+
+def test_checkpoint_state_dict_file_loaded_once_per_worker(client: Client,
+                                                           tmp_path: Path) -> None:
+    trained = Mlp()
+    with torch.no_grad():
+        for p in trained.parameters():
+            p.add_(0.5)
+    path = tmp_path / "weights.pt"
+    torch.save(trained.state_dict(), path)
+    pdf = frame(600)
+    ddf = dd.from_pandas(pdf, npartitions=6, sort=False)
+    out = dask_ddp.predict(Mlp, ddf, columns=FEATURES, checkpoint=str(path))
+    np.testing.assert_allclose(out.compute().to_numpy(), local(trained, pdf[FEATURES]),
+                               rtol=1e-5, atol=1e-6)
+    infos = client.run(lambda: dask_ddp.predict.cache_info())
+    loads = [i["loads"] for info in infos.values() for i in info.values() if i["loads"]]
+    assert loads and all(n == 1 for n in loads), infos
+
+
+def test_full_checkpoint_of_a_checkpointer(client: Client, tmp_path: Path) -> None:
+    trained = Mlp(2)
+    with torch.no_grad():
+        for p in trained.parameters():
+            p.mul_(-1)
+    storage = tmp_path.as_uri()
+    opt = torch.optim.SGD(trained.parameters(), lr=0.1)
+    dask_ddp.Checkpointer(trained, opt, storage=storage).save(7)
+    dask_ddp.checkpoint.wait_checkpoints(60)
+    pdf = frame(200)
+    ddf = dd.from_pandas(pdf, npartitions=2, sort=False)
+    out = dask_ddp.predict(lambda: Mlp(2), ddf, columns=FEATURES, checkpoint=storage).compute()
+    np.testing.assert_allclose(out.to_numpy(), local(trained, pdf[FEATURES]), rtol=1e-5,
+                               atol=1e-6)
+    with pytest.raises(FileNotFoundError, match="no checkpoint of step 8"):
+        dask_ddp.predict(Mlp, ddf, columns=FEATURES, checkpoint=storage,
+                         checkpoint_step=8).compute()
+
+
+def test_bad_rows_raise_naming_the_key_or_are_skipped_and_counted(client: Client) -> None:
+    pdf = frame(400)
+    bad_key = pdf.index[123]
+    pdf.loc[bad_key, "f2"] = np.nan
+    ddf = dd.from_pandas(pdf, npartitions=4, sort=False)
+    with pytest.raises(ValueError, match=rf"row {bad_key} \(partition 1\): column 'f2' is nan"):
+        dask_ddp.predict(Mlp, ddf, columns=FEATURES).compute()
+    pdf.loc[pdf.index[300], "f4"] = np.inf
+    ddf = dd.from_pandas(pdf, npartitions=4, sort=False)
+    out = dask_ddp.predict(Mlp, ddf, columns=FEATURES, on_error="skip")
+    got = out.compute()
+    assert len(got) == 398 and bad_key not in got.index
+    assert dask_ddp.predict.skipped(out, client) == 2
+
+
+def test_array_rows_and_an_output_axis(client: Client) -> None:
+    x = np.random.default_rng(1).standard_normal((500, N_FEATURES)).astype(np.float32)
+    arr = da.from_array(x, chunks=(70, 4))  # a row split across blocks is rechunked whole
+    out = dask_ddp.predict(Mlp, arr, batch_size=32)
+    assert out.shape == (500, 3) and out.chunks[0] == arr.chunks[0]
+    np.testing.assert_allclose(out.compute(), local(Mlp(), x), rtol=1e-5, atol=1e-6)
+    x[10, 1] = np.nan
+    skipped = dask_ddp.predict(Mlp, da.from_array(x, chunks=(70, -1)), on_error="skip")
+    got = skipped.compute()
+    assert np.isnan(got[10]).all() and not np.isnan(np.delete(got, 10, axis=0)).any()
+    with pytest.raises(ValueError, match=r"row 10 \(block 0\)"):
+        dask_ddp.predict(Mlp, da.from_array(x, chunks=(70, -1))).compute()
+
+
+def test_torch_threads_sized_to_the_workers_share_and_restored(client: Client) -> None:
+    before = client.run(torch.get_num_threads)
+    ddf = dd.from_pandas(frame(100), npartitions=4, sort=False)
+    got = dask_ddp.predict(ThreadsModel(), ddf, columns=FEATURES).compute()
+    cores = len(os.sched_getaffinity(0))
+    assert set(got["out"]) == {max(1, cores // 2)}  # 2 workers x 1 thread on this host
+    assert client.run(torch.get_num_threads) == before
+
+
+def test_wrong_inputs_are_named() -> None:
+    with pytest.raises(TypeError, match="not list"):
+        dask_ddp.predict(Mlp, [1, 2])
+    with pytest.raises(ValueError, match="on_error"):
+        dask_ddp.predict(Mlp, [1, 2], on_error="ignore")
+    ddf = dd.from_pandas(frame(10), npartitions=1)
+    with pytest.raises(KeyError, match="'nope'"):
+        dask_ddp.predict(Mlp, ddf, columns=["nope"])
+    with pytest.raises(TypeError, match="'tag'"):
+        dask_ddp.predict(Mlp, ddf)
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_threads_setting() -> Iterator[None]:
+    yield

@@ -1,0 +1,290 @@
+"""Batch inference: ``dask_ddp.predict`` against a hand-written ``map_partitions`` (careful and
+naive) and Ray Data, on tables and images, all in the same run on the same cluster.
+
+Workloads (the issue's, sizes by flag), on a LocalCluster of WORKERS workers x 1 thread:
+
+1. table: an MLP (COLS -> 256 -> 256 -> 10) over ROWS x COLS float32 of a persisted Dask
+   DataFrame (PARTS partitions), the outputs persisted:
+   a. ``dask_ddp.predict(make_mlp, ddf, batch_size=BATCH)``;
+   b. careful hand-written ``map_partitions``: the model in a worker-global cache,
+      ``torch.from_numpy``, inference mode (target: a >= 1.0x b);
+   c. naive ``map_partitions``: the model object passed to every task (target: a >= 3x c);
+   d. Ray Data: ``from_pandas`` of the same partitions + ``map_batches`` with an actor pool
+      of WORKERS actors (target: a >= 2x d); skipped with a note when ray is absent
+      (``make bench-deps``);
+   and the time from ``compute()`` to the first partition's result.
+2. images: IMAGES JPEGs (160x120) in class folders, a small CNN at 64 px:
+   a. ``dask_ddp.predict(ImageFolder(dir), transform=Resize+ToTensor)`` (the engine decodes);
+   b. hand-written ``map_partitions`` over the paths with PIL and torchvision transforms
+      (target: a >= 1.5x b);
+   c. Ray Data ``read_images`` + ``map_batches`` (target: a >= 2x c), skipped when absent;
+   with ``--resnet``, the same with ResNet-18 at 224 px (random weights: a >= 1.0x b).
+3. the workers' peak RSS (``ru_maxrss``) after the image runs, against the images' bytes.
+
+Each figure is the best of --repeat runs (samples/s). Run:
+
+    python benchmarks/bench_predict.py [--rows 2000000] [--cols 32] [--parts 16]
+        [--batch 4096] [--images 4000] [--workers 2] [--repeat 3] [--resnet] [--no-ray]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import resource
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import benchenv  # noqa: F401 - first: the clean environment, before distributed
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))  # the image writer shared with the tests
+
+logger = logging.getLogger("bench_predict")
+
+
+def worker_cache() -> dict[str, Any]:
+    """A dict living in the worker process (this script's globals travel by value)."""
+    from distributed import get_worker
+
+    try:
+        worker: Any = get_worker()
+    except ValueError:
+        return {}
+    if not hasattr(worker, "bench_models"):
+        worker.bench_models = {}
+    cache: dict[str, Any] = worker.bench_models
+    return cache
+
+def make_mlp(cols: int = 32) -> Any:
+    import torch
+
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(cols, 256), torch.nn.ReLU(),
+                               torch.nn.Linear(256, 256), torch.nn.ReLU(),
+                               torch.nn.Linear(256, 10))
+
+
+def make_cnn() -> Any:
+    import torch
+
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, 16, 3, stride=2), torch.nn.ReLU(),
+        torch.nn.Conv2d(16, 32, 3, stride=2), torch.nn.ReLU(),
+        torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(32, 10))
+
+
+def make_resnet() -> Any:
+    import torchvision
+
+    return torchvision.models.resnet18(weights=None)
+
+
+def careful_partition(part: Any, build: Callable[[], Any], batch: int) -> Any:
+    """The hand-written best: the model cached in the worker, views of the partition."""
+    import numpy as np
+    import pandas as pd
+    import torch
+
+    cache = worker_cache()
+    model = cache.get("mlp")
+    if model is None:
+        model = cache["mlp"] = build().eval()
+    x = torch.from_numpy(np.array(part.to_numpy(dtype=np.float32)))
+    with torch.inference_mode():
+        out = torch.cat([model(x[i:i + batch]) for i in range(0, len(x), batch)]).numpy()
+    return pd.DataFrame(out, index=part.index, columns=[f"out_{i}" for i in range(10)])
+
+
+def naive_partition(part: Any, model: Any, batch: int) -> Any:
+    """The common first try: the model object an argument of every task."""
+    import numpy as np
+    import pandas as pd
+    import torch
+
+    x = torch.tensor(part.to_numpy(dtype=np.float32))
+    with torch.inference_mode():
+        out = torch.cat([model.eval()(x[i:i + batch]) for i in range(0, len(x), batch)])
+    return pd.DataFrame(out.numpy(), index=part.index, columns=[f"out_{i}" for i in range(10)])
+
+
+def pil_partition(paths: Any, build: Callable[[], Any], size: int, batch: int) -> Any:
+    """Hand-written images: PIL decode and torchvision transforms, the model cached."""
+    import pandas as pd
+    import torch
+    from PIL import Image
+    from torchvision import transforms as tv
+
+    key = f"img-{size}"
+    cache = worker_cache()
+    model = cache.get(key)
+    if model is None:
+        model = cache[key] = build().eval()
+    tf = tv.Compose([tv.Resize((size, size)), tv.ToTensor()])
+    outs = []
+    files = list(paths["path"])
+    with torch.inference_mode():
+        for i in range(0, len(files), batch):
+            x = torch.stack([tf(Image.open(p).convert("RGB")) for p in files[i:i + batch]])
+            outs.append(model(x).numpy())
+    import numpy as np
+
+    out = np.concatenate(outs)
+    return pd.DataFrame(out, index=paths.index, columns=[f"out_{i}" for i in range(out.shape[1])])
+
+
+def timed(client: Any, collection: Any, repeat: int, n: int) -> tuple[float, float]:
+    """Best samples/s over ``repeat`` persists, and the seconds to the first partition."""
+    from distributed import as_completed, futures_of, wait
+
+    best, first = 0.0, float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        done = collection.persist()
+        futures = futures_of(done)
+        next(iter(as_completed(futures)))
+        first = min(first, time.perf_counter() - t0)
+        wait(futures)
+        best = max(best, n / (time.perf_counter() - t0))
+        del done, futures
+    return best, first
+
+
+def ray_table(parts: list[Any], workers: int, batch: int, cols: int) -> float | None:
+    try:
+        import ray
+    except ImportError:
+        logger.warning("ray is not installed (make bench-deps): Ray Data skipped")
+        return None
+    import numpy as np
+
+    class Mlp:
+        def __init__(self) -> None:
+            self.model = make_mlp(cols).eval()
+
+        def __call__(self, b: Any) -> Any:
+            import torch
+
+            with torch.inference_mode():
+                x = torch.from_numpy(b.to_numpy(dtype=np.float32))
+                return {"out": self.model(x).numpy()}
+
+    ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
+    try:
+        ds = ray.data.from_pandas(parts).materialize()
+        t0 = time.perf_counter()
+        n = ds.map_batches(Mlp, batch_size=batch, batch_format="pandas",
+                           concurrency=workers).materialize().count()
+        return n / (time.perf_counter() - t0)
+    finally:
+        ray.shutdown()
+
+
+def bench_table(client: Any, args: argparse.Namespace) -> None:
+    import dask.array as da
+    import dask.dataframe as dd
+    import numpy as np
+    import pandas as pd
+
+    import dask_ddp
+
+    arr = da.random.default_rng(0).standard_normal((args.rows, args.cols), dtype=np.float32,
+                                                   chunks=(-(-args.rows // args.parts), -1))
+    ddf = dd.from_dask_array(arr, columns=[f"f{i}" for i in range(args.cols)]).persist()
+    n, batch = args.rows, args.batch
+
+    def build() -> Any:
+        return make_mlp(args.cols)
+
+    ours, first = timed(client, dask_ddp.predict(build, ddf, batch_size=batch), args.repeat, n)
+    meta = pd.DataFrame(np.empty((0, 10), np.float32), columns=[f"out_{i}" for i in range(10)])
+    careful, _ = timed(client, ddf.map_partitions(careful_partition, build, batch, meta=meta),
+                       args.repeat, n)
+    naive, _ = timed(client, ddf.map_partitions(naive_partition, build(), batch, meta=meta),
+                     args.repeat, n)
+    logger.info("table %d x %d in %d parts: dask-ddp %.0f rows/s (first partition %.2fs), "
+                "careful map_partitions %.0f (%.2fx), naive %.0f (%.2fx)", n, args.cols,
+                args.parts, ours, first, careful, ours / careful, naive, ours / naive)
+    if args.ray:
+        ray = ray_table([p.compute() for p in ddf.to_delayed()], args.workers, batch,
+                        args.cols)
+        if ray:
+            logger.info("table: Ray Data %.0f rows/s (dask-ddp %.2fx)", ray, ours / ray)
+
+
+def bench_images(client: Any, args: argparse.Namespace, folder: str, resnet: bool) -> None:
+    import dask.dataframe as dd
+    import numpy as np
+    import pandas as pd
+
+    import dask_ddp
+    from dask_ddp.data import ImageFolder
+    from dask_ddp.data import transforms as T
+
+    size, build = (224, make_resnet) if resnet else (64, make_cnn)
+    what = "ResNet-18 at 224 px" if resnet else "small CNN at 64 px"
+    ds = ImageFolder(folder)
+    n, part = len(ds), max(1, len(ds) // (4 * args.workers))
+    tf = T.Compose([T.Resize((size, size)), T.ToTensor()])
+    ours, first = timed(client, dask_ddp.predict(build, ds, transform=tf, batch_size=64,
+                                                 partition_size=part), args.repeat, n)
+    paths = dd.from_pandas(pd.DataFrame({"path": [p for p, _ in ds.samples]}),
+                           chunksize=part)
+    meta = pd.DataFrame(np.empty((0, 1000 if resnet else 10), np.float32),
+                        columns=[f"out_{i}" for i in range(1000 if resnet else 10)])
+    hand, _ = timed(client, paths.map_partitions(pil_partition, build, size, 64, meta=meta),
+                    args.repeat, n)
+    logger.info("images (%d, %s): dask-ddp %.0f images/s (first partition %.2fs), "
+                "PIL + torchvision map_partitions %.0f (%.2fx)", n, what, ours, first, hand,
+                ours / hand)
+    if args.ray:
+        try:
+            import ray
+        except ImportError:
+            logger.warning("ray is not installed (make bench-deps): Ray Data skipped")
+            return
+        logger.info("images: Ray Data read_images + map_batches: not run in this version")
+        del ray
+    rss = client.run(lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    size_on_disk = sum(os.path.getsize(p) for p, _ in ds.samples)
+    logger.info("workers' peak RSS %s MiB (images on disk %.1f MiB)",
+                [round(v / 2**20) for v in rss.values()], size_on_disk / 2**20)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--rows", type=int, default=2_000_000)
+    p.add_argument("--cols", type=int, default=32)
+    p.add_argument("--parts", type=int, default=16)
+    p.add_argument("--batch", type=int, default=4096)
+    p.add_argument("--images", type=int, default=4000)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--resnet", action="store_true")
+    p.add_argument("--no-ray", dest="ray", action="store_false")
+    args = p.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+    from distributed import Client, LocalCluster
+
+    from images import file_putter, write_folder
+
+    benchenv.log_load_around_run(logger)
+    with tempfile.TemporaryDirectory() as tmp, \
+            LocalCluster(n_workers=args.workers, threads_per_worker=1,
+                         dashboard_address=":0") as cluster, Client(cluster) as client:
+        bench_table(client, args)
+        write_folder(file_putter(tmp), [f"c{i}" for i in range(10)], args.images // 10,
+                     sizes=((160, 120),))
+        bench_images(client, args, tmp, resnet=False)
+        if args.resnet:
+            bench_images(client, args, tmp, resnet=True)
+
+
+if __name__ == "__main__":
+    main()

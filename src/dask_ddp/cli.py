@@ -41,7 +41,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if command == "plot":
         from dask_ddp.plot import main as plot_main  # lazily: matplotlib is optional
 
-        return int(plot_main(rest) or 0)
+        try:
+            return int(plot_main(rest) or 0)
+        except ModuleNotFoundError as exc:
+            if exc.name is None or exc.name.split(".")[0] != "matplotlib":
+                raise
+            sys.stderr.write("dask-ddp plot needs matplotlib, which is not installed: "
+                             "pip install 'dask-ddp[plot]'\n")
+            return 1
     sys.stderr.write(f"dask-ddp: unknown command {command!r}\n{USAGE}")
     return 2
 
@@ -69,6 +76,8 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", type=_env_pair,
                    help="set an environment variable in every rank (repeatable), e.g. "
                         "--env AWS_PROFILE=training --env OMP_NUM_THREADS=4")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="show Dask's own INFO logs (default: warnings and errors only)")
     p.add_argument("script", help="the training script (a .py file or a program)")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments of the script")
     return p
@@ -104,7 +113,12 @@ def run_main(argv: Sequence[str]) -> int:
     """``dask-ddp run``: returns 0 when every rank exited 0, else 1."""
     opts = _run_parser().parse_args(list(argv))
     logging.basicConfig(level=logging.WARNING, format="dask-ddp: %(message)s")
+    # The cluster's own INFO logs (~45 lines per run) only with -v: the ranks' output and
+    # the job's errors are what the command is for.
+    dask_level = logging.INFO if opts.verbose else logging.WARNING
     from distributed import Client, LocalCluster
+
+    logging.getLogger("distributed").setLevel(dask_level)  # after its import sets INFO
 
     from dask_ddp import JobError, run_command
 
@@ -117,7 +131,7 @@ def run_main(argv: Sequence[str]) -> int:
         else:
             n_workers = opts.n_workers or 1
             cluster = LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
-                                   dashboard_address=":0")
+                                   dashboard_address=":0", silence_logs=dask_level)
             client = Client(cluster)
         with client:
             run_command(client, command, n_workers=n_workers,
@@ -127,6 +141,9 @@ def run_main(argv: Sequence[str]) -> int:
     except JobError as exc:
         logger.error("%s", exc)
         return 1
+    except KeyboardInterrupt as exc:  # the job was cancelled and its ranks stopped
+        logger.error("%s", exc or "interrupted")
+        return 130
     except (TimeoutError, OSError, ValueError) as exc:
         logger.error("%s: %s", type(exc).__name__, exc)
         return 1

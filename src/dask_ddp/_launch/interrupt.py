@@ -9,14 +9,21 @@ A cancelled job's rank processes are killed with records maybe still in their pi
 their results streams end without an end marker: :class:`CancelledStreams` keeps the
 reader's "its worker may have died" warning for the streams of jobs that were not
 cancelled (no worker died).
+
+At the interpreter's exit, the tasks of the jobs whose values were returned are released
+(:func:`release_at_exit`): no alarm after a success when a script ends without closing
+its cluster.
 """
 
 from __future__ import annotations
 
+import atexit
 import collections
+import contextlib
 import logging
 import threading
 import time
+import weakref
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -89,3 +96,43 @@ def cancelled_by_interrupt(job: Any) -> KeyboardInterrupt:
     message = f"job {job.name!r} cancelled (Ctrl-C); {how}"
     logger.info("%s", message)
     return KeyboardInterrupt(message)
+
+
+# -- a successful script's exit ----------------------------------------------------------
+#: Jobs whose values result() returned; their tasks are released at the interpreter's exit.
+_returned: weakref.WeakSet[Any] = weakref.WeakSet()
+_exit_hook = False
+#: How long the exit waits for the scheduler to forget the released tasks.
+RELEASE_WAIT_S = 2.0
+
+
+def release_at_exit(job: Any) -> None:
+    """``job``'s values were returned: at the interpreter's exit its tasks are released
+    before Dask closes the cluster (registered after Dask's own exit handlers, so it runs
+    before them). A script that ends without closing its cluster otherwise makes the
+    scheduler warn that it loses computed tasks and the launcher report each rank's value
+    lost with its worker: an alarm after a success."""
+    global _exit_hook
+    with _lock:
+        _returned.add(job)
+        if not _exit_hook:
+            atexit.register(_release_returned)
+            _exit_hook = True
+
+
+def _release_returned() -> None:
+    for job in list(_returned):
+        futures = [f for f in job._futures if f.status == "finished"]
+        if not futures or job.client.status not in ("running", "connecting"):
+            continue
+        keys = [f.key for f in futures]
+        for fut in futures:
+            fut.release()
+        deadline = time.monotonic() + RELEASE_WAIT_S
+        with contextlib.suppress(Exception):
+            while time.monotonic() < deadline:
+                held = job.client.sync(job.client.scheduler.who_has, keys=keys,
+                                       callback_timeout=RELEASE_WAIT_S)
+                if not any(held.get(k) for k in keys):
+                    break
+                time.sleep(0.05)

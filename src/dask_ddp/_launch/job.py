@@ -25,7 +25,7 @@ from typing import Any
 from dask_ddp._channel.monitor import JobMonitor
 from dask_ddp._channel.reader import prepare as prepare_channel
 from dask_ddp._dashboard import events as dashboard
-from dask_ddp._launch import interrupt, payload, registry, scheduler_plugin, stall, workdir
+from dask_ddp._launch import interrupt, payload, quiet, registry, scheduler_plugin, stall, workdir
 from dask_ddp._launch.names import (
     abort_event_name,
     failure_topic,
@@ -222,6 +222,9 @@ class Job:
                 logger.exception("collecting the metrics of failed job %r failed", self.name)
             raise
         self._stop_monitor(monitor_timeout)
+        if self.keep_values:
+            self._values = values
+            interrupt.release_at_exit(self)
         return values
 
     def _gather_values(self) -> list[Any]:
@@ -595,6 +598,7 @@ def launch(client: Any, options: LaunchOptions, *, workers: list[str] | None = N
     prepare_channel(client, job.id, options.storage)
     workdir.install_cleaner(client)
     scheduler_plugin.install(client)
+    quiet.install(client)
     dashboard.install(client)
     try:
         dashboard.job_started(client, job_id=job.id, run_id=run_id or job.id, name=job.name,

@@ -2,11 +2,11 @@
 
 - :func:`predict` (``dask_ddp.predict``): a model's outputs over a Dask DataFrame or
   Array, or an image dataset read by the C++ engine, as a lazy Dask collection aligned
-  with the input's partitions (:mod:`~dask_ddp.predict.api`).
+  with the input's partitions (``api``).
 - :func:`skipped`: how many samples ``on_error="skip"`` left out
-  (:mod:`~dask_ddp.predict.skips`).
+  (``skips``).
 - :class:`Evaluate`: score each checkpoint a job saves on the cluster while it trains;
-  the scores arrive as the job's ``eval/...`` metrics (:mod:`~dask_ddp.predict.evaluate`).
+  the scores arrive as the job's ``eval/...`` metrics (``evaluate``).
 
 The rooms: ``api`` (the public function), ``graphs`` (the collections), ``model`` (the
 per-worker model cache, device and threads), ``weights`` (checkpoints), ``tables`` (the

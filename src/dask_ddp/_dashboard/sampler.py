@@ -167,28 +167,43 @@ class RankSampler:
 
     def _curve_points(self, records: list[bytes]) -> dict[str, list[list[float]]]:
         """The curves' points of this interval: per numeric metric, its last value reported
-        in the interval (and the rank's very first one), at its step (the count of
-        reports when the records carry no step)."""
-        points: dict[str, list[list[float]]] = {}
+        in the interval at the step of the record that carried it (the count of reports
+        when the records carry no step), and the rank's very first record's. A metric sent
+        by records of its own (an ``eval/`` score beside the training loss) keeps its
+        points; the step shown is the highest seen, so an older step's record (a score of
+        an earlier checkpoint) does not set it back."""
+        latest: dict[str, list[float]] = {}
+        first: dict[str, list[list[float]]] = {}
         for i, raw in enumerate(records):
             try:
                 rec = json.loads(raw[1:])
             except ValueError:
                 continue
-            step = rec.get("step")
-            self._last_step = step if isinstance(step, int) else self._last_step
-            self._last_metrics = _shown_metrics(rec)
-            if self.diverged is None:  # every record is looked at: the first step counts
-                self.diverged = _diverged(rec, self._last_step)
-            if i != len(records) - 1 and self._first_done:
+            if not isinstance(rec, dict):
                 continue
-            self._first_done = True
-            x = float(self._last_step if self._last_step is not None
-                      else self._reports - len(records) + i + 1)
-            for key, value in self._last_metrics.items():
+            step = rec.get("step")
+            if isinstance(step, int) and not isinstance(step, bool):
+                x = float(step)
+                if self._last_step is None or step > self._last_step:
+                    self._last_step = step
+            else:
+                x = float(self._reports - len(records) + i + 1)
+            shown = _shown_metrics(rec)
+            # The newest value of every metric, the loss first, at most MAX_METRICS.
+            self._last_metrics = _shown_metrics({**self._last_metrics, **shown})
+            if self.diverged is None:  # every record is looked at: the first step counts
+                self.diverged = _diverged(rec, step if isinstance(step, int) else None)
+            for key, value in shown.items():
                 if isinstance(value, (int, float)) and not isinstance(value, bool) \
                         and math.isfinite(value):
-                    points.setdefault(key, []).append([x, float(value)])
+                    latest[key] = [x, float(value)]
+                    if not self._first_done:
+                        first.setdefault(key, []).append([x, float(value)])
+            self._first_done = self._first_done or bool(shown)
+        points = first
+        for key, point in latest.items():
+            if point not in points.get(key, ()):
+                points.setdefault(key, []).append(point)
         return points
 
     def _process(self) -> dict[str, Any]:

@@ -91,9 +91,12 @@ def test_ctrl_c_cancels_the_job_and_stops_its_ranks(client: Any, tmp_path: Path)
     assert "KeyboardInterrupt: job 'spin' cancelled (Ctrl-C); ranks stopped" in err, err
     assert "threading.py" not in err and "may have died" not in err, err
     assert [p for p in pids if psutil.pid_exists(p)] == []  # gone before the message
-    page = wait_job(dashboard_root(client), job_id, "cancelled",
-                    lambda j: j["end"] is not None, timeout=30)
+    page = wait_job(dashboard_root(client), job_id, "cancelled, its ranks exited",
+                    lambda j: j["end"] is not None
+                    and all(r["state"] == "exited" for r in j["ranks"]), timeout=30)
     assert page["state"] == "cancelled" and page["root_cause"] is None, page
+    assert {r["exit"] for r in page["ranks"]} <= {"stopped: the job was cancelled",
+                                                  "exit code 0"}, page["ranks"]
 
 
 def test_ctrl_c_during_submit_never_leaves_the_job_starting(client: Any,

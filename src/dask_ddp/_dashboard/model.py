@@ -208,6 +208,10 @@ class JobView:
         stalled = set(a.stall.get("ranks", ())) if a.stall and a.state is JobState.STALLED \
             else set()
         ranks = [a.ranks[r].json(median, stalled, failed_rank) for r in sorted(a.ranks)]
+        if a.state is JobState.CANCELLED:
+            for r in ranks:  # the launcher's stop, not a fault of the rank
+                if str(r["exit"]).startswith("killed by SIG"):
+                    r["exit"] = "stopped: the job was cancelled"
         names = sorted({n for r in a.ranks.values() for n in r.curves})
         default = ("loss" if "loss" in names else self.first_metric
                    if self.first_metric in names else names[0] if names else None)

@@ -18,6 +18,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from dask_ddp._launch import interrupt
 from dask_ddp._launch.job import Job, launch
 from dask_ddp._launch.options import LaunchOptions
 from dask_ddp._launch.placement import available_workers
@@ -126,8 +127,15 @@ class ElasticJob:
             The job was cancelled.
         TimeoutError
             ``timeout`` passed first; the job keeps running.
+        KeyboardInterrupt
+            Ctrl-C: the job was cancelled and its ranks stopped (the message says so).
         """
-        if not self._done.wait(timeout):
+        try:
+            done = self._done.wait(timeout)
+        except KeyboardInterrupt:
+            # Ctrl-C cancels the job; the frames of the interrupted wait are noise.
+            raise interrupt.cancelled_by_interrupt(self) from None
+        if not done:
             raise TimeoutError(f"job {self.name!r} still running after {timeout} s")
         if self._error is not None:
             raise self._error

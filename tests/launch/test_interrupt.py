@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import pytest
 
 from cluster_util import client_fixture
 from dashboard_util import dashboard_root, get_json, wait_job
@@ -32,18 +33,20 @@ from launch_util import spin_with_pid
 with Client(sys.argv[1]) as client:
     print("SUBMITTING", flush=True)
     job = dask_ddp.submit(client, spin_with_pid, sys.argv[2], name=sys.argv[3],
-                          progress=False)
+                          progress=False, max_restarts=int(sys.argv[4]))
     print("SUBMITTED", job.id, flush=True)
     job.result()
 '''
 
 
-def _start_client(client: Any, tmp_path: Path, name: str) -> subprocess.Popen[str]:
+def _start_client(client: Any, tmp_path: Path, name: str,
+                  max_restarts: int = 0) -> subprocess.Popen[str]:
     script = tmp_path / "client.py"
     script.write_text(textwrap.dedent(SCRIPT))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), str(HERE.parent)])}
     return subprocess.Popen(
-        [sys.executable, str(script), client.scheduler.address, str(tmp_path), name],
+        [sys.executable, str(script), client.scheduler.address, str(tmp_path), name,
+         str(max_restarts)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
@@ -66,8 +69,10 @@ def _finish(proc: subprocess.Popen[str]) -> str:
     return err
 
 
-def test_ctrl_c_cancels_the_job_and_stops_its_ranks(client: Any, tmp_path: Path) -> None:
-    proc = _start_client(client, tmp_path, "spin")
+@pytest.mark.parametrize("max_restarts", [0, 1], ids=["job", "elastic-job"])
+def test_ctrl_c_cancels_the_job_and_stops_its_ranks(client: Any, tmp_path: Path,
+                                                    max_restarts: int) -> None:
+    proc = _start_client(client, tmp_path, "spin", max_restarts)
     try:
         _read_line(proc, "SUBMITTING")
         job_id = _read_line(proc, "SUBMITTED").split()[1]

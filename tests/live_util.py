@@ -1,0 +1,178 @@
+"""Live recovery at the torch.distributed level: rank processes on a store their parent
+hosts, killed for real at random moments (shared by the live tests and the prototype)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+STEPS = 40
+
+
+def state_hash(model: Any, opt: Any) -> str:
+    """A hash of parameters, buffers and the optimizer's state (bitwise)."""
+    import torch
+
+    h = hashlib.sha256()
+    for t in list(model.parameters()) + list(model.buffers()):
+        h.update(t.detach().numpy().tobytes())
+    for _, s in sorted(opt.state_dict()["state"].items()):
+        for k in sorted(s):
+            v = s[k]
+            h.update(v.numpy().tobytes() if isinstance(v, torch.Tensor) else repr(v).encode())
+    return h.hexdigest()
+
+
+def rank_main(port: int, uid: int, world: int, steps: int, out: str,
+              prefix: str = "") -> None:
+    """One rank: a DDP MLP with SGD and momentum, ``steps`` steps through the live group,
+    then its state's hash in ``out/<uid>.json``."""
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from dask_ddp._launch import live
+
+    torch.set_num_threads(1)
+    store = dist.PrefixStore(prefix, dist.TCPStore("127.0.0.1", port, None, False,
+                                                    timedelta(seconds=30)))
+    group = live.LiveGroup(store, uid, world, timeout=20.0)
+    live.install(group)
+    group.start()
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(),
+                        nn.Linear(64, 4))
+    model = DDP(net, bucket_cap_mb=0.005)  # several buckets: a step's all-reduces interleave
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    live.attach(model, opt)
+    gen = torch.Generator().manual_seed(1000 + uid)
+    store.add("ready", 1)
+    for _ in range(steps):
+        x = torch.randn(16, 32, generator=gen)
+        loss = model(x).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        store.set(f"progress/{uid}", str(group.committed))
+    # Finish together (the store, not gloo): a rank that exits early breaks its peers.
+    store.add(f"finished/{group.generation}", 1)
+    deadline = time.monotonic() + 60
+    while int(store.add(f"finished/{group.generation}", 0)) < len(group.members):
+        if time.monotonic() > deadline:
+            raise TimeoutError("peers did not finish")
+        time.sleep(0.01)
+    tmp = Path(out, f"{uid}.tmp")
+    tmp.write_text(json.dumps({
+        "hash": state_hash(model, opt), "step": group.committed,
+        "generation": group.generation, "world": dist.get_world_size()}))
+    tmp.rename(Path(out, f"{uid}.json"))
+    os._exit(0)
+
+
+def zygote_main(port: int, world: int, trials: int, steps: int, out: str) -> None:
+    """Import torch once, then fork ``world`` rank processes per trial (a rank's start
+    costs a fork, not an import: many trials fit in one test)."""
+    import torch  # noqa: F401 - imported once, before the forks
+    import torch.distributed as dist
+
+    from dask_ddp._launch import live  # noqa: F401
+
+    store = dist.TCPStore("127.0.0.1", port, None, False, timedelta(seconds=30))
+    for t in range(trials):
+        store.wait([f"t{t}/go"], timedelta(seconds=300))
+        pids = []
+        for u in range(world):
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    rank_main(port, u, world, steps, os.path.join(out, str(t)), f"t{t}")
+                finally:
+                    os._exit(1)
+            pids.append(pid)
+            store.set(f"t{t}/pid/{u}", str(pid))
+        for pid in pids:
+            os.waitpid(pid, 0)
+    os._exit(0)
+
+
+class Trials:
+    """A zygote process and its store: :meth:`run` starts one trial's ranks, kills some
+    and returns what the survivors ended with."""
+
+    def __init__(self, world: int, trials: int, out: Path, steps: int = STEPS) -> None:
+        import torch.distributed as dist
+
+        self.world, self.steps, self.out, self.trial = world, steps, out, 0
+        self.store = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=30),
+                                   wait_for_workers=False)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+        self.zygote = subprocess.Popen(
+            [sys.executable, "-c", "import sys, live_util; live_util.zygote_main(*map(int, "
+             "sys.argv[1:5]), sys.argv[5])", str(self.store.port), str(world), str(trials),
+             str(steps), str(out)], env=env, cwd=os.path.dirname(__file__))
+
+    def close(self) -> None:
+        if self.zygote.poll() is None:
+            self.zygote.kill()
+        self.zygote.wait()
+
+    def run(self, kills: int, seed: int, timeout: float = 120.0) -> dict[str, Any]:
+        """One trial: ``kills`` random ranks (rank 0 included) SIGKILLed at random
+        moments (a random step, then a random part of it: forward, backward, the
+        optimizer, a recovery)."""
+        from torch.distributed import PrefixStore
+
+        from dask_ddp._launch import live
+
+        t, self.trial = self.trial, self.trial + 1
+        os.makedirs(self.out / str(t), exist_ok=True)
+        store = PrefixStore(f"t{t}", self.store)
+        rng = random.Random(seed)
+        self.store.set(f"t{t}/go", "1")
+        deadline = time.monotonic() + timeout
+        while int(store.add("ready", 0)) < self.world:
+            self._check(deadline, "the ranks to start")
+            time.sleep(0.01)
+        pids = {u: int(store.get(f"pid/{u}")) for u in range(self.world)}
+        alive, killed = list(range(self.world)), []
+        for _ in range(kills):
+            at = rng.randrange(2, self.steps // 2)
+            while max(_progress(store, u) for u in alive) < at:
+                self._check(deadline, f"step {at}")
+                time.sleep(0.001)
+            time.sleep(rng.random() * 0.015)
+            victim = rng.choice(alive)
+            os.kill(pids[victim], signal.SIGKILL)
+            live.mark_dead(store, victim)  # what its supervisor does
+            alive.remove(victim)
+            killed.append(victim)
+        results: dict[int, Any] = {}
+        for u in alive:
+            path = self.out / str(t) / f"{u}.json"
+            while not path.exists():
+                self._check(deadline, f"rank {u}'s result (killed {killed}, seed {seed})")
+                time.sleep(0.02)
+            time.sleep(0.01)
+            results[u] = json.loads(path.read_text())
+        return {"killed": killed, "results": results,
+                "generations": live.read_generations(store)}
+
+    def _check(self, deadline: float, what: str) -> None:
+        if time.monotonic() > deadline or self.zygote.poll() is not None:
+            raise TimeoutError(f"waited too long for {what}; zygote exit code "
+                               f"{self.zygote.poll()}")
+
+
+def _progress(store: Any, uid: int) -> int:
+    key = f"progress/{uid}"
+    return int(store.get(key)) if store.check([key]) else 0

@@ -32,6 +32,17 @@ def state_hash(model: Any, opt: Any) -> str:
     return h.hexdigest()
 
 
+def train_step(model: Any, opt: Any, gen: Any) -> None:
+    """One step of the user's plain loop, on this rank's own random batch."""
+    import torch
+
+    x = torch.randn(16, 32, generator=gen)
+    loss = model(x).square().mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+
+
 def rank_main(port: int, uid: int, world: int, steps: int, out: str,
               prefix: str = "") -> None:
     """One rank: a DDP MLP with SGD and momentum, ``steps`` steps through the live group,
@@ -58,11 +69,7 @@ def rank_main(port: int, uid: int, world: int, steps: int, out: str,
     gen = torch.Generator().manual_seed(1000 + uid)
     store.add("ready", 1)
     for _ in range(steps):
-        x = torch.randn(16, 32, generator=gen)
-        loss = model(x).square().mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+        train_step(model, opt, gen)
         store.set(f"progress/{uid}", str(group.committed))
     # Finish together (the store, not gloo): a rank that exits early breaks its peers.
     store.add(f"finished/{group.generation}", 1)
@@ -176,3 +183,28 @@ class Trials:
 def _progress(store: Any, uid: int) -> int:
     key = f"progress/{uid}"
     return int(store.get(key)) if store.check([key]) else 0
+
+
+def live_train(folder: str, steps: int, pause: float) -> dict[str, Any]:
+    """A training function as the README's: a DDP model, SGD with momentum, a
+    Checkpointer, a plain loop; its pid and step in ``folder`` for the test to aim."""
+    import torch
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import dask_ddp
+
+    start = dask_ddp.rank_info()
+    torch.manual_seed(0)
+    model = DDP(nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    dask_ddp.Checkpointer(model, opt)
+    gen = torch.Generator().manual_seed(1000 + start.rank)
+    Path(folder, f"pid{start.rank}").write_text(str(os.getpid()))
+    for step in range(steps):
+        train_step(model, opt, gen)
+        Path(folder, f"step{start.rank}").write_text(str(step))
+        time.sleep(pause)
+    now = dask_ddp.rank_info()
+    return {"hash": state_hash(model, opt), "first_rank": start.rank, "rank": now.rank,
+            "world": now.world_size, "generation": now.generation}

@@ -17,6 +17,8 @@ class RankInfo:
     job_name: str
     job_id: str
     restart: int
+    #: A ``recovery="live"`` job's current group: 0 at the start, +1 per membership change.
+    generation: int = 0
 
 
 def rank_info() -> RankInfo:
@@ -52,6 +54,7 @@ def rank_info() -> RankInfo:
         job_name=env.get("DASK_DDP_JOB_NAME", ""),
         job_id=env.get("DASK_DDP_JOB_ID", ""),
         restart=int(env.get("DASK_DDP_RESTART", "0")),
+        generation=int(env.get("DASK_DDP_GENERATION", "0")),
     )
 
 

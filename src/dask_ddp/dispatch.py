@@ -53,12 +53,16 @@ def _tables(client: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     """The call's arguments with each top-level Dask DataFrame or Array replaced by a
     :class:`dask_ddp.data.Table` (described from metadata; its data stays on the workers),
     and the collections replaced, which the job keeps alive while it runs."""
+    # A Loader made on the client over a Dask collection holds it for the job too.
+    loaders = [k for v in (*args, *kwargs.values())
+               if (k := getattr(v, "__dict__", {}).get("_dask_ddp_keep_alive")) is not None]
     if not any(type(v).__module__.startswith(("dask.", "dask_expr"))
                for v in (*args, *kwargs.values())):
-        return args, kwargs, []
+        return args, kwargs, loaders
     from dask_ddp.data.table import replace_collections
 
-    return replace_collections(client, args, kwargs)
+    args, kwargs, kept = replace_collections(client, args, kwargs)
+    return args, kwargs, kept + loaders
 
 
 def submit(
@@ -84,6 +88,7 @@ def submit(
     max_workers: int | None = None,
     elastic_timeout: float = 60.0,
     stall_timeout: float | str | timedelta | None = _FROM_CONFIG,
+    recovery: str = "restart",
     **kwargs: Any,
 ) -> Job | ElasticJob:
     """Run ``fn(*args, **kwargs)`` as a DDP job: one process per rank, on Dask workers.
@@ -147,6 +152,15 @@ def submit(
         longer complete (every other rank blocked too, returned from ``fn`` or frozen) for
         this long. ``None`` turns it off; default ``dask-ddp.launch.stall-timeout`` (60 s).
         A rank that computes (rank 0's long evaluation) never counts as a stall.
+    recovery : {"restart", "live"}
+        What a lost rank (process killed, worker lost) costs. ``"restart"``: the whole
+        group starts again from the last checkpoint (``max_restarts``). ``"live"``: the
+        surviving ranks keep their processes, model, optimizer and data; the group
+        re-forms without the lost rank and goes on from the most advanced survivor's
+        step (no checkpoint read); each change is a :class:`~dask_ddp.Generation` on
+        ``job.generations``. Needs a ``DistributedDataParallel`` model registered with
+        :class:`dask_ddp.Checkpointer`; falls back to ``max_restarts`` restarts when
+        fewer than ``min_workers`` survive or the group cannot re-form.
 
     Returns
     -------
@@ -176,7 +190,7 @@ def submit(
         output_dir=output_dir, storage=storage, stream_output=stream_output,
         rendezvous_timeout=rendezvous_timeout, max_restarts=max_restarts,
         min_workers=min_workers, max_workers=max_workers, elastic_timeout=elastic_timeout,
-        stall_timeout=stall_timeout)
+        stall_timeout=stall_timeout, recovery=recovery)
     if options.restarting:
         return ElasticJob(client, options, keep_alive=tables)
     return launch(client, options, keep_alive=tables)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import dataclasses
 import logging
 import sys
 import threading
@@ -26,6 +27,8 @@ from dask_ddp._channel.monitor import JobMonitor
 from dask_ddp._channel.reader import prepare as prepare_channel
 from dask_ddp._dashboard import events as dashboard
 from dask_ddp._launch import interrupt, payload, quiet, registry, scheduler_plugin, stall, workdir
+from dask_ddp._launch.live import Generation
+from dask_ddp._launch.live_job import LiveWatch
 from dask_ddp._launch.names import (
     abort_event_name,
     failure_topic,
@@ -111,6 +114,8 @@ class Job:
         self._eof_cond = threading.Condition()
         #: Failed attempts: always empty here (see :class:`ElasticJob`).
         self.restarts: list[Restart] = []
+        #: ``recovery="live"``: the job's store and generations (see ``live_job``).
+        self._live: LiveWatch | None = None
 
     def __repr__(self) -> str:
         return (f"<Job {self.name!r} id={self.id[:8]} {self.state} "
@@ -333,6 +338,19 @@ class Job:
             states[rank] = {**entry, "worker": self.workers[rank]}
         return states
 
+    @property
+    def generations(self) -> list[Generation]:
+        """A ``recovery="live"`` job's membership changes so far, oldest first (each a
+        :class:`~dask_ddp.Generation`: time, cause, lost or joined ranks, recovery time);
+        empty for other jobs."""
+        live = self._live
+        if live is None:
+            return []
+        if self._done.is_set():
+            return list(live.generations)
+        return list(self.client.sync(live.read,
+                                     callback_timeout=self.options.waits.scheduler_call))
+
     def root_error(self) -> BaseException | None:
         """The error naming the job's root cause, or ``None`` while no rank failed."""
         if self._stall is not None:
@@ -405,7 +423,9 @@ class Job:
                 if self.client.status in ("closing", "closed"):
                     break  # nothing left to watch with
                 try:
-                    if not aborted and any(s in ("error", "cancelled") for s in statuses):
+                    if not aborted and (any(s in ("error", "cancelled") for s in statuses)
+                                        if self._live is None
+                                        else self._live.fatal(statuses, self._lost)):
                         await self._bounded(self._set_abort())
                         aborted = True
                     if time.monotonic() >= next_check:
@@ -413,7 +433,8 @@ class Job:
                         found = await self._bounded(self._check_workers(statuses))
                         if not found and self.options.stall_timeout is not None:
                             found = await self._check_stall(statuses)
-                        if found and not aborted:
+                        # A live job goes on without a lost worker's rank.
+                        if found and not aborted and (self._live is None or self._stall):
                             await self._bounded(self._set_abort())
                             aborted = True
                 except Exception as exc:
@@ -422,11 +443,16 @@ class Job:
                     logger.warning("watcher of job %r: %s: %s (retrying)", self.name,
                                    type(exc).__name__, exc)
                 await asyncio.sleep(waits.watch_poll)
-            self._all_finished = all(f.status == "finished" for f in self._futures)
+            statuses = [f.status for f in self._futures]
+            self._all_finished = (all(s == "finished" for s in statuses) if self._live is None
+                                  else self._live.finished(statuses, self._lost))
             if self._all_finished and self.keep_values:
                 try:
+                    done = [f for f in self._futures if f.status == "finished"]
                     self._values = list(await self._bounded(
-                        self.client.gather(self._futures, asynchronous=True)))
+                        self.client.gather(done, asynchronous=True)))
+                    if self._live is not None:
+                        self._values = self._live.values(self._values)
                 except Exception as exc:  # result() reads them again, or names the loss
                     logger.warning("job %r: reading the ranks' return values failed: %s: %s",
                                    self.name, type(exc).__name__, exc)
@@ -502,6 +528,8 @@ class Job:
         return bool(lost)
 
     async def _cleanup(self) -> None:
+        if self._live is not None:
+            await self._live.close()
         # No task of an ended job stays on the scheduler (a pinned task of a lost worker
         # would wait in no-worker and ask an adaptive cluster for workers).
         # A "lost" future (its rank finished, then its worker died with the value) is not
@@ -620,6 +648,11 @@ def _start(client: Any, job: Job, options: LaunchOptions, layout: list[dict[str,
            restart: int, run_id: str | None) -> None:
     """Build the ranks' specs and submit them (their watcher then runs)."""
     scheduler = client.scheduler.address
+    if options.recovery == "live":
+        job._live = LiveWatch(client, job.id, job.workers, options.waits.scheduler_call,
+                              min_size=options.min_workers or 1)
+        options = job.options = dataclasses.replace(
+            options, env={**options.env, **job._live.env()})
     specs = [RankSpec(
         options=options, job_id=job.id, run_id=run_id or job.id, restart=restart,
         rank=i["rank"], local_rank=i["local_rank"], local_world_size=i["local_world_size"],

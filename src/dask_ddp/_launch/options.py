@@ -15,6 +15,8 @@ from typing import Any
 import cloudpickle
 
 BACKENDS = ("auto", "gloo", "nccl", "mpi")
+#: ``"restart"``: a lost rank restarts the whole group; ``"live"``: the survivors go on.
+RECOVERIES = ("restart", "live")
 #: ``stall_timeout`` not given: read ``dask-ddp.launch.stall-timeout``.
 FROM_CONFIG = "config"
 
@@ -94,6 +96,7 @@ class LaunchOptions:
     max_workers: int | None = None
     elastic_timeout: float = 60.0
     stall_timeout: float | None = None
+    recovery: str = "restart"
     #: ``(name, file, first line, last line)`` of the submitted function's code, to put
     #: the file and source lines back into a rank's traceback on the client
     #: (:func:`~dask_ddp._launch.payload.with_sources`).
@@ -136,6 +139,11 @@ class LaunchOptions:
                 "give either n_workers/workers or min_workers/max_workers, not both "
                 f"(n_workers={self.n_workers}, workers={self.workers}, "
                 f"min_workers={self.min_workers}, max_workers={self.max_workers})")
+        if self.recovery not in RECOVERIES:
+            raise ValueError(f"recovery must be one of {RECOVERIES}, got {self.recovery!r}")
+        if self.recovery == "live" and self.command is not None:
+            raise ValueError("recovery='live' needs a training function (its Checkpointer "
+                             "hooks the model and optimizer); a command restarts")
         if self.elastic_timeout < 0:
             raise ValueError(f"elastic_timeout must be >= 0, got {self.elastic_timeout}")
 

@@ -108,6 +108,36 @@ def _finish_barrier(store: Any, world: int) -> None:
                 raise
 
 
+def _start_live(address: str, rank: int, world: int, record: Any,
+                init_kwargs: dict[str, Any]) -> Any:
+    """``recovery="live"``: the default group, reconfigurable, on the job's store on the
+    scheduler; every Checkpointer made then hooks its model and optimizer into it."""
+    from dask_ddp._launch import live, live_store
+    from dask_ddp.checkpoint import resume
+
+    store = live_store.connect(address, record.rendezvous_timeout)
+    backend = _resolve_backend(record.backend, store, rank, world, record.worker)
+    timeout = init_kwargs.get("timeout", timedelta(seconds=60))
+    group = live.LiveGroup(store, rank, world, backend=backend,
+                           timeout=timeout.total_seconds(),
+                           min_size=int(os.environ.get("DASK_DDP_LIVE_MIN", "1")))
+    live.install(group)
+    resume.on_checkpointer(live.attach)
+    group.start()
+    return store
+
+
+def _live_finish(store: Any) -> tuple[Any, int]:
+    """The finish barrier's store and size: the current generation's members."""
+    from torch.distributed import PrefixStore
+
+    from dask_ddp._launch import live
+
+    group = live.current()
+    assert group is not None
+    return PrefixStore(f"dask_ddp/live/g{group.generation}", store), len(group.members)
+
+
 def _exit(code: int) -> None:
     # Run atexit handlers (the results channel flushes there) but do not join threads a
     # user left running: a finished rank must end.
@@ -143,19 +173,26 @@ def main(workdir: str) -> None:
 
         timeout = timedelta(seconds=record.rendezvous_timeout)
         # A peer frozen before the function starts leaves this rank waiting here: a stall.
+        live_address = os.environ.get("DASK_DDP_LIVE_STORE")
         with probe.waiting_for_peers("rendezvous"):
-            store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                                  world, False, timeout)
-            phase = "init_process_group"
-            backend = _resolve_backend(record.backend, store, rank, world, record.worker)
-            dist.init_process_group(backend=backend, store=store, rank=rank,
-                                    world_size=world, **init_kwargs)
+            if live_address is not None:
+                phase = "init_process_group"
+                store = _start_live(live_address, rank, world, record, init_kwargs)
+            else:
+                store = dist.TCPStore(os.environ["MASTER_ADDR"],
+                                      int(os.environ["MASTER_PORT"]), world, False, timeout)
+                phase = "init_process_group"
+                backend = _resolve_backend(record.backend, store, rank, world, record.worker)
+                dist.init_process_group(backend=backend, store=store, rank=rank,
+                                        world_size=world, **init_kwargs)
         phase = "run"
         if record.pass_local_rank:
             kwargs = {**kwargs, "local_rank": int(os.environ["LOCAL_RANK"])}
         value = fn(*args, **kwargs)
         phase = "teardown"
         probe.mark_returned()
+        if live_address is not None:
+            store, world = _live_finish(store)
         _finish_barrier(store, world)
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -26,7 +26,9 @@ from typing import Any
 from dask_ddp._channel.rank_writer import Forwarder
 from dask_ddp._channel.wire import metrics_topic
 from dask_ddp._dashboard.sampler import RankSampler
-from dask_ddp._launch import collective_dump, probe
+from dask_ddp._launch import collective_dump, live_store, probe
+from dask_ddp._launch.live import mark_dead
+from dask_ddp._launch.live_job import LiveLeft
 from dask_ddp._launch.names import failure_topic, output_topic, progress_topic
 from dask_ddp._launch.placement import RankSpec
 from dask_ddp._launch.rank_process import (
@@ -189,6 +191,9 @@ class _Supervisor:
             self._close_forwarder(fwd)
             sampler.stop(rank.returncode)
         assert rank.returncode is not None  # stop() reaped it
+        if self._live_left(rank.returncode, workdir):
+            # A live job goes on without this rank: no error, no abort of its peers.
+            return LiveLeft(spec.rank, f"the rank process ended with {rank.returncode}")
         return self._outcome(rank.returncode, workdir, rank)
 
     def _close_forwarder(self, fwd: Forwarder) -> None:
@@ -272,12 +277,27 @@ class _Supervisor:
             return
         if rank is not None:
             rank.kill(self.waits.term_grace)
+            self._live_left(-1, self.workdir)
         msg = (f"rank {self.spec.rank} of job {self.spec.job_name!r} on worker "
                f"{self.spec.worker} was stopped: {reason}")
         err = RankAbortedError(msg, self.spec.rank, self.spec.worker, kind=FailureKind.ABORTED)
         if reason.startswith("another rank"):
             raise self._root_or(err, self.waits.root_wait)
         raise err
+
+    def _live_left(self, returncode: int, workdir: str) -> bool:
+        """In a live job, a rank process that died (not raised) is recorded as lost on the
+        job's store, so the survivors re-form at once; whether it was."""
+        address = self.spec.options.env.get(live_store.STORE_ENV)
+        if address is None or returncode == 0 \
+                or os.path.exists(os.path.join(workdir, "result.pkl")):
+            return False
+        try:
+            mark_dead(live_store.connect(address, self.waits.scheduler_call), self.spec.rank)
+        except Exception as exc:  # the survivors wait for the scheduler's notice instead
+            logger.warning("rank %d of job %r: recording its loss failed: %s",
+                           self.spec.rank, self.spec.job_name, exc)
+        return True
 
     def _outcome(self, returncode: int, workdir: str, rank: RankProcess) -> Any:
         spec = self.spec

@@ -18,6 +18,7 @@ import concurrent.futures
 import io
 import logging
 import random
+from collections.abc import Callable
 from typing import Any
 
 from dask_ddp._identity import process_group
@@ -35,6 +36,18 @@ logger = logging.getLogger(__name__)
 __all__ = ["Checkpointer", "restore_training_state", "training_state"]
 
 _FORMAT = 1
+
+#: Called with ``(model, optimizer, scheduler, loader)`` by every new Checkpointer: a
+#: launcher's live recovery hooks the model and optimizer there (see ``on_checkpointer``).
+_ON_NEW: list[Callable[[Any, Any, Any, Any], None]] = []
+
+
+def on_checkpointer(fn: Callable[[Any, Any, Any, Any], None]) -> None:
+    """Call ``fn(model, optimizer, scheduler, loader)`` for every Checkpointer made in this
+    process from now on (the launcher's live recovery: the one place a training function
+    names its model, optimizer and loader together)."""
+    if fn not in _ON_NEW:
+        _ON_NEW.append(fn)
 
 
 def _unwrap(model: Any) -> Any:
@@ -293,6 +306,8 @@ class Checkpointer:
         self.keep = keep
         #: The step restored by the last :meth:`restore` (None: nothing to restore).
         self.restored_step: int | None = None
+        for hook in _ON_NEW:
+            hook(model, optimizer, scheduler, loader)
         self.evaluate = evaluate
 
     def save(self, step: int, /, **extra: Any) -> Any:

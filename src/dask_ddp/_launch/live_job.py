@@ -1,0 +1,93 @@
+"""The client side of a live job: which ends of ranks the job survives (internal).
+
+A :class:`~dask_ddp._launch.job.Job` launched with ``recovery="live"`` holds a
+:class:`LiveWatch`. Its watcher asks it whether the ranks' states so far end the job:
+a rank that *left* (its process died: its supervisor returns :class:`LiveLeft`; its
+worker left: the watcher cancels its task) does not, while the others go on in a smaller
+group; a rank that *raised* (the training function's own error, or the survivors' failed
+regroup, :class:`~dask_ddp._launch.live.LiveRecoveryError`) does, and the job falls back
+to its ``max_restarts``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Collection, Sequence
+from typing import Any
+
+from dask_ddp._launch import live_store
+from dask_ddp._launch.live import Generation
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class LiveLeft:
+    """What the supervisor of a rank that left a live job returns (not the function's
+    value: the job's result leaves it out)."""
+
+    rank: int
+    reason: str
+
+
+class LiveWatch:
+    """A live job's store on the scheduler and its generations (see the module).
+
+    Parameters
+    ----------
+    client
+        The job's client.
+    job_id
+        The job.
+    workers
+        The worker of each rank.
+    bound
+        Seconds a call to the scheduler may take.
+    """
+
+    def __init__(self, client: Any, job_id: str, workers: Sequence[str],
+                 bound: float, min_size: int = 1) -> None:
+        self.client = client
+        self.min_size = min_size
+        self.job_id = job_id
+        self.address = live_store.open_store(client, job_id, list(workers), bound)
+        #: The membership changes, read from the store as the job ends.
+        self.generations: list[Generation] = []
+
+    def env(self) -> dict[str, str]:
+        """The ranks' and supervisors' environment entries of the live store."""
+        return {live_store.STORE_ENV: self.address, "DASK_DDP_LIVE_MIN": str(self.min_size)}
+
+    @staticmethod
+    def fatal(statuses: Sequence[str], lost: Collection[int]) -> bool:
+        """Whether the ranks' future states end the job: a rank erred (it raised), or was
+        cancelled other than for its lost worker."""
+        return any(s == "error" or (s == "cancelled" and r not in lost)
+                   for r, s in enumerate(statuses))
+
+    @staticmethod
+    def finished(statuses: Sequence[str], lost: Collection[int]) -> bool:
+        """Whether the job ended well: every rank finished or left with its worker, and
+        at least one finished."""
+        return "finished" in statuses and all(
+            s == "finished" or (s == "cancelled" and r in lost) for r, s in enumerate(statuses))
+
+    @staticmethod
+    def values(values: Sequence[Any]) -> list[Any]:
+        """The survivors' return values, in rank order (the ranks that left omitted)."""
+        return [v for v in values if not isinstance(v, LiveLeft)]
+
+    async def close(self) -> None:
+        """Read the generations, then stop the store (never raises)."""
+        try:
+            texts = await live_store.read_generations(self.client, self.job_id)
+            self.generations = [Generation.from_json(t) for t in texts]
+        except Exception as exc:
+            logger.warning("live job %s: reading its generations failed: %s", self.job_id, exc)
+        await live_store.close_store(self.client, self.job_id)
+
+    async def read(self) -> list[Generation]:
+        """The generations so far (while the job runs)."""
+        texts = await live_store.read_generations(self.client, self.job_id)
+        return [Generation.from_json(t) for t in texts]

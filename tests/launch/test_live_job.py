@@ -1,0 +1,69 @@
+"""submit(recovery="live") end to end: a real LocalCluster, real gloo, real kills of a
+rank's process and of rank 0's worker; the survivors finish with identical state and the
+job records the generation."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+from distributed import Client
+
+import dask_ddp
+import live_util
+from cluster_util import client_fixture
+from waits import wait_until
+
+pytestmark = pytest.mark.timeout(300)
+
+client = client_fixture(3)
+
+
+def _step(folder: Path, rank: int) -> int:
+    try:
+        return int((folder / f"step{rank}").read_text() or -1)
+    except FileNotFoundError:
+        return -1
+
+
+def _started(folder: Path, rank: int) -> str | None:
+    return None if (folder / f"pid{rank}").exists() else f"no pid file of rank {rank}"
+
+
+def _kill_when(folder: Path, rank: int, at_step: int, pid: int) -> None:
+    wait_until(lambda: None if _step(folder, rank) >= at_step
+               else f"rank {rank} at step {_step(folder, rank)}",
+               120, f"rank {rank} to reach step {at_step}")
+    os.kill(pid, signal.SIGKILL)
+
+
+def _check_survivors(job: dask_ddp.Job, lost: int) -> None:
+    values = job.result(timeout=120)
+    assert len(values) == 2, values
+    assert len({v["hash"] for v in values}) == 1, values
+    assert sorted(v["rank"] for v in values) == [0, 1], values
+    assert {(v["world"], v["generation"]) for v in values} == {(2, 1)}, values
+    assert lost not in {v["first_rank"] for v in values}
+    (gen,) = job.generations
+    assert gen.lost == (lost,) and gen.world_size == 2 and gen.recovery_s < 10, gen
+
+
+def test_rank_process_killed(client: Client, tmp_path: Path) -> None:
+    job = dask_ddp.submit(client, live_util.live_train, str(tmp_path), 150, 0.01,
+                          recovery="live", progress=False)
+    wait_until(lambda: _started(tmp_path, 1), 120, "rank 1 to start")
+    _kill_when(tmp_path, 1, 20, int((tmp_path / "pid1").read_text()))
+    _check_survivors(job, lost=1)
+
+
+def test_rank0_worker_killed(client: Client, tmp_path: Path) -> None:
+    """Rank 0's worker (its whole process, as a lost machine) goes: the job's store is on
+    the scheduler, so the others go on."""
+    job = dask_ddp.submit(client, live_util.live_train, str(tmp_path), 150, 0.01,
+                          recovery="live", progress=False)
+    pids = client.run(os.getpid)
+    wait_until(lambda: _started(tmp_path, 0), 120, "rank 0 to start")
+    _kill_when(tmp_path, 0, 20, pids[job.workers[0]])
+    _check_survivors(job, lost=0)

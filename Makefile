@@ -151,7 +151,7 @@ bench-deps: venv
 	  subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "-c", pins.name, *peers], check=True)'
 
 # The sdist, then a wheel built from it and made self-contained (auditwheel + patchelf):
-# see tools/build_wheel.sh and README "Install".
+# see tools/build_wheel.sh and docs/user-guide/installation.md.
 sdist: venv
 	@bash tools/build_wheel.sh sdist
 

@@ -208,3 +208,39 @@ def live_train(folder: str, steps: int, pause: float) -> dict[str, Any]:
     now = dask_ddp.rank_info()
     return {"hash": state_hash(model, opt), "first_rank": start.rank, "rank": now.rank,
             "world": now.world_size, "generation": now.generation}
+
+
+def live_train_images(root: str, n: int, folder: str, pause: float) -> dict[str, Any]:
+    """One epoch over ``n`` images whose labels are their indices, with a Loader
+    registered in the Checkpointer; each batch's labels go to ``folder/audit<rank>``
+    (``iteration label,label``) before its step."""
+    import torch
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import dask_ddp
+    from dask_ddp.data import ImageList, Loader
+    from dask_ddp.data import transforms as T
+
+    start = dask_ddp.rank_info()
+    keys = sorted(str(p.relative_to(root)) for p in Path(root).rglob("*.jpg"))[:n]
+    loader = Loader(ImageList(root, keys, list(range(len(keys)))), 2, seed=3,
+                    transform=T.Compose([T.Resize((8, 8)), T.ToTensor()]), num_threads=1)
+    torch.manual_seed(0)
+    model = DDP(nn.Sequential(nn.Flatten(), nn.Linear(3 * 8 * 8, 4)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    dask_ddp.Checkpointer(model, opt, loader=loader)
+    Path(folder, f"pid{start.rank}").write_text(str(os.getpid()))
+    audit = Path(folder, f"audit{start.rank}").open("a")
+    for it, (x, y) in enumerate(loader, 1):
+        audit.write(f"{it} {','.join(str(int(v)) for v in y)}\n")
+        audit.flush()
+        loss = model(x).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        Path(folder, f"step{start.rank}").write_text(str(it))
+        time.sleep(pause)
+    now = dask_ddp.rank_info()
+    return {"hash": state_hash(model, opt), "first_rank": start.rank, "rank": now.rank,
+            "world": now.world_size, "generation": now.generation}

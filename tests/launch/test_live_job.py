@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from distributed import Client
 import dask_ddp
 import live_util
 from cluster_util import client_fixture
+from images import file_putter, write_folder
 from waits import wait_until
 
 pytestmark = pytest.mark.timeout(300)
@@ -56,6 +58,31 @@ def test_rank_process_killed(client: Client, tmp_path: Path) -> None:
     wait_until(lambda: _started(tmp_path, 1), 120, "rank 1 to start")
     _kill_when(tmp_path, 1, 20, int((tmp_path / "pid1").read_text()))
     _check_survivors(job, lost=1)
+
+
+def test_exactly_once_audit(client: Client, tmp_path: Path) -> None:
+    """Every sample of the epoch is trained on once across the job (padding aside): the
+    lost rank's batches up to the agreed step, then the survivors' own and the lost
+    rank's unread samples dealt to them."""
+    n, data, out = 90, tmp_path / "images", tmp_path / "out"
+    out.mkdir()
+    write_folder(file_putter(str(data)), ["a", "b", "c"], n // 3, sizes=((10, 10),))
+    job = dask_ddp.submit(client, live_util.live_train_images, str(data), n, str(out), 0.1,
+                          recovery="live", progress=False)
+    wait_until(lambda: _started(out, 2), 120, "rank 2 to start")
+    _kill_when(out, 2, 4, int((out / "pid2").read_text()))
+    _check_survivors(job, lost=2)
+    (gen,) = job.generations
+    seen: list[int] = []
+    for rank in range(3):
+        for line in (out / f"audit{rank}").read_text().splitlines():
+            it, labels = line.split()
+            if rank != 2 or int(it) <= gen.step:
+                seen += [int(v) for v in labels.split(",")]
+    counts = Counter(seen)
+    assert sorted(counts) == list(range(n)), sorted(set(range(n)) - set(counts))
+    repeats = sum(c - 1 for c in counts.values())
+    assert repeats <= (3 - 1) + (2 - 1), counts
 
 
 def test_rank0_worker_killed(client: Client, tmp_path: Path) -> None:

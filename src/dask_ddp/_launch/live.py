@@ -153,6 +153,10 @@ class LiveGroup:
         #: Optimizer steps applied (the same on every member after each regroup).
         self.committed = 0
         self.attached: _Attached | None = None
+        #: Rank 0's loader (epoch, batches yielded) at the last regroup.
+        self.data_position = (0, 0)
+        #: The members the last regroup lost.
+        self.lost: list[int] = []
 
     # -- the group ----------------------------------------------------------------------
     @property
@@ -250,6 +254,7 @@ class LiveGroup:
                 logger.warning("generation %d broke while forming (%s); again",
                                self.generation, exc)
                 continue
+            self.lost = [u for u in old if u not in self.members]
             if self.rank == 0:
                 self._record(cause, old, step, time.monotonic() - t0)
             return step
@@ -282,10 +287,13 @@ class LiveGroup:
         import torch
         import torch.distributed as dist
 
-        step = torch.tensor([self.committed], dtype=torch.int64)
-        dist.broadcast(step, 0)
-        agreed = int(step.item())
         att = self.attached
+        loader = att.loader if att is not None else None
+        epoch, batch = (int(loader.epoch), int(loader.state_dict()["batch"])) \
+            if loader is not None else (0, 0)
+        agreed_t = torch.tensor([self.committed, epoch, batch], dtype=torch.int64)
+        dist.broadcast(agreed_t, 0)
+        agreed, self.data_position = int(agreed_t[0]), (int(agreed_t[1]), int(agreed_t[2]))
         if att is not None:
             with torch.no_grad():
                 for t in att.tensors():
@@ -393,6 +401,7 @@ class _Attached:
         group = self.group
         mine = group.committed
         agreed = group.regroup(cause)
+        self._deal_unread()
         if agreed == mine + 1:
             # The failed step completed on the most advanced survivor: its state is the
             # state after that step; this rank's optimizer.step() for it is skipped.
@@ -403,6 +412,19 @@ class _Attached:
         else:
             raise LiveRecoveryError(
                 f"rank {group.uid} at step {mine} cannot continue from step {agreed}")
+
+    def _deal_unread(self) -> None:
+        """The lost members' unread samples of the epoch go to the survivors, after their
+        own: rank 0 (the most advanced) had yielded the batch of the step being completed,
+        so the lost ones trained on one batch fewer."""
+        loader, group = self.loader, self.group
+        if loader is None or not group.lost or not hasattr(loader, "deal_unread"):
+            return
+        from dask_ddp.data.unread import lost_positions
+
+        epoch, batch = group.data_position
+        positions = lost_positions(loader, epoch, max(batch - 1, 0), group.lost)
+        loader.deal_unread(epoch, positions, group.rank, len(group.members))
 
     def _reduce_again(self, saved: list[tuple[int, Any, list[Any]]]) -> None:
         """All-reduce this step's local gradients in the new group, into ``.grad``."""

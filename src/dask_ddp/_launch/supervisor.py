@@ -185,6 +185,9 @@ class _Supervisor:
         rank.start_pumps(self._on_output)
         try:
             self._watch(rank)
+            # A live job's survivors re-form once the loss is recorded: at once, before
+            # the rank's output and records are wound up.
+            self._live_left(-1, workdir)
         finally:
             rank.stop(self.waits.term_grace)
             self._on_output("eof", "")

@@ -36,6 +36,7 @@ from dask_ddp._identity import cores_per_rank
 from dask_ddp.data import transforms as T
 from dask_ddp.data.datasets import ImageList
 from dask_ddp.data.shards import TarShards
+from dask_ddp.data.unread import UnreadDeals
 from dask_ddp.data.world import rank_and_world
 
 __all__ = ["Loader"]
@@ -279,6 +280,8 @@ class Loader:
         self._shards = shards
         # The restored epoch's (shard, begin, end) sample runs, when not every shard whole.
         self._epoch_segments: list[tuple[int, int, int]] | None = None
+        # Samples a lost rank left unread, read after this rank's own (live recovery).
+        self._unread: UnreadDeals | None = None
         engine_options: dict[str, Any] = {
             "batch_size": self.batch_size,
             "shuffle": self.shuffle,
@@ -310,6 +313,11 @@ class Loader:
             **engine_options,
             skip_missing=on_error == "skip" and folder._skip_missing,
         )
+        store, skip_missing = folder._get_store()._core, on_error == "skip" and folder._skip_missing
+        self._unread = UnreadDeals(lambda pos, r, w: _core.ImageLoader(
+            store, [keys[i] for i in pos], [targets[i] for i in pos], ops,
+            **{**engine_options, "shuffle": False, "rank": r, "world_size": w},
+            skip_missing=skip_missing))
 
     def __len__(self) -> int:
         """Batches per epoch for this rank (for tar shards: in the current epoch)."""
@@ -356,7 +364,10 @@ class Loader:
             t0 = clock()
             item: Any = core.next()  # releases the GIL while it waits
             if item is None:
-                return
+                core = self._unread.next_core(self.epoch) if self._unread is not None else None
+                if core is None:
+                    return
+                continue
             if counters is not None:
                 counters.add_batch(clock() - t0)
             self._position = int(item[2]) + 1
@@ -442,6 +453,15 @@ class Loader:
             raise ValueError(f"state_dict batch {batch} is outside [0, {len(self)}]")
         self._start_batch = batch
         self._position = batch
+
+    def deal_unread(self, epoch: int, positions: list[int], rank: int, world_size: int) -> None:
+        """Read these samples (positions in this loader's sample list) of ``epoch`` after
+        this rank's own shard, dealt as rank ``rank`` of ``world_size``: a lost rank's
+        unread samples (see :mod:`dask_ddp.data.unread`). Image lists only."""
+        if self._unread is None:
+            raise NotImplementedError("dealing a lost rank's samples is implemented for "
+                                      "image lists; this loader reads tar shards")
+        self._unread.add(epoch, positions, rank, world_size)
 
     def close(self) -> None:
         """Stop the engine's threads (batches already handed out stay valid).

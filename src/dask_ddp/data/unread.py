@@ -1,0 +1,108 @@
+"""A lost rank's unread samples, dealt to the ranks that go on (live recovery).
+
+When a rank leaves a job mid-epoch (``recovery="live"``), the samples of its shard it
+had not trained on are read by the survivors after their own shard of the epoch, so that
+every sample of the epoch is trained on exactly once (plus at most ``world_size - 1``
+padding repeats per deal, as ``DistributedSampler`` pads). :func:`rank_indices` is the
+engine's sampler (``cpp/src/pipeline/sampler.cc``: a SplitMix64 Fisher-Yates shuffle by
+(seed, epoch), padding by the order's head, rank ``r`` at positions ``r, r + world, ...``)
+written again in Python: it names the lost rank's samples without reading them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+_MASK = (1 << 64) - 1
+_GOLDEN = 0x9E3779B97F4A7C15
+
+
+class _Rng:
+    """The engine's ``image::Rng`` (SplitMix64)."""
+
+    def __init__(self, seed: int, epoch: int, index: int) -> None:
+        self.s = (seed ^ _GOLDEN) & _MASK
+        self.s = self.next() ^ ((epoch * 0xD1B54A32D192ED03) & _MASK)
+        self.s = self.next() ^ ((index * 0x8CB92BA72F3D8DD7) & _MASK)
+        self.next()
+
+    def next(self) -> int:
+        self.s = (self.s + _GOLDEN) & _MASK
+        z = self.s
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
+        return z ^ (z >> 31)
+
+    def below(self, n: int) -> int:
+        v = int(float(self.next() >> 11) * 2.0 ** -53 * float(n))
+        return v if v < n else n - 1
+
+
+def rank_indices(n: int, epoch: int, rank: int, world_size: int, *, shuffle: bool = True,
+                 seed: int = 0, drop_last: bool = False) -> list[int]:
+    """The dataset indices rank ``rank`` of ``world_size`` reads in ``epoch``, in order:
+    the engine's ``DistributedSampler`` (see the module)."""
+    if drop_last and n % world_size:
+        per_rank = max((n - world_size + world_size - 1) // world_size, 0)
+    else:
+        per_rank = (n + world_size - 1) // world_size
+    order = list(range(n))
+    if shuffle and n > 1:
+        rng = _Rng(seed, epoch, _MASK)
+        for i in range(n - 1, 0, -1):
+            j = rng.below(i + 1)
+            order[i], order[j] = order[j], order[i]
+    total = per_rank * world_size
+    k = 0
+    while len(order) < total and n > 0:
+        order.append(order[k % n])
+        k += 1
+    del order[total:]
+    return order[rank:total:world_size]
+
+
+class UnreadDeals:
+    """The extra sample lists of a Loader's current epoch, read after its own shard.
+
+    Parameters
+    ----------
+    make_core
+        ``make_core(positions, rank, world_size)``: an engine loader over these positions
+        of the Loader's sample list, dealt as rank ``rank`` of ``world_size`` without
+        shuffling.
+    """
+
+    def __init__(self, make_core: Callable[[Sequence[int], int, int], Any]) -> None:
+        self.make_core = make_core
+        self.epoch: int | None = None
+        self.pending: list[Any] = []
+
+    def add(self, epoch: int, positions: Sequence[int], rank: int, world_size: int) -> None:
+        """Deal ``positions`` of ``epoch`` (an empty list: nothing)."""
+        if not positions:
+            return
+        if self.epoch != epoch:
+            self.epoch, self.pending = epoch, []
+        self.pending.append(self.make_core(list(positions), rank, world_size))
+
+    def next_core(self, epoch: int) -> Any:
+        """The next engine loader of ``epoch``'s extra samples, started; ``None`` when
+        there is none left."""
+        if self.epoch != epoch or not self.pending:
+            return None
+        core = self.pending.pop(0)
+        core.start_epoch(epoch, 0)
+        return core
+
+
+def lost_positions(loader: Any, epoch: int, batch: int, lost: Sequence[int]) -> list[int]:
+    """The samples of ``epoch`` that the ``lost`` ranks (of ``loader``'s world) had not
+    trained on after ``batch`` batches of it, in rank order."""
+    n = len(loader.dataset)
+    out: list[int] = []
+    for r in sorted(lost):
+        mine = rank_indices(n, epoch, r, loader.world_size, shuffle=bool(loader.shuffle),
+                            seed=loader.seed, drop_last=loader.drop_last)
+        out += mine[batch * loader.batch_size:]
+    return out

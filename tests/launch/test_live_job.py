@@ -4,6 +4,7 @@ job records the generation."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 from collections import Counter
@@ -34,11 +35,12 @@ def _started(folder: Path, rank: int) -> str | None:
     return None if (folder / f"pid{rank}").exists() else f"no pid file of rank {rank}"
 
 
-def _kill_when(folder: Path, rank: int, at_step: int, pid: int) -> None:
+def _kill_when(folder: Path, rank: int, at_step: int, pid: int,
+               sig: signal.Signals = signal.SIGKILL) -> None:
     wait_until(lambda: None if _step(folder, rank) >= at_step
                else f"rank {rank} at step {_step(folder, rank)}",
                120, f"rank {rank} to reach step {at_step}")
-    os.kill(pid, signal.SIGKILL)
+    os.kill(pid, sig)
 
 
 def _check_survivors(job: dask_ddp.Job, lost: int) -> None:
@@ -83,6 +85,36 @@ def test_exactly_once_audit(client: Client, tmp_path: Path) -> None:
     assert sorted(counts) == list(range(n)), sorted(set(range(n)) - set(counts))
     repeats = sum(c - 1 for c in counts.values())
     assert repeats <= (3 - 1) + (2 - 1), counts
+
+
+def test_frozen_rank(client: Client, tmp_path: Path) -> None:
+    """A rank stopped (SIGSTOP, a hung host) is found by the stall rule and killed; the
+    others re-form without it instead of the job ending with a StallError."""
+    job = dask_ddp.submit(client, live_util.live_train, str(tmp_path), 150, 0.01,
+                          recovery="live", stall_timeout=2, progress=False)
+    wait_until(lambda: _started(tmp_path, 2), 120, "rank 2 to start")
+    pid = int((tmp_path / "pid2").read_text())
+    _kill_when(tmp_path, 2, 20, pid, signal.SIGSTOP)
+    try:
+        _check_survivors(job, lost=2)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_too_few_survivors_fall_back_to_a_restart(client: Client, tmp_path: Path) -> None:
+    """Fewer than min_workers survive: the group gives up re-forming (the error names
+    min_workers) and the job restarts whole, as recovery="restart" does."""
+    job = dask_ddp.submit(client, live_util.live_train, str(tmp_path), 60, 0.01,
+                          recovery="live", min_workers=3, max_workers=3, max_restarts=1,
+                          progress=False)
+    wait_until(lambda: _started(tmp_path, 1), 120, "rank 1 to start")
+    _kill_when(tmp_path, 1, 10, int((tmp_path / "pid1").read_text()))
+    values = job.result(timeout=180)
+    assert len(values) == 3 and len({v["hash"] for v in values}) == 1, values
+    (restart,) = job.restarts
+    assert "min_workers=3" in str(restart), restart
+    assert {v["generation"] for v in values} == {0}
 
 
 def test_rank0_worker_killed(client: Client, tmp_path: Path) -> None:

@@ -481,6 +481,8 @@ class Job:
         found = stall.find_stall(self._states, finished, self.world_size, now, timeout)
         if found is None or self._stall is not None:
             return False
+        if self._live is not None and await self._live.end_frozen(found, self.workers):
+            return False  # the frozen ranks are killed: the others re-form without them
         try:
             stacks = await asyncio.wait_for(self._stacks(self.options.waits.stacks_timeout),
                                             self.options.waits.stacks_timeout + 10)

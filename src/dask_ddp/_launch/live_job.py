@@ -18,6 +18,8 @@ from typing import Any
 
 from dask_ddp._launch import live_store
 from dask_ddp._launch.live import Generation
+from dask_ddp._launch.stall import Stall, activity
+from dask_ddp._states import RankActivity
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +54,8 @@ class LiveWatch:
         self.min_size = min_size
         self.job_id = job_id
         self.address = live_store.open_store(client, job_id, list(workers), bound)
+        #: Ranks killed because they froze.
+        self.ended: set[int] = set()
         #: The membership changes, read from the store as the job ends.
         self.generations: list[Generation] = []
 
@@ -78,6 +82,23 @@ class LiveWatch:
         """The survivors' return values, in rank order (the ranks that left omitted)."""
         return [v for v in values if not isinstance(v, LiveLeft)]
 
+    async def end_frozen(self, found: Stall, workers: Sequence[str]) -> bool:
+        """A stall whose stuck ranks include frozen ones (SIGSTOP, a hung host): kill
+        those, so their peers' collectives fail at once and the group re-forms without
+        them; whether there were any (else the stall ends the job as usual)."""
+        frozen = [r for r in found.stuck if activity(found.states[r]) is RankActivity.FROZEN]
+        if not frozen:
+            return False
+        for rank in frozen:
+            if rank in self.ended:
+                continue
+            self.ended.add(rank)
+            logger.warning("live job %s: rank %d is frozen; killing it so the others go "
+                           "on without it", self.job_id, rank)
+            await self.client.run(_kill_rank, self.job_id, rank, workers=[workers[rank]],
+                                  on_error="return")
+        return True
+
     async def close(self) -> None:
         """Read the generations, then stop the store (never raises)."""
         try:
@@ -91,3 +112,14 @@ class LiveWatch:
         """The generations so far (while the job runs)."""
         texts = await live_store.read_generations(self.client, self.job_id)
         return [Generation.from_json(t) for t in texts]
+
+
+def _kill_rank(job_id: str, rank: int) -> bool:
+    """On a worker: SIGKILL rank ``rank`` of job ``job_id`` if it runs here."""
+    from dask_ddp._launch.rank_process import running_ranks
+
+    for proc in running_ranks():
+        if proc.job_id == job_id and proc.rank == rank:
+            proc.kill(0.0)
+            return True
+    return False

@@ -1,12 +1,60 @@
-"""Rank-side functions of the predict tests (an importable module, so rank processes can
-unpickle them by reference): a small regression job whose checkpoints are scored while it
-trains."""
+"""Helpers of the predict tests, in an importable module so worker and rank processes can
+unpickle them by reference: a small regression job whose checkpoints are scored while it
+trains; a small CNN, its transform and its outputs over the engine's Loader in the test's
+process (what a predict over images must equal); tar shards written in memory."""
 
 from __future__ import annotations
 
+import io
+import tarfile
 from typing import Any
 
+import numpy as np
 import torch
+
+from dask_ddp.data import Loader
+from dask_ddp.data import transforms as T
+
+#: The image tests' transform: every image 16 x 16, float.
+TRANSFORM = T.Compose([T.Resize((16, 16)), T.ToTensor()])
+
+
+class TinyCnn(torch.nn.Module):
+    """A small CNN with fixed weights: 5 outputs per image."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = torch.nn.Conv2d(3, 4, 3)
+        self.head = torch.nn.Linear(4, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.conv(x).mean(dim=(2, 3)))
+
+
+def engine_outputs(dataset: object) -> tuple[np.ndarray, np.ndarray]:
+    """TinyCnn over the engine's batches in this process: outputs and labels, in order."""
+    loader = Loader(dataset, 7, transform=TRANSFORM, shuffle=False, rank=0, world_size=1)
+    outs, labels = [], []
+    model = TinyCnn().eval()
+    with torch.inference_mode():
+        for x, y in loader:
+            outs.append(model(x).numpy())
+            labels.append(y.numpy())
+    return np.concatenate(outs), np.concatenate(labels)
+
+
+def tar_shard(samples: list[tuple[str, bytes, int]]) -> bytes:
+    """A WebDataset tar shard of ``(key, jpeg bytes, label)`` samples: ``key.jpg`` and
+    ``key.cls`` members."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for key, data, label in samples:
+            for name, payload in ((f"{key}.jpg", data), (f"{key}.cls", str(label).encode())):
+                info = tarfile.TarInfo(name)
+                info.size = len(payload)
+                tar.addfile(info, io.BytesIO(payload))
+    return buf.getvalue()
 
 
 def make_model() -> torch.nn.Module:

@@ -3,48 +3,21 @@ shards decoded by the engine, compared with the engine's Loader in this process;
 
 from __future__ import annotations
 
-import io
-import tarfile
 from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from distributed import Client
 
 import dask_ddp
 from cluster_util import client_fixture
-from dask_ddp.data import ImageFolder, Loader, TarShards
-from dask_ddp.data import transforms as T
+from dask_ddp.data import ImageFolder, TarShards
 from images import encode, file_putter, photo, write_folder
+from predict_util import TRANSFORM, TinyCnn, engine_outputs, tar_shard
 
 pytestmark = pytest.mark.timeout(240)
 
 client = client_fixture(2)
-
-TRANSFORM = T.Compose([T.Resize((16, 16)), T.ToTensor()])
-
-
-class TinyCnn(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.conv = torch.nn.Conv2d(3, 4, 3)
-        self.head = torch.nn.Linear(4, 5)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.conv(x).mean(dim=(2, 3)))
-
-
-def engine_outputs(dataset: object) -> tuple[np.ndarray, np.ndarray]:
-    """The model over the engine's batches in this process: outputs and labels, in order."""
-    loader = Loader(dataset, 7, transform=TRANSFORM, shuffle=False, rank=0, world_size=1)
-    outs, labels = [], []
-    with torch.inference_mode():
-        for x, y in loader:
-            outs.append(TinyCnn().eval()(x).numpy())
-            labels.append(y.numpy())
-    return np.concatenate(outs), np.concatenate(labels)
 
 
 def test_image_folder_every_sample_once_in_order(client: Client, tmp_path: Path) -> None:
@@ -75,22 +48,11 @@ def test_bad_image_named_or_skipped_and_counted(client: Client, tmp_path: Path) 
     assert dask_ddp.predict.skipped(out, client) == 1
 
 
-def _shard(samples: list[tuple[str, bytes, int]]) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        for key, data, label in samples:
-            for name, payload in ((f"{key}.jpg", data), (f"{key}.cls", str(label).encode())):
-                info = tarfile.TarInfo(name)
-                info.size = len(payload)
-                tar.addfile(info, io.BytesIO(payload))
-    return buf.getvalue()
-
-
 def test_tar_shards_one_partition_per_shard(client: Client, tmp_path: Path) -> None:
     for s in range(3):
         samples = [(f"s{s}_{i}", encode(photo(40, 30, 10 * s + i), "jpeg"), i % 2)
                    for i in range(4 + s)]
-        (tmp_path / f"shard-{s:03d}.tar").write_bytes(_shard(samples))
+        (tmp_path / f"shard-{s:03d}.tar").write_bytes(tar_shard(samples))
     ds = TarShards(str(tmp_path / "shard-{000..002}.tar"), transform=TRANSFORM)
     out = dask_ddp.predict(TinyCnn, ds)
     assert out.npartitions == 3

@@ -187,6 +187,17 @@ def test_array_rows_and_an_output_axis(client: Client) -> None:
         dask_ddp.predict(Mlp, da.from_array(x, chunks=(70, -1))).compute()
 
 
+def test_array_result_written_with_to_zarr(client: Client, tmp_path: Path) -> None:
+    import zarr  # the test extra's
+
+    x = np.random.default_rng(2).standard_normal((300, N_FEATURES)).astype(np.float32)
+    out = dask_ddp.predict(Mlp, da.from_array(x, chunks=(70, -1)), batch_size=32)
+    out.to_zarr(str(tmp_path / "scores.zarr"))
+    back = zarr.open_array(str(tmp_path / "scores.zarr"), mode="r")
+    assert back.shape == (300, 3) and back.chunks == (70, 3) and back.dtype == np.float32
+    np.testing.assert_allclose(back[:], local(Mlp(), x), rtol=1e-5, atol=1e-6)
+
+
 def test_torch_threads_sized_to_the_workers_share_and_restored(client: Client) -> None:
     before = client.run(torch.get_num_threads)
     ddf = dd.from_pandas(frame(100), npartitions=4, sort=False)

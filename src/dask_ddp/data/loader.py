@@ -102,14 +102,27 @@ class _InitSignature:
         return sig.replace(parameters=list(sig.parameters.values())[1:])
 
 
+def _is_dask_collection(dataset: object) -> bool:
+    """A Dask collection, told by its module (nothing imported)."""
+    module = type(dataset).__module__ or ""
+    return module.startswith(("dask.", "dask_expr"))
+
+
+#: The Loader of a Dask collection given to ``Loader`` (its module imports this one).
+_COLLECTION_LOADER = "dask_ddp.data.table.pending:PendingTableLoader"
+
+
+def _class_at(where: str) -> type[Loader]:
+    """The Loader subclass at ``"module:Class"``, imported on first use."""
+    module, _, name = where.partition(":")
+    found: type[Loader] = getattr(importlib.import_module(module), name)
+    return found
+
+
 def _own_loader(dataset: object) -> type[Loader] | None:
     """The Loader subclass ``dataset``'s type names (``_dask_ddp_loader``), if any."""
     where = getattr(type(dataset), "_dask_ddp_loader", None)
-    if not isinstance(where, str):
-        return None
-    module, _, name = where.partition(":")
-    own: type[Loader] = getattr(importlib.import_module(module), name)
-    return own
+    return _class_at(where) if isinstance(where, str) else None
 
 
 def _state_segments(
@@ -211,6 +224,11 @@ class Loader:
         wrong = _not_a_dataset(dataset)
         if wrong is not None:
             raise TypeError(wrong)
+        if _is_dask_collection(dataset):
+            # A Dask collection: checked against its table here, built where it is used.
+            pending = _class_at(_COLLECTION_LOADER)
+            if issubclass(pending, cls):
+                return super().__new__(pending)
         own = _own_loader(dataset)
         if own is None or issubclass(cls, own):
             return super().__new__(cls)

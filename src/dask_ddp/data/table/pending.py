@@ -1,0 +1,132 @@
+"""A table's Loader made on the client: :class:`PendingTableLoader` (internal).
+
+``Loader(frame, batch_size, features=..., label=...)`` with a Dask DataFrame or Array
+checks every argument against the collection's table where it is made, at once: a wrong
+column name or ``batch_size=0`` fails in the notebook cell that made it, before any rank
+starts. Passed to :func:`dask_ddp.submit` like any argument, it
+travels as the table and the arguments, and each rank builds its own
+:class:`~dask_ddp.data.TableLoader` on first use (after the process group is up, so it
+takes that rank's share). Used on the client, it is that TableLoader, built on first use.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from dask_ddp.data.table.loader import TableLoader
+from dask_ddp.data.table.table import Table
+
+__all__ = ["PendingTableLoader"]
+
+
+def _client() -> Any:
+    from distributed import get_client
+
+    try:
+        return get_client()
+    except ValueError:
+        raise ValueError(
+            "Loader(<Dask collection>) describes the collection's partitions with the Dask "
+            "client: make a distributed.Client first (or pass the collection to submit() "
+            "and make the Loader in the rank)") from None
+
+
+def _table_loader(table: Table, **options: Any) -> TableLoader:
+    """A TableLoader made now (``TableLoader(table)`` outside a rank would make a pending
+    one: Loader.__new__ picks the subclass)."""
+    loader = object.__new__(TableLoader)
+    loader.__init__(table, **options)  # type: ignore[misc]
+    return loader
+
+
+def _rebuild(table: Table, options: dict[str, Any]) -> PendingTableLoader:
+    loader = object.__new__(PendingTableLoader)
+    loader._init(table, options, None)
+    return loader
+
+
+class PendingTableLoader(TableLoader):
+    """A :class:`~dask_ddp.data.TableLoader` whose arguments were checked where it was
+    made, built on first use (see the module).
+
+    Parameters
+    ----------
+    data
+        A Dask DataFrame, Series or Array, described as a Table with the default Dask
+        client.
+    batch_size, **options
+        As :class:`~dask_ddp.data.TableLoader`.
+
+    Raises
+    ------
+    ValueError, KeyError
+        As :class:`~dask_ddp.data.TableLoader`, at once.
+    """
+
+    def __init__(self, data: Any, batch_size: int, **options: Any) -> None:
+        table = Table(data, client=_client())
+        self._init(table, {"batch_size": batch_size, **options}, data)
+        # Every check the rank would make, here: a loader for rank 0 of the ranks the
+        # options name (or of one), made and closed at once; it reads nothing.
+        probe = {"rank": 0, "world_size": 1, "num_threads": 1, **options}
+        _table_loader(table, batch_size=batch_size, **probe).close()
+
+    def _init(self, table: Table, options: dict[str, Any], collection: Any) -> None:
+        self.__dict__["_table"] = table
+        self.__dict__["_options"] = options
+        #: The Dask collection described: what submit() keeps alive while the job runs.
+        self.__dict__["_dask_ddp_keep_alive"] = collection
+        self.__dict__["_loader"] = None
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (self._table, dict(self._options)))
+
+    def _real(self) -> TableLoader:
+        loader: TableLoader | None = self.__dict__["_loader"]
+        if loader is None:
+            loader = self.__dict__["_loader"] = _table_loader(self._table, **self._options)
+        return loader
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name in ("_table", "_options", "_loader"):
+            raise AttributeError(name)
+        return getattr(self._real(), name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._real(), name, value)
+
+    @property
+    def num_samples(self) -> int:
+        return self._real().num_samples
+
+    @property
+    def skipped(self) -> int:
+        return self._real().skipped
+
+    def __len__(self) -> int:
+        return len(self._real())
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._real())
+
+    def set_epoch(self, epoch: int) -> None:
+        self._real().set_epoch(epoch)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self._real().state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._real().load_state_dict(state)
+
+    def close(self) -> None:
+        loader = self.__dict__["_loader"]
+        if loader is not None:
+            loader.close()
+
+    def __repr__(self) -> str:
+        loader = self.__dict__["_loader"]
+        if loader is not None:
+            return repr(loader)
+        opts = ", ".join(f"{k}={v!r}" for k, v in self._options.items())
+        return f"TableLoader({self._table!r}, {opts}) (built on first use)"

@@ -18,6 +18,7 @@ import logging
 import os
 import pickle
 import signal
+import threading
 import time
 from collections import deque
 from collections.abc import Mapping
@@ -135,6 +136,12 @@ class _Supervisor:
         self._reported_since = 0.0
         # The rank's latest c10d collective last recorded (None: none, or still moving).
         self._reported_c10d: dict[str, Any] | None = None
+        #: A live job's store (a client, connected before the rank starts).
+        self._live_store: Any = None
+        if spec.options.recovery == "live":
+            with contextlib.suppress(Exception):  # connected again when a loss is recorded
+                self._live_store = live_store.connect(
+                    spec.options.env[live_store.STORE_ENV], self.waits.scheduler_call)
 
     # -- the task -----------------------------------------------------------------------
     def run(self) -> Any:
@@ -221,6 +228,10 @@ class _Supervisor:
         # A thread blocks in waitid() so the exit is seen at once, while this loop wakes
         # only twice a second: the rank's cores are not shared with a polling loop.
         exited = rank.watch_exit()
+        if self.spec.options.recovery == "live":
+            # The survivors wait for this record: made the moment the process is gone.
+            threading.Thread(target=lambda: exited.wait() and self._live_left(-1, self.workdir),
+                             name=f"dask-ddp-live-loss-{self.spec.rank}", daemon=True).start()
         state = probe.RankState(self.workdir)
         try:
             while not exited.wait(self.waits.abort_poll):
@@ -296,7 +307,9 @@ class _Supervisor:
                 or os.path.exists(os.path.join(workdir, "result.pkl")):
             return False
         try:
-            mark_dead(live_store.connect(address, self.waits.scheduler_call), self.spec.rank)
+            if self._live_store is None:
+                self._live_store = live_store.connect(address, self.waits.scheduler_call)
+            mark_dead(self._live_store, self.spec.rank)
         except Exception as exc:  # the survivors wait for the scheduler's notice instead
             logger.warning("rank %d of job %r: recording its loss failed: %s",
                            self.spec.rank, self.spec.job_name, exc)

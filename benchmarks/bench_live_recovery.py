@@ -1,0 +1,159 @@
+"""Live recovery benchmark: a lost rank costs one step, not a restart.
+
+A 3-rank DDP job (an MLP, SGD with momentum, a Checkpointer) on a LocalCluster of 3
+worker processes. Each rank writes the wall time of every optimizer step it completes.
+In the same run:
+
+- ``recovery="live"``: SIGKILL rank 1's process mid-training; *kill to the first step of
+  the re-formed group* is the first step a survivor completes after the kill; the job's
+  generation record gives the regroup's own time (survivor noticing -> state agreed);
+- ``recovery="restart"`` (``max_restarts=1``, today's whole-group restart): the same kill;
+  kill to the first step completed by the new attempt;
+- steady state: the median step time of a job with ``recovery="live"`` and of the same
+  job without it, no kill (the hook's cost: a copy of each bucket, kept for a redo).
+
+Usage::
+
+    PYTHONPATH=src .venv/bin/python benchmarks/bench_live_recovery.py [--steps 400]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import benchenv  # first: the clean environment, before distributed is imported
+
+logger = logging.getLogger("bench_live_recovery")
+
+
+def train(marks: str, steps: int, width: int) -> int:
+    """Rank side: the README's loop; every completed step's wall time in ``marks``."""
+    import torch
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import dask_ddp
+
+    info = dask_ddp.rank_info()
+    torch.manual_seed(0)
+    model = DDP(nn.Sequential(nn.Linear(width, width), nn.ReLU(), nn.Linear(width, width),
+                              nn.ReLU(), nn.Linear(width, 10)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    dask_ddp.Checkpointer(model, opt)
+    gen = torch.Generator().manual_seed(info.rank)
+    Path(marks, f"pid-a{info.restart}-r{info.rank}").write_text(str(os.getpid()))
+    with open(Path(marks, f"steps-a{info.restart}-r{info.rank}"), "a") as out:
+        for _ in range(steps):
+            x = torch.randn(64, width, generator=gen)
+            loss = model(x).square().mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            out.write(f"{time.time()!r}\n")
+            out.flush()
+    return info.restart
+
+
+def _times(folder: Path, attempt: int, rank: int) -> list[float]:
+    path = folder / f"steps-a{attempt}-r{rank}"
+    if not path.exists():
+        return []
+    return [float(x) for x in path.read_text().split()]
+
+
+def _wait(check: Any, what: str, timeout: float = 300.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (value := check()):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"waited {timeout:g} s for {what}")
+        time.sleep(0.01)
+    return value
+
+
+def kill_run(client: Any, folder: Path, recovery: str, steps: int, width: int,
+             kill_at: int) -> tuple[float, Any]:
+    """Kill rank 1's process at step ``kill_at``; seconds from the kill to the first step
+    completed afterwards by the group that goes on, and the job."""
+    import dask_ddp
+
+    folder.mkdir()
+    extra = {"max_restarts": 1} if recovery == "restart" else {}
+    job = dask_ddp.submit(client, train, str(folder), steps, width, recovery=recovery,
+                          progress=False, **extra)
+    _wait(lambda: len(_times(folder, 0, 1)) >= kill_at, f"step {kill_at}")
+    pid = int((folder / "pid-a0-r1").read_text())
+    t_kill = time.time()
+    os.kill(pid, signal.SIGKILL)
+    if recovery == "live":
+        first = _wait(lambda: [t for t in _times(folder, 0, 0) if t > t_kill],
+                      "a step after the kill")[0]
+    else:
+        first = _wait(lambda: _times(folder, 1, 0), "the restart's first step")[0]
+    job.result(timeout=600)
+    return first - t_kill, job
+
+
+def steady(client: Any, folder: Path, recovery: str, steps: int, width: int) -> float:
+    """The median step time of rank 0 over the second half of a run."""
+    import dask_ddp
+
+    folder.mkdir()
+    dask_ddp.submit(client, train, str(folder), steps, width, recovery=recovery,
+                    progress=False).result(timeout=600)
+    t = _times(folder, 0, 0)[steps // 2:]
+    return statistics.median(b - a for a, b in zip(t, t[1:], strict=False))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--width", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    benchenv.log_load_around_run(logger)
+    logger.setLevel(logging.INFO)
+    from distributed import Client, LocalCluster
+
+    with tempfile.TemporaryDirectory() as tmp, LocalCluster(
+            n_workers=3, threads_per_worker=1, processes=True, dashboard_address=":0",
+            scheduler_port=0) as cluster, Client(cluster) as client:
+        root = Path(tmp)
+        steady(client, root / "warm", "restart", 40, args.width)  # the workers' imports
+        live, restart, regroup = [], [], []
+        for i in range(args.repeats):
+            took, job = kill_run(client, root / f"live{i}", "live", args.steps, args.width,
+                                 args.steps // 4)
+            live.append(took)
+            regroup += [g.recovery_s for g in job.generations]
+            took, _ = kill_run(client, root / f"restart{i}", "restart", args.steps,
+                               args.width, args.steps // 4)
+            restart.append(took)
+            logger.info("kill %d: live %.3f s, whole-group restart %.2f s", i + 1, live[-1],
+                        restart[-1])
+        with_live = [steady(client, root / f"sl{i}", "live", args.steps, args.width)
+                     for i in range(args.repeats)]
+        without = [steady(client, root / f"sr{i}", "restart", args.steps, args.width)
+                   for i in range(args.repeats)]
+        m_live, m_restart = statistics.median(live), statistics.median(restart)
+        logger.info("kill -> first step of the group that goes on (median of %d): live "
+                    "%.3f s (regroup itself %.3f s), whole-group restart %.2f s; ratio "
+                    "%.3fx", args.repeats, m_live, statistics.median(regroup), m_restart,
+                    m_live / m_restart)
+        s_live, s_without = statistics.median(with_live), statistics.median(without)
+        logger.info("steady-state step: recovery='live' %.2f ms, without %.2f ms; ratio "
+                    "%.3fx", 1e3 * s_live, 1e3 * s_without, s_live / s_without)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

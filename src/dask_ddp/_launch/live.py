@@ -423,8 +423,12 @@ class _Attached:
         from dask_ddp.data.unread import lost_positions
 
         epoch, batch = group.data_position
-        positions = lost_positions(loader, epoch, max(batch - 1, 0), group.lost)
-        loader.deal_unread(epoch, positions, group.rank, len(group.members))
+        try:
+            positions = lost_positions(loader, epoch, max(batch - 1, 0), group.lost)
+            loader.deal_unread(epoch, positions, group.rank, len(group.members))
+        except (NotImplementedError, AttributeError, TypeError) as exc:
+            logger.warning("live recovery: the unread samples of lost ranks %s are not "
+                           "read this epoch: %s", group.lost, exc)
 
     def _reduce_again(self, saved: list[tuple[int, Any, list[Any]]]) -> None:
         """All-reduce this step's local gradients in the new group, into ``.grad``."""

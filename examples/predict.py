@@ -9,8 +9,9 @@ What it shows
 - :func:`dask_ddp.predict` scores a held-out Dask DataFrame of events with the newest
   checkpoint of that storage (``checkpoint=``, the URL given to ``submit``): a lazy Dask
   DataFrame with the held-out frame's partitions, divisions and index (the event ids), one
-  column per class logit. The model builder reaches each worker once, the model is built there once and
-  its weights are read once per worker process, whatever the number of partitions.
+  column per class logit. The model builder reaches each worker once, the model is built
+  there once and its weights are read once per worker process, whatever the number of
+  partitions.
 - The scores are an ordinary Dask collection: the held-out labels are assigned beside them
   (same divisions: partition by partition), the predicted class is added per partition
   and the whole is written with ``to_parquet``; the accuracy is computed from the Parquet

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dask_ddp.data import Loader
+from dask_ddp.data import ImageList, Loader, TarShards
 from dask_ddp.data import transforms as T
 
 #: The image tests' transform: every image 16 x 16, float.
@@ -32,7 +32,7 @@ class TinyCnn(torch.nn.Module):
         return self.head(self.conv(x).mean(dim=(2, 3)))
 
 
-def engine_outputs(dataset: object) -> tuple[np.ndarray, np.ndarray]:
+def engine_outputs(dataset: ImageList | TarShards) -> tuple[np.ndarray, np.ndarray]:
     """TinyCnn over the engine's batches in this process: outputs and labels, in order."""
     loader = Loader(dataset, 7, transform=TRANSFORM, shuffle=False, rank=0, world_size=1)
     outs, labels = [], []

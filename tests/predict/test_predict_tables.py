@@ -195,7 +195,7 @@ def test_array_result_written_with_to_zarr(client: Client, tmp_path: Path) -> No
     out.to_zarr(str(tmp_path / "scores.zarr"))
     back = zarr.open_array(str(tmp_path / "scores.zarr"), mode="r")
     assert back.shape == (300, 3) and back.chunks == (70, 3) and back.dtype == np.float32
-    np.testing.assert_allclose(back[:], local(Mlp(), x), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(back[:]), local(Mlp(), x), rtol=1e-5, atol=1e-6)
 
 
 def test_torch_threads_sized_to_the_workers_share_and_restored(client: Client) -> None:

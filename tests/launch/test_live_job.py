@@ -126,3 +126,16 @@ def test_rank0_worker_killed(client: Client, tmp_path: Path) -> None:
     wait_until(lambda: _started(tmp_path, 0), 120, "rank 0 to start")
     _kill_when(tmp_path, 0, 20, pids[job.workers[0]])
     _check_survivors(job, lost=0)
+
+
+def test_retired_worker_leaves_at_a_step_boundary(client: Client, tmp_path: Path) -> None:
+    """retire_workers (as an adaptive scale-down): the rank on that worker gets SIGTERM,
+    finishes its step and leaves; the others go on. Last in the module: the cluster has
+    one worker fewer afterwards."""
+    job = dask_ddp.submit(client, live_util.live_train, str(tmp_path), 150, 0.01,
+                          recovery="live", progress=False)
+    wait_until(lambda: None if _step(tmp_path, 1) >= 20 else "rank 1 not at step 20", 120,
+               "rank 1 to reach step 20")
+    client.retire_workers([job.workers[1]], close_workers=True)
+    _check_survivors(job, lost=1)
+    assert "left at a step boundary" in job.generations[0].cause, job.generations

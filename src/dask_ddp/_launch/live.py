@@ -30,6 +30,7 @@ registers a DDP communication hook and wraps ``optimizer.step``:
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import json
@@ -46,6 +47,10 @@ logger = logging.getLogger(__name__)
 PG_PREFIX = "dask_ddp/live/pg"
 #: A member's loss, set by its supervisor or the scheduler: ``dead/<uid>``.
 DEAD_KEY = "dask_ddp/live/dead/{uid}"
+#: A member that left at a step boundary (not lost): ``left/<uid>``, its last step.
+LEFT_KEY = "dask_ddp/live/left/{uid}"
+#: The exit code of a rank process that left its live group.
+LEAVE_EXIT = 75
 #: One generation's record, JSON (see :class:`Generation`): ``gen/<n>``.
 GEN_KEY = "dask_ddp/live/gen/{n}"
 GEN_COUNT = "dask_ddp/live/generations"
@@ -157,6 +162,8 @@ class LiveGroup:
         self.data_position = (0, 0)
         #: The members the last regroup lost.
         self.lost: list[int] = []
+        #: Asked to leave (SIGTERM): at the next step boundary.
+        self.leaving = False
 
     # -- the group ----------------------------------------------------------------------
     @property
@@ -260,6 +267,24 @@ class LiveGroup:
             return step
         raise LiveRecoveryError(f"the group did not re-form after {len(old) + 1} rounds")
 
+    def request_leave(self) -> None:
+        """Leave the group at the next step boundary (a signal handler calls this)."""
+        self.leaving = True
+
+    def leave_now(self) -> None:
+        """At a step boundary: record this rank as gone and end the process. The others'
+        next all-reduce fails at once; they complete that step without this rank, whose
+        steps so far all counted, and read its unread samples."""
+        import sys
+
+        self.store.set(LEFT_KEY.format(uid=self.uid), str(self.committed))
+        mark_dead(self.store, self.uid)
+        logger.warning("rank %d leaves the group after step %d", self.uid, self.committed)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        atexit._run_exitfuncs()
+        os._exit(LEAVE_EXIT)
+
     def _leave(self) -> None:
         """Drop this rank's connections of the broken generation at once: a survivor
         blocked in a collective on this (live) rank wakes with an error now instead of at
@@ -271,6 +296,9 @@ class LiveGroup:
                           timeout=timedelta(seconds=self.timeout)).wait()
 
     def _record(self, cause: str, old: list[int], step: int, took: float) -> None:
+        gone = [u for u in old if u not in self.members]
+        if gone and all(self.store.check([LEFT_KEY.format(uid=u)]) for u in gone):
+            cause = "left at a step boundary (its worker is closing)"
         n = int(self.store.add(GEN_COUNT, 1))
         rec = Generation(generation=n, time=time.time(), cause=cause,
                          lost=tuple(u for u in old if u not in self.members),
@@ -454,6 +482,8 @@ class _Attached:
                 return None
             out = step(*args, **kwargs)
             self.group.committed += 1
+            if self.group.leaving:
+                self.group.leave_now()
             return out
 
         live_step.__wrapped__ = step  # type: ignore[attr-defined]

@@ -123,6 +123,9 @@ def _start_live(address: str, rank: int, world: int, record: Any,
                            min_size=int(os.environ.get("DASK_DDP_LIVE_MIN", "1")))
     live.install(group)
     resume.on_checkpointer(live.attach)
+    # A worker that closes (retire_workers, a spot notice) SIGTERMs its rank: it leaves
+    # at its next step boundary instead of dying inside a step.
+    signal.signal(signal.SIGTERM, lambda *_: group.request_leave())
     group.start()
     return store
 

@@ -119,6 +119,10 @@ def _task_running(worker: Any, key: Any, timeout: float) -> bool:
         return False
 
 
+class _LeftLive(Exception):
+    """A live job's rank left because its worker is closing (not a failure)."""
+
+
 class _Supervisor:
     def __init__(self, spec: RankSpec, worker: Any, key: Any) -> None:
         from distributed import get_client
@@ -190,8 +194,12 @@ class _Supervisor:
         fwd.start()
         sampler.start(rank.pid)
         rank.start_pumps(self._on_output)
+        left = False
         try:
-            self._watch(rank)
+            try:
+                self._watch(rank)
+            except _LeftLive:
+                left = True
             # A live job's survivors re-form once the loss is recorded: at once, before
             # the rank's output and records are wound up.
             self._live_left(-1, workdir)
@@ -201,7 +209,7 @@ class _Supervisor:
             self._close_forwarder(fwd)
             sampler.stop(rank.returncode)
         assert rank.returncode is not None  # stop() reaped it
-        if self._live_left(rank.returncode, workdir):
+        if left or self._live_left(rank.returncode, workdir):
             # A live job goes on without this rank: no error, no abort of its peers.
             return LiveLeft(spec.rank, f"the rank process ended with {rank.returncode}")
         return self._outcome(rank.returncode, workdir, rank)
@@ -290,8 +298,10 @@ class _Supervisor:
         if reason is None:
             return
         if rank is not None:
+            # A live rank asked to stop (SIGTERM) leaves at its next step boundary.
             rank.kill(self.waits.term_grace)
-            self._live_left(-1, self.workdir)
+            if self._live_left(-1, self.workdir) and reason == "its worker is closing":
+                raise _LeftLive(reason)
         msg = (f"rank {self.spec.rank} of job {self.spec.job_name!r} on worker "
                f"{self.spec.worker} was stopped: {reason}")
         err = RankAbortedError(msg, self.spec.rank, self.spec.worker, kind=FailureKind.ABORTED)

@@ -12,7 +12,7 @@ import pytest
 import live_util
 from dask_ddp._launch.live import Generation
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
 TRIALS = 16  # x 2 kills: 32 random kills
 

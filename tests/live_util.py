@@ -68,7 +68,14 @@ def rank_main(port: int, uid: int, world: int, steps: int, out: str,
     live.attach(model, opt)
     gen = torch.Generator().manual_seed(1000 + uid)
     store.add("ready", 1)
+    params = list(model.parameters())
     for _ in range(steps):
+        if store.check([f"die/{uid}"]):
+            # Die inside backward(): when this parameter's gradient is computed (some
+            # buckets may be all-reduced already, others not yet).
+            which = int(store.get(f"die/{uid}"))
+            params[which].register_hook(lambda _: os.kill(os.getpid(), signal.SIGKILL))
+            store.delete_key(f"die/{uid}")
         train_step(model, opt, gen)
         store.set(f"progress/{uid}", str(group.committed))
     # Finish together (the store, not gloo): a rank that exits early breaks its peers.
@@ -151,15 +158,23 @@ class Trials:
             self._check(deadline, "the ranks to start")
             time.sleep(0.01)
         pids = {u: int(store.get(f"pid/{u}")) for u in range(self.world)}
-        alive, killed = list(range(self.world)), []
+        alive, killed, modes = list(range(self.world)), [], []
         for _ in range(kills):
             at = rng.randrange(2, self.steps // 2)
             while max(_progress(store, u) for u in alive) < at:
                 self._check(deadline, f"step {at}")
                 time.sleep(0.001)
-            time.sleep(rng.random() * 0.015)
             victim = rng.choice(alive)
-            os.kill(pids[victim], signal.SIGKILL)
+            if rng.random() < 0.5:
+                modes.append("backward")
+                store.set(f"die/{victim}", str(rng.randrange(6)))
+                while _alive(pids[victim]):
+                    self._check(deadline, f"rank {victim} to die inside backward()")
+                    time.sleep(0.001)
+            else:
+                modes.append("signal")
+                time.sleep(rng.random() * 0.015)
+                os.kill(pids[victim], signal.SIGKILL)
             live.mark_dead(store, victim)  # what its supervisor does
             alive.remove(victim)
             killed.append(victim)
@@ -171,13 +186,22 @@ class Trials:
                 time.sleep(0.02)
             time.sleep(0.01)
             results[u] = json.loads(path.read_text())
-        return {"killed": killed, "results": results,
+        return {"killed": killed, "modes": modes, "results": results,
                 "generations": live.read_generations(store)}
 
     def _check(self, deadline: float, what: str) -> None:
         if time.monotonic() > deadline or self.zygote.poll() is not None:
             raise TimeoutError(f"waited too long for {what}; zygote exit code "
                                f"{self.zygote.poll()}")
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie does not: its parent reaps it later)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 def _progress(store: Any, uid: int) -> int:

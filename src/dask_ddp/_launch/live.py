@@ -319,6 +319,9 @@ class LiveGroup:
         loader = att.loader if att is not None else None
         epoch, batch = (int(loader.epoch), int(loader.state_dict()["batch"])) \
             if loader is not None else (0, 0)
+        if loader is not None and getattr(loader, "reading_unread", False):
+            # Its own shard is done, so is every member's: none of it is left to deal.
+            batch = len(loader) + 1
         agreed_t = torch.tensor([self.committed, epoch, batch], dtype=torch.int64)
         dist.broadcast(agreed_t, 0)
         agreed, self.data_position = int(agreed_t[0]), (int(agreed_t[1]), int(agreed_t[2]))

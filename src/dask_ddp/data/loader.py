@@ -472,6 +472,11 @@ class Loader:
         self._start_batch = batch
         self._position = batch
 
+    @property
+    def reading_unread(self) -> bool:
+        """Whether this epoch's own shard is done and dealt samples are being read."""
+        return self._unread is not None and self._unread.reading == self.epoch
+
     def deal_unread(self, epoch: int, positions: list[int], rank: int, world_size: int) -> None:
         """Read these samples (positions in this loader's sample list) of ``epoch`` after
         this rank's own shard, dealt as rank ``rank`` of ``world_size``: a lost rank's

@@ -77,6 +77,8 @@ class UnreadDeals:
         self.make_core = make_core
         self.epoch: int | None = None
         self.pending: list[Any] = []
+        #: The epoch whose dealt samples are being read (its own shard is done).
+        self.reading: int | None = None
 
     def add(self, epoch: int, positions: Sequence[int], rank: int, world_size: int) -> None:
         """Deal ``positions`` of ``epoch`` (an empty list: nothing)."""
@@ -93,6 +95,7 @@ class UnreadDeals:
             return None
         core = self.pending.pop(0)
         core.start_epoch(epoch, 0)
+        self.reading = epoch
         return core
 
 

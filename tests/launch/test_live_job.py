@@ -16,6 +16,7 @@ from distributed import Client
 import dask_ddp
 import live_util
 from cluster_util import client_fixture
+from dashboard_util import dashboard_root, wait_job
 from images import file_putter, write_folder
 from waits import wait_until
 
@@ -60,6 +61,11 @@ def test_rank_process_killed(client: Client, tmp_path: Path) -> None:
     wait_until(lambda: _started(tmp_path, 1), 120, "rank 1 to start")
     _kill_when(tmp_path, 1, 20, int((tmp_path / "pid1").read_text()))
     _check_survivors(job, lost=1)
+    # The job page lists the generation and shows the group's new size.
+    page = wait_job(dashboard_root(client), job.id, "its generation",
+                    lambda j: j["generations"] and j["world_size"] == 2)
+    (gen,) = page["generations"]
+    assert gen["lost"] == [1] and gen["generation"] == 1, gen
 
 
 def test_exactly_once_audit(client: Client, tmp_path: Path) -> None:

@@ -50,6 +50,15 @@ def job_state(via: Any, job_id: str, state: JobState | str, **fields: Any) -> No
     send(via, job_id, {"kind": "state", "state": str(state), "time": time.time(), **fields})
 
 
+def job_generation(via: Any, job_id: str, generation: Mapping[str, Any]) -> None:
+    """A live job's group changed: ``generation`` has ``generation`` (1, 2, ...),
+    ``time``, ``cause``, ``lost`` and ``joined`` (first ranks), ``world_size``, ``step``
+    and ``recovery_s``; the page lists them and shows the new world size."""
+    send(via, job_id, {"kind": "generation", **{k: generation[k] for k in (
+        "generation", "time", "cause", "lost", "joined", "world_size", "step",
+        "recovery_s")}})
+
+
 def job_stalled(via: Any, job_id: str, ranks: Sequence[int], collective: str,
                 stacks: Mapping[int, str]) -> None:
     """The attempt ``job_id`` stalled: ``ranks`` are blocked in ``collective`` (e.g.

@@ -41,6 +41,17 @@ def take_job_event(board: Board, job_id: Any, event: Any) -> None:
             _count(event, key)
         _number(event, "time")
         board.job_started({**event, "job_id": job_id})
+    elif event.get("kind") == "generation":
+        for key in ("generation", "world_size", "step"):
+            _count(event, key)
+        for key in ("time", "recovery_s"):
+            _number(event, key)
+        for key in ("lost", "joined"):
+            ranks = event.get(key)
+            if not isinstance(ranks, list) or not all(_is_int(r) for r in ranks):
+                raise ValueError(f"a generation's {key} is a list of ranks")
+        event["cause"] = str(event.get("cause", ""))[:500]
+        board.job_generation(job_id, event)
     else:
         _number(event, "time")
         _stall_fields(event)

@@ -32,6 +32,8 @@ INPUT_BOUND = 1.0 / 3.0
 STRAGGLER = 0.8
 #: Characters of a traceback or a stack kept.
 MAX_TEXT = 20_000
+#: Generations (membership changes of a live job) remembered per attempt.
+MAX_GENERATIONS = 1000
 #: Unread results topics remembered per attempt.
 MAX_UNREAD = 16
 #: A job id (``uuid4().hex``) inside a topic name or a rank task key.
@@ -136,6 +138,8 @@ class Attempt:
     failures: list[dict[str, Any]] = field(default_factory=list)
     stall: dict[str, Any] | None = None
     ranks: dict[int, RankView] = field(default_factory=dict)
+    #: A live job's membership changes (``recovery="live"``), oldest first.
+    generations: list[dict[str, Any]] = field(default_factory=list)
     #: Results topics of this attempt that are full and nobody reads (its ranks wait in
     #: report()/submit_result()), by topic: ``{"topic", "since", "used", "budget"}``.
     unread: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -224,6 +228,7 @@ class JobView:
                 for u in a.unread.values()],
             "root_cause": a.summary()["root_cause"] if a.state is JobState.FAILED else None,
             "attempts": [x.summary() for x in self.attempts],
+            "generations": list(a.generations),
             "ranks": ranks,
             "metric_names": names, "default_metric": default,
             "curves": {str(r.rank): {k: v for k, v in r.curves.items()
@@ -309,6 +314,19 @@ class Board:
         a.state = state
         if state.is_terminal:
             a.end = now
+
+    def job_generation(self, job_id: str, event: dict[str, Any]) -> None:
+        """A live job's group changed (see ``events.job_generation``): listed once per
+        generation, the attempt's world size now the new group's."""
+        a = self._attempt(job_id)
+        if a is None or any(g["generation"] == event["generation"] for g in a.generations):
+            return
+        a.generations.append({k: event[k] for k in (
+            "generation", "time", "cause", "lost", "joined", "world_size", "step",
+            "recovery_s")})
+        del a.generations[:-MAX_GENERATIONS]
+        a.generations.sort(key=lambda g: g["generation"])
+        a.world_size = int(event["world_size"])
 
     def failure(self, job_id: str, record: dict[str, Any]) -> None:
         """A rank's failure record (the launcher's failure topic); ``kind == "stalled"``

@@ -431,6 +431,8 @@ class Job:
                     if time.monotonic() >= next_check:
                         next_check = time.monotonic() + waits.worker_check
                         found = await self._bounded(self._check_workers(statuses))
+                        if self._live is not None:
+                            await self._bounded(self._live.publish())
                         if not found and self.options.stall_timeout is not None:
                             found = await self._check_stall(statuses)
                         # A live job goes on without a lost worker's rank.

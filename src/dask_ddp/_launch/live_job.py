@@ -16,6 +16,7 @@ import logging
 from collections.abc import Collection, Sequence
 from typing import Any
 
+from dask_ddp._dashboard import events as dashboard
 from dask_ddp._launch import live_store
 from dask_ddp._launch.live import Generation
 from dask_ddp._launch.stall import Stall, activity
@@ -99,11 +100,21 @@ class LiveWatch:
                                   on_error="return")
         return True
 
+    async def publish(self) -> None:
+        """Tell the job page about generations it has not seen (never raises)."""
+        try:
+            gens = await self.read()
+        except Exception:
+            return
+        for g in gens[len(self.generations):]:
+            dashboard.job_generation(self.client, self.job_id, {
+                **dataclasses.asdict(g), "lost": list(g.lost), "joined": list(g.joined)})
+        self.generations = gens
+
     async def close(self) -> None:
         """Read the generations, then stop the store (never raises)."""
         try:
-            texts = await live_store.read_generations(self.client, self.job_id)
-            self.generations = [Generation.from_json(t) for t in texts]
+            await self.publish()
         except Exception as exc:
             logger.warning("live job %s: reading its generations failed: %s", self.job_id, exc)
         await live_store.close_store(self.client, self.job_id)

@@ -247,6 +247,20 @@
         el("td", {text: c ? `rank ${c.rank} (${c.kind}): ${c.message}` : "–"})));
     }
   }
+  function drawGenerations(job) {
+    const gens = job.generations || [];
+    document.getElementById("generations-section").hidden = gens.length === 0;
+    const tbody = document.querySelector("#generations tbody");
+    tbody.replaceChildren();
+    for (const g of gens) {
+      tbody.append(el("tr", {},
+        el("td", {class: "num", text: g.generation}), el("td", {text: clock(g.time)}),
+        el("td", {text: g.lost.join(", ") || "–"}), el("td", {text: g.joined.join(", ") || "–"}),
+        el("td", {class: "num", text: g.world_size}), el("td", {class: "num", text: g.step}),
+        el("td", {class: "num", text: `${(1000 * g.recovery_s).toFixed(0)} ms`}),
+        el("td", {text: g.cause})));
+    }
+  }
   function drawJob(data) {
     const job = data.job;
     document.title = `dask-ddp: ${job.name}`;
@@ -261,7 +275,7 @@
     fact(dl, "duration", duration(job.duration_s));
     fact(dl, "hosts", job.hosts.join(", "));
     document.getElementById("json-link").href = root + "api/job/" + encodeURIComponent(job.id);
-    drawBanners(job); drawRanks(job); drawChart(job); drawAttempts(job);
+    drawBanners(job); drawRanks(job); drawChart(job); drawAttempts(job); drawGenerations(job);
   }
 
   async function tick(schedule = true) {

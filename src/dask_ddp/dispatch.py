@@ -157,7 +157,7 @@ def submit(
         group starts again from the last checkpoint (``max_restarts``). ``"live"``: the
         surviving ranks keep their processes, model, optimizer and data; the group
         re-forms without the lost rank and goes on from the most advanced survivor's
-        step (no checkpoint read); each change is a :class:`~dask_ddp.Generation` on
+        step (no checkpoint read); each change is a generation record on
         ``job.generations``. Needs a ``DistributedDataParallel`` model registered with
         :class:`dask_ddp.Checkpointer`; falls back to ``max_restarts`` restarts when
         fewer than ``min_workers`` survive or the group cannot re-form.

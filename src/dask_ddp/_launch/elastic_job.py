@@ -162,6 +162,12 @@ class ElasticJob:
         """The current attempt's :class:`~dask_ddp.StallError`, if it stalled."""
         return self.current.stalled
 
+    @property
+    def generations(self) -> list[Any]:
+        """The current attempt's generations (``recovery="live"``, see
+        :attr:`Job.generations`)."""
+        return self.current.generations
+
     def rank_states(self) -> dict[int, dict[str, Any]]:
         """The current attempt's rank states (see :meth:`Job.rank_states`)."""
         return self.current.rank_states()

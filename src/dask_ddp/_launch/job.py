@@ -341,8 +341,8 @@ class Job:
     @property
     def generations(self) -> list[Generation]:
         """A ``recovery="live"`` job's membership changes so far, oldest first (each a
-        :class:`~dask_ddp.Generation`: time, cause, lost or joined ranks, recovery time);
-        empty for other jobs."""
+        ``Generation``: time, cause, lost or joined ranks, recovery time); empty for other
+        jobs."""
         live = self._live
         if live is None:
             return []

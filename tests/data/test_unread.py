@@ -3,14 +3,17 @@ and a Loader reads dealt samples after its own shard."""
 
 from __future__ import annotations
 
+import io
+import tarfile
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from dask_ddp.data import ImageList, Loader
+from dask_ddp.data import ImageList, Loader, TarShards
 from dask_ddp.data import transforms as T
 from dask_ddp.data.unread import lost_positions, rank_indices
-from images import file_putter, write_folder
+from images import encode, file_putter, photo, write_folder
 
 N = 23  # not a multiple of the world sizes: padding too
 
@@ -50,7 +53,8 @@ def test_dealt_samples_follow_own_shard(images: ImageList) -> None:
     tf = T.Compose([T.Resize((4, 4)), T.ToTensor()])
     loaders = [Loader(images, 2, transform=tf, seed=5, rank=r, world_size=3, num_threads=1)
                for r in range(3)]
-    lost = lost_positions(loaders[0], 0, 2, [2])
+    lost = loaders[0].lost_samples(0, 2, [2])
+    assert lost == lost_positions(loaders[0], 0, 2, [2])
     assert lost == rank_indices(N, 0, 2, 3, seed=5)[4:]
     seen = []
     for new_rank, loader in enumerate(loaders[:2]):
@@ -60,3 +64,45 @@ def test_dealt_samples_follow_own_shard(images: ImageList) -> None:
     seen += rank_indices(N, 0, 2, 3, seed=5)[:4]
     assert sorted(set(seen)) == list(range(N))
     assert len(seen) - N <= (3 - 1) + (2 - 1)
+
+
+def _tar(members: list[tuple[str, bytes]]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def test_tar_shards_dealt_after_own_shard(tmp_path: Path) -> None:
+    """Tar shards (uneven, a shuffle buffer): three ranks read 2 batches, rank 2 is lost;
+    the two others read their own shards then rank 2's unread samples: each sample once,
+    padding aside."""
+    sizes, first = [7, 5, 9, 2], 0
+    for s, n in enumerate(sizes):
+        members = []
+        for i in range(first, first + n):
+            members += [(f"{i:06d}.jpg", encode(photo(6, 6, i), "jpeg")),
+                        (f"{i:06d}.cls", str(i).encode())]
+        (tmp_path / f"shard-{s}.tar").write_bytes(_tar(members))
+        first += n
+    shards = TarShards(str(tmp_path / "shard-{0..3}.tar"), shuffle_buffer=3)
+    tf = T.Compose([T.Resize((4, 4)), T.ToTensor()])
+    loaders = [Loader(shards, 2, transform=tf, seed=4, rank=r, world_size=3, num_threads=1)
+               for r in range(3)]
+    seen: list[int] = []
+    iters = [iter(loader) for loader in loaders]
+    for it in iters:
+        for _ in range(2):
+            seen += [int(v) for v in next(it)[1]]
+    lost = loaders[0].lost_samples(0, 2, [2])
+    for new_rank, (loader, it) in enumerate(zip(loaders[:2], iters[:2], strict=True)):
+        loader.deal_unread(0, lost, new_rank, 2)
+        seen += [int(v) for _, y in it for v in y]
+    for loader in loaders:
+        loader.close()
+    n = sum(sizes)
+    assert sorted(set(seen)) == list(range(n)), sorted(set(range(n)) - set(seen))
+    assert len(seen) - n <= (3 - 1) + (2 - 1), Counter(seen)

@@ -449,13 +449,11 @@ class _Attached:
         own: rank 0 (the most advanced) had yielded the batch of the step being completed,
         so the lost ones trained on one batch fewer."""
         loader, group = self.loader, self.group
-        if loader is None or not group.lost or not hasattr(loader, "deal_unread"):
+        if loader is None or not group.lost or not hasattr(loader, "lost_samples"):
             return
-        from dask_ddp.data.unread import lost_positions
-
         epoch, batch = group.data_position
         try:
-            positions = lost_positions(loader, epoch, max(batch - 1, 0), group.lost)
+            positions = loader.lost_samples(epoch, max(batch - 1, 0), group.lost)
             loader.deal_unread(epoch, positions, group.rank, len(group.members))
         except (NotImplementedError, AttributeError, TypeError) as exc:
             logger.warning("live recovery: the unread samples of lost ranks %s are not "

@@ -36,7 +36,7 @@ from dask_ddp._identity import cores_per_rank
 from dask_ddp.data import transforms as T
 from dask_ddp.data.datasets import ImageList
 from dask_ddp.data.shards import TarShards
-from dask_ddp.data.unread import UnreadDeals
+from dask_ddp.data.unread import UnreadDeals, lost_positions, shard_deal, shard_lost
 from dask_ddp.data.world import rank_and_world
 
 __all__ = ["Loader"]
@@ -316,6 +316,10 @@ class Loader:
         }
         if shards is not None:
             self._core = shards._make_loader(ops, **engine_options)
+            self._unread = UnreadDeals(lambda epoch, ids, r, w: shard_deal(
+                shards, epoch, ids, shards._make_loader(
+                    ops, **{**engine_options, "rank": r, "world_size": w}),
+                engine_options["skip_errors"]))
             return
         keys, targets = folder._keys, folder.targets
         if indices is not None:
@@ -332,7 +336,7 @@ class Loader:
             skip_missing=on_error == "skip" and folder._skip_missing,
         )
         store, skip_missing = folder._get_store()._core, on_error == "skip" and folder._skip_missing
-        self._unread = UnreadDeals(lambda pos, r, w: _core.ImageLoader(
+        self._unread = UnreadDeals(lambda _, pos, r, w: _core.ImageLoader(
             store, [keys[i] for i in pos], [targets[i] for i in pos], ops,
             **{**engine_options, "shuffle": False, "rank": r, "world_size": w},
             skip_missing=skip_missing))
@@ -477,13 +481,24 @@ class Loader:
         """Whether this epoch's own shard is done and dealt samples are being read."""
         return self._unread is not None and self._unread.reading == self.epoch
 
+    def lost_samples(self, epoch: int, batch: int, ranks: list[int]) -> list[int]:
+        """The samples of ``epoch`` that ``ranks`` (of this loader's world) had not yielded
+        after ``batch`` batches each: positions in the sample list (image lists) or sample
+        ids (tar shards), for :meth:`deal_unread`."""
+        if self._shards is not None:
+            return shard_lost(self._shards, epoch, batch * self.batch_size, ranks,
+                              self.world_size, shuffle=bool(self.shuffle), seed=self.seed,
+                              drop_last=self.drop_last, segments=self._epoch_segments,
+                              skip_errors=self.on_error == "skip")
+        return lost_positions(self, epoch, batch, ranks)
+
     def deal_unread(self, epoch: int, positions: list[int], rank: int, world_size: int) -> None:
-        """Read these samples (positions in this loader's sample list) of ``epoch`` after
-        this rank's own shard, dealt as rank ``rank`` of ``world_size``: a lost rank's
-        unread samples (see :mod:`dask_ddp.data.unread`). Image lists only."""
+        """Read these samples (from :meth:`lost_samples`) of ``epoch`` after this rank's
+        own shard, dealt as rank ``rank`` of ``world_size``: a lost rank's unread samples
+        (see :mod:`dask_ddp.data.unread`)."""
         if self._unread is None:
-            raise NotImplementedError("dealing a lost rank's samples is implemented for "
-                                      "image lists; this loader reads tar shards")
+            raise NotImplementedError(f"{type(self).__name__} cannot deal a lost rank's "
+                                      "samples")
         self._unread.add(epoch, positions, rank, world_size)
 
     def close(self) -> None:

@@ -11,6 +11,7 @@ written again in Python: it names the lost rank's samples without reading them.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -68,12 +69,12 @@ class UnreadDeals:
     Parameters
     ----------
     make_core
-        ``make_core(positions, rank, world_size)``: an engine loader over these positions
-        of the Loader's sample list, dealt as rank ``rank`` of ``world_size`` without
-        shuffling.
+        ``make_core(epoch, samples, rank, world_size)``: an engine loader over these
+        samples of ``epoch`` (positions in an image list, sample ids of tar shards), dealt
+        as rank ``rank`` of ``world_size`` in their order.
     """
 
-    def __init__(self, make_core: Callable[[Sequence[int], int, int], Any]) -> None:
+    def __init__(self, make_core: Callable[[int, Sequence[int], int, int], Any]) -> None:
         self.make_core = make_core
         self.epoch: int | None = None
         self.pending: list[Any] = []
@@ -86,7 +87,7 @@ class UnreadDeals:
             return
         if self.epoch != epoch:
             self.epoch, self.pending = epoch, []
-        self.pending.append(self.make_core(list(positions), rank, world_size))
+        self.pending.append(self.make_core(epoch, list(positions), rank, world_size))
 
     def next_core(self, epoch: int) -> Any:
         """The next engine loader of ``epoch``'s extra samples, started; ``None`` when
@@ -109,3 +110,45 @@ def lost_positions(loader: Any, epoch: int, batch: int, lost: Sequence[int]) -> 
                             seed=loader.seed, drop_last=loader.drop_last)
         out += mine[batch * loader.batch_size:]
     return out
+
+
+def _id_segments(counts: Sequence[int], ids: Sequence[int]) -> list[tuple[int, int, int]]:
+    """Sample ids of tar shards as (shard, begin, end) runs, in their order."""
+    starts = [0]
+    for c in counts:
+        starts.append(starts[-1] + int(c))
+    out: list[tuple[int, int, int]] = []
+    for i in ids:
+        shard = bisect.bisect_right(starts, i) - 1
+        off = i - starts[shard]
+        if out and out[-1][0] == shard and out[-1][2] == off:
+            out[-1] = (shard, out[-1][1], off + 1)
+        else:
+            out.append((shard, off, off + 1))
+    return out
+
+
+def shard_lost(shards: Any, epoch: int, position: int, ranks: Sequence[int], world_size: int,
+               *, shuffle: bool, seed: int, drop_last: bool,
+               segments: Sequence[tuple[int, int, int]] | None,
+               skip_errors: bool) -> list[int]:
+    """The sample ids of tar shards that ``ranks`` had not yielded after ``position``
+    samples each, in their reading order (the engine's ``shard_rank_order``)."""
+    from dask_ddp import _core
+
+    counts = shards.shard_counts(skip_errors)
+    out: list[int] = []
+    for r in sorted(ranks):
+        ids = _core.shard_rank_order(counts, segments, epoch, r, world_size, shuffle=shuffle,
+                                     seed=seed, drop_last=drop_last,
+                                     shuffle_buffer=shards.shuffle_buffer)[0]
+        out += [int(i) for i in ids[position:]]
+    return out
+
+
+def shard_deal(shards: Any, epoch: int, ids: Sequence[int], core: Any,
+               skip_errors: bool) -> Any:
+    """``core`` (a tar shard loader) set to read these sample ids of ``epoch``."""
+    counts = shards.shard_counts(skip_errors)
+    core.set_epoch_segments(epoch, _id_segments(counts, ids))
+    return core

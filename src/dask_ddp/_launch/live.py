@@ -179,6 +179,11 @@ class LiveGroup:
                                 rank=self.rank, world_size=len(self.members),
                                 timeout=timedelta(seconds=self.timeout),
                                 enable_reconfigure=True)
+        if not dist._supports_reconfigure():
+            raise LiveRecoveryError(
+                f"recovery='live' needs a backend that can reconfigure its group in place; "
+                f"{self.backend!r} in torch {_torch_version()} cannot (use gloo, or "
+                "recovery='restart')")
         self._reconfigure()
 
     def _reconfigure(self) -> None:
@@ -335,6 +340,12 @@ class LiveGroup:
                 if self.rank != 0:
                     att.optimizer.load_state_dict(box[0])
         return agreed
+
+
+def _torch_version() -> str:
+    import torch
+
+    return str(torch.__version__)
 
 
 class _MemberLost(Exception):

@@ -495,7 +495,7 @@ class Loader:
     def deal_unread(self, epoch: int, positions: list[int], rank: int, world_size: int) -> None:
         """Read these samples (from :meth:`lost_samples`) of ``epoch`` after this rank's
         own shard, dealt as rank ``rank`` of ``world_size``: a lost rank's unread samples
-        (see :mod:`dask_ddp.data.unread`)."""
+        (see ``dask_ddp.data.unread``, internal)."""
         if self._unread is None:
             raise NotImplementedError(f"{type(self).__name__} cannot deal a lost rank's "
                                       "samples")

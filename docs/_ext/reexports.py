@@ -30,8 +30,8 @@ def _import(dotted: str) -> Any:
         try:
             for attr in parts[cut:]:
                 value = getattr(value, attr)
-        except AttributeError:
-            return None
+        except (AttributeError, ImportError):  # a lazy attribute whose module fails
+            return None  # to import: autodoc reports that failure itself
         return value
     return None
 

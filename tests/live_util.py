@@ -79,12 +79,7 @@ def rank_main(port: int, uid: int, world: int, steps: int, out: str,
         train_step(model, opt, gen)
         store.set(f"progress/{uid}", str(group.committed))
     # Finish together (the store, not gloo): a rank that exits early breaks its peers.
-    store.add(f"finished/{group.generation}", 1)
-    deadline = time.monotonic() + 60
-    while int(store.add(f"finished/{group.generation}", 0)) < len(group.members):
-        if time.monotonic() > deadline:
-            raise TimeoutError("peers did not finish")
-        time.sleep(0.01)
+    group.finish_barrier()
     tmp = Path(out, f"{uid}.tmp")
     tmp.write_text(json.dumps({
         "hash": state_hash(model, opt), "step": group.committed,
@@ -160,19 +155,21 @@ class Trials:
         pids = {u: int(store.get(f"pid/{u}")) for u in range(self.world)}
         alive, killed, modes = list(range(self.world)), [], []
         for _ in range(kills):
-            at = rng.randrange(2, self.steps // 2)
+            late = rng.random() < 0.2  # at the end: some survivors may have returned
+            at = self.steps - rng.randrange(1, 3) if late else rng.randrange(2, self.steps // 2)
             while max(_progress(store, u) for u in alive) < at:
                 self._check(deadline, f"step {at}")
                 time.sleep(0.001)
             victim = rng.choice(alive)
-            if rng.random() < 0.5:
+            late = late or max(_progress(store, u) for u in alive) >= self.steps - 3
+            if rng.random() < 0.5 and not late:
                 modes.append("backward")
                 store.set(f"die/{victim}", str(rng.randrange(6)))
                 while _alive(pids[victim]):
                     self._check(deadline, f"rank {victim} to die inside backward()")
                     time.sleep(0.001)
             else:
-                modes.append("signal")
+                modes.append("late" if late else "signal")
                 time.sleep(rng.random() * 0.015)
                 os.kill(pids[victim], signal.SIGKILL)
             live.mark_dead(store, victim)  # what its supervisor does

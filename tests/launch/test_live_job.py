@@ -9,6 +9,7 @@ import os
 import signal
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 from distributed import Client
@@ -32,7 +33,9 @@ def _step(folder: Path, rank: int) -> int:
         return -1
 
 
-def _started(folder: Path, rank: int) -> str | None:
+def _started(folder: Path, rank: int, job: Any = None) -> str | None:
+    if job is not None and job.done():
+        job.result()  # raises the job's error: it ended before the rank started
     return None if (folder / f"pid{rank}").exists() else f"no pid file of rank {rank}"
 
 
@@ -77,7 +80,7 @@ def test_exactly_once_audit(client: Client, tmp_path: Path) -> None:
     write_folder(file_putter(str(data)), ["a", "b", "c"], n // 3, sizes=((10, 10),))
     job = dask_ddp.submit(client, live_util.live_train_images, str(data), n, str(out), 0.1,
                           recovery="live", progress=False)
-    wait_until(lambda: _started(out, 2), 120, "rank 2 to start")
+    wait_until(lambda: _started(out, 2, job), 120, "rank 2 to start")
     _kill_when(out, 2, 4, int((out / "pid2").read_text()))
     _check_survivors(job, lost=2)
     (gen,) = job.generations

@@ -30,18 +30,24 @@ def test_survivors_identical_over_random_kills(tmp_path: Path) -> None:
             assert len(hashes) == 1, (
                 f"seed {seed}: survivors diverged after killing {run['killed']}: "
                 f"{json.dumps(results)}")
-            # Every survivor ran every step, in a group of the survivors only.
-            assert {(r["step"], r["world"]) for r in results.values()} == \
-                {(live_util.STEPS, 2)}, results
+            # Every survivor ran every step, in a group without the ranks lost before
+            # the end (a rank killed after its last step is not regrouped for).
             gens = run["generations"]
-            assert 1 <= len(gens) <= 2, gens
-            assert sorted(u for g in gens for u in g.lost) == sorted(run["killed"])
+            lost = sorted(u for g in gens for u in g.lost)
+            assert set(lost) <= set(run["killed"]) and len(gens) <= 2, gens
+            assert {(r["step"], r["world"]) for r in results.values()} == \
+                {(live_util.STEPS, 4 - len(lost))}, results
+            early = [k for k, m in zip(run["killed"], run["modes"], strict=True)
+                     if m != "late"]
+            assert set(early) <= set(lost), (run["killed"], run["modes"], gens)
             assert all(g.recovery_s < 10 for g in gens), gens
             seen.append((run["killed"], gens))
             modes += run["modes"]
     finally:
         trials.close()
     # Rank 0 (the first group's) was among the victims, as any other rank; about half
-    # of the kills landed inside backward(), the others at random moments of a step.
+    # of the kills landed inside backward(), the others at random moments of a step, a
+    # few in the last steps (some survivors returned already).
     assert any(0 in killed for killed, _ in seen)
-    assert modes.count("backward") >= 8 and modes.count("signal") >= 8, modes
+    assert modes.count("backward") >= 8 and modes.count("signal") >= 6, modes
+    assert modes.count("late") >= 3, modes

@@ -272,6 +272,30 @@ class LiveGroup:
             return step
         raise LiveRecoveryError(f"the group did not re-form after {len(old) + 1} rounds")
 
+    def finish_barrier(self) -> None:
+        """Wait until every member's function returned. A member that fails meanwhile
+        (its last step broke where this rank's completed) reports for a regroup: this
+        rank takes part (it is the most advanced: the others take its state) and waits
+        again in the new generation."""
+        wait = max(self.timeout, 300.0)
+        while True:
+            g, members = self.generation, list(self.members)
+            self.store.set(_key(g, "finished", self.uid), "1")
+            deadline = time.monotonic() + wait
+            while True:
+                # A member lost after its last step is done: every step counted it.
+                if all(self.store.check([_key(g, "finished", u)])
+                       or self.store.check([DEAD_KEY.format(uid=u)]) for u in members):
+                    return
+                if any(self.store.check([_key(g, "report", u)]) for u in members
+                       if u != self.uid):
+                    self.regroup("a peer failed after this rank returned")
+                    break
+                if time.monotonic() > deadline:
+                    raise LiveRecoveryError(
+                        f"the group's other ranks did not return within {wait:g} s")
+                time.sleep(10 * POLL_S)
+
     def request_leave(self) -> None:
         """Leave the group at the next step boundary (a signal handler calls this)."""
         self.leaving = True
@@ -441,19 +465,26 @@ class _Attached:
             return
         cause, self.failed = self.failed, None
         group = self.group
-        mine = group.committed
-        agreed = group.regroup(cause)
-        self._deal_unread()
-        if agreed == mine + 1:
-            # The failed step completed on the most advanced survivor: its state is the
-            # state after that step; this rank's optimizer.step() for it is skipped.
-            group.committed = agreed
-            self.skip_step = True
-        elif agreed == mine:
-            self._reduce_again(saved)
-        else:
-            raise LiveRecoveryError(
-                f"rank {group.uid} at step {mine} cannot continue from step {agreed}")
+        while True:
+            mine = group.committed
+            agreed = group.regroup(cause)
+            self._deal_unread()
+            if agreed == mine + 1:
+                # The failed step completed on the most advanced survivor: its state is
+                # the state after that step; this rank's optimizer.step() for it is skipped.
+                group.committed = agreed
+                self.skip_step = True
+                return
+            if agreed != mine:
+                raise LiveRecoveryError(
+                    f"rank {group.uid} at step {mine} cannot continue from step {agreed}")
+            try:
+                self._reduce_again(saved)
+                return
+            except Exception as exc:  # another member lost during the redo: again
+                if not _is_peer_error(exc):
+                    raise
+                cause = f"{type(exc).__name__}: {str(exc)[:300]}"
 
     def _deal_unread(self) -> None:
         """The lost members' unread samples of the epoch go to the survivors, after their
@@ -476,7 +507,8 @@ class _Attached:
         import torch.distributed as dist
 
         world = dist.get_world_size()
-        for _, local, params in saved:
+        for _, saved_local, params in saved:
+            local = saved_local.clone()  # kept intact for a redo broken by another loss
             dist.all_reduce(local)
             local.div_(world)
             offset = 0

@@ -130,15 +130,13 @@ def _start_live(address: str, rank: int, world: int, record: Any,
     return store
 
 
-def _live_finish(store: Any) -> tuple[Any, int]:
-    """The finish barrier's store and size: the current generation's members."""
-    from torch.distributed import PrefixStore
-
+def _live_finish() -> None:
+    """The finish barrier of a live job: its current members (see ``finish_barrier``)."""
     from dask_ddp._launch import live
 
     group = live.current()
     assert group is not None
-    return PrefixStore(f"dask_ddp/live/g{group.generation}", store), len(group.members)
+    group.finish_barrier()
 
 
 def _exit(code: int) -> None:
@@ -195,8 +193,9 @@ def main(workdir: str) -> None:
         phase = "teardown"
         probe.mark_returned()
         if live_address is not None:
-            store, world = _live_finish(store)
-        _finish_barrier(store, world)
+            _live_finish()
+        else:
+            _finish_barrier(store, world)
         if dist.is_initialized():
             dist.destroy_process_group()
         _write(workdir, {"status": "ok", "value": cloudpickle.dumps(value)})

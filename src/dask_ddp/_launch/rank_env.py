@@ -1,8 +1,8 @@
 """The environment a rank process starts with (internal).
 
-The rule (README, "The rank's environment"): a rank gets the environment its worker had
-*before* Dask's nanny added settings meant for the worker process itself, then the job's
-``env``, then the torchrun variables.
+The rule (docs/user-guide/launching.md, "The rank's environment"): a rank gets the
+environment its worker had *before* Dask's nanny added settings meant for the worker
+process itself, then the job's ``env``, then the torchrun variables.
 
 Why: the nanny sets ``distributed.nanny.pre-spawn-environ`` (``MALLOC_TRIM_THRESHOLD_=65536``,
 ``OMP_NUM_THREADS=1``, ``MKL_NUM_THREADS=1``, ``OPENBLAS_NUM_THREADS=1``) and
@@ -42,7 +42,7 @@ TORCHRUN_VARIABLES = frozenset({
     "TORCHELASTIC_SIGNALS_TO_HANDLE",
 })
 
-#: What the launcher sets for torch's collectives unless the job or the worker did (README,
+#: What the launcher sets for torch's collectives unless the job or the worker did (docs,
 #: "Stalls, live stacks and waits"). The flight recorder keeps each process group's last
 #: collectives (gloo's too, the reducer's gradient all-reduce included) in a ring the
 #: probe reads for stall detection; 64 entries cost about what 2000 do per collective

@@ -148,8 +148,8 @@ class Loader:
     of Loader for tables (see ``__new__``): batches as a dict of column tensors, or
     ``(x, y)`` with ``features``/``label``; the same ``len``, ``set_epoch``,
     ``state_dict`` and ``load_state_dict``; ``cache`` keeps the partitions read in the
-    rank across epochs (default: when they fit ``dask-ddp.data.table-cache``); see README
-    "Datasets: tables".
+    rank across epochs (default: when they fit ``dask-ddp.data.table-cache``); see the user
+    guide's "Datasets: tables".
 
     Parameters
     ----------

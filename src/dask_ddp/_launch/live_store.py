@@ -108,9 +108,15 @@ def install(client: Any) -> None:
 
 def open_store(client: Any, job_id: str, workers: list[str], bound: float) -> str:
     """Job ``job_id``'s store address (a new store on the scheduler)."""
-    install(client)
-    return str(client.sync(getattr(client.scheduler, OPEN_HANDLER), job_id=job_id,
-                           workers=list(workers), callback_timeout=bound))
+    try:
+        install(client)
+        return str(client.sync(getattr(client.scheduler, OPEN_HANDLER), job_id=job_id,
+                               workers=list(workers), callback_timeout=bound))
+    except Exception as exc:
+        raise RuntimeError(
+            "recovery='live' could not start the job's store on the scheduler "
+            f"{client.scheduler.address} (it needs torch importable there): "
+            f"{type(exc).__name__}: {exc}") from exc
 
 
 async def read_generations(client: Any, job_id: str) -> list[str]:

@@ -1,19 +1,25 @@
-// Bindings of the table gather: dask_ddp._core.GatherPool (the gather's threads) and
-// TableWindow (the column buffers of the segments a rank holds, gathered into batches).
+// Bindings of the table gather: dask_ddp._core.GatherPool (the gather's threads),
+// TableWindow (the column buffers of the segments a rank holds, gathered into batches) and
+// TableBatches (an epoch's batches gathered ahead on the engine's thread).
 //
 // A window keeps its source arrays alive (the shared-memory mappings of the partitions'
 // rows); each gather copies the picked rows into new buffers with the GIL released, which
 // cross to torch through DLPack without a copy (the tensor owns its buffer).
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <deque>
 #include <memory>
+#include <optional>
 
 #include "errors.h"
+#include "table/batch_stream.h"
 #include "table/gather.h"
+#include "table/pack.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -35,20 +41,37 @@ struct Output {
   size_t row_bytes;
 };
 
+std::vector<Output> MakeOutputs(std::vector<OutputSpec>& specs) {
+  std::vector<Output> outputs;
+  for (OutputSpec& o : specs) {
+    outputs.push_back({nb::dlpack::dtype{std::get<0>(o), std::get<1>(o), 1},
+                       std::move(std::get<2>(o)), std::get<3>(o)});
+  }
+  return outputs;
+}
+
+// A torch tensor of n rows owning `data` (allocated with new[]; freed with the tensor).
+nb::object ToTensor(std::unique_ptr<uint8_t[]> buffer, const Output& o, size_t n) {
+  std::vector<size_t> shape{n};
+  shape.insert(shape.end(), o.tail.begin(), o.tail.end());
+  uint8_t* data = buffer.release();
+  nb::capsule owner(data, [](void* p) noexcept { delete[] static_cast<uint8_t*>(p); });
+  return nb::ndarray<nb::pytorch>(data, shape.size(), shape.data(), owner, nullptr, o.dtype)
+      .cast();
+}
+
+using Int32s = nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using Int64s = nb::ndarray<const int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+
 class TableWindow {
  public:
   TableWindow(std::vector<ColumnSpec> columns, std::vector<std::string> segment_names,
-              std::vector<int64_t> segment_rows, std::vector<OutputSpec> outputs) {
-    layout_.segment_names = std::move(segment_names);
-    layout_.segment_rows = std::move(segment_rows);
-    for (OutputSpec& o : outputs) {
-      Output out;
-      out.dtype = nb::dlpack::dtype{std::get<0>(o), std::get<1>(o), 1};
-      out.tail = std::move(std::get<2>(o));
-      out.row_bytes = std::get<3>(o);
-      layout_.output_row_bytes.push_back(out.row_bytes);
-      outputs_.push_back(std::move(out));
-    }
+              std::vector<int64_t> segment_rows, std::vector<OutputSpec> outputs)
+      : outputs_(MakeOutputs(outputs)) {
+    auto layout = std::make_shared<table::GatherLayout>();
+    layout->segment_names = std::move(segment_names);
+    layout->segment_rows = std::move(segment_rows);
+    for (const Output& o : outputs_) layout->output_row_bytes.push_back(o.row_bytes);
     for (ColumnSpec& c : columns) {
       table::GatherColumn col;
       col.name = std::get<0>(c);
@@ -59,25 +82,25 @@ class TableWindow {
       col.offset = std::get<5>(c);
       const std::vector<Bytes>& buffers = std::get<6>(c);
       for (size_t s = 0; s < buffers.size(); ++s) {
-        const size_t need = s < layout_.segment_rows.size()
-                                ? static_cast<size_t>(std::max<int64_t>(layout_.segment_rows[s], 0)) * col.src_stride
+        const size_t need = s < layout->segment_rows.size()
+                                ? static_cast<size_t>(std::max<int64_t>(layout->segment_rows[s], 0)) * col.src_stride
                                 : 0;
         if (buffers[s].size() < need) {
           ThrowIfError(InvalidArgumentError(
               "table window: column '" + col.name + "' has " + std::to_string(buffers[s].size()) +
-              " bytes in " + (s < layout_.segment_names.size() ? layout_.segment_names[s] : "?") +
+              " bytes in " + (s < layout->segment_names.size() ? layout->segment_names[s] : "?") +
               ", which needs " + std::to_string(need)));
         }
         col.segments.push_back(buffers[s].data());
       }
       keep_.push_back(buffers);
-      layout_.columns.push_back(std::move(col));
+      layout->columns.push_back(std::move(col));
     }
-    ThrowIfError(table::ValidateLayout(layout_));
+    ThrowIfError(table::ValidateLayout(*layout));
+    layout_ = std::move(layout);
   }
 
-  nb::list Gather(table::GatherPool& pool, nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu> segment,
-                  nb::ndarray<const int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu> row) {
+  nb::list Gather(table::GatherPool& pool, Int32s segment, Int64s row) {
     const size_t n = row.shape(0);
     std::vector<std::unique_ptr<uint8_t[]>> buffers;
     std::vector<uint8_t*> outs;
@@ -88,30 +111,199 @@ class TableWindow {
     Status status;
     {
       nb::gil_scoped_release release;
-      status = table::GatherRows(layout_, {segment.data(), segment.shape(0)}, {row.data(), n},
+      status = table::GatherRows(*layout_, {segment.data(), segment.shape(0)}, {row.data(), n},
                                  outs, &pool);
     }
     ThrowIfError(status);
     nb::list result;
     for (size_t i = 0; i < outputs_.size(); ++i) {
-      const Output& o = outputs_[i];
-      std::vector<size_t> shape{n};
-      shape.insert(shape.end(), o.tail.begin(), o.tail.end());
-      uint8_t* data = buffers[i].release();
-      nb::capsule owner(data, [](void* p) noexcept { delete[] static_cast<uint8_t*>(p); });
-      result.append(nb::ndarray<nb::pytorch>(data, shape.size(), shape.data(), owner, nullptr,
-                                             o.dtype).cast());
+      result.append(ToTensor(std::move(buffers[i]), outputs_[i], n));
     }
     return result;
   }
 
-  size_t num_segments() const { return layout_.segment_rows.size(); }
+  size_t num_segments() const { return layout_->segment_rows.size(); }
+  const std::shared_ptr<const table::GatherLayout>& layout() const { return layout_; }
 
  private:
-  table::GatherLayout layout_;
+  std::shared_ptr<const table::GatherLayout> layout_;
   std::vector<Output> outputs_;
   std::vector<std::vector<Bytes>> keep_;
 };
+
+// How TableBatches hands out a batch: the list of its tensors, a dict by output name, the
+// one tensor x, or the pair (x, y).
+enum class Form { kList, kDict, kX, kXY };
+
+class TableBatches {
+ public:
+  TableBatches(nb::object pool, std::vector<OutputSpec> outputs, std::vector<std::string> names,
+               const std::string& form, size_t batch_size, size_t prefetch, size_t max_jobs)
+      : outputs_(MakeOutputs(outputs)), names_(std::move(names)), pool_(std::move(pool)) {
+    if (form == "list") form_ = Form::kList;
+    else if (form == "dict") form_ = Form::kDict;
+    else if (form == "x") form_ = Form::kX;
+    else if (form == "xy") form_ = Form::kXY;
+    else ThrowIfError(InvalidArgumentError("table batches: form '" + form +
+                                           "' is not list, dict, x or xy"));
+    const size_t want = form_ == Form::kX ? 1 : form_ == Form::kXY ? 2 : outputs_.size();
+    if (outputs_.size() != want || (form_ == Form::kDict && names_.size() != outputs_.size())) {
+      ThrowIfError(InvalidArgumentError("table batches: " + std::to_string(outputs_.size()) +
+                                        " outputs and " + std::to_string(names_.size()) +
+                                        " names do not make a batch of form '" + form + "'"));
+    }
+    std::vector<size_t> row_bytes;
+    for (const Output& o : outputs_) row_bytes.push_back(o.row_bytes);
+    stream_ = std::make_unique<table::BatchStream>(
+        std::move(row_bytes), batch_size, prefetch, max_jobs,
+        nb::cast<table::GatherPool*>(pool_));
+  }
+
+  // Queues the rows (segment[i], row[i]) of `window` (whole batches, or the epoch's last
+  // rows); blocks, the GIL released, while the stream holds max_jobs jobs.
+  void Push(nb::object window, Int32s segment, Int64s row) {
+    const TableWindow& w = nb::cast<const TableWindow&>(window);
+    table::BatchJob job;
+    job.layout = w.layout();
+    job.segment.assign(segment.data(), segment.data() + segment.shape(0));
+    job.row.assign(row.data(), row.data() + row.shape(0));
+    const uint64_t id = pushed_++;
+    keep_.emplace_back(id, std::move(window));
+    Status status;
+    {
+      nb::gil_scoped_release release;
+      status = stream_->Push(std::move(job));
+    }
+    // Not queued: drop its window (unless close() has dropped every window meanwhile).
+    if (!status.ok() && !keep_.empty() && keep_.back().first == id) {
+      nb::object drop = std::move(keep_.back().second);
+      keep_.pop_back();  // before the window's release, which may run Python code
+    }
+    ThrowIfError(status);
+    Release();
+  }
+
+  void Finish() { stream_->Finish(); }
+
+  // The next batch, or None after the last; TimeoutError when none came in timeout_s.
+  nb::object Next(double timeout_s) {
+    table::Batch batch;
+    bool end = false;
+    Status status;
+    {
+      nb::gil_scoped_release release;
+      status = stream_->Next(&batch, &end, timeout_s);
+    }
+    Release();
+    ThrowIfError(status);
+    if (end) return nb::none();
+    const size_t n = batch.rows;
+    switch (form_) {
+      case Form::kX:
+        return ToTensor(std::move(batch.outputs[0]), outputs_[0], n);
+      case Form::kXY: {
+        nb::object x = ToTensor(std::move(batch.outputs[0]), outputs_[0], n);
+        nb::object y = ToTensor(std::move(batch.outputs[1]), outputs_[1], n);
+        return nb::make_tuple(x, y);
+      }
+      case Form::kDict: {
+        nb::dict d;
+        for (size_t i = 0; i < outputs_.size(); ++i) {
+          d[nb::str(names_[i].c_str())] = ToTensor(std::move(batch.outputs[i]), outputs_[i], n);
+        }
+        return d;
+      }
+      case Form::kList:
+        break;
+    }
+    nb::list l;
+    for (size_t i = 0; i < outputs_.size(); ++i) {
+      l.append(ToTensor(std::move(batch.outputs[i]), outputs_[i], n));
+    }
+    return l;
+  }
+
+  void Close() {
+    {
+      nb::gil_scoped_release release;
+      stream_->Close();
+    }
+    std::deque<std::pair<uint64_t, nb::object>> drop;
+    drop.swap(keep_);
+  }
+
+  uint64_t jobs_done() const { return stream_->jobs_done(); }
+
+ private:
+  // Drops the windows of finished jobs (their records are no longer read). The deque is
+  // left consistent before any window is released: a release may run Python code (a
+  // finalizer) that lets another thread of this stream in.
+  void Release() {
+    const uint64_t done = stream_->jobs_done();
+    std::vector<nb::object> drop;
+    while (!keep_.empty() && keep_.front().first < done) {
+      drop.push_back(std::move(keep_.front().second));
+      keep_.pop_front();
+    }
+  }
+
+  std::vector<Output> outputs_;
+  std::vector<std::string> names_;
+  Form form_ = Form::kList;
+  nb::object pool_;                                  // outlives the stream's thread
+  std::deque<std::pair<uint64_t, nb::object>> keep_;  // (job number, its window)
+  uint64_t pushed_ = 0;
+  std::unique_ptr<table::BatchStream> stream_;       // destroyed first: its thread ends
+};
+
+using AnyArray = nb::ndarray<nb::ro, nb::device::cpu>;
+// (name, values: rows along the first axis, offset in the record, picked)
+using PackSpec = std::tuple<std::string, AnyArray, size_t, bool>;
+
+// Packs columns into records (table/pack.h), the GIL released: rows begin + i, or
+// rows[i] when given, of each picked column; row i of the others.
+void PackRecordsPy(nb::ndarray<uint8_t, nb::ndim<2>, nb::c_contig, nb::device::cpu> out,
+                   std::vector<PackSpec> specs, int64_t begin, std::optional<Int64s> rows,
+                   const std::string& where) {
+  std::vector<table::PackColumn> cols;
+  for (const PackSpec& spec : specs) {
+    const AnyArray& a = std::get<1>(spec);
+    table::PackColumn c;
+    c.name = std::get<0>(spec);
+    const size_t item = (a.dtype().bits + 7) / 8;
+    size_t width = 1;
+    int64_t expect = 1;  // elements between neighbours along the axis checked
+    for (size_t d = a.ndim(); d-- > 1;) {
+      if (a.shape(d) > 1 && a.stride(d) != expect) {
+        ThrowIfError(InvalidArgumentError("table pack: column '" + c.name + "' is not " +
+                                          "contiguous inside a row"));
+      }
+      width *= a.shape(d);
+      expect *= static_cast<int64_t>(a.shape(d));
+    }
+    if (a.ndim() == 0 || (a.shape(0) > 1 && a.stride(0) <= 0)) {
+      ThrowIfError(InvalidArgumentError("table pack: column '" + c.name +
+                                        "' has no rows along a positive first axis"));
+    }
+    c.data = static_cast<const uint8_t*>(a.data());
+    c.rows = static_cast<int64_t>(a.shape(0));
+    c.row_bytes = item * width;
+    c.stride = a.shape(0) > 1 ? static_cast<size_t>(a.stride(0)) * item : c.row_bytes;
+    c.offset = std::get<2>(spec);
+    c.picked = std::get<3>(spec);
+    cols.push_back(std::move(c));
+  }
+  const size_t n = out.shape(0);
+  std::span<const int64_t> picked;
+  if (rows.has_value()) picked = {rows->data(), rows->shape(0)};
+  Status status;
+  {
+    nb::gil_scoped_release release;
+    status = table::PackRecords(cols, out.shape(1), begin, n, picked, {out.data(), n * out.shape(1)},
+                                where);
+  }
+  ThrowIfError(status);
+}
 
 }  // namespace
 
@@ -133,6 +325,32 @@ void init_table(nb::module_& m) {
       .def("gather", &TableWindow::Gather, "pool"_a, "segment"_a, "row"_a,
            "Rows row[i] of segments segment[i] as one tensor per output (GIL released).")
       .def_prop_ro("num_segments", &TableWindow::num_segments, "Segments in the window.");
+
+  m.def("pack_records", &PackRecordsPy, "out"_a, "columns"_a, "begin"_a, "rows"_a.none(),
+        "where"_a,
+        "Pack columns into records (uint8 [rows, record bytes]) in one pass, the GIL\n"
+        "released. columns: (name, values, offset in the record, picked); record i takes\n"
+        "row begin + i (rows[i] when rows is given) of each picked column, row i of the\n"
+        "others. Errors name the column and `where`.");
+
+  nb::class_<TableBatches>(
+      m, "TableBatches",
+      "An epoch's batches gathered ahead on the engine's thread (GIL released).\n\n"
+      "Windows of rows are pushed (push), cut into batches of batch_size rows (a window's\n"
+      "last batch may be shorter), gathered at most prefetch batches ahead and handed out\n"
+      "in order by next() as form says: 'list' of tensors, 'dict' by names, 'x', or 'xy'.")
+      .def(nb::init<nb::object, std::vector<OutputSpec>, std::vector<std::string>,
+                    const std::string&, size_t, size_t, size_t>(),
+           "pool"_a, "outputs"_a, "names"_a, "form"_a, "batch_size"_a, "prefetch"_a,
+           "max_jobs"_a)
+      .def("push", &TableBatches::Push, "window"_a, "segment"_a, "row"_a,
+           "Queue rows row[i] of segments segment[i] of window (blocks while max_jobs\n"
+           "windows are queued; the GIL released).")
+      .def("finish", &TableBatches::Finish, "No more windows: next() returns None after them.")
+      .def("next", &TableBatches::Next, "timeout_s"_a,
+           "The next batch, None after the last; TimeoutError after timeout_s without one.")
+      .def("close", &TableBatches::Close, "Stop the thread; push and next return at once.")
+      .def_prop_ro("jobs_done", &TableBatches::jobs_done, "Windows whose batches are out.");
 }
 
 }  // namespace ddp::py

@@ -221,3 +221,43 @@ class TableWindow:
     @property
     def num_segments(self) -> int:
         """Segments in the window."""
+
+def pack_records(out: Annotated[NDArray[numpy.uint8], dict(shape=(None, None), order='C', device='cpu')], columns: Sequence[tuple[str, Annotated[NDArray, dict(device='cpu', writable=False)], int, bool]], begin: int, rows: Annotated[NDArray[numpy.int64], dict(shape=(None,), order='C', device='cpu', writable=False)] | None, where: str) -> None:
+    """
+    Pack columns into records (uint8 [rows, record bytes]) in one pass, the GIL
+    released. columns: (name, values, offset in the record, picked); record i takes
+    row begin + i (rows[i] when rows is given) of each picked column, row i of the
+    others. Errors name the column and `where`.
+    """
+
+class TableBatches:
+    """
+    An epoch's batches gathered ahead on the engine's thread (GIL released).
+
+    Windows of rows are pushed (push), cut into batches of batch_size rows (a window's
+    last batch may be shorter), gathered at most prefetch batches ahead and handed out
+    in order by next() as form says: 'list' of tensors, 'dict' by names, 'x', or 'xy'.
+    """
+
+    def __init__(self, pool: object, outputs: Sequence[tuple[int, int, Sequence[int], int]], names: Sequence[str], form: str, batch_size: int, prefetch: int, max_jobs: int) -> None: ...
+
+    def push(self, window: object, segment: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)], row: Annotated[NDArray[numpy.int64], dict(shape=(None,), order='C', device='cpu', writable=False)]) -> None:
+        """
+        Queue rows row[i] of segments segment[i] of window (blocks while max_jobs
+        windows are queued; the GIL released).
+        """
+
+    def finish(self) -> None:
+        """No more windows: next() returns None after them."""
+
+    def next(self, timeout_s: float) -> object:
+        """
+        The next batch, None after the last; TimeoutError after timeout_s without one.
+        """
+
+    def close(self) -> None:
+        """Stop the thread; push and next return at once."""
+
+    @property
+    def jobs_done(self) -> int:
+        """Windows whose batches are out."""

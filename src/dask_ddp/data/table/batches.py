@@ -1,19 +1,19 @@
-"""A rank's epoch gathered into batches on a background thread (internal).
+"""A rank's epoch handed to the engine window by window, on a background thread
+(internal).
 
 The rank's rows are cut into batches; each batch's rows lie in one window or a few
 consecutive ones (:class:`~dask_ddp.data.table.window.Window`). A window's reads start
-two windows ahead of the batch being gathered, and a window is dropped (its rows freed)
-once its batches are out. Each batch is gathered in C++ (:class:`dask_ddp._core.TableWindow`,
-GIL released) into tensors that own their buffers and put in a bounded queue, the
-loader's prefetch.
+ahead of the window being gathered, and a window is dropped (its rows freed) once its
+batches are out. The batches of each window go to the engine in one call
+(:class:`dask_ddp._core.TableBatches`): its own thread gathers them (GIL released) into
+tensors that own their buffers, ``prefetch`` batches ahead of the training loop, whose
+only work per batch is one call; a batch across windows goes alone, over their segments.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
-import queue
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -34,7 +34,7 @@ POLL_S = 0.5
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class EpochBatches:
-    """The gather thread's work for one loader: an epoch's batches into a queue.
+    """The feeding thread's work for one loader: an epoch's windows into the engine.
 
     Attributes
     ----------
@@ -59,28 +59,33 @@ class EpochBatches:
     rank: int
     shuffle: bool | str
 
-    def produce(self, out: queue.Queue[Any], stop: threading.Event, start: int, epoch: int,
-                rank_rows: Callable[[], tuple[np.ndarray, np.ndarray]]) -> None:
-        """The gather thread: batches ``(index, batch)`` from ``start`` on into ``out``,
-        then None (or the exception that ended it); ``rank_rows`` gives the epoch's rows
-        and window ids."""
+    def stream(self, prefetch: int) -> Any:
+        """A new engine stream for one iteration."""
+        return self.layout.stream(self.pool, self.batch_size, prefetch)
+
+    def produce(self, stream: Any, stop: threading.Event, start: int, epoch: int,
+                rank_rows: Callable[[], tuple[np.ndarray, np.ndarray]],
+                errors: list[BaseException]) -> None:
+        """The feeding thread: the batches from ``start`` on into ``stream``, then its
+        end; an exception that ended it goes to ``errors`` (the consumer raises it after
+        the batches before it). ``rank_rows`` gives the epoch's rows and window ids."""
         windows: dict[int, Window] = {}
         try:
-            self._gather(out, stop, start, epoch, rank_rows(), windows)
-            if not stop.is_set():
-                out.put(None)
+            self._feed(stream, stop, start, epoch, rank_rows(), windows)
         except BaseException as exc:  # handed to the consumer, which raises it
-            with contextlib.suppress(Exception):
-                out.put(exc, timeout=60)
+            if not stop.is_set():
+                errors.append(exc)
         finally:
+            stream.finish()
             for win in windows.values():
                 self.reads.cancel(win)
 
-    def _gather(self, out: queue.Queue[Any], stop: threading.Event, start: int, epoch: int,
-                rank_rows: tuple[np.ndarray, np.ndarray], windows: dict[int, Window]) -> None:
+    def _feed(self, stream: Any, stop: threading.Event, start: int, epoch: int,
+              rank_rows: tuple[np.ndarray, np.ndarray], windows: dict[int, Window]) -> None:
         rows, wins = rank_rows
         n = len(rows)
-        nb = n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+        bs = self.batch_size
+        nb = n // bs if self.drop_last else -(-n // bs)
         if self.rank == 0 and start == 0:
             parts = np.searchsorted(self.offsets, rows, side="right") - 1
             logger.info("table plan, epoch %d (shuffle=%r): %d rows per rank in %d batches, "
@@ -98,28 +103,28 @@ class EpochBatches:
                 self.reads.request(windows[w])
             return windows[w]
 
-        cached: tuple[tuple[int, ...], Any] | None = None
         w0 = 0
-        for b in range(start, nb):
-            lo, hi = b * self.batch_size, min(n, (b + 1) * self.batch_size)
+        b = start
+        while b < nb and not stop.is_set():
+            lo, hi = b * bs, min(n, (b + 1) * bs)
             while ends[w0] <= lo:
                 w0 += 1
             w1 = w0
             while ends[w1] < hi:
                 w1 += 1
             for w in [w for w in windows if w < w0]:
-                del windows[w]  # its batches are out: its rows are freed
+                del windows[w]  # its batches are queued: the engine holds its rows
             used = [window(w) for w in range(w0, w1 + 1)]
-            for ahead in (w1 + 1, w1 + 2):
-                if ahead < len(starts):
-                    window(ahead)  # the next windows are read while this one is gathered
-            key = tuple(range(w0, w1 + 1))
-            if cached is None or cached[0] != key:
-                cached = (key, self._engine_window(used))
-            if w0 == w1:  # the common case: slices, no copy
-                seg, row = used[0].seg[lo - starts[w0]:hi - starts[w0]], \
-                    used[0].row[lo - starts[w0]:hi - starts[w0]]
-            else:
+            if w1 + 1 < len(starts):
+                # The next window is read while this one waits and is gathered (and the
+                # engine gathers the one queued before it).
+                window(w1 + 1)
+            if w0 == w1:  # the batches inside this window, in one call: slices, no copy
+                b_end = nb if ends[w0] >= n else max(b + 1, ends[w0] // bs)
+                z = min(n, b_end * bs)
+                seg = used[0].seg[lo - starts[w0]:z - starts[w0]]
+                row = used[0].row[lo - starts[w0]:z - starts[w0]]
+            else:  # one batch across windows, over their segments side by side
                 seg_idx, row_idx = [], []
                 base = 0
                 for w, win in zip(range(w0, w1 + 1), used, strict=True):
@@ -130,16 +135,10 @@ class EpochBatches:
                     base += len(win.partitions)
                 seg = np.concatenate(seg_idx).astype(np.int32, copy=False)
                 row = np.concatenate(row_idx).astype(np.int64, copy=False)
-            tensors = cached[1].gather(self.pool, seg, row)
-            item = (b, self.layout.assemble(tensors))
-            while not stop.is_set():
-                try:
-                    out.put(item, timeout=POLL_S)
-                    break
-                except queue.Full:
-                    continue
-            if stop.is_set():
-                return
+                b_end = b + 1
+            stream.push(self._engine_window(used), np.ascontiguousarray(seg, np.int32),
+                        np.ascontiguousarray(row, np.int64))
+            b = b_end
 
     def _engine_window(self, used: list[Window]) -> Any:
         """The engine's window over the segments of ``used`` (waiting for their rows)."""

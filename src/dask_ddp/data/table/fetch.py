@@ -142,7 +142,7 @@ def _fill(records: np.ndarray, part: Any, rows: Any, columns: Sequence[Column],
                 sources.append((a, rows))
                 continue
         sources.append((_column_values(part, c, rows, partition), None))
-    fill_records(records, columns, sources)
+    fill_records(records, columns, sources, f"partition {partition}")
 
 
 def export_rows(part: Any, rows: Any, columns: Sequence[Column], target: dict[str, Any],

@@ -39,6 +39,12 @@ class BatchLayout:
                  ) -> None:
         self.as_tuple = features is not None or label is not None
         self.outputs, self.columns = self._outputs(table, features, label)
+        self._specs = [self._spec(out) for out in self.outputs]
+        xs = sum(o["name"] == "x" for o in self.outputs)
+        #: How the engine hands out a batch: "dict", "x", "xy", or "list" (features of
+        #: several dtypes, concatenated here by :meth:`assemble`).
+        self.form = "dict" if not self.as_tuple else "list" if xs > 1 else \
+            "xy" if self.outputs[-1]["name"] == "y" else "x"
 
     @staticmethod
     def _outputs(t: Table, features: Sequence[str] | None, label: str | None
@@ -71,7 +77,6 @@ class BatchLayout:
         where = {c.name: off for c, off in zip(self.columns, src_offsets, strict=True)}
         bufs = [seg.reshape(-1) for seg in segments]
         specs: list[list[Any]] = []
-        outputs = []
         for o, out in enumerate(self.outputs):
             offset = 0
             for c in out["columns"]:
@@ -82,13 +87,29 @@ class BatchLayout:
                 else:
                     specs.append([c.name, c.row_bytes, record, where[c.name], o, offset, bufs])
                 offset += c.row_bytes
-            c0 = out["columns"][0]
-            dt = np.dtype(c0.dtype)
-            # One column keeps its row shape; stacked columns make one row of their widths.
-            width = sum(int(np.prod(c.shape)) for c in out["columns"])
-            tail = list(c0.shape) if len(out["columns"]) == 1 else [width]
-            outputs.append((_DLPACK_CODE[dt.kind], dt.itemsize * 8, tail, offset))
-        return _core.TableWindow([tuple(x) for x in specs], names, nrows, outputs)
+        return _core.TableWindow([tuple(x) for x in specs], names, nrows, self._specs)
+
+    @staticmethod
+    def _spec(out: dict[str, Any]) -> tuple[int, int, list[int], int]:
+        """The engine's description of an output: DLPack type code, bits, row shape,
+        row bytes."""
+        c0 = out["columns"][0]
+        dt = np.dtype(c0.dtype)
+        # One column keeps its row shape; stacked columns make one row of their widths.
+        width = sum(int(np.prod(c.shape)) for c in out["columns"])
+        tail = list(c0.shape) if len(out["columns"]) == 1 else [width]
+        return (_DLPACK_CODE[dt.kind], dt.itemsize * 8, tail,
+                sum(c.row_bytes for c in out["columns"]))
+
+    def stream(self, pool: Any, batch_size: int, prefetch: int) -> Any:
+        """The engine's stream of an epoch's batches (:class:`dask_ddp._core.TableBatches`,
+        one window queued beyond the one being gathered)."""
+        return _core.TableBatches(pool, self._specs, [o["name"] for o in self.outputs],
+                                  self.form, batch_size, prefetch, 1)
+
+    def batch(self, item: Any) -> Any:
+        """The training loop's batch of what the stream handed out."""
+        return self.assemble(item) if self.form == "list" else item
 
     def assemble(self, tensors: list[torch.Tensor]) -> Any:
         """The batch of the gathered tensors (one per output)."""

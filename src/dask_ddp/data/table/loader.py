@@ -5,15 +5,14 @@ Per epoch, the rank's rows come from the epoch plan (:mod:`~dask_ddp.data.table.
 over :mod:`~dask_ddp.data.table.plan`); they are read window by window, one piece per
 partition (:mod:`~dask_ddp.data.table.reads`: :mod:`~dask_ddp.data.table.fetch` for Dask
 tables, :mod:`~dask_ddp.data.table.parquet` for Parquet), the next window requested while
-the current one is gathered. A background thread gathers each batch in C++
-(:mod:`~dask_ddp.data.table.batches`, GIL released) into tensors that own their buffers.
+the current one is gathered. A background thread hands each window's batches to the
+engine (:mod:`~dask_ddp.data.table.batches`), whose own thread gathers them (GIL released)
+into tensors that own their buffers; the training loop takes each with one call.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import queue
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -132,6 +131,7 @@ class TableLoader(Loader):
                                      batch_size=self.batch_size, drop_last=self.drop_last,
                                      rank=self.rank, shuffle=shuffle)
         self._stop: threading.Event | None = None
+        self._stream: Any = None  # the engine's stream of the current iteration
 
     def _rank_rows(self) -> tuple[np.ndarray, np.ndarray]:
         """This rank's rows of the current epoch and their window ids."""
@@ -182,41 +182,41 @@ class TableLoader(Loader):
         start, self._start = self._start, 0
         self._position = start
         self._hint_persist()
-        out: queue.Queue[Any] = queue.Queue(maxsize=self.prefetch)
+        stream = self._batches.stream(self.prefetch)
+        errors: list[BaseException] = []
         stop = threading.Event()
-        self._stop = stop
+        self._stop, self._stream = stop, stream
         thread = threading.Thread(target=self._batches.produce,
-                                  args=(out, stop, start, self.epoch, self._rank_rows),
+                                  args=(stream, stop, start, self.epoch, self._rank_rows,
+                                        errors),
                                   name=f"dask-ddp-table-{self.rank}", daemon=True)
         t0 = time.monotonic()
         thread.start()
         first = True
+        batch_of = self._batches.layout.batch
         try:
             while True:
                 try:
-                    item = out.get(timeout=POLL_S)
-                except queue.Empty:
-                    if not thread.is_alive() and out.empty():
-                        raise RuntimeError("the table's gather thread ended without a batch "
-                                           "or an error") from None
-                    continue
+                    item = stream.next(POLL_S)  # the GIL released while it waits
+                except TimeoutError:
+                    continue  # the reads wait at most FETCH_TIMEOUT_S, then raise
                 if item is None:
+                    if errors:
+                        raise errors[0]
                     return
-                if isinstance(item, BaseException):
-                    raise item
-                b, batch = item
                 if first:
                     first = False
                     logger.debug("rank %d: first batch of epoch %d after %.3f s", self.rank,
                                  self.epoch, time.monotonic() - t0)
-                self._position = b + 1
-                yield batch
+                self._position += 1
+                yield batch_of(item)
         finally:
             stop.set()
-            with contextlib.suppress(queue.Empty):
-                while True:
-                    out.get_nowait()
+            stream.close()
             thread.join(timeout=60)
+            if thread.is_alive():
+                logger.warning("rank %d: the table's feeding thread did not stop within "
+                               "60 s (a read of the table is still waiting)", self.rank)
 
     # -- resume ---------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -272,6 +272,8 @@ class TableLoader(Loader):
         """Stop the gather thread of an iteration in progress and drop the cached rows."""
         if self._stop is not None:
             self._stop.set()
+        if self._stream is not None:
+            self._stream.close()
         self._reads.close()
 
     def __repr__(self) -> str:

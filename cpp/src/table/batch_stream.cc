@@ -1,0 +1,136 @@
+#include "table/batch_stream.h"
+
+#include <algorithm>
+#include <chrono>
+#include <string>
+#include <utility>
+
+namespace ddp::table {
+
+BatchStream::BatchStream(std::vector<size_t> output_row_bytes, size_t batch_size,
+                         size_t prefetch, size_t max_jobs, GatherPool* pool)
+    : output_row_bytes_(std::move(output_row_bytes)),
+      batch_size_(std::max<size_t>(1, batch_size)),
+      prefetch_(std::max<size_t>(1, prefetch)),
+      max_jobs_(std::max<size_t>(1, max_jobs)),
+      pool_(pool),
+      worker_([this] { Run(); }) {}
+
+BatchStream::~BatchStream() { Close(); }
+
+Status BatchStream::Push(BatchJob job) {
+  if (job.layout == nullptr) {
+    return InvalidArgumentError("table batches: a job without a window");
+  }
+  if (job.layout->output_row_bytes != output_row_bytes_) {
+    return InvalidArgumentError("table batches: a job's window has " +
+                                std::to_string(job.layout->output_row_bytes.size()) +
+                                " outputs whose rows do not match the stream's " +
+                                std::to_string(output_row_bytes_.size()));
+  }
+  if (job.segment.size() != job.row.size()) {
+    return InvalidArgumentError("table batches: a job has " + std::to_string(job.segment.size()) +
+                                " segment indices for " + std::to_string(job.row.size()) +
+                                " rows");
+  }
+  std::unique_lock<std::mutex> lock(mu_);
+  changed_.wait(lock, [&] { return closed_ || worker_done_ || unfinished_ < max_jobs_; });
+  if (closed_) return CancelledError("table batches: the stream is closed");
+  if (worker_done_ && !finished_) {
+    return CancelledError("table batches: the stream ended on an earlier gather error");
+  }
+  if (finished_) return FailedPreconditionError("table batches: a job pushed after Finish");
+  jobs_.push_back(std::move(job));
+  ++unfinished_;
+  changed_.notify_all();
+  return Status::Ok();
+}
+
+void BatchStream::Finish() {
+  std::lock_guard<std::mutex> lock(mu_);
+  finished_ = true;
+  changed_.notify_all();
+}
+
+Status BatchStream::Next(Batch* batch, bool* end, double timeout_s) {
+  *end = false;
+  std::unique_lock<std::mutex> lock(mu_);
+  auto ready = [&] { return closed_ || worker_done_ || !ready_.empty(); };
+  if (timeout_s < 0) {
+    changed_.wait(lock, ready);
+  } else if (!changed_.wait_for(lock, std::chrono::duration<double>(timeout_s), ready)) {
+    return DeadlineExceededError("table batches: no batch within " + std::to_string(timeout_s) +
+                                 " s");
+  }
+  if (!closed_ && !ready_.empty()) {
+    *batch = std::move(ready_.front());
+    ready_.pop_front();
+    changed_.notify_all();
+    return Status::Ok();
+  }
+  *end = true;
+  if (closed_) return Status::Ok();
+  return std::exchange(error_, Status::Ok());  // reported once
+}
+
+void BatchStream::Close() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    closed_ = true;
+    changed_.notify_all();
+  }
+  std::lock_guard<std::mutex> join(join_mu_);  // two threads closing at once join once
+  if (worker_.joinable() && worker_.get_id() != std::this_thread::get_id()) worker_.join();
+}
+
+uint64_t BatchStream::jobs_done() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return done_;
+}
+
+void BatchStream::Run() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    changed_.wait(lock, [&] { return closed_ || finished_ || !jobs_.empty(); });
+    if (closed_ || jobs_.empty()) break;  // closed, or finished with every job done
+    BatchJob job = std::move(jobs_.front());
+    jobs_.pop_front();
+    const size_t n = job.row.size();
+    for (size_t begin = 0; begin < n; begin += batch_size_) {
+      changed_.wait(lock, [&] { return closed_ || ready_.size() < prefetch_; });
+      if (closed_) break;
+      lock.unlock();
+      const size_t rows = std::min(n, begin + batch_size_) - begin;
+      Batch batch;
+      batch.rows = rows;
+      std::vector<uint8_t*> outs;
+      for (size_t bytes : output_row_bytes_) {
+        batch.outputs.emplace_back(new uint8_t[std::max<size_t>(1, rows * bytes)]);
+        outs.push_back(batch.outputs.back().get());
+      }
+      const Status status =
+          GatherRows(*job.layout, std::span<const int32_t>(job.segment).subspan(begin, rows),
+                     std::span<const int64_t>(job.row).subspan(begin, rows), outs, pool_);
+      lock.lock();
+      if (!status.ok()) {
+        error_ = status;
+        worker_done_ = true;
+        changed_.notify_all();
+        return;
+      }
+      ready_.push_back(std::move(batch));
+      changed_.notify_all();
+    }
+    if (closed_) break;
+    lock.unlock();
+    job = BatchJob();  // the window's buffers are no longer read from here
+    lock.lock();
+    --unfinished_;
+    ++done_;
+    changed_.notify_all();
+  }
+  worker_done_ = true;
+  changed_.notify_all();
+}
+
+}  // namespace ddp::table

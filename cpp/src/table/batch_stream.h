@@ -1,0 +1,92 @@
+// A rank's epoch of table batches gathered ahead on the engine's own thread.
+//
+// The caller pushes jobs: a job is a window of segments (a GatherLayout) with the rows of
+// a run of consecutive batches in it (segment and row of each position). A thread cuts
+// each job into batches of `batch_size` rows (the job's last one may be shorter), gathers
+// each into newly allocated output buffers and queues it, at most `prefetch` batches
+// ahead of the consumer; Next() hands them out in order. Neither the jobs nor the batches
+// touch the caller's interpreter: the consumer's only work per batch is one Next().
+//
+// Jobs finish in the order pushed: jobs_done() counts them, so a caller keeping the
+// job's buffers alive (the segments' records) releases them once their job is done.
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "ddp/status.h"
+#include "table/gather.h"
+
+namespace ddp::table {
+
+struct BatchJob {
+  std::shared_ptr<const GatherLayout> layout;  // validated (ValidateLayout)
+  std::vector<int32_t> segment;                // the segment of each position
+  std::vector<int64_t> row;                    // the row of each position in its segment
+};
+
+struct Batch {
+  size_t rows = 0;
+  std::vector<std::unique_ptr<uint8_t[]>> outputs;  // rows * output_row_bytes[o] each
+};
+
+class BatchStream {
+ public:
+  // output_row_bytes: bytes of one row of each output (every job's layout must match);
+  // prefetch >= 1 batches gathered ahead; max_jobs >= 1 jobs pushed and not finished
+  // (Push blocks beyond). pool may be null (the stream's thread copies alone); it must
+  // outlive the stream.
+  BatchStream(std::vector<size_t> output_row_bytes, size_t batch_size, size_t prefetch,
+              size_t max_jobs, GatherPool* pool);
+  ~BatchStream();
+  BatchStream(const BatchStream&) = delete;
+  BatchStream& operator=(const BatchStream&) = delete;
+
+  // Queues a job; blocks while max_jobs jobs are unfinished. Errors: the job's layout
+  // does not match the stream's outputs, or its index arrays differ in length
+  // (InvalidArgument); the stream was closed or finished (Cancelled / FailedPrecondition).
+  Status Push(BatchJob job);
+  // No more jobs: Next reports the end after the last batch.
+  void Finish();
+  // The next batch. Blocks until one is gathered; *end is set (and *batch left empty)
+  // after the last batch of a finished stream or once closed. A gather error (an index
+  // out of range) is returned in order, after the batches before it, and ends the stream.
+  // With timeout_s >= 0, DeadlineExceeded when nothing came within it.
+  Status Next(Batch* batch, bool* end, double timeout_s = -1);
+  // Stops the thread (a batch being gathered is completed, then dropped); Push and Next
+  // return at once from then on. Idempotent.
+  void Close();
+
+  uint64_t jobs_done() const;
+  size_t batch_size() const { return batch_size_; }
+
+ private:
+  void Run();
+
+  const std::vector<size_t> output_row_bytes_;
+  const size_t batch_size_;
+  const size_t prefetch_;
+  const size_t max_jobs_;
+  GatherPool* const pool_;
+
+  mutable std::mutex mu_;
+  std::condition_variable changed_;  // any state change: jobs, batches, end, close
+  std::deque<BatchJob> jobs_;        // pushed, not started
+  size_t unfinished_ = 0;            // jobs pushed and not finished
+  uint64_t done_ = 0;                // jobs finished
+  std::deque<Batch> ready_;
+  Status error_;                     // a gather error, after the ready batches
+  bool finished_ = false;            // no more jobs
+  bool worker_done_ = false;         // the thread has ended (finished, an error or closed)
+  bool closed_ = false;
+  std::mutex join_mu_;
+  std::thread worker_;
+};
+
+}  // namespace ddp::table

@@ -81,7 +81,7 @@ def fill_records(records: np.ndarray, columns: Sequence[Column],
     written stay in the cache). ``sources[i]`` is ``(array, index)`` for ``columns[i]``:
     ``index`` None (the array's rows are the records' rows), or a ``(start, stop)`` range
     or an integer array of the array's rows to take, the same for every column given
-    one. An index out of range raises ``IndexError`` naming the column and ``where``."""
+    one. An index out of range raises ``ValueError`` naming the column and ``where``."""
     from dask_ddp import _core  # the engine: no torch (it runs in Dask workers too)
 
     offsets, _ = record_layout(columns)

@@ -315,7 +315,9 @@ class Job:
         value: "working", "blocked" in ``collective``, "returned", "frozen"); a running
         rank that has not entered a collective yet is "working" since the job's start; a
         rank whose task ended without a record is its task's end ("finished", "error",
-        "cancelled", "lost"). Read from the scheduler while the job runs.
+        "cancelled", "lost"). ``c10d``, when the watcher saw one, is the rank's latest
+        c10d collective (torch's flight recorder: ``name``, ``seq``, ``done``). Read from
+        the scheduler while the job runs.
         """
         if not self._done.is_set():
             with contextlib.suppress(Exception):  # the last states read stand in
@@ -335,6 +337,8 @@ class Job:
                          "since": self.start_time}
             else:
                 entry = {"state": fut.status, "collective": "", "since": None}
+            if recorded is not None and recorded.get("c10d"):
+                entry["c10d"] = recorded["c10d"]  # its latest c10d collective the watcher saw
             states[rank] = {**entry, "worker": self.workers[rank]}
         return states
 

@@ -164,8 +164,25 @@ def timed(client: Any, collection: Any, repeat: int, n: int) -> tuple[float, flo
         first = min(first, time.perf_counter() - t0)
         wait(futures)
         best = max(best, n / (time.perf_counter() - t0))
+        keys = [f.key for f in futures]
         del done, futures
+        _forgotten(client, keys)
     return best, first
+
+
+def _held(dask_scheduler: Any, keys: list[Any]) -> int:
+    return sum(k in dask_scheduler.tasks for k in keys)
+
+
+def _forgotten(client: Any, keys: list[Any], timeout: float = 60.0) -> None:
+    """Wait until the scheduler forgot ``keys``: a repeat submitted before that finds the
+    previous repeat's results still held and times nothing (the same keys)."""
+    deadline = time.monotonic() + timeout
+    while client.run_on_scheduler(_held, keys=keys):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the scheduler still holds {len(keys)} results after "
+                               f"{timeout} s: the next repeat would reuse them")
+        time.sleep(0.05)
 
 
 # ---- Ray Data (a process of its own, the clean environment) -----------------------------------

@@ -328,7 +328,10 @@ def test_template_death_kills_its_ranks_then_ranks_start_cold(
     os.close(r)
     os.close(w)
     said = [m for m in caplog.messages if "cannot start ranks" in m]
-    assert len(said) == 1 and "exited with code -9" in said[0], caplog.messages
+    # Said once; the template's death is seen by its exit code or, when the first request
+    # races it on a loaded machine, by its closed pipe.
+    assert len(said) == 1 and ("exited with code -9" in said[0]
+                               or "does not take requests any more" in said[0]), caplog.messages
 
 
 FAKE_WORKER = """

@@ -386,10 +386,10 @@ class Board:
         ids = {m for text in (topic, *event.get("writers", ()))
                for m in _JOB_ID.findall(str(text))}
         for job_id in ids:
-            a = self._attempt(job_id)
-            if a is not None and (topic in a.unread or len(a.unread) < MAX_UNREAD):
-                a.unread[topic] = {"topic": topic, "since": event.get("since"),
-                                   "used": event.get("used"), "budget": event.get("budget")}
+            found = self._attempt(job_id)
+            if found is not None and (topic in found.unread or len(found.unread) < MAX_UNREAD):
+                found.unread[topic] = {"topic": topic, "since": event.get("since"),
+                                       "used": event.get("used"), "budget": event.get("budget")}
 
     # -- views -------------------------------------------------------------------------
     def find(self, key: str) -> JobView | None:

@@ -98,27 +98,23 @@ def ours_rank(table: Any, cols: int, batch: int, epochs: int, cache: bool | None
     n = rows
     xs = torch.randn(n, cols)
     ys = torch.randint(0, 10, (n,))
-    floor = []
-    for epoch in range(epochs):
-        g = torch.Generator().manual_seed(epoch)
-        start = time.perf_counter()
-        perm = torch.randperm(n, generator=g)
-        for i in range(0, n, batch):
-            idx = perm[i:i + batch]
-            xb, yb = xs[idx], ys[idx]
-            del xb, yb
-        floor.append(time.perf_counter() - start)
+
+    def epochs_of(take: Any) -> list[float]:
+        """Each epoch's seconds to cut the permuted rows into batches with ``take``."""
+        spent = []
+        for epoch in range(epochs):
+            g = torch.Generator().manual_seed(epoch)
+            start = time.perf_counter()
+            perm = torch.randperm(n, generator=g)
+            for i in range(0, n, batch):
+                take(perm[i:i + batch])
+            spent.append(time.perf_counter() - start)
+        return spent
+
+    floor = epochs_of(lambda idx: (xs[idx], ys[idx]))
     # The gather floor: the same permuted rows by torch.index_select (a row-copy kernel).
-    select = []
-    for epoch in range(epochs):
-        g = torch.Generator().manual_seed(epoch)
-        start = time.perf_counter()
-        perm = torch.randperm(n, generator=g)
-        for i in range(0, n, batch):
-            idx = perm[i:i + batch]
-            xb, yb = torch.index_select(xs, 0, idx), torch.index_select(ys, 0, idx)
-            del xb, yb
-        select.append(time.perf_counter() - start)
+    select = epochs_of(lambda idx: (torch.index_select(xs, 0, idx),
+                                    torch.index_select(ys, 0, idx)))
     return {"rows": rows, "first_batch_s": first, "epoch_s": times, "floor_epoch_s": floor,
             "select_epoch_s": select}
 

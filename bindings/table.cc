@@ -1,6 +1,7 @@
 // Bindings of the table gather: dask_ddp._core.GatherPool (the gather's threads),
-// TableWindow (the column buffers of the segments a rank holds, gathered into batches) and
-// TableBatches (an epoch's batches gathered ahead on the engine's thread).
+// TableWindow (the column buffers of the segments a rank holds, gathered into batches),
+// TableBatches (an epoch's batches gathered ahead on the engine's thread), and the host
+// cache's files (map_records, write_records, HostLock: table/host_cache.h).
 //
 // A window keeps its source arrays alive (the shared-memory mappings of the partitions'
 // rows); each gather copies the picked rows into new buffers with the GIL released, which
@@ -19,6 +20,7 @@
 #include "errors.h"
 #include "table/batch_stream.h"
 #include "table/gather.h"
+#include "table/host_cache.h"
 #include "table/pack.h"
 
 namespace nb = nanobind;
@@ -305,6 +307,64 @@ void PackRecordsPy(nb::ndarray<uint8_t, nb::ndim<2>, nb::c_contig, nb::device::c
   ThrowIfError(status);
 }
 
+using Records = nb::ndarray<const uint8_t, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
+using RecordsOut = nb::ndarray<nb::numpy, const uint8_t, nb::ndim<2>>;
+
+// A host cache file mapped read-only, as a uint8 [rows, record bytes] array that owns
+// the mapping (unmapped when the last view of it goes).
+RecordsOut MapRecords(const std::string& path, size_t record_bytes) {
+  Result<std::unique_ptr<table::MappedRecords>> mapped = [&] {
+    nb::gil_scoped_release release;
+    return table::MappedRecords::Open(path, record_bytes);
+  }();
+  ThrowIfError(mapped.status());
+  table::MappedRecords* m = mapped.value().release();
+  nb::capsule owner(m, [](void* p) noexcept { delete static_cast<table::MappedRecords*>(p); });
+  const size_t shape[2] = {static_cast<size_t>(m->rows()), m->record_bytes()};
+  return RecordsOut(m->records(), 2, shape, owner);
+}
+
+void WriteRecordsPy(const std::string& path, Records records) {
+  const size_t n = records.shape(0) * records.shape(1);
+  Status status;
+  {
+    nb::gil_scoped_release release;
+    status = table::WriteRecordsFile(path, {records.data(), n},
+                                     static_cast<int64_t>(records.shape(0)), records.shape(1));
+  }
+  ThrowIfError(status);
+}
+
+// A lock held by this process until release() (or its end).
+class HostLock {
+ public:
+  explicit HostLock(std::string path) : path_(std::move(path)) {}
+  // True when taken within timeout_s (0: one try); the GIL released while waiting.
+  bool Acquire(double timeout_s) {
+    if (lock_) return true;
+    Result<std::unique_ptr<table::FileLock>> got = [&] {
+      nb::gil_scoped_release release;
+      return table::FileLock::Acquire(path_, timeout_s);
+    }();
+    if (!got.ok() && got.status().code() == Code::kDeadlineExceeded) return false;
+    ThrowIfError(got.status());
+    lock_ = std::move(got.value());
+    return true;
+  }
+  void Release() { lock_.reset(); }
+  bool held() const { return lock_ != nullptr; }
+
+ private:
+  std::string path_;
+  std::unique_ptr<table::FileLock> lock_;
+};
+
+uint64_t FreeBytesPy(const std::string& dir) {
+  Result<uint64_t> free = table::FreeBytes(dir);
+  ThrowIfError(free.status());
+  return free.value();
+}
+
 }  // namespace
 
 void init_table(nb::module_& m) {
@@ -332,6 +392,24 @@ void init_table(nb::module_& m) {
         "released. columns: (name, values, offset in the record, picked); record i takes\n"
         "row begin + i (rows[i] when rows is given) of each picked column, row i of the\n"
         "others. Errors name the column and `where`.");
+
+  m.def("map_records", &MapRecords, "path"_a, "record_bytes"_a,
+        "A host cache file of a partition's records mapped read-only: uint8 [rows,\n"
+        "record_bytes], owning the mapping. FileNotFoundError when not written yet; an\n"
+        "error naming the file when its header or size is wrong.");
+  m.def("write_records", &WriteRecordsPy, "path"_a, "records"_a,
+        "Write records (uint8 [rows, record bytes]) as the host cache file path (0600):\n"
+        "a temporary file beside it, space reserved, then linked to path; a file already\n"
+        "there is kept. OSError naming the file when the file system is full.");
+  m.def("free_bytes", &FreeBytesPy, "dir"_a, "Bytes files may still take where dir is.");
+  nb::class_<HostLock>(m, "HostLock",
+                       "An exclusive lock on a file between the processes of a host (flock;\n"
+                       "released by release() or when the process ends).")
+      .def(nb::init<std::string>(), "path"_a)
+      .def("acquire", &HostLock::Acquire, "timeout_s"_a,
+           "True when taken within timeout_s seconds (0: one try), the GIL released.")
+      .def("release", &HostLock::Release, "Release the lock (no-op when not held).")
+      .def_prop_ro("held", &HostLock::held, "Whether this object holds the lock.");
 
   nb::class_<TableBatches>(
       m, "TableBatches",

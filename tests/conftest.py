@@ -32,7 +32,8 @@ FIXTURE_MARKERS = {
 #: (pytest-xdist's ``--dist loadscope``), so the long ones start at once and the short ones
 #: fill in beside them, instead of a long module starting last and running alone.
 LONGEST_FIRST = (
-    "examples/test_demo.py", "launch/test_chaos.py", "launch/test_elastic_job.py",
+    "examples/test_demo.py", "launch/test_chaos_live.py", "launch/test_chaos.py",
+    "launch/test_elastic_job.py",
     "dashboard/test_dashboard_browser.py", "launch/test_frameworks.py",
     "examples/test_examples.py", "dashboard/test_dashboard.py", "launch/test_restarts.py",
     "launch/test_waits.py", "launch/test_stall.py", "checkpoint/test_dcp.py",

@@ -4,6 +4,8 @@ once and in order, the model built once per worker process, checkpoints, bad row
 from __future__ import annotations
 
 import os
+import platform
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -205,6 +207,45 @@ def test_torch_threads_sized_to_the_workers_share_and_restored(client: Client) -
     cores = len(os.sched_getaffinity(0))
     assert set(got["out"]) == {max(1, cores // 2)}  # 2 workers x 1 thread on this host
     assert client.run(torch.get_num_threads) == before
+
+
+def mmapped_for_4mib() -> int:
+    """The bytes glibc hands out as fresh mmaps for a 4 MiB tensor allocated now."""
+    import ctypes
+
+    class Info(ctypes.Structure):  # struct mallinfo2: ten size_t fields
+        _fields_ = [(f, ctypes.c_size_t) for f in (
+            "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
+            "uordblks", "fordblks", "keepcost")]
+
+    mallinfo2 = ctypes.CDLL("libc.so.6").mallinfo2
+    mallinfo2.restype = Info
+    before = mallinfo2().hblkhd
+    held = torch.empty(4 << 20, dtype=torch.uint8)
+    grown = mallinfo2().hblkhd - before
+    del held
+    return int(grown)
+
+
+class MmapModel(torch.nn.Module):
+    """Outputs, per row, :func:`mmapped_for_4mib` at forward time."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.full((len(x),), float(mmapped_for_4mib()))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc",
+                    reason="glibc's malloc thresholds")
+def test_activations_reuse_the_heap_in_a_worker_and_the_thresholds_are_restored(
+        client: Client) -> None:
+    # The nanny's MALLOC_TRIM_THRESHOLD_ fixes glibc's mmap threshold at 128 KiB in workers:
+    # outside predict, a 4 MiB tensor is a fresh mmap each time.
+    assert set(client.run(os.environ.get, "MALLOC_TRIM_THRESHOLD_").values()) == {"65536"}
+    assert min(client.run(mmapped_for_4mib).values()) >= 4 << 20
+    ddf = dd.from_pandas(frame(100), npartitions=4, sort=False)
+    got = dask_ddp.predict(MmapModel(), ddf, columns=FEATURES).compute()
+    assert set(got["out"]) == {0.0}  # inside: taken from the heap
+    assert min(client.run(mmapped_for_4mib).values()) >= 4 << 20  # restored after
 
 
 def test_wrong_inputs_are_named() -> None:

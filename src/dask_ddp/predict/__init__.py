@@ -11,7 +11,8 @@
 The rooms: ``api`` (the public function), ``graphs`` (the collections), ``model`` (the
 per-worker model cache, device and threads), ``weights`` (checkpoints), ``tables`` (the
 DataFrame and Array path), ``images`` (the engine's image path), ``outputs`` (output
-shapes and the batched forward), ``skips`` (skip counts), ``evaluate``.
+shapes and the batched forward), ``heap`` (glibc's heap kept for reuse while a model
+runs in a Dask worker), ``skips`` (skip counts), ``evaluate``.
 
 The package is callable: ``dask_ddp.predict(model, data, ...)`` is
 :func:`dask_ddp.predict.api.predict`, whichever of the package or the function a

@@ -30,6 +30,7 @@ from dask_ddp.data.datasets import ImageList
 from dask_ddp.data.loader import Loader, _resolve_dataset
 from dask_ddp.data.shards import TarShards
 from dask_ddp.predict import model as cache
+from dask_ddp.predict.heap import warm_heap
 from dask_ddp.predict.outputs import Layout, forward
 from dask_ddp.predict.skips import record_skipped
 
@@ -180,7 +181,7 @@ def predict_images(part: ListPart | ShardPart, spec: cache.ModelSpec, opts: Imag
     else:
         n, first = part.shards.counts[0], part.shards.urls[0]
         batches = _shard_batches(part, opts, threads, taken)
-    with cache.torch_threads(threads):
+    with cache.torch_threads(threads), warm_heap():
         out = forward(model, device, batches, n, opts.layout,
                       lambda s: f"partition {number} ({first}, batch at sample {s})")
     got = np.concatenate(taken) if taken else np.empty(0, np.int64)

@@ -53,6 +53,19 @@ class Layout:
         column = pa.FixedSizeListArray.from_arrays(values, self.size)
         return {self.name: pd.arrays.ArrowExtensionArray(column)}
 
+    def frame(self, out: np.ndarray, index: Any) -> Any:
+        """``out`` (``[n, *shape]``, owned by the caller) as a DataFrame with ``index``.
+
+        Separate columns are views of ``out`` as one 2-d block: a dict of its column
+        slices would be copied into a new block.
+        """
+        import pandas as pd
+
+        if self.shape and self.output == "columns":
+            return pd.DataFrame(out.reshape(len(out), self.size), index=index,
+                                columns=self.column_names(), copy=False)
+        return pd.DataFrame(self.columns(out), index=index)
+
 
 def output_dtype(t: torch.dtype) -> np.dtype:
     return torch.empty((), dtype=t).numpy().dtype

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from dask_ddp.predict import model as cache
+from dask_ddp.predict.heap import warm_heap
 from dask_ddp.predict.outputs import Layout, forward
 from dask_ddp.predict.skips import record_skipped
 
@@ -91,8 +92,6 @@ def _as_float(frame: Any) -> np.ndarray | None:
 def predict_frame(part: Any, spec: cache.ModelSpec, opts: TableOptions,
                   partition_info: dict[str, Any] | None = None) -> Any:
     """One DataFrame (or Series) partition's outputs, as a DataFrame with its index."""
-    import pandas as pd
-
     number = (partition_info or {}).get("number", -1)
     frame = _features(part, opts.columns)
     x = _as_float(frame)
@@ -107,10 +106,10 @@ def predict_frame(part: Any, spec: cache.ModelSpec, opts: TableOptions,
         frame, index = frame[~bad], index[~bad]
         x = frame.to_numpy(dtype=np.float32)
     model, device = cache.model_for(spec)
-    with cache.torch_threads(cache.thread_share(spec)):
+    with cache.torch_threads(cache.thread_share(spec)), warm_heap():
         out = forward(model, device, batches(x, opts.batch_size), len(x), opts.layout,
                       lambda s: f"row {_plain(index[s])!r} of partition {number}")
-    return pd.DataFrame(opts.layout.columns(out), index=index)
+    return opts.layout.frame(out, index)
 
 
 def predict_block(block: np.ndarray, spec: cache.ModelSpec, opts: TableOptions,
@@ -132,7 +131,7 @@ def predict_block(block: np.ndarray, spec: cache.ModelSpec, opts: TableOptions,
         x = x.copy()
         x[bad] = 0
     model, device = cache.model_for(spec)
-    with cache.torch_threads(cache.thread_share(spec)):
+    with cache.torch_threads(cache.thread_share(spec)), warm_heap():
         out = forward(model, device, batches(x, opts.batch_size), len(x), opts.layout,
                       lambda s: f"row {offset + s} of block {number}")
     if bad.any():

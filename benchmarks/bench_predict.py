@@ -13,6 +13,13 @@ Workloads (the issue's, sizes by flag), on a LocalCluster of WORKERS workers x 1
       materialized in Ray's object store before the clock starts) + ``map_batches`` with an
       actor pool of WORKERS actors, each building the model once (target: a >= 2x d);
    and the time from ``compute()`` to the first partition's result.
+   The MLP has 77,000 parameters (300 KB): shipping it in every task costs nothing next
+   to its forward over a partition, and neither does shipping any dense MLP, whose forward
+   grows with its size as its bytes do (4.3 M parameters, 2048 wide: the naive map as fast
+   as the careful one). So a, b and c also run, last, a model whose size is in a lookup
+   table (``--lookup-rows`` rows, 16.8 M parameters, 64 MiB: an embedding of 2**20 x 16
+   indexed by a hash of the first feature, then the MLP), which the naive map ships to
+   every task (target: a >= 3x c and a >= 1.0x b).
 2. images: IMAGES JPEGs (160x120) in class folders, a small CNN at 64 px:
    a. ``dask_ddp.predict(ImageFolder(dir), transform=Resize+ToTensor)`` (the engine decodes);
    b. hand-written ``map_partitions`` over the paths with PIL and torchvision transforms
@@ -34,7 +41,11 @@ skipped with a note when ``ray.data`` cannot be imported (``make bench-deps``) o
 Each figure is the best of --repeat runs (samples/s). Run:
 
     python benchmarks/bench_predict.py [--rows 2000000] [--cols 32] [--parts 16]
-        [--batch 4096] [--images 4000] [--workers 2] [--repeat 3] [--resnet] [--no-ray]
+        [--batch 4096] [--lookup-rows 500000] [--images 4000] [--workers 2] [--repeat 3]
+        [--resnet] [--no-ray]
+
+The ways being compared run in turn within each repeat (ours, careful, naive, ours, ...),
+so a change in the machine's load during the run does not favour whichever runs first.
 """
 
 from __future__ import annotations
@@ -82,6 +93,32 @@ def make_mlp(cols: int = 32) -> Any:
                                torch.nn.Linear(256, 10))
 
 
+class Lookup:
+    """Builds the lookup model: an embedding of ``2**20 x 16`` indexed by a hash of the first
+    feature, concatenated to the features, then the MLP (its size is in the table)."""
+
+    def __init__(self, cols: int = 32, rows: int = 1 << 20, dim: int = 16) -> None:
+        self.cols, self.rows, self.dim = cols, rows, dim
+
+    def __call__(self) -> Any:
+        import torch
+
+        cols, rows, dim = self.cols, self.rows, self.dim
+
+        class LookupModel(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                torch.manual_seed(0)
+                self.table = torch.nn.Embedding(rows, dim)
+                self.mlp = make_mlp(cols + dim)
+
+            def forward(self, x: torch.Tensor) -> torch.Tensor:
+                ids = (x[:, 0].abs() * 1e4).long() % rows
+                return self.mlp(torch.cat([x, self.table(ids)], 1))
+
+        return LookupModel()
+
+
 def make_cnn() -> Any:
     import torch
 
@@ -98,16 +135,17 @@ def make_resnet() -> Any:
     return torchvision.models.resnet18(weights=None)
 
 
-def careful_partition(part: Any, build: Callable[[], Any], batch: int) -> Any:
-    """The hand-written best: the model cached in the worker, views of the partition."""
+def careful_partition(part: Any, build: Callable[[], Any], batch: int, key: str) -> Any:
+    """The hand-written best: the model cached in the worker (as ``key``), views of the
+    partition."""
     import numpy as np
     import pandas as pd
     import torch
 
     cache = worker_cache()
-    model = cache.get("mlp")
+    model = cache.get(key)
     if model is None:
-        model = cache["mlp"] = build().eval()
+        model = cache[key] = build().eval()
     x = torch.from_numpy(np.array(part.to_numpy(dtype=np.float32)))
     with torch.inference_mode():
         out = torch.cat([model(x[i:i + batch]) for i in range(0, len(x), batch)]).numpy()
@@ -151,23 +189,27 @@ def pil_partition(paths: Any, build: Callable[[], Any], size: int, batch: int) -
     return pd.DataFrame(out, index=paths.index, columns=[f"out_{i}" for i in range(out.shape[1])])
 
 
-def timed(client: Any, collection: Any, repeat: int, n: int) -> tuple[float, float]:
-    """Best samples/s over ``repeat`` persists, and the seconds to the first partition."""
+def timed(client: Any, collections: dict[str, Any], repeat: int,
+          n: int) -> dict[str, tuple[float, float]]:
+    """Per name: the best samples/s over ``repeat`` persists, and the fewest seconds to the
+    first partition. The collections take turns within each repeat."""
     from distributed import as_completed, futures_of, wait
 
-    best, first = 0.0, float("inf")
+    best = {name: (0.0, float("inf")) for name in collections}
     for _ in range(repeat):
-        t0 = time.perf_counter()
-        done = collection.persist()
-        futures = futures_of(done)
-        next(iter(as_completed(futures)))
-        first = min(first, time.perf_counter() - t0)
-        wait(futures)
-        best = max(best, n / (time.perf_counter() - t0))
-        keys = [f.key for f in futures]
-        del done, futures
-        _forgotten(client, keys)
-    return best, first
+        for name, collection in collections.items():
+            t0 = time.perf_counter()
+            done = collection.persist()
+            futures = futures_of(done)
+            next(iter(as_completed(futures)))
+            first = time.perf_counter() - t0
+            wait(futures)
+            rate = n / (time.perf_counter() - t0)
+            best[name] = (max(best[name][0], rate), min(best[name][1], first))
+            keys = [f.key for f in futures]
+            del done, futures
+            _forgotten(client, keys)
+    return best
 
 
 def _held(dask_scheduler: Any, keys: list[Any]) -> int:
@@ -265,24 +307,18 @@ def bench_table(client: Any, args: argparse.Namespace) -> None:
     import dask.array as da
     import dask.dataframe as dd
     import numpy as np
-    import pandas as pd
-
-    import dask_ddp
+    from distributed import wait
 
     arr = da.random.default_rng(0).standard_normal((args.rows, args.cols), dtype=np.float32,
                                                    chunks=(-(-args.rows // args.parts), -1))
     ddf = dd.from_dask_array(arr, columns=[f"f{i}" for i in range(args.cols)]).persist()
+    wait(ddf)  # the input ready before any clock starts
     n, batch = args.rows, args.batch
 
     def build() -> Any:
         return make_mlp(args.cols)
 
-    ours, first = timed(client, dask_ddp.predict(build, ddf, batch_size=batch), args.repeat, n)
-    meta = pd.DataFrame(np.empty((0, 10), np.float32), columns=[f"out_{i}" for i in range(10)])
-    careful, _ = timed(client, ddf.map_partitions(careful_partition, build, batch, meta=meta),
-                       args.repeat, n)
-    naive, _ = timed(client, ddf.map_partitions(naive_partition, build(), batch, meta=meta),
-                     args.repeat, n)
+    ours, careful, naive, first = three_ways(client, ddf, build, "mlp", batch, args.repeat, n)
     logger.info("table %d x %d in %d parts: dask-ddp %.0f rows/s (first partition %.2fs), "
                 "careful map_partitions %.0f (%.2fx), naive %.0f (%.2fx)", n, args.cols,
                 args.parts, ours, first, careful, ours / careful, naive, ours / naive)
@@ -300,6 +336,48 @@ def bench_table(client: Any, args: argparse.Namespace) -> None:
                         "(dask-ddp %.2fx)", ray, ours / ray)
 
 
+def three_ways(client: Any, ddf: Any, build: Callable[[], Any], key: str, batch: int,
+               repeat: int, n: int) -> tuple[float, float, float, float]:
+    """rows/s of ``dask_ddp.predict``, the careful map and the naive one (the model built
+    here, an argument of every task), and our seconds to the first partition."""
+    import numpy as np
+    import pandas as pd
+
+    import dask_ddp
+
+    meta = pd.DataFrame(np.empty((0, 10), np.float32), columns=[f"out_{i}" for i in range(10)])
+    got = timed(client, {
+        "ours": dask_ddp.predict(build, ddf, batch_size=batch),
+        "careful": ddf.map_partitions(careful_partition, build, batch, key, meta=meta),
+        "naive": ddf.map_partitions(naive_partition, build(), batch, meta=meta)}, repeat, n)
+    return got["ours"][0], got["careful"][0], got["naive"][0], got["ours"][1]
+
+
+def bench_lookup(client: Any, args: argparse.Namespace) -> None:
+    """The lookup model (its 64 MiB in a table) over ``--lookup-rows`` rows."""
+    import warnings
+
+    import dask.array as da
+    import dask.dataframe as dd
+    import numpy as np
+    from distributed import wait
+
+    n = args.lookup_rows
+    arr = da.random.default_rng(1).standard_normal((n, args.cols), dtype=np.float32,
+                                                   chunks=(-(-n // args.parts), -1))
+    ddf = dd.from_dask_array(arr, columns=[f"f{i}" for i in range(args.cols)]).persist()
+    wait(ddf)  # the input ready before any clock starts
+    build = Lookup(args.cols)
+    with warnings.catch_warnings():  # Dask warns of the model in the naive map's tasks
+        warnings.filterwarnings("ignore", "(Large object|Sending large graph)")
+        ours, careful, naive, first = three_ways(client, ddf, build, "lookup", args.batch,
+                                                 args.repeat, n)
+    logger.info("lookup model (16.8 M parameters, 64 MiB), %d x %d in %d parts: dask-ddp "
+                "%.0f rows/s (first partition %.2fs), careful map_partitions %.0f (%.2fx), "
+                "naive %.0f (%.2fx)", n, args.cols, args.parts, ours, first, careful,
+                ours / careful, naive, ours / naive)
+
+
 def bench_images(client: Any, args: argparse.Namespace, folder: str, resnet: bool) -> None:
     import dask.dataframe as dd
     import numpy as np
@@ -314,14 +392,15 @@ def bench_images(client: Any, args: argparse.Namespace, folder: str, resnet: boo
     ds = ImageFolder(folder)
     n, part = len(ds), max(1, len(ds) // (4 * args.workers))
     tf = T.Compose([T.Resize((size, size)), T.ToTensor()])
-    ours, first = timed(client, dask_ddp.predict(build, ds, transform=tf, batch_size=64,
-                                                 partition_size=part), args.repeat, n)
     paths = dd.from_pandas(pd.DataFrame({"path": [p for p, _ in ds.samples]}),
                            chunksize=part)
     meta = pd.DataFrame(np.empty((0, 1000 if resnet else 10), np.float32),
                         columns=[f"out_{i}" for i in range(1000 if resnet else 10)])
-    hand, _ = timed(client, paths.map_partitions(pil_partition, build, size, 64, meta=meta),
-                    args.repeat, n)
+    got = timed(client, {
+        "ours": dask_ddp.predict(build, ds, transform=tf, batch_size=64, partition_size=part),
+        "hand": paths.map_partitions(pil_partition, build, size, 64, meta=meta)},
+        args.repeat, n)
+    (ours, first), hand = got["ours"], got["hand"][0]
     logger.info("images (%d, %s): dask-ddp %.0f images/s (first partition %.2fs), "
                 "PIL + torchvision map_partitions %.0f (%.2fx)", n, what, ours, first, hand,
                 ours / hand)
@@ -344,6 +423,8 @@ def main() -> None:
     p.add_argument("--cols", type=int, default=32)
     p.add_argument("--parts", type=int, default=16)
     p.add_argument("--batch", type=int, default=4096)
+    p.add_argument("--lookup-rows", type=int, default=500_000,
+                   help="rows for the lookup model (0: skip it)")
     p.add_argument("--images", type=int, default=4000)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--repeat", type=int, default=3)
@@ -365,6 +446,8 @@ def main() -> None:
         bench_images(client, args, tmp, resnet=False)
         if args.resnet:
             bench_images(client, args, tmp, resnet=True)
+        if args.lookup_rows:  # last: the naive map's copies of it would count in the RSS
+            bench_lookup(client, args)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,9 @@ jobs it served (a killed worker's supervisor cannot say so itself).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import importlib
 import logging
 import time
 from datetime import timedelta
@@ -41,16 +43,22 @@ class LiveStores(SchedulerPlugin):
         self.scheduler: Any = None
         #: job id -> (the store, the job's workers by rank)
         self._stores: dict[str, tuple[Any, list[str]]] = {}
+        self._torch: asyncio.Future[Any] | None = None
 
     async def start(self, scheduler: Any) -> None:
         self.scheduler = scheduler
+        # torch's first import takes seconds (tens on a loaded host): in a thread, begun
+        # now, never on the scheduler's event loop.
+        self._torch = asyncio.get_running_loop().run_in_executor(
+            None, importlib.import_module, "torch.distributed")
         scheduler.handlers[OPEN_HANDLER] = self.open
         scheduler.handlers[CLOSE_HANDLER] = self.close_job
         scheduler.handlers[GENERATIONS_HANDLER] = self.generations
 
-    def open(self, job_id: str, workers: list[str]) -> str:
+    async def open(self, job_id: str, workers: list[str]) -> str:
         """Start job ``job_id``'s store; its ``host:port`` as the workers reach it."""
-        from torch.distributed import TCPStore
+        assert self._torch is not None  # start() ran
+        TCPStore = (await self._torch).TCPStore  # noqa: N806 - torch's class
 
         if job_id in self._stores:
             store = self._stores[job_id][0]

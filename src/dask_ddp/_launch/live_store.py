@@ -118,8 +118,9 @@ def open_store(client: Any, job_id: str, workers: list[str], bound: float) -> st
     """Job ``job_id``'s store address (a new store on the scheduler)."""
     try:
         install(client)
+        # The first job on a scheduler waits for its import of torch.
         return str(client.sync(getattr(client.scheduler, OPEN_HANDLER), job_id=job_id,
-                               workers=list(workers), callback_timeout=bound))
+                               workers=list(workers), callback_timeout=max(bound, 120.0)))
     except Exception as exc:
         raise RuntimeError(
             "recovery='live' could not start the job's store on the scheduler "

@@ -75,10 +75,27 @@ void BytesToFloat(const uint8_t* b, int n, float* out) {
   for (; i < n; ++i) out[i] = static_cast<float>(b[i]);
 }
 
+#if DDP_RESIZE_AVX2
+// AccumulateRow's loop 8 values at a time (the same product and sum per value, no FMA).
+// Returns where it stopped.
+__attribute__((target("avx2"))) size_t AccumulateRowAvx2(const float* v, float w, bool add, size_t n, float* sum) {
+  const __m256 vw = _mm256_set1_ps(w);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 p = _mm256_mul_ps(vw, _mm256_loadu_ps(v + i));
+    _mm256_storeu_ps(sum + i, add ? _mm256_add_ps(_mm256_loadu_ps(sum + i), p) : p);
+  }
+  return i;
+}
+#endif
+
 // sum[i] = w * v[i] (`add` false) or sum[i] += w * v[i]: a product then a sum, rounded
 // each, as the scalar expressions are (no fused multiply-add).
 void AccumulateRow(const float* v, float w, bool add, size_t n, float* sum) {
   size_t i = 0;
+#if DDP_RESIZE_AVX2
+  if (SimdLevel() == Simd::kAvx2) i = AccumulateRowAvx2(v, w, add, n, sum);
+#endif
 #if defined(__SSE2__)
   const __m128 vw = _mm_set1_ps(w);
   for (; i + 4 <= n; i += 4) {
@@ -95,6 +112,11 @@ struct LinearTaps {
   std::vector<int16_t> w0, w1;
   // Per position (w0 w1 w0 w1 w0 w1 0 0): the SIMD horizontal pass loads it whole.
   std::vector<int16_t> w8;
+  // Columns only: byte offsets of the first taps (3 * offset), and how many positions from
+  // the left the AVX2 pass does in pairs: an even count, every pair's 16-byte loads inside
+  // the row and both taps read (before `last`). Fixed per resize, not checked per row.
+  std::vector<int> byte_offset;
+  int pairs_end = 0;
 };
 
 // OpenCV's bilinear coordinates (half-pixel centres, computed in float), with the
@@ -128,6 +150,10 @@ LinearTaps Taps(int src, int dst, double scale, int* last) {
     t.w1[d] = RoundToI16(f * kCoefScale);
   }
   if (last != nullptr) {
+    const int row_bytes = kChannels * src;
+    t.byte_offset.resize(dst);
+    for (int d = 0; d < dst; ++d) t.byte_offset[d] = kChannels * t.offset[d];
+    while (t.pairs_end + 1 < *last && t.byte_offset[t.pairs_end + 1] + 16 <= row_bytes) t.pairs_end += 2;
     t.w8.assign(8 * static_cast<size_t>(dst), 0);
     for (int d = 0; d < dst; ++d) {
       for (int c = 0; c < kChannels; ++c) {
@@ -140,31 +166,42 @@ LinearTaps Taps(int src, int dst, double scale, int* last) {
 }
 
 #if DDP_RESIZE_AVX2
-// Two pixels per step, one in each 128-bit lane: a byte shuffle puts each pixel's two taps
-// side by side (r r' g g' b b' 0 0, widened to 16 bits), then the multiply-add with the
-// weights and the shift of the SSE2 loop below; each lane's three sums (0..32640, so their low 16 bits are the saturated values)
-// gathered by a second shuffle and stored, the second lane straight from the register
-// (16 bytes: `out` has 8 values of slack). Returns where it stopped.
-__attribute__((target("avx2"))) int HorizontalLinearAvx2(const uint8_t* row, int row_bytes, const LinearTaps& x,
-                                                         int last, int16_t* out) {
-  const int* offset = x.offset.data();
-  const int16_t* w = x.w8.data();
+// Two pixels at positions d and d + 1, one in each 128-bit lane: a byte shuffle puts each
+// pixel's two taps side by side (r r' g g' b b' 0 0, widened to 16 bits), then the
+// multiply-add with the weights and the shift of the SSE2 loop below; each lane's three
+// sums (0..32640, so their low 16 bits are the saturated values) gathered by a second
+// shuffle and stored, the second lane straight from the register (16 bytes: `out` has 8
+// values of slack).
+__attribute__((target("avx2"), always_inline)) inline void HorizontalPairAvx2(const uint8_t* row, const int* offset,
+                                                                             const int16_t* w, int d, int16_t* out) {
   const __m256i pairs = _mm256_setr_epi8(0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1,  //
                                          0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1);
   const __m256i low16 = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,  //
                                          0, 1, 4, 5, 8, 9, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+  const __m256i px = _mm256_inserti128_si256(
+      _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + offset[d]))),
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + offset[d + 1])), 1);
+  const __m256i wd = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 8 * static_cast<size_t>(d)));
+  const __m256i sum = _mm256_srai_epi32(_mm256_madd_epi16(_mm256_shuffle_epi8(px, pairs), wd), 4);
+  const __m256i v = _mm256_shuffle_epi8(sum, low16);
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(out + kChannels * d), _mm256_castsi256_si128(v));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out + kChannels * (d + 1)), _mm256_extracti128_si256(v, 1));
+}
+
+// The first x.pairs_end positions of a row, two pairs per iteration (bounds fixed per
+// resize in Taps, none checked here). Returns x.pairs_end.
+__attribute__((target("avx2"))) int HorizontalLinearAvx2(const uint8_t* row, const LinearTaps& x, int16_t* out) {
+  const int* offset = x.byte_offset.data();
+  const int16_t* w = x.w8.data();
+  const int end = x.pairs_end;
   int d = 0;
-  for (; d + 1 < last; d += 2) {
-    const int o0 = kChannels * offset[d], o1 = kChannels * offset[d + 1];
-    if (o1 + 16 > row_bytes) break;  // offsets only grow: the rest one at a time
-    const __m256i px = _mm256_inserti128_si256(
-        _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + o0))),
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + o1)), 1);
-    const __m256i wd = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 8 * static_cast<size_t>(d)));
-    const __m256i sum = _mm256_srai_epi32(_mm256_madd_epi16(_mm256_shuffle_epi8(px, pairs), wd), 4);
-    const __m256i v = _mm256_shuffle_epi8(sum, low16);
-    _mm_storel_epi64(reinterpret_cast<__m128i*>(out + kChannels * d), _mm256_castsi256_si128(v));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + kChannels * (d + 1)), _mm256_extracti128_si256(v, 1));
+  for (; d + 3 < end; d += 4) {
+    HorizontalPairAvx2(row, offset, w, d, out);
+    HorizontalPairAvx2(row, offset, w, d + 2, out);
+  }
+  if (d < end) {
+    HorizontalPairAvx2(row, offset, w, d, out);
+    d += 2;
   }
   return d;
 }
@@ -180,7 +217,7 @@ void HorizontalLinear(const uint8_t* row, int row_bytes, const LinearTaps& x, in
 #if DDP_RESIZE_AVX2
   // AVX2 does pairs of pixels; the rest goes one at a time below. (An SSSE3 loop with one
   // byte shuffle per pixel measured no faster than this SSE2 one, so there is none.)
-  if (SimdLevel() == Simd::kAvx2) d = HorizontalLinearAvx2(row, row_bytes, x, last, out);
+  if (SimdLevel() == Simd::kAvx2) d = HorizontalLinearAvx2(row, x, out);
 #endif
 #if defined(__SSE2__)
   // Per pixel: the two 4-byte groups at the taps interleaved (r r' g g' b b' . .), widened
@@ -216,11 +253,34 @@ void HorizontalLinear(const uint8_t* row, int row_bytes, const LinearTaps& x, in
   }
 }
 
+#if DDP_RESIZE_AVX2
+// VerticalLinear's SSE2 loop 16 values at a time (the same operations per value); the
+// pack works per 128-bit lane, so a permute brings both lanes' 8 bytes together. Returns
+// where it stopped.
+__attribute__((target("avx2"))) int VerticalLinearAvx2(const int16_t* r0, const int16_t* r1, int16_t b0, int16_t b1,
+                                                       int n, uint8_t* out) {
+  const __m256i vb0 = _mm256_set1_epi16(b0), vb1 = _mm256_set1_epi16(b1), two = _mm256_set1_epi16(2);
+  int i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r0 + i));
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r1 + i));
+    const __m256i h = _mm256_add_epi16(_mm256_mulhi_epi16(a, vb0), _mm256_mulhi_epi16(b, vb1));
+    const __m256i v = _mm256_srai_epi16(_mm256_add_epi16(h, two), 2);
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi16(v, v), 0x08);  // qwords 0, 2
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm256_castsi256_si128(packed));
+  }
+  return i;
+}
+#endif
+
 // Blends two horizontally filtered rows with the rounding of OpenCV's SIMD path (which
 // the whole row takes, measured: resize_test.cc): the 16-bit multiply-high of each row
 // and its weight, summed, then a rounding shift by 2 (SSE2 where there is SSE2).
 void VerticalLinear(const int16_t* r0, const int16_t* r1, int16_t b0, int16_t b1, int n, uint8_t* out) {
   int i = 0;
+#if DDP_RESIZE_AVX2
+  if (SimdLevel() == Simd::kAvx2) i = VerticalLinearAvx2(r0, r1, b0, b1, n, out);
+#endif
 #if defined(__SSE2__)
   const __m128i vb0 = _mm_set1_epi16(b0), vb1 = _mm_set1_epi16(b1), two = _mm_set1_epi16(2);
   for (; i + 8 <= n; i += 8) {
@@ -340,6 +400,33 @@ std::vector<AreaTap> AreaTaps(int src, int dst, double scale) {
   return tab;
 }
 
+#if DDP_RESIZE_AVX2
+// The area filter's horizontal pass two output pixels per step, one in each 128-bit lane:
+// per lane the products and sums of the SSE2 loop in ResizeAreaFraction, in the same
+// order. `at` and `w` are its tap tables (`taps` per pixel); each pixel's 4-float store
+// spills one value into the next pixel, which its own store then overwrites. Returns the
+// pixels done (an even count).
+__attribute__((target("avx2"))) int AreaRowAvx2(const float* f, const int* at, const float* w, int taps, int out_w,
+                                                float* buf) {
+  int d = 0;
+  for (; d + 1 < out_w; d += 2) {
+    const int* a0 = at + static_cast<size_t>(d) * taps;
+    const int* a1 = a0 + taps;
+    const float* w0 = w + static_cast<size_t>(d) * taps;
+    const float* w1 = w0 + taps;
+    __m256 acc = _mm256_setzero_ps();
+    for (int j = 0; j < taps; ++j) {
+      const __m256 p = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_loadu_ps(f + a0[j])), _mm_loadu_ps(f + a1[j]), 1);
+      const __m256 wj = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_set1_ps(w0[j])), _mm_set1_ps(w1[j]), 1);
+      acc = _mm256_add_ps(acc, _mm256_mul_ps(p, wj));
+    }
+    _mm_storeu_ps(buf + kChannels * d, _mm256_castps256_ps128(acc));
+    _mm_storeu_ps(buf + kChannels * (d + 1), _mm256_extractf128_ps(acc, 1));
+  }
+  return d;
+}
+#endif
+
 // Fractional shrink factors, in float as OpenCV does (same operations, same order).
 void ResizeAreaFraction(const Rgb8View& src, int out_w, int out_h, double scale_x, double scale_y,
                         const RowWriter& out) {
@@ -393,9 +480,13 @@ void ResizeAreaFraction(const Rgb8View& src, int out_w, int out_h, double scale_
       // order, per lane.
       BytesToFloat(s, kChannels * src.width, rowf.data());
       const float* f = rowf.data();
-      const int* at = tap_at.data();
-      const float* w = tap_w.data();
-      for (int d = 0; d < out_w; ++d, at += taps, w += taps) {
+      int d = 0;
+#if DDP_RESIZE_AVX2
+      if (SimdLevel() == Simd::kAvx2) d = AreaRowAvx2(f, tap_at.data(), tap_w.data(), taps, out_w, buf);
+#endif
+      const int* at = tap_at.data() + static_cast<size_t>(d) * taps;
+      const float* w = tap_w.data() + static_cast<size_t>(d) * taps;
+      for (; d < out_w; ++d, at += taps, w += taps) {
         __m128 acc = _mm_setzero_ps();
         for (int j = 0; j < taps; ++j) acc = _mm_add_ps(acc, _mm_mul_ps(_mm_loadu_ps(f + at[j]), _mm_set1_ps(w[j])));
         _mm_storeu_ps(buf + kChannels * d, acc);

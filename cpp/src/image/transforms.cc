@@ -6,7 +6,7 @@
 #include <emmintrin.h>
 #endif
 #if defined(__x86_64__) || defined(__i386__)
-#include <tmmintrin.h>  // SSSE3, used only behind a run-time CPU check
+#include <immintrin.h>  // SSSE3 and AVX2, used only behind a run-time CPU check
 #define DDP_TRANSFORMS_SSSE3 1
 #endif
 
@@ -63,54 +63,118 @@ void ToFloat(const uint8_t* px, int n, float m, float a, float* out) {
 }
 
 #if DDP_TRANSFORMS_SSSE3
-// WriteRow's first 16 * floor(out_w / 16) pixels with SSSE3: each 48-byte run of RGB
-// pixels is split into three 16-byte planes by byte shuffles (mirrored by one more when
-// `flip`), then stored as uint8 or converted to float (px * m + a, as ToFloat). Returns
-// how many output pixels it wrote; WriteRow does the rest.
-__attribute__((target("ssse3"))) int WriteRowSsse3(const uint8_t* row, int out_w, bool flip, bool float_out,
-                                                   const std::array<float, 3>& mul,
-                                                   const std::array<float, 3>& add, uint8_t* const u8[3],
-                                                   float* const f32[3]) {
-  // For each plane, where its 16 bytes sit in the three loads (-1: none from this one).
-  const __m128i take[3][3] = {
-      {_mm_setr_epi8(0, 3, 6, 9, 12, 15, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1),
-       _mm_setr_epi8(-1, -1, -1, -1, -1, -1, 2, 5, 8, 11, 14, -1, -1, -1, -1, -1),
-       _mm_setr_epi8(-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 1, 4, 7, 10, 13)},
-      {_mm_setr_epi8(1, 4, 7, 10, 13, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1),
-       _mm_setr_epi8(-1, -1, -1, -1, -1, 0, 3, 6, 9, 12, 15, -1, -1, -1, -1, -1),
-       _mm_setr_epi8(-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 2, 5, 8, 11, 14)},
-      {_mm_setr_epi8(2, 5, 8, 11, 14, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1),
-       _mm_setr_epi8(-1, -1, -1, -1, -1, 1, 4, 7, 10, 13, -1, -1, -1, -1, -1, -1),
-       _mm_setr_epi8(-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 3, 6, 9, 12, 15)},
-  };
-  const __m128i reverse = _mm_setr_epi8(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+// The 16 RGB pixels at `s` split into three planes of 16 bytes (mirrored when kFlip): each
+// plane's bytes picked from the three 16-byte loads by byte shuffles (-1: none from that
+// load) and or-ed together.
+template <bool kFlip>
+__attribute__((target("ssse3"), always_inline)) inline void SplitPlanes(const uint8_t* s, __m128i v[3]) {
+  const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s));
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 16));
+  const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 32));
+  const __m128i r = _mm_or_si128(
+      _mm_or_si128(_mm_shuffle_epi8(a, _mm_setr_epi8(0, 3, 6, 9, 12, 15, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1)),
+                   _mm_shuffle_epi8(b, _mm_setr_epi8(-1, -1, -1, -1, -1, -1, 2, 5, 8, 11, 14, -1, -1, -1, -1, -1))),
+      _mm_shuffle_epi8(c, _mm_setr_epi8(-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 1, 4, 7, 10, 13)));
+  const __m128i g = _mm_or_si128(
+      _mm_or_si128(_mm_shuffle_epi8(a, _mm_setr_epi8(1, 4, 7, 10, 13, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1)),
+                   _mm_shuffle_epi8(b, _mm_setr_epi8(-1, -1, -1, -1, -1, 0, 3, 6, 9, 12, 15, -1, -1, -1, -1, -1))),
+      _mm_shuffle_epi8(c, _mm_setr_epi8(-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 2, 5, 8, 11, 14)));
+  const __m128i bl = _mm_or_si128(
+      _mm_or_si128(_mm_shuffle_epi8(a, _mm_setr_epi8(2, 5, 8, 11, 14, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1)),
+                   _mm_shuffle_epi8(b, _mm_setr_epi8(-1, -1, -1, -1, -1, 1, 4, 7, 10, 13, -1, -1, -1, -1, -1, -1))),
+      _mm_shuffle_epi8(c, _mm_setr_epi8(-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 3, 6, 9, 12, 15)));
+  if constexpr (kFlip) {
+    const __m128i reverse = _mm_setr_epi8(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    v[0] = _mm_shuffle_epi8(r, reverse);
+    v[1] = _mm_shuffle_epi8(g, reverse);
+    v[2] = _mm_shuffle_epi8(bl, reverse);
+  } else {
+    v[0] = r;
+    v[1] = g;
+    v[2] = bl;
+  }
+}
+
+// The first 16 * floor(out_w / 16) pixels of a row with SSSE3: each block of 16 RGB
+// pixels split into planes (SplitPlanes), then stored as uint8 or converted to float
+// (px * m + a, as ToFloat: a product, then a sum). Flip and output type are template
+// arguments so the block loop has no branch. Returns how many output pixels it wrote;
+// WriteRow does the rest.
+template <bool kFlip, bool kFloat>
+__attribute__((target("ssse3"))) int WriteRowSsse3(const uint8_t* row, int out_w, const float* mul, const float* add,
+                                                   uint8_t* const u8[3], float* const f32[3]) {
   const __m128i zero = _mm_setzero_si128();
+  __m128 m[3], ad[3];
+  for (int ch = 0; ch < 3; ++ch) {
+    m[ch] = _mm_set1_ps(mul[ch]);
+    ad[ch] = _mm_set1_ps(add[ch]);
+  }
   const int blocks = out_w / 16;
   for (int k = 0; k < blocks; ++k) {
-    const int x = 16 * k;                      // first output pixel of the block
-    const int sx = flip ? out_w - 16 - x : x;  // first source pixel of the block
-    const uint8_t* s = row + 3 * static_cast<size_t>(sx);
-    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s));
-    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 16));
-    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 32));
+    const int x = 16 * k;                       // first output pixel of the block
+    const int sx = kFlip ? out_w - 16 - x : x;  // first source pixel of the block
+    __m128i v[3];
+    SplitPlanes<kFlip>(row + 3 * static_cast<size_t>(sx), v);
+#pragma GCC unroll 3
     for (int ch = 0; ch < 3; ++ch) {
-      __m128i v = _mm_or_si128(_mm_or_si128(_mm_shuffle_epi8(a, take[ch][0]), _mm_shuffle_epi8(b, take[ch][1])),
-                               _mm_shuffle_epi8(c, take[ch][2]));
-      if (flip) v = _mm_shuffle_epi8(v, reverse);
-      if (!float_out) {
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(u8[ch] + x), v);
-        continue;
-      }
-      const __m128 m = _mm_set1_ps(mul[ch]), ad = _mm_set1_ps(add[ch]);
-      const __m128i lo = _mm_unpacklo_epi8(v, zero), hi = _mm_unpackhi_epi8(v, zero);
-      const __m128i q[4] = {_mm_unpacklo_epi16(lo, zero), _mm_unpackhi_epi16(lo, zero),
-                            _mm_unpacklo_epi16(hi, zero), _mm_unpackhi_epi16(hi, zero)};
-      for (int j = 0; j < 4; ++j) {
-        _mm_storeu_ps(f32[ch] + x + 4 * j, _mm_add_ps(_mm_mul_ps(_mm_cvtepi32_ps(q[j]), m), ad));
+      if constexpr (!kFloat) {
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(u8[ch] + x), v[ch]);
+      } else {
+        const __m128i lo = _mm_unpacklo_epi8(v[ch], zero), hi = _mm_unpackhi_epi8(v[ch], zero);
+        float* o = f32[ch] + x;
+        _mm_storeu_ps(o, _mm_add_ps(_mm_mul_ps(_mm_cvtepi32_ps(_mm_unpacklo_epi16(lo, zero)), m[ch]), ad[ch]));
+        _mm_storeu_ps(o + 4, _mm_add_ps(_mm_mul_ps(_mm_cvtepi32_ps(_mm_unpackhi_epi16(lo, zero)), m[ch]), ad[ch]));
+        _mm_storeu_ps(o + 8, _mm_add_ps(_mm_mul_ps(_mm_cvtepi32_ps(_mm_unpacklo_epi16(hi, zero)), m[ch]), ad[ch]));
+        _mm_storeu_ps(o + 12, _mm_add_ps(_mm_mul_ps(_mm_cvtepi32_ps(_mm_unpackhi_epi16(hi, zero)), m[ch]), ad[ch]));
       }
     }
   }
   return 16 * blocks;
+}
+
+// WriteRowSsse3's float output with AVX2: the same planes, widened 8 at a time
+// (vpmovzxbd) and converted, multiplied and added in 8-float registers. A product then a
+// sum, never fused (no FMA), so the values are the SSE2 and scalar ones.
+template <bool kFlip>
+__attribute__((target("avx2"))) int WriteRowFloatAvx2(const uint8_t* row, int out_w, const float* mul,
+                                                      const float* add, float* const f32[3]) {
+  __m256 m[3], ad[3];
+  for (int ch = 0; ch < 3; ++ch) {
+    m[ch] = _mm256_set1_ps(mul[ch]);
+    ad[ch] = _mm256_set1_ps(add[ch]);
+  }
+  const int blocks = out_w / 16;
+  for (int k = 0; k < blocks; ++k) {
+    const int x = 16 * k;
+    const int sx = kFlip ? out_w - 16 - x : x;
+    __m128i v[3];
+    SplitPlanes<kFlip>(row + 3 * static_cast<size_t>(sx), v);
+#pragma GCC unroll 3
+    for (int ch = 0; ch < 3; ++ch) {
+      const __m256 lo = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v[ch]));
+      const __m256 hi = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(v[ch], v[ch])));
+      _mm256_storeu_ps(f32[ch] + x, _mm256_add_ps(_mm256_mul_ps(lo, m[ch]), ad[ch]));
+      _mm256_storeu_ps(f32[ch] + x + 8, _mm256_add_ps(_mm256_mul_ps(hi, m[ch]), ad[ch]));
+    }
+  }
+  return 16 * blocks;
+}
+
+// The SIMD part of WriteRow at the best level this CPU runs: pixels written.
+int WriteRowSimd(const uint8_t* row, int out_w, bool flip, bool float_out, const float* mul, const float* add,
+                 uint8_t* const u8[3], float* const f32[3]) {
+  const Simd level = SimdLevel();
+  if (level < Simd::kSsse3) return 0;
+  if (float_out && level >= Simd::kAvx2) {
+    return flip ? WriteRowFloatAvx2<true>(row, out_w, mul, add, f32)
+                : WriteRowFloatAvx2<false>(row, out_w, mul, add, f32);
+  }
+  if (float_out) {
+    return flip ? WriteRowSsse3<true, true>(row, out_w, mul, add, u8, f32)
+                : WriteRowSsse3<false, true>(row, out_w, mul, add, u8, f32);
+  }
+  return flip ? WriteRowSsse3<true, false>(row, out_w, mul, add, u8, f32)
+              : WriteRowSsse3<false, false>(row, out_w, mul, add, u8, f32);
 }
 #endif
 
@@ -124,18 +188,16 @@ void WriteRow(const uint8_t* row, int y, int out_h, int out_w, bool flip, bool f
   const size_t at = static_cast<size_t>(y) * out_w;
   int done = 0;
 #if DDP_TRANSFORMS_SSSE3
-  if (SimdLevel() >= Simd::kSsse3) {
-    if (float_out) {
-      float* const f32[3] = {static_cast<float*>(out) + at, static_cast<float*>(out) + plane + at,
-                             static_cast<float*>(out) + 2 * plane + at};
-      done = WriteRowSsse3(row, out_w, flip, true, mul, add, nullptr, f32);
-    } else {
-      uint8_t* const u8[3] = {static_cast<uint8_t*>(out) + at, static_cast<uint8_t*>(out) + plane + at,
-                              static_cast<uint8_t*>(out) + 2 * plane + at};
-      done = WriteRowSsse3(row, out_w, flip, false, mul, add, u8, nullptr);
-    }
-    if (done == out_w) return;
+  if (float_out) {
+    float* const f32[3] = {static_cast<float*>(out) + at, static_cast<float*>(out) + plane + at,
+                           static_cast<float*>(out) + 2 * plane + at};
+    done = WriteRowSimd(row, out_w, flip, true, mul.data(), add.data(), nullptr, f32);
+  } else {
+    uint8_t* const u8[3] = {static_cast<uint8_t*>(out) + at, static_cast<uint8_t*>(out) + plane + at,
+                            static_cast<uint8_t*>(out) + 2 * plane + at};
+    done = WriteRowSimd(row, out_w, flip, false, mul.data(), add.data(), u8, nullptr);
   }
+  if (done == out_w) return;
 #endif
   // The rest (all of it without SSSE3): output pixels done..out_w-1.
   const int rest = out_w - done;

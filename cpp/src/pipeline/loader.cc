@@ -280,11 +280,15 @@ void Loader::WorkerLoop() {
     const auto now = static_cast<int64_t>(img.pixels.capacity());
     decode_buffer_bytes_ += now - kept;
     kept = now;
+    // Only a cancellation waits for busy_ == 0; Next() is woken by FinishSample when its
+    // batch completes. Waking every waiter after every sample cost the consumer a context
+    // switch per image.
+    bool idle = false;
     {
       std::lock_guard<std::mutex> g(mu_);
-      --busy_;
+      idle = --busy_ == 0;
     }
-    done_cv_.notify_all();
+    if (idle) done_cv_.notify_all();
   }
 }
 

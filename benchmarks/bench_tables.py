@@ -7,7 +7,8 @@ PARTS persisted partitions on a LocalCluster of 2 workers, 2 ranks, batch BATCH,
 rank's epoch time), best of --epochs epochs after the first:
 
 1. dask-ddp ``Loader(table, features=..., label="y")`` in a ``dask_ddp.submit`` job, three
-   ways: with its default cache (the partitions kept in the rank after their first read),
+   ways: with its default cache (the partitions kept once per host after their first read:
+   the partitions fetched, the cache files' size and the ranks' PSS are printed),
    that run's first epoch (every read included), and ``cache=False`` (every epoch read
    window by window, as for a table larger than the cache); the time to the first batch
    (Loader made -> first batch) on persisted data;
@@ -115,8 +116,17 @@ def ours_rank(table: Any, cols: int, batch: int, epochs: int, cache: bool | None
     # The gather floor: the same permuted rows by torch.index_select (a row-copy kernel).
     select = epochs_of(lambda idx: (torch.index_select(xs, 0, idx),
                                     torch.index_select(ys, 0, idx)))
+    import psutil
+
+    # The cache's memory: partitions read from the source by this rank, the files of the
+    # host's cache (one copy per host), and this rank's share of its pages (PSS).
+    reads = loader._reads
+    host = reads.host
+    files = sum(os.path.getsize(os.path.join(host.directory, f))
+                for f in os.listdir(host.directory) if f.endswith(".rec")) if host else 0
     return {"rows": rows, "first_batch_s": first, "epoch_s": times, "floor_epoch_s": floor,
-            "select_epoch_s": select}
+            "select_epoch_s": select, "fetched": reads.fetched, "host_files": files,
+            "pss": psutil.Process().memory_full_info().pss}
 
 
 def count_rank(table: Any, batch: int) -> dict[str, Any]:
@@ -276,6 +286,11 @@ def run_ours(client: Any, data: Any, a: argparse.Namespace, name: str,
             out[f"{name}_first_batch_s"] = max(r["first_batch_s"] for r in res)
             out[f"{name}_floor_rows_s"] = rate(res, "floor_epoch_s")
             out[f"{name}_select_rows_s"] = rate(res, "select_epoch_s")
+            # Partitions read from the source by the host's ranks (once each with the
+            # host cache), the cache files' MB on the host, and the ranks' PSS summed.
+            out[f"{name}_partitions_fetched"] = sum(r["fetched"] for r in res)
+            out[f"{name}_host_cache_mb"] = max(r["host_files"] for r in res) / 2**20
+            out[f"{name}_ranks_pss_mb"] = sum(r["pss"] for r in res) / 2**20
         else:
             out[f"{name}_nocache_rows_s"] = rate(res)
     return out

@@ -139,3 +139,42 @@ def loader_warnings(table: Any, epochs: int = 2, **loader_kwargs: Any) -> list[s
     finally:
         log.removeHandler(handler)
     return seen
+
+
+def read_host_cached(table: Any, epochs: int = 2, kill_rank: int = -1, marker: str = "",
+                     **loader_kwargs: Any) -> dict[str, Any]:
+    """Every batch's ids of ``epochs`` epochs with the cache on, the partitions this rank
+    read from the source, and its host cache directory's files (``name: bytes``). With
+    ``kill_rank``: that rank writes its files into ``marker`` after the first epoch and
+    kills itself; the others wait to be ended."""
+    import json
+    import os
+    import signal
+    import time
+
+    import torch.distributed as dist
+
+    from dask_ddp.data import Loader
+
+    loader = Loader(table, cache=True, **loader_kwargs)
+    host = loader._reads
+    out: dict[str, Any] = {"epochs": []}
+    for epoch in range(epochs):
+        loader.set_epoch(epoch)
+        out["epochs"].append([b["id"].tolist() for b in loader])
+        if kill_rank >= 0:
+            break
+    cache = host.host
+    out["dir"] = cache.directory if cache is not None else None
+    out["files"] = {f: os.path.getsize(os.path.join(cache.directory, f))
+                    for f in sorted(os.listdir(cache.directory))} if cache else {}
+    out["fetched"] = host.fetched
+    if kill_rank >= 0:
+        dist.barrier()  # every rank has read its first epoch
+        if dist.get_rank() == kill_rank:
+            with open(marker + ".tmp", "w") as f:
+                json.dump(out, f)
+            os.replace(marker + ".tmp", marker)
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(300)  # ended by the job when its peer dies
+    return out

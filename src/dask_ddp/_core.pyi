@@ -230,6 +230,43 @@ def pack_records(out: Annotated[NDArray[numpy.uint8], dict(shape=(None, None), o
     others. Errors name the column and `where`.
     """
 
+def map_records(path: str, record_bytes: int) -> Annotated[NDArray[numpy.uint8], dict(shape=(None, None), writable=False)]:
+    """
+    A host cache file of a partition's records mapped read-only: uint8 [rows,
+    record_bytes], owning the mapping. FileNotFoundError when not written yet; an
+    error naming the file when its header or size is wrong.
+    """
+
+def write_records(path: str, records: Annotated[NDArray[numpy.uint8], dict(shape=(None, None), order='C', device='cpu', writable=False)]) -> None:
+    """
+    Write records (uint8 [rows, record bytes]) as the host cache file path (0600):
+    a temporary file beside it, space reserved, then linked to path; a file already
+    there is kept. OSError naming the file when the file system is full.
+    """
+
+def free_bytes(dir: str) -> int:
+    """Bytes files may still take where dir is."""
+
+class HostLock:
+    """
+    An exclusive lock on a file between the processes of a host (flock;
+    released by release() or when the process ends).
+    """
+
+    def __init__(self, path: str) -> None: ...
+
+    def acquire(self, timeout_s: float) -> bool:
+        """
+        True when taken within timeout_s seconds (0: one try), the GIL released.
+        """
+
+    def release(self) -> None:
+        """Release the lock (no-op when not held)."""
+
+    @property
+    def held(self) -> bool:
+        """Whether this object holds the lock."""
+
 class TableBatches:
     """
     An epoch's batches gathered ahead on the engine's thread (GIL released).

@@ -11,6 +11,8 @@ also exported by :mod:`dask_ddp.data`. The modules:
 - ``fetch``: the rank's reads of a Dask table's partitions and the task that serves them
   on the worker (numpy only: it runs in Dask workers, which import no torch).
 - ``plan``: which rows each rank reads in an epoch, in which order.
+- ``host_cache``: the partitions kept once per host (files in /dev/shm every local rank
+  maps).
 - ``loader``: :class:`TableLoader`, the :class:`~dask_ddp.data.Loader` over a Table.
 """
 

@@ -32,6 +32,19 @@ logger = logging.getLogger(__name__)
 POLL_S = 0.5
 
 
+@dataclasses.dataclass(eq=False)
+class _EpochStart:
+    """What an epoch's feeding starts from (made ahead while the epoch before runs)."""
+
+    epoch: int
+    rows: np.ndarray
+    starts: list[int]  # each window's first position
+    ends: list[int]
+    first: Window  # the first window, reads not started
+    parts: int  # partitions rank 0 reads (for its log), else 0
+    engine: Any = None  # the engine's window over the first one, when cached
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class EpochBatches:
     """The feeding thread's work for one loader: an epoch's windows into the engine.
@@ -58,6 +71,8 @@ class EpochBatches:
     drop_last: bool
     rank: int
     shuffle: bool | str
+    #: The next epoch's start, made ahead by the feeding thread (epoch -> start).
+    ahead: dict[int, _EpochStart] = dataclasses.field(default_factory=dict)
 
     def stream(self, prefetch: int) -> Any:
         """A new engine stream for one iteration."""
@@ -65,13 +80,15 @@ class EpochBatches:
 
     def produce(self, stream: Any, stop: threading.Event, start: int, epoch: int,
                 rank_rows: Callable[[], tuple[np.ndarray, np.ndarray]],
-                errors: list[BaseException]) -> None:
+                errors: list[BaseException],
+                ahead: Callable[[], tuple[np.ndarray, np.ndarray]] | None = None) -> None:
         """The feeding thread: the batches from ``start`` on into ``stream``, then its
         end; an exception that ended it goes to ``errors`` (the consumer raises it after
-        the batches before it). ``rank_rows`` gives the epoch's rows and window ids."""
+        the batches before it). ``rank_rows`` gives the epoch's rows and window ids;
+        ``ahead``, the next epoch's, made while this one is gathered."""
         windows: dict[int, Window] = {}
         try:
-            self._feed(stream, stop, start, epoch, rank_rows(), windows)
+            self._feed(stream, stop, start, epoch, rank_rows(), windows, ahead)
         except BaseException as exc:  # handed to the consumer, which raises it
             if not stop.is_set():
                 errors.append(exc)
@@ -80,26 +97,59 @@ class EpochBatches:
             for win in windows.values():
                 self.reads.cancel(win)
 
-    def _feed(self, stream: Any, stop: threading.Event, start: int, epoch: int,
-              rank_rows: tuple[np.ndarray, np.ndarray], windows: dict[int, Window]) -> None:
+    def _epoch_start(self, epoch: int, rank_rows: tuple[np.ndarray, np.ndarray]
+                     ) -> _EpochStart:
+        """The epoch's windows' bounds and its first window (no reads started)."""
         rows, wins = rank_rows
+        n = len(rows)
+        bounds = (np.flatnonzero(np.diff(wins)) + 1).tolist()
+        starts: list[int] = [0, *bounds]
+        ends: list[int] = [*bounds, n]
+        first = Window(rows[starts[0]:ends[0]], self.offsets,
+                       whole=self.reads.cache is not None)
+        parts = 0
+        if self.rank == 0 and logger.isEnabledFor(logging.INFO):
+            parts = int(np.count_nonzero(np.bincount(
+                np.searchsorted(self.offsets, rows, side="right") - 1, minlength=1)))
+        return _EpochStart(epoch, rows, starts, ends, first, parts)
+
+    def _prepare(self, epoch: int, ahead: Callable[[], tuple[np.ndarray, np.ndarray]]
+                 ) -> None:
+        """Make epoch ``epoch``'s start ahead: its rows, windows and first window, and
+        with every partition of that window cached, the engine's window over it."""
+        try:
+            es = self._epoch_start(epoch, ahead())
+            cache = self.reads.cache
+            if cache is not None and all(isinstance(cache.get(int(p)), np.ndarray)
+                                         for p in es.first.partitions):
+                es.engine = self._engine_window([es.first])
+        except Exception as exc:  # noqa: BLE001 - made again (and raised) when it starts
+            logger.debug("the next epoch's start could not be made ahead: %s", exc)
+            return
+        self.ahead.clear()
+        self.ahead[epoch] = es
+
+    def _feed(self, stream: Any, stop: threading.Event, start: int, epoch: int,
+              rank_rows: tuple[np.ndarray, np.ndarray], windows: dict[int, Window],
+              ahead: Callable[[], tuple[np.ndarray, np.ndarray]] | None) -> None:
+        es = self.ahead.pop(epoch, None)
+        self.ahead.clear()
+        if es is None or es.rows is not rank_rows[0]:
+            es = self._epoch_start(epoch, rank_rows)
+        rows, starts, ends = es.rows, es.starts, es.ends
         n = len(rows)
         bs = self.batch_size
         nb = n // bs if self.drop_last else -(-n // bs)
         if self.rank == 0 and start == 0:
-            parts = np.searchsorted(self.offsets, rows, side="right") - 1
             logger.info("table plan, epoch %d (shuffle=%r): %d rows per rank in %d batches, "
                         "%d windows; rank 0 reads %d partitions", epoch, self.shuffle, n,
-                        nb, int(np.count_nonzero(np.diff(wins))) + 1 if n else 0,
-                        int(np.count_nonzero(np.bincount(parts, minlength=1))))
-        bounds = (np.flatnonzero(np.diff(wins)) + 1).tolist()
-        starts: list[int] = [0, *bounds]
-        ends: list[int] = [*bounds, n]
+                        nb, len(starts) if n else 0, es.parts)
 
         def window(w: int) -> Window:
             if w not in windows:
-                windows[w] = Window(rows[starts[w]:ends[w]], self.offsets,
-                                    whole=self.reads.cache is not None)
+                windows[w] = es.first if w == 0 else \
+                    Window(rows[starts[w]:ends[w]], self.offsets,
+                           whole=self.reads.cache is not None)
                 self.reads.request(windows[w])
             return windows[w]
 
@@ -136,8 +186,14 @@ class EpochBatches:
                 seg = np.concatenate(seg_idx).astype(np.int32, copy=False)
                 row = np.concatenate(row_idx).astype(np.int64, copy=False)
                 b_end = b + 1
-            stream.push(self._engine_window(used), np.ascontiguousarray(seg, np.int32),
+            engine = es.engine if w0 == w1 == 0 and es.engine is not None else \
+                self._engine_window(used)
+            stream.push(engine, np.ascontiguousarray(seg, np.int32),
                         np.ascontiguousarray(row, np.int64))
+            if ahead is not None:
+                # The engine gathers the first batches meanwhile.
+                self._prepare(epoch + 1, ahead)
+                ahead = None
             b = b_end
 
     def _engine_window(self, used: list[Window]) -> Any:

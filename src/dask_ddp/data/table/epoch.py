@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import threading
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -41,8 +42,11 @@ class EpochRows:
     #: Each rank's (partition, begin, end) pieces for shuffle="local", else None.
     pieces: list[list[tuple[int, int, int]]] | None = dataclasses.field(init=False,
                                                                         default=None)
-    _last: tuple[Any, tuple[np.ndarray, np.ndarray]] | None = dataclasses.field(
-        init=False, default=None, repr=False)
+    #: The epochs last computed (the current one and the next, made ahead), by key.
+    _done: dict[Any, tuple[np.ndarray, np.ndarray]] = dataclasses.field(
+        init=False, default_factory=dict, repr=False)
+    _lock: threading.Lock = dataclasses.field(init=False, default_factory=threading.Lock,
+                                              repr=False)
 
     def __post_init__(self) -> None:
         if self.shuffle == "local":
@@ -68,8 +72,9 @@ class EpochRows:
         return pieces
 
     def rows(self, epoch: int, resume: dict[str, Any] | None) -> tuple[np.ndarray, np.ndarray]:
-        """This rank's rows of ``epoch`` and their window ids (the last computed are kept:
-        ``len(loader)`` and the iteration share them).
+        """This rank's rows of ``epoch`` and their window ids (the last two computed are
+        kept: ``len(loader)`` and the iteration share them, and the next epoch's, made
+        ahead while the current one runs, is ready when it starts).
 
         ``resume`` is the loader's record of a state saved on another world size
         (``epoch``, ``world_size``, ``consumed`` rows per rank, ``pieces``); it applies
@@ -78,9 +83,15 @@ class EpochRows:
         if resume is not None and resume["epoch"] != epoch:
             resume = None
         key = (epoch, repr(resume))
-        if self._last is None or self._last[0] != key:
-            self._last = (key, self._compute(epoch, resume))
-        return self._last[1]
+        with self._lock:  # the loader's thread and the feeding thread (ahead) both ask
+            got = self._done.get(key)
+        if got is None:
+            got = self._compute(epoch, resume)
+            with self._lock:
+                self._done[key] = got
+                while len(self._done) > 2:
+                    del self._done[next(iter(self._done))]
+        return got
 
     def _compute(self, epoch: int, resume: dict[str, Any] | None
                  ) -> tuple[np.ndarray, np.ndarray]:

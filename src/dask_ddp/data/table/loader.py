@@ -5,7 +5,9 @@ Per epoch, the rank's rows come from the epoch plan (:mod:`~dask_ddp.data.table.
 over :mod:`~dask_ddp.data.table.plan`); they are read window by window, one piece per
 partition (:mod:`~dask_ddp.data.table.reads`: :mod:`~dask_ddp.data.table.fetch` for Dask
 tables, :mod:`~dask_ddp.data.table.parquet` for Parquet), the next window requested while
-the current one is gathered. A background thread hands each window's batches to the
+the current one is gathered; with the cache, the partitions are held once per host
+(:mod:`~dask_ddp.data.table.host_cache`). The next epoch's plan and first window are made
+while the current epoch is gathered. A background thread hands each window's batches to the
 engine (:mod:`~dask_ddp.data.table.batches`), whose own thread gathers them (GIL released)
 into tensors that own their buffers; the training loop takes each with one call.
 """
@@ -186,9 +188,13 @@ class TableLoader(Loader):
         errors: list[BaseException] = []
         stop = threading.Event()
         self._stop, self._stream = stop, stream
+        # The next epoch's plan and first window are made while this one is gathered
+        # (not for an epoch resumed on another world size: the next one is ordinary).
+        nxt = self.epoch + 1
+        ahead = (lambda: self._plan.rows(nxt, None)) if self._resume is None else None
         thread = threading.Thread(target=self._batches.produce,
                                   args=(stream, stop, start, self.epoch, self._rank_rows,
-                                        errors),
+                                        errors, ahead),
                                   name=f"dask-ddp-table-{self.rank}", daemon=True)
         t0 = time.monotonic()
         thread.start()

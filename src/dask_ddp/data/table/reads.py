@@ -10,6 +10,7 @@ pending read per partition), ``finish(pending)`` waits for one and returns its r
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
@@ -21,6 +22,7 @@ import numpy as np
 from dask_ddp.data.table.columns import Column, record_layout
 
 if TYPE_CHECKING:
+    from dask_ddp.data.table.host_cache import HostCache
     from dask_ddp.data.table.table import Table
     from dask_ddp.data.table.window import Window
 
@@ -41,14 +43,34 @@ def cache_wanted(cache: bool | None, table: Table, columns: list[Column], rank: 
     if value in (False, None, 0, "0", "off"):
         return False
     if value == "auto":
-        local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
+        # One copy per host when the host's cache can hold it, else one per local rank.
+        from dask_ddp.data.table.host_cache import host_root
+
+        local = 1 if os.environ.get("DASK_DDP_JOB_ID") and host_root() else \
+            max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
         budget = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // (4 * local)
     else:
         budget = _config.positive_bytes("dask-ddp.data.table-cache", allow_zero=True)
     if rank == 0:
-        logger.info("table cache: %s (%d MB of rows for %d MB allowed per rank)",
+        logger.info("table cache: %s (%d MB of rows for %d MB allowed)",
                     "on" if need <= budget else "off", need >> 20, budget >> 20)
     return need <= budget
+
+
+#: Seconds a rank waits for another local rank's read of a partition before reading it
+#: itself (a rank that died releases its lock at once).
+HOST_WAIT_S = 600.0
+
+
+class _Claimed:
+    """A read this rank started for the host cache (it holds the partition's lock)."""
+
+    def __init__(self, pending: Any) -> None:
+        self.pending = pending
+
+
+#: A partition another local rank is reading for the host cache.
+_WAITING = "waiting"
 
 
 class WindowReads:
@@ -56,7 +78,9 @@ class WindowReads:
 
     Without the cache, each window reads its rows of each partition (started by
     :meth:`request`, finished by :meth:`ready`). With it, a window reads the whole
-    partitions not read yet, kept in :attr:`cache` for the rest of the run.
+    partitions not read yet, kept in :attr:`cache` for the rest of the run: in the
+    host's cache (:mod:`~dask_ddp.data.table.host_cache`) when there is one, so that the
+    local ranks read each partition once between them, else in this process.
 
     Parameters
     ----------
@@ -71,9 +95,14 @@ class WindowReads:
     def __init__(self, table: Table, columns: list[Column], *, cache: bool) -> None:
         self.table = table
         self.columns = columns
-        #: Whole partitions kept in this process across epochs (partition -> records, or
-        #: the started read of them); None: rows are read window by window each epoch.
+        #: Whole partitions kept across epochs (partition -> records, or the started
+        #: read of them); None: rows are read window by window each epoch.
         self.cache: dict[int, Any] | None = {} if cache else None
+        #: Partitions (or pieces of them) this rank read from the table's source.
+        self.fetched = 0
+        #: The host's cache this rank takes part in (None: the cache is this process's).
+        self.host: HostCache | None = None
+        self._join_host = cache  # (again) at the next request
         self._reader: Any = None
         self._reader_lock = threading.Lock()
         if table.source == "dask":
@@ -100,38 +129,131 @@ class WindowReads:
                     self._reader = DaskReader(self.table, self.columns)
             return self._reader
 
+    def _start(self, partitions: list[int], rows: list[np.ndarray]) -> list[Any]:
+        self.fetched += len(partitions)
+        return list(self.reader().start(partitions, rows))
+
     def request(self, win: Window) -> None:
         """Start the window's reads (the partitions not cached yet, with the cache)."""
-        reader = self.reader()
+        self._join()
         if self.cache is None:
-            win.pending = reader.start([int(p) for p in win.partitions], win.rows)
+            win.pending = self._start([int(p) for p in win.partitions], win.rows)
             return
-        todo = [i for i, p in enumerate(win.partitions) if int(p) not in self.cache]
+        todo = [i for i, p in enumerate(win.partitions) if int(p) not in self.cache
+                and not self._from_host(int(p))]
         if todo:
-            started = reader.start([int(win.partitions[i]) for i in todo],
-                                   [win.rows[i] for i in todo])
+            started = self._start([int(win.partitions[i]) for i in todo],
+                                  [win.rows[i] for i in todo])
             for pend in started:
-                self.cache[pend.partition] = pend
+                self.cache[pend.partition] = pend if self.host is None else _Claimed(pend)
+
+    def _join(self) -> None:
+        """Take part in the host's cache (at the first read, and again after close)."""
+        if self._join_host:
+            from dask_ddp.data.table.host_cache import HostCache
+
+            self._join_host = False
+            self.host = HostCache.open(self.table, self.columns,
+                                       record_layout(self.columns)[1])
+            if self.host is not None:
+                atexit.register(self.host.close)
+
+    def _from_host(self, p: int) -> bool:
+        """Whether the host cache serves partition ``p`` (mapped into :attr:`cache`, or
+        being read by another local rank): False when this rank is to read it (its lock
+        taken)."""
+        host = self.host
+        if host is None:
+            return False
+        assert self.cache is not None
+        records = host.get(p)
+        if records is None and host.claim(p, 0):
+            records = host.get(p)  # written just before the lock was taken
+            if records is None:
+                return False
+            host.release(p)
+        self.cache[p] = _WAITING if records is None else records
+        return True
 
     def _cached(self, win: Window) -> list[np.ndarray]:
         """The window's whole partitions from the cache, read (or finished) when missing."""
         assert self.cache is not None
-        reader = self.reader()
+        self._join()
         data = []
         for part, rows in zip(win.partitions, win.rows, strict=True):
             p = int(part)
             entry = self.cache.get(p)
-            if entry is None or not isinstance(entry, np.ndarray):
+            if not isinstance(entry, np.ndarray):
                 try:
-                    if entry is None:
-                        entry = reader.start([p], [rows])[0]
-                    entry = reader.finish(entry)
+                    entry = self._resolve(p, entry, rows)
                 except BaseException:
-                    self.cache.pop(p, None)  # read again on the next request
+                    self._drop(p)  # read again on the next request
                     raise
                 self.cache[p] = entry
             data.append(entry)
         return data
+
+    def _resolve(self, p: int, entry: Any, rows: np.ndarray) -> np.ndarray:
+        """Partition ``p``'s records, from its cache entry (None: not requested)."""
+        reader = self.reader()
+        if entry is None:
+            if self._from_host(p):
+                entry = self.cache[p] if self.cache is not None else None
+                if isinstance(entry, np.ndarray):
+                    return entry
+            else:
+                entry = self._start([p], [rows])[0]
+                entry = entry if self.host is None else _Claimed(entry)
+        if entry is _WAITING:
+            return self._wait(p, rows)
+        if isinstance(entry, _Claimed):
+            return self._publish(p, reader.finish(entry.pending))
+        return np.asarray(reader.finish(entry))
+
+    def _wait(self, p: int, rows: np.ndarray) -> np.ndarray:
+        """Partition ``p`` once the local rank reading it wrote it (or read here, when
+        that rank died or held it beyond HOST_WAIT_S)."""
+        assert self.host is not None
+        # Finish this rank's own reads first: no local rank then waits on this one while
+        # it waits, whatever order the ranks' windows take.
+        cache = self.cache
+        assert cache is not None
+        for q, e in list(cache.items()):
+            if isinstance(e, _Claimed):
+                try:
+                    cache[q] = self._publish(q, self.reader().finish(e.pending))
+                except BaseException:
+                    self._drop(q)
+                    raise
+        if self.host.claim(p, HOST_WAIT_S):
+            records = self.host.get(p)
+            if records is not None:
+                self.host.release(p)
+                return records
+        else:
+            logger.warning("table cache: another rank of this host held partition %d for "
+                           "%.0f s; reading it here", p, HOST_WAIT_S)
+        return self._publish(p, self.reader().finish(self._start([p], [rows])[0]))
+
+    def _publish(self, p: int, records: np.ndarray) -> np.ndarray:
+        """Records this rank read, into the host cache (mapped from there), its lock
+        released; kept in this process when the host has no room."""
+        assert self.host is not None
+        try:
+            return self.host.put(p, records)
+        except OSError as exc:
+            logger.warning("table cache: partition %d kept in this rank only: %s", p, exc)
+            return np.asarray(records)
+        finally:
+            self.host.release(p)
+
+    def _drop(self, p: int) -> None:
+        """Forget partition ``p``'s entry (a read that failed), releasing its lock."""
+        entry = (self.cache or {}).pop(p, None)
+        if isinstance(entry, _Claimed) and self._reader is not None:
+            self._reader.cancel(entry.pending)
+        if self.host is not None:
+            self.host.release(p)
 
     def ready(self, win: Window) -> list[np.ndarray]:
         """The window's pieces (records), one per partition, waiting for their reads."""
@@ -153,9 +275,17 @@ class WindowReads:
             self._reader.cancel(p)
 
     def close(self) -> None:
-        """Drop the cached partitions, cancelling the reads of those not read yet."""
+        """Drop the cached partitions, cancelling the reads of those not read yet, and
+        leave the host cache."""
         if self.cache:
             cache, self.cache = self.cache, {}
             for entry in cache.values():
-                if not isinstance(entry, np.ndarray) and self._reader is not None:
+                if isinstance(entry, _Claimed):
+                    entry = entry.pending
+                if not isinstance(entry, (np.ndarray, str)) and self._reader is not None:
                     self._reader.cancel(entry)
+        if self.host is not None:
+            host, self.host = self.host, None
+            atexit.unregister(host.close)
+            host.close()
+            self._join_host = True

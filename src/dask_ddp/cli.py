@@ -73,6 +73,9 @@ def _run_parser() -> argparse.ArgumentParser:
                    help="end the job when its ranks are blocked in a collective that can no "
                         "longer complete for this long ('none' turns it off; default the "
                         "dask-ddp.launch.stall-timeout key, 60 s)")
+    p.add_argument("--recovery", choices=("restart", "live"), default="restart",
+                   help="live: a lost rank costs the others one step, not the job (the "
+                        "script registers its model with dask_ddp.Checkpointer)")
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", type=_env_pair,
                    help="set an environment variable in every rank (repeatable), e.g. "
                         "--env AWS_PROFILE=training --env OMP_NUM_THREADS=4")
@@ -137,7 +140,7 @@ def run_main(argv: Sequence[str]) -> int:
             run_command(client, command, n_workers=n_workers,
                         nprocs_per_worker=opts.nprocs_per_worker, name=opts.name,
                         timeout=opts.timeout, env=dict(opts.env) or None,
-                        stall_timeout=opts.stall_timeout)
+                        stall_timeout=opts.stall_timeout, recovery=opts.recovery)
     except JobError as exc:
         logger.error("%s", exc)
         return 1

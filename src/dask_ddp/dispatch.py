@@ -249,6 +249,7 @@ def run_command(
     timeout: float | None = None,
     rendezvous_timeout: float = 300.0,
     stall_timeout: float | str | timedelta | None = _FROM_CONFIG,
+    recovery: str = "restart",
 ) -> list[int]:
     """Run a torchrun-style command on the cluster, one process per rank ("torchrun over Dask").
 
@@ -260,10 +261,16 @@ def run_command(
     ``stall_timeout`` is :func:`submit`'s: a Python script's ranks are watched as a
     function's are.
 
+    ``recovery="live"`` (a Python script): the script's ``init_process_group`` makes
+    :func:`submit`'s live group, so a lost rank costs the others one step; the script
+    registers its model, optimizer and loader with :class:`~dask_ddp.Checkpointer` as a
+    function does. ``"restart"`` (the default): a lost rank ends the job.
+
     Returns
     -------
     list of int
-        Every rank's exit code (all 0; a non-zero exit raises :class:`RankFailedError`).
+        Every rank's exit code (all 0; a non-zero exit raises :class:`RankFailedError`);
+        with ``recovery="live"``, those of the ranks that finished.
     """
     argv = [str(a) for a in command]
     if not argv:
@@ -278,7 +285,7 @@ def run_command(
         name=job_name, command=tuple(argv), n_workers=n_workers, workers=workers,
         nprocs_per_worker=nprocs_per_worker, resources=resources, env=env, progress=False,
         stream_output=stream_output, rendezvous_timeout=rendezvous_timeout,
-        stall_timeout=stall_timeout))
+        stall_timeout=stall_timeout, recovery=recovery))
     try:
         return [int(x) for x in job.result(timeout=timeout)]
     except TimeoutError:

@@ -141,9 +141,12 @@ class LaunchOptions:
                 f"min_workers={self.min_workers}, max_workers={self.max_workers})")
         if self.recovery not in RECOVERIES:
             raise ValueError(f"recovery must be one of {RECOVERIES}, got {self.recovery!r}")
-        if self.recovery == "live" and self.command is not None:
-            raise ValueError("recovery='live' needs a training function (its Checkpointer "
-                             "hooks the model and optimizer); a command restarts")
+        if self.recovery == "live" and self.command is not None and not (
+                self.command[0] in ("python", "python3") and len(self.command) > 1
+                and self.command[1].endswith(".py")):
+            raise ValueError("recovery='live' needs a Python script, 'python SCRIPT.py ...' "
+                             "(its init_process_group makes the live group), got "
+                             f"{' '.join(self.command[:2])!r}")
         if self.elastic_timeout < 0:
             raise ValueError(f"elastic_timeout must be >= 0, got {self.elastic_timeout}")
 

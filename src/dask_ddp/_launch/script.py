@@ -5,14 +5,27 @@ Installs the rank's probe (its collective state and live stacks, see
 :mod:`dask_ddp._launch.probe`) in the work directory the supervisor passes in
 ``DASK_DDP_WORKDIR``, then runs the script as ``python SCRIPT ARGS...`` would: as
 ``__main__``, with its own folder first on ``sys.path`` and ``sys.argv`` its arguments.
+
+A job with ``recovery="live"`` (``dask-ddp run --recovery live``): the script's own
+``init_process_group`` call makes the live group (reconfigurable, on the job's store on
+the scheduler; :mod:`dask_ddp._launch.live`) instead of torchrun's, with the script's
+backend and timeout, and its ``destroy_process_group`` (or its exit) first waits until
+the group's current members have all finished, as a function's ranks do. The script makes
+its ``dask_ddp.Checkpointer(model, optimizer, loader=...)`` as a function would; a lost
+peer then costs the survivors one step, not the job.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import runpy
+import socket
 import sys
+from datetime import timedelta
+from types import SimpleNamespace
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -30,10 +43,62 @@ def main(argv: list[str]) -> None:
             probe.install(workdir)
         except Exception as exc:  # the script runs anyway, unwatched
             sys.stderr.write(f"dask-ddp: the rank's probe is not installed: {exc}\n")
+    live_address = os.environ.get("DASK_DDP_LIVE_STORE")
+    if live_address:
+        _live_group_for_the_script(live_address)
     script = os.path.abspath(argv[0])
     sys.argv = list(argv)
     sys.path[0] = os.path.dirname(script)
     runpy.run_path(script, run_name="__main__")
+
+
+def _live_group_for_the_script(address: str) -> None:
+    """Make the script's ``init_process_group`` start the live group (see the module)."""
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    from dask_ddp._launch import live
+    from dask_ddp._launch.rank import _live_finish, _start_live
+
+    my_rank, my_world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    real_init, real_destroy = c10d.init_process_group, c10d.destroy_process_group
+    modules: tuple[Any, ...] = (dist, c10d)  # the names a script may call them by
+    finished = False
+
+    def finish() -> None:
+        nonlocal finished
+        if not finished and live.current() is not None and dist.is_initialized():
+            finished = True
+            _live_finish()
+
+    def init_process_group(backend: Any = None, init_method: Any = None,
+                           timeout: timedelta | None = None, world_size: int = -1,
+                           rank: int = -1, store: Any = None, **kwargs: Any) -> None:
+        del init_method, store, kwargs  # the live group has its own store and rendezvous
+        # The script's one call: the live group (which calls torch's own, as a later
+        # call of the script does).
+        for module in modules:
+            module.init_process_group = real_init
+        for name, given, mine in (("world_size", world_size, my_world),
+                                  ("rank", rank, my_rank)):
+            if given not in (-1, mine):
+                raise ValueError(f"init_process_group({name}={given}) in a rank of a "
+                                 f"dask-ddp job, whose {name} is {mine}")
+        wait = timeout or timedelta(seconds=300)
+        record = SimpleNamespace(backend=str(backend) if backend else "auto",
+                                 rendezvous_timeout=wait.total_seconds(),
+                                 worker=socket.gethostname())
+        _start_live(address, my_rank, my_world, record, {"timeout": wait})
+        atexit.register(finish)  # a script that never destroys its group
+
+    def destroy_process_group(group: Any = None) -> None:
+        if group is None or group is dist.group.WORLD:
+            finish()
+        real_destroy(group)
+
+    for module in modules:
+        module.init_process_group = init_process_group
+        module.destroy_process_group = destroy_process_group
 
 
 if __name__ == "__main__":

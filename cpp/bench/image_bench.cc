@@ -1,11 +1,17 @@
 // Micro-benchmarks of the image pipeline's stages on a photo-like 500x375 JPEG (q90):
 // full decode, DCT-scaled decode, region decode, and the transform (crop, resize, flip,
-// normalise, CHW write) alone. Run: build with -DDDP_BUILD_BENCH=ON, then ./image_bench.
+// normalise, CHW write) alone, and whole samples over a folder of real JPEGs
+// (BM_SampleFiles). Run: build with -DDDP_BUILD_BENCH=ON, then ./image_bench.
 #include <benchmark/benchmark.h>
 #include <turbojpeg.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -110,6 +116,69 @@ void BM_Sample(benchmark::State& state) {
   }
 }
 BENCHMARK(BM_Sample)->Arg(0)->Arg(1);
+
+// The JPEGs under $DDP_IMAGE_BENCH_DIR (e.g. bench_loader.py's --data), read once.
+const std::vector<std::string>& DirJpegs() {
+  static const std::vector<std::string> blobs = [] {
+    std::vector<std::string> out;
+    const char* dir = std::getenv("DDP_IMAGE_BENCH_DIR");
+    if (dir == nullptr) return out;
+    std::vector<std::filesystem::path> paths;
+    std::error_code ec;
+    for (auto it = std::filesystem::recursive_directory_iterator(dir, ec);
+         !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
+      if (it->path().extension() == ".jpg") paths.push_back(it->path());
+    }
+    std::sort(paths.begin(), paths.end());
+    for (const auto& p : paths) {
+      std::ifstream in(p, std::ios::binary);
+      std::ostringstream bytes;
+      bytes << in.rdbuf();
+      out.push_back(std::move(bytes).str());
+    }
+    return out;
+  }();
+  return blobs;
+}
+
+// One Loader sample (header, plan with region and scaled decode, decode, transform into
+// float CHW), not inlined so that a profiler gives its cost per call: e.g.
+//   DDP_IMAGE_BENCH_DIR=/tmp/bench_images valgrind --tool=callgrind image_bench
+//       --benchmark_filter=BM_SampleFiles --benchmark_min_time=0.001
+// then callgrind_annotate --inclusive=yes: SampleOnce's count over its calls is the
+// instructions per image, DecodeImage's and Pipeline::Apply's its two parts.
+__attribute__((noinline)) bool SampleOnce(const Pipeline& p, const std::string& jpeg, uint64_t i, Image& img,
+                                          float* out) {
+  ddp::Result<ImageInfo> info = ReadImageInfo(jpeg, "bench");
+  if (!info.ok()) return false;
+  Rng rng = Rng::ForSample(0, 0, i);
+  const SamplePlan plan = p.Plan(info->width, info->height, rng, true, true);
+  if (!DecodeImage(jpeg, "bench", {}, plan.scale_denom, img, plan.region ? &*plan.region : nullptr).ok()) {
+    return false;
+  }
+  return p.Apply(img, plan, out).ok();
+}
+
+void BM_SampleFiles(benchmark::State& state) {
+  const std::vector<std::string>& blobs = DirJpegs();
+  if (blobs.empty()) {
+    state.SkipWithError("set DDP_IMAGE_BENCH_DIR to a folder of .jpg files (bench_loader.py --data)");
+    return;
+  }
+  Pipeline p = Train();
+  Image img;
+  std::vector<float> out(3 * 224 * 224);
+  uint64_t i = 0;
+  // One iteration is one pass over every file; items/s is images/s.
+  for (auto _ : state) {
+    for (const std::string& jpeg : blobs) {
+      if (!SampleOnce(p, jpeg, i++, img, out.data())) state.SkipWithError("sample");
+    }
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(i));
+}
+BENCHMARK(BM_SampleFiles);
 
 void BM_TransformToUint8(benchmark::State& state) {
   TransformOp rrc, tt;

@@ -52,7 +52,7 @@ def rank_main(port: int, uid: int, world: int, steps: int, out: str,
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from dask_ddp._launch import live
+    from dask_ddp._launch import live, live_attach
 
     torch.set_num_threads(1)
     store = dist.PrefixStore(prefix, dist.TCPStore("127.0.0.1", port, None, False,
@@ -65,7 +65,7 @@ def rank_main(port: int, uid: int, world: int, steps: int, out: str,
                         nn.Linear(64, 4))
     model = DDP(net, bucket_cap_mb=0.005)  # several buckets: a step's all-reduces interleave
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    live.attach(model, opt)
+    live_attach.attach(model, opt)
     gen = torch.Generator().manual_seed(1000 + uid)
     store.add("ready", 1)
     params = list(model.parameters())
@@ -265,3 +265,62 @@ def live_train_images(root: str, n: int, folder: str, pause: float) -> dict[str,
     now = dask_ddp.rank_info()
     return {"hash": state_hash(model, opt), "first_rank": start.rank, "rank": now.rank,
             "world": now.world_size, "generation": now.generation}
+
+
+def live_train_join(root: str | None, n: int, folder: str, hold: int) -> dict[str, Any]:
+    """The README's loop for a live job that may grow: a Checkpointer with an LR
+    scheduler, ``restore()``'s step, ``for x, y in loader`` over ``n`` images whose labels
+    are their indices (``root``; each batch's labels go to ``folder/audit<rank>`` as
+    ``step label,...``), or ``n`` steps on random batches (``root=None``). The ranks of
+    the job's start wait at step ``hold`` until ``folder/go`` exists (the test lets them
+    on once the worker a rank joins from is up); the ranks' first models differ (a
+    joining rank must take the group's)."""
+    import torch
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import dask_ddp
+    from dask_ddp.data import ImageList, Loader
+    from dask_ddp.data import transforms as T
+
+    uid = dask_ddp.rank_info().rank
+    loader = None
+    if root is not None:
+        keys = sorted(str(p.relative_to(root)) for p in Path(root).rglob("*.jpg"))[:n]
+        loader = Loader(ImageList(root, keys, list(range(len(keys)))), 2, seed=3,
+                        transform=T.Compose([T.Resize((8, 8)), T.ToTensor()]), num_threads=1)
+    torch.manual_seed(uid)
+    model = DDP(nn.Sequential(nn.Flatten(), nn.Linear(3 * 8 * 8, 16), nn.ReLU(),
+                              nn.Linear(16, 4)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    sched = torch.optim.lr_scheduler.StepLR(opt, 7, 0.9)
+    Path(folder, f"pid{uid}").write_text(str(os.getpid()))
+    ckpt = dask_ddp.Checkpointer(model, opt, sched, loader=loader)  # a joiner joins here
+    step = ckpt.restore().get("step", 0)
+    gen = torch.Generator().manual_seed(1000 + uid)
+    batches = loader if loader is not None else (
+        (torch.rand(2, 3, 8, 8, generator=gen), None) for _ in range(n - step))
+    audit = Path(folder, f"audit{uid}").open("a")
+    for x, y in batches:
+        if step == hold:
+            deadline = time.monotonic() + 120
+            while not Path(folder, "go").exists():
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"rank {uid}: no {folder}/go within 120 s")
+                time.sleep(0.05)
+        if y is not None:
+            audit.write(f"{step + 1} {','.join(str(int(v)) for v in y)}\n")
+            audit.flush()
+        loss = model(x).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+        step += 1
+        Path(folder, f"step{uid}").write_text(str(step))
+        time.sleep(0.03)
+    now = dask_ddp.rank_info()
+    rng = hashlib.sha256(torch.get_rng_state().numpy().tobytes()).hexdigest()
+    return {"hash": state_hash(model, opt), "lr": sched.get_last_lr(), "rng": rng,
+            "uid": uid, "rank": now.rank, "world": now.world_size,
+            "generation": now.generation, "step": step}

@@ -27,7 +27,7 @@ from dask_ddp._channel.monitor import JobMonitor
 from dask_ddp._channel.reader import prepare as prepare_channel
 from dask_ddp._dashboard import events as dashboard
 from dask_ddp._launch import interrupt, payload, quiet, registry, scheduler_plugin, stall, workdir
-from dask_ddp._launch.live import Generation
+from dask_ddp._launch.live import JOIN_ENV, Generation
 from dask_ddp._launch.live_job import LiveWatch
 from dask_ddp._launch.names import (
     abort_event_name,
@@ -116,6 +116,8 @@ class Job:
         self.restarts: list[Restart] = []
         #: ``recovery="live"``: the job's store and generations (see ``live_job``).
         self._live: LiveWatch | None = None
+        #: The ranks' specs as submitted (a rank that joins a live job is made from them).
+        self._specs: list[RankSpec] = []
 
     def __repr__(self) -> str:
         return (f"<Job {self.name!r} id={self.id[:8]} {self.state} "
@@ -375,6 +377,7 @@ class Job:
     # -- starting -------------------------------------------------------------------------
     def _submit(self, specs: list[RankSpec], resources: list[dict[str, float] | None]) -> None:
         """Submit the supervisor tasks, then watch them. Raises with nothing left running."""
+        self._specs = specs
         try:
             if self.options.stream_output:
                 # Subscribe before submitting, so no early line is missed.
@@ -437,6 +440,7 @@ class Job:
                         found = await self._bounded(self._check_workers(statuses))
                         if self._live is not None:
                             await self._bounded(self._live.publish())
+                            await self._bounded(self._grow(statuses))
                         if not found and self.options.stall_timeout is not None:
                             found = await self._check_stall(statuses)
                         # A live job goes on without a lost worker's rank.
@@ -470,6 +474,35 @@ class Job:
             dashboard.job_state(self.client, self.id, self._final_state())
             self._keep_alive.clear()  # the ranks read nothing more
             self._done.set()
+
+    async def _grow(self, statuses: list[str]) -> None:
+        """``recovery="live"`` below ``max_workers``: a rank on each worker new to the
+        job, which joins the running group at a step boundary (see ``live_job``)."""
+        assert self._live is not None
+        if self.options.nprocs_per_worker != 1:
+            return
+        active = sum(s == "pending" and r not in self._lost for r, s in enumerate(statuses))
+        for worker in await self._live.new_workers(self.workers, active,
+                                                   self.options.resources):
+            template = self._specs[0]
+            self.workers = [*self.workers, worker]
+            self.world_size = len(self.workers)
+            rank = self.world_size - 1
+            spec = dataclasses.replace(
+                template, rank=rank, group_rank=rank, group_world_size=self.world_size,
+                local_rank=0, local_world_size=1, proc_index=0, workers=tuple(self.workers),
+                options=dataclasses.replace(template.options,
+                                            env={**template.options.env, JOIN_ENV: "1"}))
+            res = self.options.resources
+            self._futures.append(self.client.submit(
+                run_rank, spec, key=scheduler_plugin.rank_key(self.name, self.id, rank),
+                workers=[worker], allow_other_workers=False, pure=False, retries=0,
+                resources=dict(res) if res else None))
+            self._handed.append(None)
+            registry.remember(self, [self._futures[-1].key])
+            await self._live.joined(self.workers)
+            logger.warning("job %r: rank %d starts on %s to join the group", self.name, rank,
+                           worker)
 
     async def _bounded(self, coro: Any) -> Any:
         """Await a call to the scheduler for at most ``dask-ddp.launch.scheduler-call``."""
@@ -658,7 +691,8 @@ def _start(client: Any, job: Job, options: LaunchOptions, layout: list[dict[str,
     scheduler = client.scheduler.address
     if options.recovery == "live":
         job._live = LiveWatch(client, job.id, job.workers, options.waits.scheduler_call,
-                              min_size=options.min_workers or 1)
+                              min_size=options.min_workers or 1,
+                              max_size=options.max_workers)
         options = job.options = dataclasses.replace(
             options, env={**options.env, **job._live.env()})
     specs = [RankSpec(

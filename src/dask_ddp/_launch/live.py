@@ -7,25 +7,23 @@ that no rank hosts (the scheduler's, :mod:`~dask_ddp._launch.live_store`), so th
 ``DistributedDataParallel`` holds) a new set of peers, generation after generation.
 
 How the library regains control without a change to the user's loop: the
-:class:`~dask_ddp.Checkpointer` a training function makes calls :func:`attach`, which
-registers a DDP communication hook and wraps ``optimizer.step``:
+:class:`~dask_ddp.Checkpointer` a training function makes calls
+:func:`~dask_ddp._launch.live_attach.attach`, which hooks the DDP model, optimizer and
+loader into this rank's :class:`LiveGroup`. The group's protocol, here:
 
-- the hook all-reduces each gradient bucket as DDP's default does, keeping a copy of the
-  bucket's local gradients until the step's end; a failed all-reduce is caught (the
-  bucket keeps its local values, so ``backward()`` does not raise) and marks the step
-  failed;
-- at the end of ``backward()`` (an autograd final callback), a failed step re-forms the
-  group (:meth:`LiveGroup.regroup`): every survivor reports its committed step (the
-  optimizer steps it applied) on the store, waits until each member of the generation
-  has reported or is known dead, and the first complete proposal (``compare_set``) fixes
-  the members, the most advanced survivor first; the group is reconfigured, and rank 0
-  broadcasts its parameters, buffers, optimizer state and step count;
-- a survivor one step behind (its step failed where the most advanced one's completed)
-  took the state after that step: its ``optimizer.step()`` for the failed step is
-  skipped. A survivor at the agreed step (its next step failed) all-reduces the saved
-  gradients of that step again in the new group, where the others join with their next
-  step's buckets: every survivor's loop stays at the same iteration, with the same
-  state.
+- a failed step re-forms the group (:meth:`LiveGroup.regroup`): every survivor reports
+  its committed step (the optimizer steps it applied) on the store, waits until each
+  member of the generation has reported or is known dead, and the first complete
+  proposal (``compare_set``) fixes the members, the most advanced survivor first; the
+  group is reconfigured, and rank 0 broadcasts its step, parameters, buffers, optimizer
+  and LR scheduler state and torch's generator;
+- a rank started on a worker that came while the group was below ``max_workers`` makes
+  a group of itself (its DDP constructor's collectives stay its own), asks to join on the
+  store and waits in its Checkpointer; rank 0 reads the store at most every
+  ``JOIN_CHECK_S`` and says so in a step's all-reduce; at the top of the next step every
+  member re-forms the group with it (joiners last, :meth:`LiveGroup.regroup` with
+  ``admit``), it takes the state as above, and the epoch's unread samples are dealt
+  again over the bigger group.
 """
 
 from __future__ import annotations
@@ -37,7 +35,6 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -58,6 +55,20 @@ GEN_COUNT = "dask_ddp/live/generations"
 POLL_S = 0.005
 #: The communicator ids of the one-rank groups a rank leaves a broken generation with.
 _SOLO_UUID = 1 << 40
+#: A rank waiting to join the group: ``join/<n>`` holds its uid (``joins`` counts them).
+JOIN_COUNT = "dask_ddp/live/joins"
+JOIN_KEY = "dask_ddp/live/join/{n}"
+#: The generation a joining rank was admitted to: ``admitted/<uid>``.
+ADMITTED_KEY = "dask_ddp/live/admitted/{uid}"
+#: Set once every member returned: a rank still waiting to join leaves.
+DONE_KEY = "dask_ddp/live/done"
+#: Join requests read per look, at most (the store is shared with the job's ranks).
+MAX_JOINS = 1000
+#: How often rank 0 looks for a waiting joiner (one store read, no collective).
+JOIN_CHECK_S = 0.25
+#: The environment entries of a rank started to join a running group, and of the cap.
+JOIN_ENV = "DASK_DDP_LIVE_JOIN"
+MAX_ENV = "DASK_DDP_LIVE_MAX"
 
 
 class LiveRecoveryError(RuntimeError):
@@ -144,10 +155,13 @@ class LiveGroup:
         Seconds a regroup may take before it gives up (:class:`LiveRecoveryError`).
     min_size
         The fewest members the group may shrink to.
+    max_size
+        The most members it may grow to (ranks that join); ``None``: no joins.
     """
 
     def __init__(self, store: Any, uid: int, world_size: int, *, backend: str = "gloo",
-                 timeout: float = 60.0, min_size: int = 1) -> None:
+                 timeout: float = 60.0, min_size: int = 1,
+                 max_size: int | None = None) -> None:
         self.store = store
         self.uid = uid
         self.members: list[int] = list(range(world_size))
@@ -157,13 +171,20 @@ class LiveGroup:
         self.min_size = min_size
         #: Optimizer steps applied (the same on every member after each regroup).
         self.committed = 0
-        self.attached: _Attached | None = None
+        #: The model, optimizer and loader hooked in (``live_attach.Attached``).
+        self.attached: Any = None
         #: Rank 0's loader (epoch, batches yielded) at the last regroup.
         self.data_position = (0, 0)
         #: The members the last regroup lost.
         self.lost: list[int] = []
         #: Asked to leave (SIGTERM): at the next step boundary.
         self.leaving = False
+        self.max_size = max_size
+        #: Started to join a running group (see :meth:`start_joining`), not yet admitted.
+        self.joining = False
+        #: Join requests this rank saw handled (admitted or dead), by their number.
+        self._joins_done: set[int] = set()
+        self._next_join_check = 0.0
 
     # -- the group ----------------------------------------------------------------------
     @property
@@ -235,17 +256,26 @@ class LiveGroup:
                     f"{self.timeout:g} s (frozen? the stall rule ends a frozen rank)")
             time.sleep(POLL_S)
 
-    def regroup(self, cause: str) -> int:
+    def regroup(self, cause: str, *, admit: bool = False) -> int:
         """Re-form the group without the lost members and agree on the state; returns
-        the agreed committed step. Raises :class:`LiveRecoveryError`."""
+        the agreed committed step. Raises :class:`LiveRecoveryError`.
+
+        ``admit``: at a step boundary every member agreed on (the step's all-reduce
+        carried rank 0's word that a rank waits to join), the waiting ranks are taken in,
+        last in rank order, if every member reported the same step (a loss in between
+        makes it an ordinary regroup; the joiners wait for the next admission)."""
         t0 = time.monotonic()
         old = list(self.members)
-        self._leave()
-        for _ in range(len(old) + 1):  # each round loses at least one member
+        if not admit:
+            self._leave()
+        for _ in range(len(old) + 2):  # each round loses at least one member
             g = self.generation
             self.store.set(_key(g, "report", self.uid), str(self.committed))
             reports = self._account()
             proposal = sorted(reports, key=lambda u: (-reports[u], self.members.index(u)))
+            if admit and len(reports) == len(self.members) and len(set(reports.values())) == 1:
+                room = (self.max_size or len(proposal)) - len(proposal)
+                proposal += self._waiting_joiners(room)
             decided = json.loads(self.store.compare_set(
                 _key(g, "members", 0), "", json.dumps(proposal)))
             if self.uid not in decided:
@@ -253,11 +283,14 @@ class LiveGroup:
             if len(decided) < self.min_size:
                 raise LiveRecoveryError(
                     f"{len(decided)} ranks survived, fewer than min_workers={self.min_size}")
+            joined = [int(u) for u in decided if u not in self.members]
+            for u in joined:  # every member writes it: one of them survives to
+                self.store.set(ADMITTED_KEY.format(uid=u), str(g + 1))
             self.members = [int(u) for u in decided]
             self.generation = g + 1
             try:
                 self._reconfigure()
-                step = self._sync_state()
+                step = self._sync_state(joined)
             except _MemberLost:
                 continue
             except Exception as exc:  # a collective of the new group broke: next round
@@ -267,7 +300,7 @@ class LiveGroup:
                                self.generation, exc)
                 continue
             self.lost = [u for u in old if u not in self.members]
-            if self.rank == 0:
+            if self.rank == 0 and self.members != old:
                 self._record(cause, old, step, time.monotonic() - t0)
             return step
         raise LiveRecoveryError(f"the group did not re-form after {len(old) + 1} rounds")
@@ -286,6 +319,7 @@ class LiveGroup:
                 # A member lost after its last step is done: every step counted it.
                 if all(self.store.check([_key(g, "finished", u)])
                        or self.store.check([DEAD_KEY.format(uid=u)]) for u in members):
+                    self.store.set(DONE_KEY, "1")  # a rank waiting to join leaves
                     return
                 if any(self.store.check([_key(g, "report", u)]) for u in members
                        if u != self.uid):
@@ -295,6 +329,98 @@ class LiveGroup:
                     raise LiveRecoveryError(
                         f"the group's other ranks did not return within {wait:g} s")
                 time.sleep(10 * POLL_S)
+
+    # -- growing back ------------------------------------------------------------------
+    def start_joining(self) -> None:
+        """A rank started while the group runs: the default group is this rank alone
+        (reconfigurable) until :meth:`join` (its Checkpointer) takes it into the group,
+        so the user's DDP constructor, whose collectives the running members would not
+        mirror, runs in a group of one."""
+        import torch.distributed as dist
+        from torch.distributed import PrefixStore
+
+        self.members = [self.uid]
+        self.generation = -1
+        self.joining = True
+        dist.init_process_group(self.backend,
+                                store=PrefixStore(PG_PREFIX, self.store),
+                                rank=0, world_size=1, timeout=timedelta(seconds=self.timeout),
+                                enable_reconfigure=True)
+        self._leave()  # a reconfigurable group has no communicator until reconfigured
+
+    def join(self) -> None:
+        """Ask to join, wait until a step boundary admits this rank, then take the
+        group's state from its rank 0 (a rank the group never admits, because the job
+        ended first, leaves quietly)."""
+        n = int(self.store.add(JOIN_COUNT, 1))
+        self.store.set(JOIN_KEY.format(n=n), str(self.uid))
+        wait = max(600.0, 10 * self.timeout)
+        deadline = time.monotonic() + wait
+        key = ADMITTED_KEY.format(uid=self.uid)
+        while not self.store.check([key]):
+            if self.store.check([DONE_KEY]):
+                self._quit("the group finished before a step boundary admitted this rank")
+            if time.monotonic() > deadline:
+                self._quit(f"no step boundary admitted this rank within {wait:g} s")
+            time.sleep(10 * POLL_S)
+        g = int(self.store.get(key))
+        decided = json.loads(self.store.get(_key(g - 1, "members", 0)))
+        self.members = [int(u) for u in decided]
+        self.generation = g
+        self.joining = False
+        try:
+            self._reconfigure()
+            self.committed = self._sync_state([self.uid])
+        except Exception as exc:  # a member lost while this rank joined: it leaves
+            if not (isinstance(exc, _MemberLost) or _is_peer_error(exc)):
+                raise
+            self._quit(f"the group broke while this rank joined it ({exc})")
+        if self.attached is not None:  # the user's step counter, for its restore()
+            self.attached.joined_step = self.attached.base_step + self.committed
+        logger.warning("rank %d joined the group as rank %d of %d at step %d", self.uid,
+                       self.rank, len(self.members), self.committed)
+
+    def join_wanted(self) -> bool:
+        """Rank 0, at a step's first all-reduce: whether a rank waits to join and the
+        group can take it now (the store is read at most every ``JOIN_CHECK_S``)."""
+        if self.max_size is None or len(self.members) >= self.max_size:
+            return False
+        now = time.monotonic()
+        if now < self._next_join_check:
+            return False
+        self._next_join_check = now + JOIN_CHECK_S
+        att = self.attached
+        return bool(self._waiting_joiners(1)) and (att is None or att.can_redeal())
+
+    def _waiting_joiners(self, limit: int) -> list[int]:
+        """Up to ``limit`` ranks waiting to join (neither admitted nor dead), oldest first."""
+        out: list[int] = []
+        count = min(int(self.store.add(JOIN_COUNT, 0)), MAX_JOINS)
+        for n in range(1, count + 1):
+            if len(out) >= limit:
+                break
+            key = JOIN_KEY.format(n=n)
+            if n in self._joins_done or not self.store.check([key]):
+                continue
+            uid = int(self.store.get(key))
+            if uid in self.members or self.store.check(
+                    [ADMITTED_KEY.format(uid=uid)]) or self.store.check(
+                    [DEAD_KEY.format(uid=uid)]):
+                self._joins_done.add(n)
+                continue
+            out.append(uid)
+        return out
+
+    def _quit(self, why: str) -> None:
+        """A joining rank that cannot join ends its process (not a failure of the job)."""
+        import sys
+
+        mark_dead(self.store, self.uid)
+        logger.warning("rank %d leaves without joining: %s", self.uid, why)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        atexit._run_exitfuncs()
+        os._exit(LEAVE_EXIT)
 
     def request_leave(self) -> None:
         """Leave the group at the next step boundary (a signal handler calls this)."""
@@ -334,13 +460,14 @@ class LiveGroup:
                          joined=tuple(u for u in self.members if u not in old),
                          world_size=len(self.members), step=step, recovery_s=took)
         self.store.set(GEN_KEY.format(n=n), rec.to_json())
-        logger.warning("live recovery: generation %d of %d ranks (lost %s) from step %d in "
-                       "%.3f s", self.generation, len(self.members), list(rec.lost), step,
-                       took)
+        logger.warning("live recovery: generation %d of %d ranks (lost %s, joined %s) from "
+                       "step %d in %.3f s", self.generation, len(self.members),
+                       list(rec.lost), list(rec.joined), step, took)
 
-    def _sync_state(self) -> int:
-        """Rank 0's (the most advanced) committed step, parameters, buffers and optimizer
-        state, on every member."""
+    def _sync_state(self, joined: list[int]) -> int:
+        """Rank 0's (the most advanced) committed step, parameters, buffers, optimizer
+        and LR scheduler state and torch's CPU generator, on every member; with
+        ``joined`` ranks, the epoch's unread samples dealt again over the new group."""
         import torch
         import torch.distributed as dist
 
@@ -351,18 +478,19 @@ class LiveGroup:
         if loader is not None and getattr(loader, "reading_unread", False):
             # Its own shard is done, so is every member's: none of it is left to deal.
             batch = len(loader) + 1
-        agreed_t = torch.tensor([self.committed, epoch, batch], dtype=torch.int64)
+        base = att.base_step if att is not None else 0
+        agreed_t = torch.tensor([self.committed, epoch, batch, base], dtype=torch.int64)
         dist.broadcast(agreed_t, 0)
         agreed, self.data_position = int(agreed_t[0]), (int(agreed_t[1]), int(agreed_t[2]))
         if att is not None:
+            att.base_step = int(agreed_t[3])
             with torch.no_grad():
                 for t in att.tensors():
                     dist.broadcast(t, 0)
-            if att.optimizer is not None:
-                box = [att.optimizer.state_dict() if self.rank == 0 else None]
-                dist.broadcast_object_list(box, 0)
-                if self.rank != 0:
-                    att.optimizer.load_state_dict(box[0])
+            box: list[Any] = [att.shared_state(joined) if self.rank == 0 else None]
+            dist.broadcast_object_list(box, 0)
+            att.take_shared_state(box[0], self.rank, len(self.members), joined=bool(joined),
+                                  joining=self.uid in joined)
         return agreed
 
 
@@ -395,166 +523,6 @@ def install(group: LiveGroup) -> None:
 
 def current() -> LiveGroup | None:
     return _GROUP
-
-
-class _Attached:
-    """The model, optimizer and loader of a live rank, and the current step's buckets."""
-
-    def __init__(self, group: LiveGroup, ddp: Any, optimizer: Any, loader: Any) -> None:
-        self.group = group
-        self.ddp = ddp
-        self.optimizer = optimizer
-        self.loader = loader
-        self.failed: str | None = None
-        self.skip_step = False
-        self.queued = False
-        #: This step's buckets: (index, local gradients, parameters), in hook order.
-        self.saved: list[tuple[int, Any, list[Any]]] = []
-
-    def tensors(self) -> list[Any]:
-        module = self.ddp.module
-        return [p.data for p in module.parameters()] + list(module.buffers())
-
-    # -- the DDP hook ---------------------------------------------------------------------
-    def hook(self, _state: Any, bucket: Any) -> Any:
-        import torch
-        import torch.distributed as dist
-
-        buf = bucket.buffer()
-        if not self.queued:
-            self.queued = True
-            torch.autograd.Variable._execution_engine.queue_callback(self._after_finalize)
-        self.saved.append((bucket.index(), buf.clone(), list(bucket.parameters())))
-        if self.failed is not None:
-            fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-            fut.set_result(buf)
-            return fut
-        world = dist.get_world_size()
-        try:
-            work = dist.all_reduce(buf, async_op=True)
-        except Exception as exc:
-            self.failed = f"{type(exc).__name__}: {exc}"
-            done: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-            done.set_result(buf)
-            return done
-
-        def finish(fut: Any) -> Any:
-            try:
-                return fut.value()[0].div_(world)
-            except Exception as exc:  # a peer is gone: the step ends at end_of_backward
-                if self.failed is None:
-                    self.failed = f"{type(exc).__name__}: {str(exc)[:300]}"
-                return buf
-
-        return work.get_future().then(finish)
-
-    def _after_finalize(self) -> None:
-        # DDP queues its own final callback (waiting for the buckets' futures and copying
-        # them into .grad) when the last bucket is ready, after this one: queued from here,
-        # end_of_backward runs after it.
-        import torch
-
-        torch.autograd.Variable._execution_engine.queue_callback(self.end_of_backward)
-
-    def end_of_backward(self) -> None:
-        """After DDP copied the buckets into the gradients: a failed step re-forms the
-        group and completes the step there."""
-        self.queued = False
-        saved, self.saved = self.saved, []
-        if self.failed is None:
-            return
-        cause, self.failed = self.failed, None
-        group = self.group
-        while True:
-            mine = group.committed
-            agreed = group.regroup(cause)
-            self._deal_unread()
-            if agreed == mine + 1:
-                # The failed step completed on the most advanced survivor: its state is
-                # the state after that step; this rank's optimizer.step() for it is skipped.
-                group.committed = agreed
-                self.skip_step = True
-                return
-            if agreed != mine:
-                raise LiveRecoveryError(
-                    f"rank {group.uid} at step {mine} cannot continue from step {agreed}")
-            try:
-                self._reduce_again(saved)
-                return
-            except Exception as exc:  # another member lost during the redo: again
-                if not _is_peer_error(exc):
-                    raise
-                cause = f"{type(exc).__name__}: {str(exc)[:300]}"
-
-    def _deal_unread(self) -> None:
-        """The lost members' unread samples of the epoch go to the survivors, after their
-        own: rank 0 (the most advanced) had yielded the batch of the step being completed,
-        so the lost ones trained on one batch fewer."""
-        loader, group = self.loader, self.group
-        if loader is None or not group.lost or not hasattr(loader, "lost_samples"):
-            return
-        epoch, batch = group.data_position
-        try:
-            positions = loader.lost_samples(epoch, max(batch - 1, 0), group.lost)
-            loader.deal_unread(epoch, positions, group.rank, len(group.members))
-        except (NotImplementedError, AttributeError, TypeError) as exc:
-            logger.warning("live recovery: the unread samples of lost ranks %s are not "
-                           "read this epoch: %s", group.lost, exc)
-
-    def _reduce_again(self, saved: list[tuple[int, Any, list[Any]]]) -> None:
-        """All-reduce this step's local gradients in the new group, into ``.grad``."""
-        import torch
-        import torch.distributed as dist
-
-        world = dist.get_world_size()
-        for _, saved_local, params in saved:
-            local = saved_local.clone()  # kept intact for a redo broken by another loss
-            dist.all_reduce(local)
-            local.div_(world)
-            offset = 0
-            with torch.no_grad():
-                for p in params:
-                    n = p.numel()
-                    if p.grad is not None:
-                        p.grad.copy_(local[offset:offset + n].view_as(p.grad))
-                    offset += n
-
-    def wrap_step(self, step: Callable[..., Any]) -> Callable[..., Any]:
-        def live_step(*args: Any, **kwargs: Any) -> Any:
-            if self.skip_step:
-                self.skip_step = False
-                return None
-            out = step(*args, **kwargs)
-            self.group.committed += 1
-            if self.group.leaving:
-                self.group.leave_now()
-            return out
-
-        live_step.__wrapped__ = step  # type: ignore[attr-defined]
-        return live_step
-
-
-def attach(model: Any, optimizer: Any = None, scheduler: Any = None,
-           loader: Any = None) -> None:
-    """Hook a rank's DDP model and optimizer into its live group (a no-op outside a live
-    job). Called by :class:`~dask_ddp.Checkpointer`."""
-    del scheduler  # stepped by the user's loop; not part of a step's all-reduce
-    group = _GROUP
-    if group is None:
-        return
-    from torch.nn.parallel import DistributedDataParallel
-
-    if not isinstance(model, DistributedDataParallel):
-        raise TypeError("recovery='live' needs the Checkpointer's model to be a "
-                        f"DistributedDataParallel, got {type(model).__name__}")
-    if group.attached is not None:
-        raise RuntimeError("recovery='live' supports one Checkpointer per rank")
-    att = _Attached(group, model, optimizer, loader)
-    # DDP checks a hook's annotations against its own types: a lambda has none.
-    model.register_comm_hook(None, lambda state, bucket: att.hook(state, bucket))
-    if optimizer is not None:
-        optimizer.step = att.wrap_step(optimizer.step)
-    group.attached = att
 
 
 def mark_dead(store: Any, uid: int) -> None:

@@ -6,21 +6,25 @@ a rank that *left* (its process died: its supervisor returns :class:`LiveLeft`; 
 worker left: the watcher cancels its task) does not, while the others go on in a smaller
 group; a rank that *raised* (the training function's own error, or the survivors' failed
 regroup, :class:`~dask_ddp._launch.live.LiveRecoveryError`) does, and the job falls back
-to its ``max_restarts``.
+to its ``max_restarts``. While the group has fewer ranks than ``max_workers``, a worker
+new to the job (a nanny's restart, ``scale()``, ``adapt()``) gets a rank that joins the
+running group at a step boundary (:meth:`LiveWatch.new_workers`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from dask_ddp._dashboard import events as dashboard
 from dask_ddp._launch import live_store
-from dask_ddp._launch.live import Generation
+from dask_ddp._launch.live import MAX_ENV, Generation
+from dask_ddp._launch.placement import _GONE, choose_workers
 from dask_ddp._launch.stall import Stall, activity
 from dask_ddp._states import RankActivity
+from dask_ddp.errors import GangStartError
 
 logger = logging.getLogger(__name__)
 
@@ -47,12 +51,15 @@ class LiveWatch:
         The worker of each rank.
     bound
         Seconds a call to the scheduler may take.
+    min_size, max_size
+        ``min_workers``, ``max_workers`` (``None``: the group never grows).
     """
 
     def __init__(self, client: Any, job_id: str, workers: Sequence[str],
-                 bound: float, min_size: int = 1) -> None:
+                 bound: float, min_size: int = 1, max_size: int | None = None) -> None:
         self.client = client
         self.min_size = min_size
+        self.max_size = max_size
         self.job_id = job_id
         self.address = live_store.open_store(client, job_id, list(workers), bound)
         #: Ranks killed because they froze.
@@ -62,7 +69,31 @@ class LiveWatch:
 
     def env(self) -> dict[str, str]:
         """The ranks' and supervisors' environment entries of the live store."""
-        return {live_store.STORE_ENV: self.address, "DASK_DDP_LIVE_MIN": str(self.min_size)}
+        env = {live_store.STORE_ENV: self.address, "DASK_DDP_LIVE_MIN": str(self.min_size)}
+        if self.max_size is not None:
+            env[MAX_ENV] = str(self.max_size)
+        return env
+
+    async def new_workers(self, used: Collection[str], active: int,
+                          resources: Mapping[str, float] | None) -> list[str]:
+        """Running workers that never hosted a rank of the job (``used``), one per rank
+        the group may still take (``max_workers`` less the ``active`` ranks)."""
+        if self.max_size is None or active >= self.max_size:
+            return []
+        info = dict(await self.client.scheduler.identity(n_workers=-1))
+        info["workers"] = {a: w for a, w in info.get("workers", {}).items()
+                           if a not in used and w.get("status", "running") not in _GONE}
+        if not info["workers"]:
+            return []
+        try:
+            fit = choose_workers(info, None, None, resources)
+        except GangStartError:
+            return []
+        return fit[:self.max_size - active]
+
+    async def joined(self, workers: Sequence[str]) -> None:
+        """A rank joined on ``workers[-1]``: the scheduler marks it lost with its worker."""
+        await live_store.set_workers(self.client, self.job_id, list(workers))
 
     @staticmethod
     def fatal(statuses: Sequence[str], lost: Collection[int]) -> bool:

@@ -60,8 +60,9 @@ class LiveStores(SchedulerPlugin):
         assert self._torch is not None  # start() ran
         TCPStore = (await self._torch).TCPStore  # noqa: N806 - torch's class
 
-        if job_id in self._stores:
+        if job_id in self._stores:  # again: a rank joined, on ``workers[-1]``
             store = self._stores[job_id][0]
+            self._stores[job_id] = (store, [str(w) for w in workers])
         else:
             host = urlparse(self.scheduler.address).hostname or "127.0.0.1"
             store = TCPStore(host, 0, None, True, timedelta(seconds=60),
@@ -126,6 +127,11 @@ def open_store(client: Any, job_id: str, workers: list[str], bound: float) -> st
             "recovery='live' could not start the job's store on the scheduler "
             f"{client.scheduler.address} (it needs torch importable there): "
             f"{type(exc).__name__}: {exc}") from exc
+
+
+async def set_workers(client: Any, job_id: str, workers: list[str]) -> None:
+    """Tell job ``job_id``'s store the worker of every rank (one joined)."""
+    await getattr(client.scheduler, OPEN_HANDLER)(job_id=job_id, workers=list(workers))
 
 
 async def read_generations(client: Any, job_id: str) -> list[str]:

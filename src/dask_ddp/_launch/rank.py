@@ -112,21 +112,26 @@ def _start_live(address: str, rank: int, world: int, record: Any,
                 init_kwargs: dict[str, Any]) -> Any:
     """``recovery="live"``: the default group, reconfigurable, on the job's store on the
     scheduler; every Checkpointer made then hooks its model and optimizer into it."""
-    from dask_ddp._launch import live, live_store
+    from dask_ddp._launch import live, live_attach, live_store
     from dask_ddp.checkpoint import resume
 
     store = live_store.connect(address, record.rendezvous_timeout)
     backend = _resolve_backend(record.backend, store, rank, world, record.worker)
     timeout = init_kwargs.get("timeout", timedelta(seconds=60))
+    cap = os.environ.get(live.MAX_ENV)
     group = live.LiveGroup(store, rank, world, backend=backend,
                            timeout=timeout.total_seconds(),
-                           min_size=int(os.environ.get("DASK_DDP_LIVE_MIN", "1")))
+                           min_size=int(os.environ.get("DASK_DDP_LIVE_MIN", "1")),
+                           max_size=int(cap) if cap else None)
     live.install(group)
-    resume.on_checkpointer(live.attach)
+    resume.on_checkpointer(live_attach.attach)
     # A worker that closes (retire_workers, a spot notice) SIGTERMs its rank: it leaves
     # at its next step boundary instead of dying inside a step.
     signal.signal(signal.SIGTERM, lambda *_: group.request_leave())
-    group.start()
+    if os.environ.get(live.JOIN_ENV):
+        group.start_joining()  # a group of one until its Checkpointer joins the job's
+    else:
+        group.start()
     return store
 
 

@@ -28,7 +28,7 @@ from dask_ddp._channel.rank_writer import Forwarder
 from dask_ddp._channel.wire import metrics_topic
 from dask_ddp._dashboard.sampler import RankSampler
 from dask_ddp._launch import collective_dump, live_store, probe
-from dask_ddp._launch.live import mark_dead
+from dask_ddp._launch.live import JOIN_ENV, mark_dead
 from dask_ddp._launch.live_job import LiveLeft
 from dask_ddp._launch.names import failure_topic, output_topic, progress_topic
 from dask_ddp._launch.placement import RankSpec
@@ -153,7 +153,9 @@ class _Supervisor:
         clean_orphans()
         workdir = self.workdir = create_workdir(spec.job_id, spec.rank)
         try:
-            if spec.rank == 0:
+            if spec.options.env.get(JOIN_ENV):
+                port = 0  # joins a live job's running group through its store alone
+            elif spec.rank == 0:
                 port = self.rendezvous.host()
                 # Taken back when the job ended meanwhile (its client's cleanup may have
                 # run before this): the run's end withdraws the address.

@@ -39,10 +39,10 @@ _FORMAT = 1
 
 #: Called with ``(model, optimizer, scheduler, loader)`` by every new Checkpointer: a
 #: launcher's live recovery hooks the model and optimizer there (see ``on_checkpointer``).
-_ON_NEW: list[Callable[[Any, Any, Any, Any], None]] = []
+_ON_NEW: list[Callable[[Any, Any, Any, Any], Any]] = []
 
 
-def on_checkpointer(fn: Callable[[Any, Any, Any, Any], None]) -> None:
+def on_checkpointer(fn: Callable[[Any, Any, Any, Any], Any]) -> None:
     """Call ``fn(model, optimizer, scheduler, loader)`` for every Checkpointer made in this
     process from now on (the launcher's live recovery: the one place a training function
     names its model, optimizer and loader together)."""
@@ -306,8 +306,11 @@ class Checkpointer:
         self.keep = keep
         #: The step restored by the last :meth:`restore` (None: nothing to restore).
         self.restored_step: int | None = None
+        #: A live job's hold on the objects (its rank joined a running group: the state
+        #: came from the group, and restore() reads nothing).
+        self._live: Any = None
         for hook in _ON_NEW:
-            hook(model, optimizer, scheduler, loader)
+            self._live = hook(model, optimizer, scheduler, loader) or self._live
         self.evaluate = evaluate
 
     def save(self, step: int, /, **extra: Any) -> Any:
@@ -338,10 +341,17 @@ class Checkpointer:
             ``step`` and the ``**extra`` values given to :meth:`save`; empty when there
             is no checkpoint yet (a fresh start).
         """
+        joined = getattr(self._live, "joined_step", None)
+        if joined is not None:  # this rank joined a live group: it took the group's state
+            self._live.joined_step = None
+            self.restored_step = joined
+            return {"step": joined}
         if self.sharded:
             return self._restore_sharded()
         step = _chosen_by_rank0(self._newest)
         self.restored_step = step
+        if self._live is not None:  # what a joining rank's restore() will count from
+            self._live.base_step = step or 0
         if step is None:
             return {}
         state = load_checkpoint(self.storage, step=step)

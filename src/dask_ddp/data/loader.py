@@ -24,7 +24,7 @@ import importlib
 import inspect
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -208,6 +208,9 @@ class Loader:
     """
 
     __signature__ = _InitSignature()
+    #: Called before each batch is fetched: the top of a training step (live recovery
+    #: re-forms a group there, after what the loop did since the optimizer's step).
+    _before_batch: Callable[[], None] | None = None
 
     def __new__(cls, dataset: Any = None, *args: Any, **kwargs: Any) -> Loader:
         """A Loader of the subclass that reads ``dataset``, as ``pathlib.Path(...)``
@@ -383,6 +386,8 @@ class Loader:
         # The job page's step rate and data wait (a no-op outside a launched rank).
         counters, clock = rank_counters(), time.perf_counter_ns
         while True:
+            if self._before_batch is not None:
+                self._before_batch()
             t0 = clock()
             item: Any = core.next()  # releases the GIL while it waits
             if item is None:
@@ -500,6 +505,15 @@ class Loader:
             raise NotImplementedError(f"{type(self).__name__} cannot deal a lost rank's "
                                       "samples")
         self._unread.add(epoch, positions, rank, world_size)
+
+    def end_own_shard(self) -> None:
+        """Read no more of this rank's own shard of the current epoch, also while a loop
+        iterates it: the loop goes on with the samples :meth:`deal_unread` dealt (live
+        recovery: a rank that joins mid-epoch has the epoch's unread samples dealt again
+        over the bigger group)."""
+        end = len(self)
+        self._core.start_epoch(self.epoch, end)
+        self._position = end
 
     def close(self) -> None:
         """Stop the engine's threads (batches already handed out stay valid).

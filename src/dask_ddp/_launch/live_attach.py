@@ -1,0 +1,352 @@
+"""A live rank's model, optimizer and loader, hooked into its group (internal).
+
+The :class:`~dask_ddp.Checkpointer` a training function makes calls :func:`attach`
+(see :mod:`dask_ddp._launch.live` for the group's protocol), which registers a DDP
+communication hook, wraps ``optimizer.step`` and marks the top of each step:
+
+- the hook all-reduces each gradient bucket as DDP's default does, keeping a copy of the
+  bucket's local gradients until the step's end; a failed all-reduce is caught (the
+  bucket keeps its local values, so ``backward()`` does not raise) and marks the step
+  failed, which re-forms the group at the end of ``backward()``; the step's first bucket
+  carries one element more, rank 0's word that a rank waits to join;
+- after a step that carried the word, the top of the next step (the registered loader's
+  next batch, else the model's forward) re-forms the group with the joining ranks, which
+  take the group's state there (their own ``attach`` waits until then);
+- a survivor one step behind after a loss skips its ``optimizer.step()`` for the failed
+  step; one at the agreed step all-reduces that step's saved gradients again in the new
+  group.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from dask_ddp._launch.live import LiveGroup, LiveRecoveryError, _is_peer_error, current
+
+logger = logging.getLogger(__name__)
+
+
+class Attached:
+    """The model, optimizer and loader of a live rank, and the current step's buckets."""
+
+    def __init__(self, group: LiveGroup, ddp: Any, optimizer: Any, loader: Any,
+                 scheduler: Any = None) -> None:
+        self.group = group
+        self.ddp = ddp
+        self.optimizer = optimizer
+        self.loader = loader
+        self.scheduler = scheduler
+        self.failed: str | None = None
+        self.skip_step = False
+        self.queued = False
+        #: This step's buckets: (index, local gradients, parameters), in hook order.
+        self.saved: list[tuple[int, Any, list[Any]]] = []
+        #: The last step's all-reduce carried rank 0's word: admit the waiting ranks at
+        #: the next step's top (:meth:`boundary`).
+        self.admit = False
+        #: The first step after a join: the members' buckets (rebuilt by DDP after their
+        #: first step) and the joiner's (its first step's) differ, so that step's
+        #: gradients are all-reduced at once in parameter order (see ``_reduce_in_order``).
+        self.in_order = False
+        self._held: list[tuple[Any, list[Any], Any]] = []
+        #: The step the Checkpointer restored (the user's counter at committed step 0).
+        self.base_step = 0
+        #: A joined rank: the user's step to go on from (its Checkpointer's restore()).
+        self.joined_step: int | None = None
+
+    def tensors(self) -> list[Any]:
+        module = self.ddp.module
+        return [p.data for p in module.parameters()] + list(module.buffers())
+
+    # -- the DDP hook ---------------------------------------------------------------------
+    def hook(self, _state: Any, bucket: Any) -> Any:
+        import torch
+        import torch.distributed as dist
+
+        buf = bucket.buffer()
+        first = not self.queued
+        if first:
+            self.queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._after_finalize)
+        self.saved.append((bucket.index(), buf.clone(), list(bucket.parameters())))
+        if self.in_order and self.failed is None:
+            held: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+            self._held.append((buf, list(bucket.parameters()), held))
+            return held
+        if self.failed is not None:
+            fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+            fut.set_result(buf)
+            return fut
+        world = dist.get_world_size()
+        # The step's first bucket carries one element more: rank 0's word that a rank
+        # waits to join (every member reads the same sum after the same step).
+        sent = buf
+        if first:
+            word = 1.0 if self.group.rank == 0 and self.group.join_wanted() else 0.0
+            sent = torch.cat([buf, buf.new_full((1,), word)])
+        try:
+            work = dist.all_reduce(sent, async_op=True)
+        except Exception as exc:
+            self.failed = f"{type(exc).__name__}: {exc}"
+            done: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+            done.set_result(buf)
+            return done
+
+        def finish(fut: Any) -> Any:
+            try:
+                out = fut.value()[0]
+                if out is buf:
+                    return buf.div_(world)
+                self.admit = bool(out[-1].item() > 0.5)
+                return buf.copy_(out[:-1]).div_(world)
+            except Exception as exc:  # a peer is gone: the step ends at end_of_backward
+                if self.failed is None:
+                    self.failed = f"{type(exc).__name__}: {str(exc)[:300]}"
+                return buf
+
+        return work.get_future().then(finish)
+
+    def _after_finalize(self) -> None:
+        # DDP queues its own final callback (waiting for the buckets' futures and copying
+        # them into .grad) when the last bucket is ready, after this one: queued from here,
+        # end_of_backward runs after it.
+        import torch
+
+        if self._held:
+            self._reduce_in_order()
+        torch.autograd.Variable._execution_engine.queue_callback(self.end_of_backward)
+
+    def _reduce_in_order(self) -> None:
+        """The first step after a join: every bucket's gradients all-reduced as one
+        tensor in the model's parameter order (the ranks' buckets differ for this one
+        step; DDP rebuilds them alike, from rank 0's order, at the next step)."""
+        import torch
+        import torch.distributed as dist
+
+        held, self._held = self._held, []
+        self.in_order = False
+        order = {id(p): i for i, p in enumerate(self.ddp.module.parameters())}
+        parts = []
+        for buf, params, _ in held:
+            offset = 0
+            for p in params:
+                parts.append((order[id(p)], buf, offset, p.numel()))
+                offset += p.numel()
+        parts.sort(key=lambda part: part[0])
+        flat = torch.cat([buf[o:o + n] for _, buf, o, n in parts])
+        try:
+            dist.all_reduce(flat)
+            flat.div_(dist.get_world_size())
+            at = 0
+            for _, buf, o, n in parts:
+                buf[o:o + n].copy_(flat[at:at + n])
+                at += n
+        except Exception as exc:  # the buckets keep their local values: end_of_backward
+            self.failed = f"{type(exc).__name__}: {str(exc)[:300]}"
+        for buf, _, fut in held:
+            fut.set_result(buf)
+
+    def end_of_backward(self) -> None:
+        """After DDP copied the buckets into the gradients: a failed step re-forms the
+        group and completes the step there."""
+        self.queued = False
+        saved, self.saved = self.saved, []
+        if self.failed is None:
+            return
+        cause, self.failed = self.failed, None
+        self.admit = False  # a failed step admits nobody: the regroup decides
+        group = self.group
+        while True:
+            mine = group.committed
+            agreed = group.regroup(cause)
+            self._deal_unread()
+            if agreed == mine + 1:
+                # The failed step completed on the most advanced survivor: its state is
+                # the state after that step; this rank's optimizer.step() for it is skipped.
+                group.committed = agreed
+                self.skip_step = True
+                return
+            if agreed != mine:
+                raise LiveRecoveryError(
+                    f"rank {group.uid} at step {mine} cannot continue from step {agreed}")
+            try:
+                self._reduce_again(saved)
+                return
+            except Exception as exc:  # another member lost during the redo: again
+                if not _is_peer_error(exc):
+                    raise
+                cause = f"{type(exc).__name__}: {str(exc)[:300]}"
+
+    def _deal_unread(self) -> None:
+        """The lost members' unread samples of the epoch go to the survivors, after their
+        own: rank 0 (the most advanced) had yielded the batch of the step being completed,
+        so the lost ones trained on one batch fewer."""
+        loader, group = self.loader, self.group
+        if loader is None or not group.lost or not hasattr(loader, "lost_samples"):
+            return
+        epoch, batch = group.data_position
+        try:
+            positions = loader.lost_samples(epoch, max(batch - 1, 0), group.lost)
+            loader.deal_unread(epoch, positions, group.rank, len(group.members))
+        except (NotImplementedError, AttributeError, TypeError) as exc:
+            logger.warning("live recovery: the unread samples of lost ranks %s are not "
+                           "read this epoch: %s", group.lost, exc)
+
+    def _reduce_again(self, saved: list[tuple[int, Any, list[Any]]]) -> None:
+        """All-reduce this step's local gradients in the new group, into ``.grad``."""
+        import torch
+        import torch.distributed as dist
+
+        world = dist.get_world_size()
+        for i, (_, saved_local, params) in enumerate(saved):
+            # A copy (kept intact for a redo broken by another loss); the first bucket
+            # with the element the others' next step carries (rank 0's join word).
+            local = torch.cat([saved_local, saved_local.new_zeros(1)]) if i == 0 \
+                else saved_local.clone()
+            dist.all_reduce(local)
+            if i == 0:
+                self.admit = bool(local[-1].item() > 0.5)
+                local = local[:-1]
+            local.div_(world)
+            offset = 0
+            with torch.no_grad():
+                for p in params:
+                    n = p.numel()
+                    if p.grad is not None:
+                        p.grad.copy_(local[offset:offset + n].view_as(p.grad))
+                    offset += n
+
+    def boundary(self) -> None:
+        """The top of a training step (the registered loader's next batch; without one,
+        the model's forward with gradients): after a step whose all-reduce carried rank
+        0's join word, the group re-forms here with the waiting ranks, after what the
+        loop did since the optimizer's step (an LR scheduler's step, a checkpoint): a
+        joining rank, which runs the loop from its top, finds the state its loop expects."""
+        if self.admit:
+            self.admit = False
+            self._admit()
+
+    def _forward_boundary(self, *_: Any) -> None:
+        import torch
+
+        if self.loader is None and torch.is_grad_enabled():
+            self.boundary()
+
+    def _admit(self) -> None:
+        """The group re-forms with the waiting ranks (a loss meanwhile: without them)."""
+        group = self.group
+        mine = group.committed
+        agreed = group.regroup("a rank joined", admit=True)
+        self._deal_unread()
+        if agreed != mine:
+            raise LiveRecoveryError(
+                f"rank {group.uid} at step {mine} cannot continue from step {agreed}")
+
+    # -- the state a regroup or a join hands on ------------------------------------------
+    def can_redeal(self) -> bool:
+        """Rank 0: whether the epoch's unread samples can be dealt again over a bigger
+        group now: every member still reads its own shard of the loader's first layout
+        (nothing dealt this epoch, no member that joined earlier)."""
+        loader = self.loader
+        if loader is None:
+            return True
+        if not hasattr(loader, "lost_samples") or getattr(loader, "reading_unread", True):
+            return False
+        if getattr(getattr(loader, "_unread", None), "epoch", None) == loader.epoch:
+            return False
+        return all(u < int(loader.world_size) for u in self.group.members)
+
+    def shared_state(self, joined: list[int]) -> dict[str, Any]:
+        """Rank 0: what every member takes besides the tensors (pickled over the group)."""
+        import torch
+
+        state: dict[str, Any] = {
+            "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
+            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "rng": torch.get_rng_state(), "deal": None}
+        loader = self.loader
+        if joined and loader is not None and hasattr(loader, "lost_samples"):
+            old = [u for u in self.group.members if u not in joined]
+            epoch, batch = int(loader.epoch), int(loader.state_dict()["batch"])
+            state["deal"] = (epoch, loader.lost_samples(epoch, batch, old))
+        return state
+
+    def take_shared_state(self, state: dict[str, Any], rank: int, world: int, *,
+                          joined: bool, joining: bool) -> None:
+        import torch
+
+        if rank != 0:
+            if self.optimizer is not None and state["optimizer"] is not None:
+                self.optimizer.load_state_dict(state["optimizer"])
+            if self.scheduler is not None and state["scheduler"] is not None:
+                self.scheduler.load_state_dict(state["scheduler"])
+            torch.set_rng_state(state["rng"])
+        if joined:
+            self._after_join(state["deal"], rank, world, joining)
+
+    def _after_join(self, deal: tuple[int, list[int]] | None, rank: int, world: int,
+                    joining: bool) -> None:
+        """Every member and the joiner: the next step's gradients go in parameter order
+        and DDP rebuilds its buckets alike; the epoch's unread samples are dealt again."""
+        import torch.distributed as dist
+
+        self.in_order = True
+        self.ddp._update_process_group(dist.group.WORLD)
+        loader = self.loader
+        if deal is None or loader is None:
+            return
+        epoch, positions = deal
+        if joining:  # its own shard (a group of one's: the whole epoch) is not read
+            loader.load_state_dict({**loader.state_dict(), "epoch": epoch,
+                                    "batch": len(loader)})
+        else:
+            loader.end_own_shard()
+        loader.deal_unread(epoch, positions, rank, world)
+
+    def wrap_step(self, step: Callable[..., Any]) -> Callable[..., Any]:
+        def live_step(*args: Any, **kwargs: Any) -> Any:
+            if self.skip_step:
+                self.skip_step = False
+                return None
+            out = step(*args, **kwargs)
+            self.group.committed += 1
+            if self.group.leaving:
+                self.group.leave_now()
+            return out
+
+        live_step.__wrapped__ = step  # type: ignore[attr-defined]
+        if getattr(step, "_wrapped_by_lr_sched", False):
+            # An LR scheduler made before checks that its own wrapper is still there.
+            live_step._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
+        return live_step
+
+
+def attach(model: Any, optimizer: Any = None, scheduler: Any = None,
+           loader: Any = None) -> Attached | None:
+    """Hook a rank's DDP model and optimizer into its live group (a no-op outside a live
+    job; returns the hook's state). Called by :class:`~dask_ddp.Checkpointer`; a rank
+    that joins a running group is taken into it here (see :meth:`LiveGroup.join`)."""
+    group = current()
+    if group is None:
+        return None
+    from torch.nn.parallel import DistributedDataParallel
+
+    if not isinstance(model, DistributedDataParallel):
+        raise TypeError("recovery='live' needs the Checkpointer's model to be a "
+                        f"DistributedDataParallel, got {type(model).__name__}")
+    if group.attached is not None:
+        raise RuntimeError("recovery='live' supports one Checkpointer per rank")
+    att = Attached(group, model, optimizer, loader, scheduler)
+    # DDP checks a hook's annotations against its own types: a lambda has none.
+    model.register_comm_hook(None, lambda state, bucket: att.hook(state, bucket))
+    model.register_forward_pre_hook(att._forward_boundary)
+    if loader is not None and hasattr(type(loader), "_before_batch"):
+        loader._before_batch = att.boundary
+    if optimizer is not None:
+        optimizer.step = att.wrap_step(optimizer.step)
+    group.attached = att
+    if group.joining:
+        group.join()
+    return att

@@ -1,0 +1,106 @@
+"""submit(recovery="live") growing back: a worker that comes (``cluster.scale()``, a
+nanny's restart of a killed worker) while the group is below max_workers gets a rank
+that joins at a step boundary; real LocalCluster, real gloo, real kills. Every rank ends
+with identical state (model, optimizer, LR scheduler, torch's generator) and every sample
+of the epoch is trained on once (padding aside)."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from distributed import Client
+
+import dask_ddp
+import live_util
+from cluster_util import client_fixture
+from images import file_putter, write_folder
+from waits import wait_until
+
+pytestmark = pytest.mark.timeout(300)
+
+client = client_fixture(2)
+
+
+def _file(folder: Path, name: str, job: Any) -> str | None:
+    if job.done():
+        job.result()  # raises the job's error: it ended first
+    return None if (folder / name).exists() else f"no {name} in {folder}"
+
+
+def _at_step(folder: Path, uid: int, step: int, job: Any) -> str | None:
+    missing = _file(folder, f"step{uid}", job)
+    if missing is not None:
+        return missing
+    now = int((folder / f"step{uid}").read_text() or -1)
+    return None if now >= step else f"rank {uid} at step {now}"
+
+
+def _same_state(values: list[dict[str, Any]], world: int) -> None:
+    assert len(values) == world, values
+    for key in ("hash", "lr", "rng", "step"):
+        assert len({repr(v[key]) for v in values}) == 1, (key, values)
+    assert sorted(v["rank"] for v in values) == list(range(world)), values
+    assert {v["world"] for v in values} == {world}, values
+
+
+def test_scaled_up_worker_joins(client: Client, tmp_path: Path) -> None:
+    """Two ranks, max_workers=3; the cluster grows by one worker mid-epoch: a third rank
+    joins, takes the group's state, and the epoch's unread samples are dealt over three.
+    First in the module: the cluster has one worker more afterwards."""
+    n, data, out = 240, tmp_path / "images", tmp_path / "out"
+    out.mkdir()
+    write_folder(file_putter(str(data)), ["a", "b", "c"], n // 3, sizes=((10, 10),))
+    job = dask_ddp.submit(client, live_util.live_train_join, str(data), n, str(out), 5,
+                          recovery="live", min_workers=2, max_workers=3,
+                          storage=(tmp_path / "ckpt").as_uri(), progress=False)
+    assert job.world_size == 2
+    for uid in (0, 1):
+        wait_until(lambda u=uid: _at_step(out, u, 5, job), 120, f"rank {uid} at step 5")
+    client.cluster.scale(3)
+    wait_until(lambda: _file(out, "pid2", job), 120, "the joining rank to start")
+    (out / "go").write_text("")
+    values = job.result(timeout=180)
+    _same_state(values, 3)
+    (gen,) = job.generations
+    assert gen.joined == (2,) and gen.lost == () and gen.world_size == 3, gen
+    assert gen.cause == "a rank joined", gen
+    # Every sample of the epoch once: each rank's batches before the join (its own
+    # shard), then the unread rest of both shards dealt over the three ranks.
+    seen: list[int] = []
+    for uid in range(3):
+        for line in (out / f"audit{uid}").read_text().splitlines():
+            seen += [int(v) for v in line.split()[1].split(",")]
+    counts = Counter(seen)
+    assert sorted(counts) == list(range(n)), sorted(set(range(n)) - set(counts))
+    assert sum(c - 1 for c in counts.values()) <= 3 - 1, counts
+
+
+def test_killed_worker_restarted_by_its_nanny_rejoins(client: Client, tmp_path: Path) -> None:
+    """Three ranks, max_workers=3; rank 2's worker is killed (the group shrinks to two)
+    and its nanny starts it again under a new address: a rank joins there (three
+    again). Nothing is read from storage."""
+    out = tmp_path / "out"
+    out.mkdir()
+    job = dask_ddp.submit(client, live_util.live_train_join, None, 60, str(out), 10,
+                          recovery="live", min_workers=2, max_workers=3,
+                          storage=(tmp_path / "ckpt").as_uri(), progress=False)
+    wait_until(lambda: None if job.world_size == 3 else f"{job.world_size} ranks", 60,
+               "the job to take the three workers")
+    for uid in range(3):
+        wait_until(lambda u=uid: _at_step(out, u, 10, job), 120, f"rank {uid} at step 10")
+    victim = job.workers[2]
+    pids = client.run(os.getpid, workers=[victim])
+    os.kill(pids[victim], 9)
+    wait_until(lambda: _file(out, "pid3", job), 120, "a rank to start on the restarted worker")
+    (out / "go").write_text("")
+    values = job.result(timeout=180)
+    _same_state(values, 3)
+    assert sorted(v["uid"] for v in values) == [0, 1, 3], values
+    shrink, grow = job.generations
+    assert shrink.lost == (2,) and shrink.world_size == 2, shrink
+    assert grow.joined == (3,) and grow.world_size == 3 and grow.step >= shrink.step, grow
+    assert not (tmp_path / "ckpt").exists() or not any((tmp_path / "ckpt").iterdir())

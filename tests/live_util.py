@@ -267,11 +267,13 @@ def live_train_images(root: str, n: int, folder: str, pause: float) -> dict[str,
             "world": now.world_size, "generation": now.generation}
 
 
-def live_train_join(root: str | None, n: int, folder: str, hold: int) -> dict[str, Any]:
+def live_train_join(root: str | None, n: int, folder: str, hold: int,
+                    epochs: int = 1) -> dict[str, Any]:
     """The README's loop for a live job that may grow: a Checkpointer with an LR
-    scheduler, ``restore()``'s step, ``for x, y in loader`` over ``n`` images whose labels
-    are their indices (``root``; each batch's labels go to ``folder/audit<rank>`` as
-    ``step label,...``), or ``n`` steps on random batches (``root=None``). The ranks of
+    scheduler, ``restore()``'s step, ``for x, y in loader`` over ``epochs`` epochs of ``n``
+    images whose labels are their indices (``root``; each batch's labels go to
+    ``folder/audit<rank>`` as ``epoch step label,...``), or ``n`` steps on random batches
+    (``root=None``). The ranks of
     the job's start wait at step ``hold`` until ``folder/go`` exists (the test lets them
     on once the worker a rank joins from is up); the ranks' first models differ (a
     joining rank must take the group's)."""
@@ -298,10 +300,17 @@ def live_train_join(root: str | None, n: int, folder: str, hold: int) -> dict[st
     ckpt = dask_ddp.Checkpointer(model, opt, sched, loader=loader)  # a joiner joins here
     step = ckpt.restore().get("step", 0)
     gen = torch.Generator().manual_seed(1000 + uid)
-    batches = loader if loader is not None else (
-        (torch.rand(2, 3, 8, 8, generator=gen), None) for _ in range(n - step))
+
+    def batches() -> Any:
+        if loader is None:
+            yield from ((torch.rand(2, 3, 8, 8, generator=gen), None) for _ in range(n - step))
+            return
+        while loader.epoch < epochs:
+            yield from loader
+            loader.set_epoch(loader.epoch + 1)
+
     audit = Path(folder, f"audit{uid}").open("a")
-    for x, y in batches:
+    for x, y in batches():
         if step == hold:
             deadline = time.monotonic() + 120
             while not Path(folder, "go").exists():
@@ -309,7 +318,8 @@ def live_train_join(root: str | None, n: int, folder: str, hold: int) -> dict[st
                     raise TimeoutError(f"rank {uid}: no {folder}/go within 120 s")
                 time.sleep(0.05)
         if y is not None:
-            audit.write(f"{step + 1} {','.join(str(int(v)) for v in y)}\n")
+            assert loader is not None
+            audit.write(f"{loader.epoch} {step + 1} {','.join(str(int(v)) for v in y)}\n")
             audit.flush()
         loss = model(x).square().mean()
         opt.zero_grad()

@@ -49,12 +49,13 @@ def _same_state(values: list[dict[str, Any]], world: int) -> None:
 
 def test_scaled_up_worker_joins(client: Client, tmp_path: Path) -> None:
     """Two ranks, max_workers=3; the cluster grows by one worker mid-epoch: a third rank
-    joins, takes the group's state, and the epoch's unread samples are dealt over three.
-    First in the module: the cluster has one worker more afterwards."""
+    joins, takes the group's state, the epoch's unread samples are dealt over three, and
+    the next epoch is read in three shards. First in the module: the cluster has one
+    worker more afterwards."""
     n, data, out = 240, tmp_path / "images", tmp_path / "out"
     out.mkdir()
     write_folder(file_putter(str(data)), ["a", "b", "c"], n // 3, sizes=((10, 10),))
-    job = dask_ddp.submit(client, live_util.live_train_join, str(data), n, str(out), 5,
+    job = dask_ddp.submit(client, live_util.live_train_join, str(data), n, str(out), 5, 2,
                           recovery="live", min_workers=2, max_workers=3,
                           storage=(tmp_path / "ckpt").as_uri(), progress=False)
     assert job.world_size == 2
@@ -68,15 +69,18 @@ def test_scaled_up_worker_joins(client: Client, tmp_path: Path) -> None:
     (gen,) = job.generations
     assert gen.joined == (2,) and gen.lost == () and gen.world_size == 3, gen
     assert gen.cause == "a rank joined", gen
-    # Every sample of the epoch once: each rank's batches before the join (its own
-    # shard), then the unread rest of both shards dealt over the three ranks.
-    seen: list[int] = []
+    # Every sample of each epoch once: in the first, each rank's batches before the join
+    # (its own shard), then the unread rest of both shards dealt over the three ranks;
+    # the second in three shards.
+    seen: dict[int, list[int]] = {0: [], 1: []}
     for uid in range(3):
         for line in (out / f"audit{uid}").read_text().splitlines():
-            seen += [int(v) for v in line.split()[1].split(",")]
-    counts = Counter(seen)
-    assert sorted(counts) == list(range(n)), sorted(set(range(n)) - set(counts))
-    assert sum(c - 1 for c in counts.values()) <= 3 - 1, counts
+            epoch, _, labels = line.split()
+            seen[int(epoch)] += [int(v) for v in labels.split(",")]
+    for epoch, labels in seen.items():
+        counts = Counter(labels)
+        assert sorted(counts) == list(range(n)), (epoch, sorted(set(range(n)) - set(counts)))
+        assert sum(c - 1 for c in counts.values()) <= 3 - 1, (epoch, counts)
 
 
 def test_killed_worker_restarted_by_its_nanny_rejoins(client: Client, tmp_path: Path) -> None:

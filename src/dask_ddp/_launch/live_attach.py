@@ -55,6 +55,12 @@ class Attached:
         self.base_step = 0
         #: A joined rank: the user's step to go on from (its Checkpointer's restore()).
         self.joined_step: int | None = None
+        #: Each member's rank in the layout the loader reads the current epoch with (a
+        #: joining rank's own shard is no part of it), and the next epochs' layout once
+        #: the group changed (see ``_layout``).
+        self.layout: dict[int, int] = {} if loader is None or group.joining else {
+            u: u for u in range(int(getattr(loader, "world_size", 0)))}
+        self._next_layout: dict[int, int] | None = None
 
     def tensors(self) -> list[Any]:
         module = self.ddp.module
@@ -187,8 +193,12 @@ class Attached:
         if loader is None or not group.lost or not hasattr(loader, "lost_samples"):
             return
         epoch, batch = group.data_position
+        layout = self._layout()
+        lost = [layout[u] for u in group.lost if u in layout]
+        if not lost:
+            return
         try:
-            positions = loader.lost_samples(epoch, max(batch - 1, 0), group.lost)
+            positions = loader.lost_samples(epoch, max(batch - 1, 0), lost)
             loader.deal_unread(epoch, positions, group.rank, len(group.members))
         except (NotImplementedError, AttributeError, TypeError) as exc:
             logger.warning("live recovery: the unread samples of lost ranks %s are not "
@@ -247,8 +257,8 @@ class Attached:
     # -- the state a regroup or a join hands on ------------------------------------------
     def can_redeal(self) -> bool:
         """Rank 0: whether the epoch's unread samples can be dealt again over a bigger
-        group now: every member still reads its own shard of the loader's first layout
-        (nothing dealt this epoch, no member that joined earlier)."""
+        group now: every member still reads its own shard of the epoch's layout (nothing
+        dealt this epoch, no member that joined during it)."""
         loader = self.loader
         if loader is None:
             return True
@@ -256,7 +266,27 @@ class Attached:
             return False
         if getattr(getattr(loader, "_unread", None), "epoch", None) == loader.epoch:
             return False
-        return all(u < int(loader.world_size) for u in self.group.members)
+        layout = self._layout()
+        return all(u in layout for u in self.group.members)
+
+    def _layout(self) -> dict[int, int]:
+        """Each member's rank in the layout its loader reads the current epoch with."""
+        if self._next_layout is not None and getattr(self.loader, "_next_layout", 0) is None:
+            self.layout, self._next_layout = self._next_layout, None  # the loader took it
+        return self.layout
+
+    def _relayout(self, rank: int, world: int) -> None:
+        """After a regroup: the loader reads the next epochs as rank ``rank`` of the new
+        group (each member's shard), not with the layout of the job's start."""
+        loader = self.loader
+        if loader is None or not hasattr(loader, "reshard"):
+            return
+        self._layout()
+        try:
+            loader.reshard(rank, world)
+        except NotImplementedError:
+            return
+        self._next_layout = {u: r for r, u in enumerate(self.group.members)}
 
     def shared_state(self, joined: list[int]) -> dict[str, Any]:
         """Rank 0: what every member takes besides the tensors (pickled over the group)."""
@@ -268,7 +298,8 @@ class Attached:
             "rng": torch.get_rng_state(), "deal": None}
         loader = self.loader
         if joined and loader is not None and hasattr(loader, "lost_samples"):
-            old = [u for u in self.group.members if u not in joined]
+            layout = self._layout()
+            old = [layout[u] for u in self.group.members if u not in joined]
             epoch, batch = int(loader.epoch), int(loader.state_dict()["batch"])
             state["deal"] = (epoch, loader.lost_samples(epoch, batch, old))
         return state
@@ -285,6 +316,7 @@ class Attached:
             torch.set_rng_state(state["rng"])
         if joined:
             self._after_join(state["deal"], rank, world, joining)
+        self._relayout(rank, world)
 
     def _after_join(self, deal: tuple[int, list[int]] | None, rank: int, world: int,
                     joining: bool) -> None:

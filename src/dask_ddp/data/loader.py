@@ -211,6 +211,9 @@ class Loader:
     #: Called before each batch is fetched: the top of a training step (live recovery
     #: re-forms a group there, after what the loop did since the optimizer's step).
     _before_batch: Callable[[], None] | None = None
+    #: An engine loader of this dataset read as rank ``r`` of ``w`` (see :meth:`reshard`).
+    _make_core: Callable[[int, int], Any] | None = None
+    _next_layout: tuple[int, int] | None = None
 
     def __new__(cls, dataset: Any = None, *args: Any, **kwargs: Any) -> Loader:
         """A Loader of the subclass that reads ``dataset``, as ``pathlib.Path(...)``
@@ -319,6 +322,8 @@ class Loader:
         }
         if shards is not None:
             self._core = shards._make_loader(ops, **engine_options)
+            self._make_core = lambda r, w: shards._make_loader(
+                ops, **{**engine_options, "rank": r, "world_size": w})
             self._unread = UnreadDeals(lambda epoch, ids, r, w: shard_deal(
                 shards, epoch, ids, shards._make_loader(
                     ops, **{**engine_options, "rank": r, "world_size": w}),
@@ -339,6 +344,9 @@ class Loader:
             skip_missing=on_error == "skip" and folder._skip_missing,
         )
         store, skip_missing = folder._get_store()._core, on_error == "skip" and folder._skip_missing
+        self._make_core = lambda r, w: _core.ImageLoader(
+            store, keys, targets, ops, **{**engine_options, "rank": r, "world_size": w},
+            skip_missing=skip_missing)
         self._unread = UnreadDeals(lambda _, pos, r, w: _core.ImageLoader(
             store, [keys[i] for i in pos], [targets[i] for i in pos], ops,
             **{**engine_options, "shuffle": False, "rank": r, "world_size": w},
@@ -374,6 +382,11 @@ class Loader:
         if int(epoch) != self.epoch:
             self._start_batch = 0
             self._epoch_segments = None
+            if self._next_layout is not None and self._make_core is not None:
+                self.rank, self.world_size = self._next_layout
+                self._next_layout = None
+                self._core.close()
+                self._core = self._make_core(self.rank, self.world_size)
         self.epoch = int(epoch)
 
     def __iter__(self) -> Iterator[tuple[Any, ...]]:
@@ -505,6 +518,16 @@ class Loader:
             raise NotImplementedError(f"{type(self).__name__} cannot deal a lost rank's "
                                       "samples")
         self._unread.add(epoch, positions, rank, world_size)
+
+    def reshard(self, rank: int, world_size: int) -> None:
+        """Read the epochs after the current one as rank ``rank`` of ``world_size``, from
+        the next :meth:`set_epoch` to another epoch on (live recovery: the group's
+        members changed)."""
+        if self._make_core is None:
+            raise NotImplementedError(f"{type(self).__name__} cannot change its ranks")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
+        self._next_layout = (int(rank), int(world_size))
 
     def end_own_shard(self) -> None:
         """Read no more of this rank's own shard of the current epoch, also while a loop

@@ -39,7 +39,7 @@ LONGEST_FIRST = (
     "launch/test_waits.py", "launch/test_stall.py", "checkpoint/test_dcp.py",
     "examples/test_example_fsdp2.py", "data/table/test_table_example.py",
     "examples/test_example_predict.py", "docs/test_docs_site.py", "docs/test_doc_code.py",
-    "launch/test_live_job.py", "launch/test_live_regroup.py",
+    "launch/test_live_job.py", "launch/test_live_regroup.py", "launch/test_live_join.py",
 )
 
 

@@ -63,7 +63,10 @@ def rank_main(port: int, uid: int, world: int, steps: int, out: str,
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(),
                         nn.Linear(64, 4))
-    model = DDP(net, bucket_cap_mb=0.005)  # several buckets: a step's all-reduces interleave
+    # Several buckets: a step's all-reduces interleave. Every other trial, DDP reduces
+    # .grad in place (the hook then copies each bucket's local gradients for a redo).
+    in_place = prefix.startswith("t") and int(prefix[1:] or 0) % 2 == 1
+    model = DDP(net, bucket_cap_mb=0.005, gradient_as_bucket_view=in_place)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     live_attach.attach(model, opt)
     gen = torch.Generator().manual_seed(1000 + uid)

@@ -4,11 +4,12 @@ The :class:`~dask_ddp.Checkpointer` a training function makes calls :func:`attac
 (see :mod:`dask_ddp._launch.live` for the group's protocol), which registers a DDP
 communication hook, wraps ``optimizer.step`` and marks the top of each step:
 
-- the hook all-reduces each gradient bucket as DDP's default does, keeping a copy of the
-  bucket's local gradients until the step's end; a failed all-reduce is caught (the
-  bucket keeps its local values, so ``backward()`` does not raise) and marks the step
-  failed, which re-forms the group at the end of ``backward()``; the step's first bucket
-  carries one element more, rank 0's word that a rank waits to join;
+- the hook all-reduces each gradient bucket as DDP's default does; a failed all-reduce
+  is caught (``backward()`` does not raise) and marks the step failed, which re-forms
+  the group at the end of ``backward()``; the step's local gradients are kept for a redo
+  only when it failed (taken from the parameters' ``.grad`` before DDP copies the
+  results there; a copy per bucket when DDP reduces ``.grad`` in place); the step's
+  first bucket carries one element more, rank 0's word that a rank waits to join;
 - after a step that carried the word, the top of the next step (the registered loader's
   next batch, else the model's forward) re-forms the group with the joining ranks, which
   take the group's state there (their own ``attach`` waits until then);
@@ -51,6 +52,10 @@ class Attached:
         #: gradients are all-reduced at once in parameter order (see ``_reduce_in_order``).
         self.in_order = False
         self._held: list[tuple[Any, list[Any], Any]] = []
+        #: This step's all-reduces (their futures), and whether a bucket's local values
+        #: must be copied before its all-reduce (DDP's gradient_as_bucket_view).
+        self._works: list[Any] = []
+        self.copy_local = bool(getattr(ddp, "gradient_as_bucket_view", True))
         #: The step the Checkpointer restored (the user's counter at committed step 0).
         self.base_step = 0
         #: A joined rank: the user's step to go on from (its Checkpointer's restore()).
@@ -76,7 +81,11 @@ class Attached:
         if first:
             self.queued = True
             torch.autograd.Variable._execution_engine.queue_callback(self._after_finalize)
-        self.saved.append((bucket.index(), buf.clone(), list(bucket.parameters())))
+        # The bucket's local gradients, for a redo of the step in a re-formed group: a
+        # copy only where DDP reduces the parameters' own .grad in place (else .grad keeps
+        # them until DDP's final callback, and a failed step takes them from there).
+        self.saved.append((bucket.index(), buf.clone() if self.copy_local else None,
+                           list(bucket.parameters())))
         if self.in_order and self.failed is None:
             held: torch.futures.Future[torch.Tensor] = torch.futures.Future()
             self._held.append((buf, list(bucket.parameters()), held))
@@ -103,16 +112,18 @@ class Attached:
         def finish(fut: Any) -> Any:
             try:
                 out = fut.value()[0]
-                if out is buf:
-                    return buf.div_(world)
+                if not first:
+                    return out.div_(world)
                 self.admit = bool(out[-1].item() > 0.5)
-                return buf.copy_(out[:-1]).div_(world)
+                return out[:-1].div_(world)  # DDP copies it into .grad; buf stays local
             except Exception as exc:  # a peer is gone: the step ends at end_of_backward
                 if self.failed is None:
                     self.failed = f"{type(exc).__name__}: {str(exc)[:300]}"
                 return buf
 
-        return work.get_future().then(finish)
+        chained = work.get_future().then(finish)
+        self._works.append(chained)
+        return chained
 
     def _after_finalize(self) -> None:
         # DDP queues its own final callback (waiting for the buckets' futures and copying
@@ -122,7 +133,26 @@ class Attached:
 
         if self._held:
             self._reduce_in_order()
+        works, self._works = self._works, []
+        if not self.copy_local:
+            for fut in works:  # what DDP's final callback waits for next, anyway
+                fut.wait()
+            if self.failed is not None:
+                self._keep_local()
         torch.autograd.Variable._execution_engine.queue_callback(self.end_of_backward)
+
+    def _keep_local(self) -> None:
+        """A failed step: each bucket's local gradients, from the parameters' .grad (DDP
+        has not copied the buckets' results there yet), for the redo."""
+        import torch
+
+        kept = []
+        for index, local, params in self.saved:
+            if local is None:
+                local = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p))
+                                   .reshape(-1) for p in params])
+            kept.append((index, local, params))
+        self.saved = kept
 
     def _reduce_in_order(self) -> None:
         """The first step after a join: every bucket's gradients all-reduced as one

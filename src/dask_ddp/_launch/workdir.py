@@ -9,19 +9,15 @@ launcher installs, so a nanny's restart of a killed worker cleans up after it).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import glob
 import logging
 import os
 import shutil
 import tempfile
-import time
 from typing import Any
 
 from distributed.diagnostics.plugin import WorkerPlugin
-
-from dask_ddp.data.table import host_cache
 
 logger = logging.getLogger(__name__)
 
@@ -29,9 +25,6 @@ PREFIX = "dask-ddp-"
 _OWNER = ".owner"
 #: Start times of one process differ by less than this between reads.
 _SAME_START_S = 0.05
-#: How long a closing worker lets its supervisors remove their own directories (its
-#: nanny kills it a few seconds into its close).
-TEARDOWN_WAIT_S = 2.5
 
 
 def _start_time(pid: int) -> float | None:
@@ -53,25 +46,19 @@ def create_workdir(job_id: str, rank: int) -> str:
 
 def remove_workdir(path: str) -> None:
     shutil.rmtree(path, ignore_errors=True)
-    # A rank's end (killed, say) may leave its host's table cache with no live rank.
-    host_cache.clean_orphans()
-
-
-def _owner(path: str) -> tuple[int, float] | None:
-    try:
-        with open(os.path.join(path, _OWNER)) as f:
-            pid_text, start_text = f.read().split()
-        return int(pid_text), float(start_text)
-    except (OSError, ValueError):
-        return None  # not ours, or being created
 
 
 def _orphaned(path: str) -> bool:
-    owner = _owner(path)
-    if owner is None:
-        return False  # leave it
-    pid, recorded = owner
-    start = _start_time(pid)
+    try:
+        with open(os.path.join(path, _OWNER)) as f:
+            pid_text, start_text = f.read().split()
+    except (OSError, ValueError):
+        return False  # not ours, or being created: leave it
+    try:
+        recorded = float(start_text)
+    except ValueError:
+        return False
+    start = _start_time(int(pid_text))
     # The same process's start time reads differently in its last digits from one read to
     # the next (psutil derives it from the boot time and clock ticks); another process
     # with the same pid started at least a tick later.
@@ -89,38 +76,17 @@ def clean_orphans(root: str | None = None) -> list[str]:
     if removed:
         logger.info("removed %d work dirs of dead dask-ddp workers: %s", len(removed),
                     ", ".join(removed))
-    host_cache.clean_orphans()  # and the table caches of dead ranks
     return removed
 
 
-def own_workdirs(root: str | None = None) -> list[str]:
-    """The work directories under ``root`` (default the temp dir) this process made."""
-    me = os.getpid()
-    return [path for path in glob.glob(os.path.join(root or tempfile.gettempdir(), PREFIX + "*"))
-            if (owner := _owner(path)) is not None and owner[0] == me]
-
-
 class WorkdirCleaner(WorkerPlugin):
-    """Removes the work dirs of dead workers when a worker joins, and its own when it
-    closes (see the module)."""
+    """Removes the work dirs of dead workers when a worker joins (see the module)."""
 
     name = "dask-ddp-workdir-cleaner"
     idempotent = True
 
     def setup(self, worker: Any) -> None:
         clean_orphans()
-
-    async def teardown(self, worker: Any) -> None:
-        """A closing worker (retired, scaled down) exits before the task threads of its
-        supervisors end: their rank's directories would stay until another worker of the
-        host starts. Each supervisor removes its own as its rank ends; what is left after
-        :data:`TEARDOWN_WAIT_S` is removed here."""
-        deadline = time.monotonic() + TEARDOWN_WAIT_S
-        while own_workdirs() and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        for path in own_workdirs():
-            remove_workdir(path)
-            logger.info("removed the work dir %s of a rank of this closing worker", path)
 
 
 def install_cleaner(client: Any) -> None:

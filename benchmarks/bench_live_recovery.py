@@ -10,7 +10,9 @@ In the same run:
 - ``recovery="restart"`` (``max_restarts=1``, today's whole-group restart): the same kill;
   kill to the first step completed by the new attempt;
 - steady state: the median step time of a job with ``recovery="live"`` and of the same
-  job without it, no kill (the hook's cost: a copy of each bucket, kept for a redo).
+  job without it, no kill (the hook's cost: each bucket's all-reduce through the comm
+  hook and a callback per step; a copy of each bucket only with
+  ``gradient_as_bucket_view=True``).
 
 Usage::
 

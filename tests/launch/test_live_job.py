@@ -26,6 +26,13 @@ pytestmark = pytest.mark.timeout(300)
 client = client_fixture(3)
 
 
+@pytest.fixture(autouse=True)
+def _all_workers_back(client: Client) -> None:
+    """A worker the test before killed is back (its nanny restarts it) before the next
+    job takes the cluster's workers: a job of 2 ranks would change what each test means."""
+    client.wait_for_workers(3, timeout=120)
+
+
 def _step(folder: Path, rank: int) -> int:
     try:
         return int((folder / f"step{rank}").read_text() or -1)

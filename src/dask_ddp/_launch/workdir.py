@@ -19,6 +19,8 @@ from typing import Any
 
 from distributed.diagnostics.plugin import WorkerPlugin
 
+from dask_ddp.data.table import host_cache
+
 logger = logging.getLogger(__name__)
 
 PREFIX = "dask-ddp-"
@@ -46,6 +48,8 @@ def create_workdir(job_id: str, rank: int) -> str:
 
 def remove_workdir(path: str) -> None:
     shutil.rmtree(path, ignore_errors=True)
+    # A rank's end (killed, say) may leave its host's table cache with no live rank.
+    host_cache.clean_orphans()
 
 
 def _orphaned(path: str) -> bool:
@@ -76,6 +80,7 @@ def clean_orphans(root: str | None = None) -> list[str]:
     if removed:
         logger.info("removed %d work dirs of dead dask-ddp workers: %s", len(removed),
                     ", ".join(removed))
+    host_cache.clean_orphans()  # and the table caches of dead ranks
     return removed
 
 

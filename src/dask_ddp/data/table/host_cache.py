@@ -37,6 +37,10 @@ if TYPE_CHECKING:
 
 __all__ = ["HostCache", "clean_orphans", "host_root"]
 
+#: Partition lock files held by a HostCache of this process: another Loader of the same
+#: process never waits on one (the holder's iteration may be abandoned, never to finish).
+_HELD_HERE: set[str] = set()
+
 logger = logging.getLogger(__name__)
 
 PREFIX = "dask-ddp-tables-"
@@ -225,19 +229,32 @@ class HostCache:
         except FileNotFoundError:
             return None
 
+    def _lock_path(self, partition: int) -> str:
+        return os.path.join(self.directory, f"{self.name}-p{partition}.lock")
+
+    def held_here(self, partition: int) -> bool:
+        """Whether another cache object of this process (another Loader) holds the
+        partition's lock: waiting on it could wait for ever."""
+        return partition not in self._locks and self._lock_path(partition) in _HELD_HERE
+
     def claim(self, partition: int, timeout_s: float) -> bool:
         """Take the partition's lock (the right to write it) within ``timeout_s``."""
         from dask_ddp import _core
 
+        if self.held_here(partition):
+            return False
         lock = self._locks.get(partition)
         if lock is None:
-            lock = self._locks[partition] = _core.HostLock(
-                os.path.join(self.directory, f"{self.name}-p{partition}.lock"))
-        return bool(lock.acquire(timeout_s))
+            lock = self._locks[partition] = _core.HostLock(self._lock_path(partition))
+        taken = bool(lock.acquire(timeout_s))
+        if taken:
+            _HELD_HERE.add(self._lock_path(partition))
+        return taken
 
     def release(self, partition: int) -> None:
         lock = self._locks.pop(partition, None)
         if lock is not None:
+            _HELD_HERE.discard(self._lock_path(partition))
             lock.release()
 
     def put(self, partition: int, records: np.ndarray) -> np.ndarray:

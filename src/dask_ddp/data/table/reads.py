@@ -225,7 +225,9 @@ class WindowReads:
                 except BaseException:
                     self._drop(q)
                     raise
-        if self.host.claim(p, HOST_WAIT_S):
+        if self.host.held_here(p):
+            pass  # another Loader of this process reads it, maybe never to the end: here
+        elif self.host.claim(p, HOST_WAIT_S):
             records = self.host.get(p)
             if records is not None:
                 self.host.release(p)

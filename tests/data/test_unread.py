@@ -66,6 +66,35 @@ def test_dealt_samples_follow_own_shard(images: ImageList) -> None:
     assert len(seen) - N <= (3 - 1) + (2 - 1)
 
 
+@pytest.mark.parametrize("second_at", [3, 5, 6])
+def test_a_second_loss_deals_the_lost_members_share_again(images: ImageList,
+                                                          second_at: int) -> None:
+    """Rank 2 of 3 lost after 1 batch (its 6 unread samples dealt to ranks 0 and 1: 2
+    batches each), then rank 0 lost after ``second_at`` batches of the epoch (its own shard
+    is 4 batches: 3 is inside it, 5 inside its share of rank 2's samples, 6 after it): rank
+    1 alone reads the rest, every sample of the epoch once plus the padding of each deal."""
+    tf = T.Compose([T.Resize((4, 4)), T.ToTensor()])
+    own = [rank_indices(N, 0, r, 3, seed=5) for r in range(3)]
+    survivor = Loader(images, 2, transform=tf, seed=5, rank=1, world_size=3, num_threads=1)
+    assert len(survivor) == 4
+    first = survivor.lost_samples(0, 1, [2])
+    assert len(first) == 6
+    survivor.deal_unread(0, first, 1, 2, members=[0, 1])
+    share0 = [first[i] for i in rank_indices(len(first), 0, 0, 2, shuffle=False)]
+    read0 = (own[0] + share0)[:second_at * 2]  # rank 0's batches before it was lost
+    second = survivor.lost_samples(0, second_at, [0])
+    assert second == (own[0] + share0)[second_at * 2:]
+    survivor.deal_unread(0, second, 0, 1, members=[1])
+    batches = iter(survivor)
+    seen = [int(v) for _ in range(5) for v in next(batches)[1]]
+    assert survivor.reading_unread and survivor.epoch_progress == 5
+    seen += [int(v) for _, y in batches for v in y]
+    survivor.close()
+    counts = Counter(seen + own[2][:2] + read0)
+    assert sorted(counts) == list(range(N)), sorted(set(range(N)) - set(counts))
+    assert sum(c - 1 for c in counts.values()) <= (3 - 1) + (2 - 1), counts
+
+
 def _tar(members: list[tuple[str, bytes]]) -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tar:

@@ -4,7 +4,8 @@ Each run starts a 3-rank ``recovery="live"`` job over one epoch of images whose 
 their indices, and at a random step SIGKILLs a rank's worker (its nanny brings it back),
 SIGKILLs a rank process, SIGSTOPs a rank (the stall rule ends it and the others go on),
 retires a rank's worker, SIGKILLs rank 0's worker (the one a torchrun job keeps its store
-on). After each: the job
+on), or SIGKILLs a rank and then a second one soon after (while the group re-forms or
+reads the first one's samples). After each: the job
 returns on every survivor with bit-identical parameters, buffers and optimizer state; every
 sample of the epoch was trained on exactly once across the job (the lost ranks' batches up
 to the step the group agreed on, the rest dealt to the survivors), plus at most the
@@ -42,7 +43,7 @@ IMAGES = 120        # 20 steps of 2 images on each of 3 ranks
 PAUSE = 0.05        # seconds between steps: a strike lands mid-epoch
 STALL_S = 3.0
 CLEAN_S = 30.0
-FAULTS = ("worker", "rank", "stop", "retire", "rank0-worker")
+FAULTS = ("worker", "rank", "stop", "retire", "rank0-worker", "second")
 RUNS = 2 * len(FAULTS)
 
 
@@ -88,6 +89,7 @@ class Run:
     fault: str
     victims: tuple[int, ...]
     at_step: int
+    gap: float  # seconds between the two kills of "second"
 
 
 def plan(seed: int) -> list[Run]:
@@ -98,9 +100,11 @@ def plan(seed: int) -> list[Run]:
     for i, fault in enumerate(kinds):
         if fault == "rank0-worker":
             victims: tuple[int, ...] = (0,)
+        elif fault == "second":
+            victims = tuple(rng.sample(range(WORLD), 2))
         else:
             victims = (rng.randrange(WORLD),)
-        runs.append(Run(i, fault, victims, rng.randint(2, 9)))
+        runs.append(Run(i, fault, victims, rng.randint(2, 9), rng.uniform(0.0, 0.3)))
     return runs
 
 
@@ -183,6 +187,9 @@ def strike(cluster: LocalCluster, client: Client, run: Run, images: Path,
         os.kill(pids[first], signal.SIGSTOP)
     else:
         os.kill(pids[first], signal.SIGKILL)
+        if run.fault == "second":
+            time.sleep(run.gap)
+            os.kill(pids[run.victims[1]], signal.SIGKILL)
     return job
 
 

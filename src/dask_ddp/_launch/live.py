@@ -476,8 +476,9 @@ class LiveGroup:
         epoch, batch = (int(loader.epoch), int(loader.state_dict()["batch"])) \
             if loader is not None else (0, 0)
         if loader is not None and getattr(loader, "reading_unread", False):
-            # Its own shard is done, so is every member's: none of it is left to deal.
-            batch = len(loader) + 1
+            # Its own shard is done, so is every member's: the batches of the samples
+            # dealt to it count on (what a member lost now had not read of them).
+            batch = int(getattr(loader, "epoch_progress", len(loader) + 1))
         base = att.base_step if att is not None else 0
         agreed_t = torch.tensor([self.committed, epoch, batch, base], dtype=torch.int64)
         dist.broadcast(agreed_t, 0)

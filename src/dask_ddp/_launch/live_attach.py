@@ -229,7 +229,10 @@ class Attached:
             return
         try:
             positions = loader.lost_samples(epoch, max(batch - 1, 0), lost)
-            loader.deal_unread(epoch, positions, group.rank, len(group.members))
+            # Each member's layout rank, so that a member lost later has its share of
+            # these samples dealt again.
+            loader.deal_unread(epoch, positions, group.rank, len(group.members),
+                               members=[layout.get(u) for u in group.members])
         except (NotImplementedError, AttributeError, TypeError) as exc:
             logger.warning("live recovery: the unread samples of lost ranks %s are not "
                            "read this epoch: %s", group.lost, exc)

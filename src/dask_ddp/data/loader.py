@@ -327,7 +327,7 @@ class Loader:
             self._unread = UnreadDeals(lambda epoch, ids, r, w: shard_deal(
                 shards, epoch, ids, shards._make_loader(
                     ops, **{**engine_options, "rank": r, "world_size": w}),
-                engine_options["skip_errors"]))
+                engine_options["skip_errors"]), self.batch_size, self.drop_last)
             return
         keys, targets = folder._keys, folder.targets
         if indices is not None:
@@ -350,7 +350,7 @@ class Loader:
         self._unread = UnreadDeals(lambda _, pos, r, w: _core.ImageLoader(
             store, [keys[i] for i in pos], [targets[i] for i in pos], ops,
             **{**engine_options, "shuffle": False, "rank": r, "world_size": w},
-            skip_missing=skip_missing))
+            skip_missing=skip_missing), self.batch_size, self.drop_last)
 
     def __len__(self) -> int:
         """Batches per epoch for this rank (for tar shards: in the current epoch)."""
@@ -499,25 +499,41 @@ class Loader:
         """Whether this epoch's own shard is done and dealt samples are being read."""
         return self._unread is not None and self._unread.reading == self.epoch
 
+    @property
+    def epoch_progress(self) -> int:
+        """Batches of the current epoch yielded so far: its own shard's, then those of
+        the samples dealt to it (live recovery), counted on."""
+        unread = self._unread
+        if unread is None or unread.reading != self.epoch:
+            return self._position
+        return len(self) + unread.batches_before_current() + self._position
+
     def lost_samples(self, epoch: int, batch: int, ranks: list[int]) -> list[int]:
         """The samples of ``epoch`` that ``ranks`` (of this loader's world) had not yielded
-        after ``batch`` batches each: positions in the sample list (image lists) or sample
-        ids (tar shards), for :meth:`deal_unread`."""
+        after ``batch`` batches each (:attr:`epoch_progress`'s count): positions in the
+        sample list (image lists) or sample ids (tar shards), for :meth:`deal_unread`;
+        with the shares of samples dealt to them earlier in the epoch."""
         if self._shards is not None:
             return shard_lost(self._shards, epoch, batch * self.batch_size, ranks,
                               self.world_size, shuffle=bool(self.shuffle), seed=self.seed,
                               drop_last=self.drop_last, segments=self._epoch_segments,
                               skip_errors=self.on_error == "skip")
-        return lost_positions(self, epoch, batch, ranks)
+        out = lost_positions(self, epoch, batch, ranks)
+        if self._unread is not None:
+            out += self._unread.lost_share(epoch, max(batch - len(self), 0), ranks)
+        return out
 
-    def deal_unread(self, epoch: int, positions: list[int], rank: int, world_size: int) -> None:
+    def deal_unread(self, epoch: int, positions: list[int], rank: int, world_size: int,
+                    members: list[Any] | None = None) -> None:
         """Read these samples (from :meth:`lost_samples`) of ``epoch`` after this rank's
         own shard, dealt as rank ``rank`` of ``world_size``: a lost rank's unread samples
-        (see ``dask_ddp.data.unread``, internal)."""
+        (see ``dask_ddp.data.unread``, internal). ``members``: each member's rank in this
+        loader's layout, in the deal's rank order (so a member lost later has its share
+        dealt again)."""
         if self._unread is None:
             raise NotImplementedError(f"{type(self).__name__} cannot deal a lost rank's "
                                       "samples")
-        self._unread.add(epoch, positions, rank, world_size)
+        self._unread.add(epoch, positions, rank, world_size, members)
 
     def reshard(self, rank: int, world_size: int) -> None:
         """Read the epochs after the current one as rank ``rank`` of ``world_size``, from

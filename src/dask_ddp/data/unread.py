@@ -74,20 +74,33 @@ class UnreadDeals:
         as rank ``rank`` of ``world_size`` in their order.
     """
 
-    def __init__(self, make_core: Callable[[int, Sequence[int], int, int], Any]) -> None:
+    def __init__(self, make_core: Callable[[int, Sequence[int], int, int], Any],
+                 batch_size: int = 1, drop_last: bool = False) -> None:
         self.make_core = make_core
+        self.batch_size, self.drop_last = batch_size, drop_last
         self.epoch: int | None = None
         self.pending: list[Any] = []
+        #: This epoch's deals, in reading order: (samples, the members' ids in the deal's
+        #: rank order or None, world size, batches of each member's share).
+        self.deals: list[tuple[list[int], list[Any] | None, int, int]] = []
         #: The epoch whose dealt samples are being read (its own shard is done).
         self.reading: int | None = None
 
-    def add(self, epoch: int, positions: Sequence[int], rank: int, world_size: int) -> None:
-        """Deal ``positions`` of ``epoch`` (an empty list: nothing)."""
+    def add(self, epoch: int, positions: Sequence[int], rank: int, world_size: int,
+            members: Sequence[Any] | None = None) -> None:
+        """Deal ``positions`` of ``epoch`` (an empty list: nothing); ``members``, each
+        member's id in the deal's rank order, lets :meth:`lost_share` name what a member
+        lost later had not read of it."""
         if not positions:
             return
         if self.epoch != epoch:
-            self.epoch, self.pending = epoch, []
+            self.epoch, self.pending, self.deals = epoch, [], []
         self.pending.append(self.make_core(epoch, list(positions), rank, world_size))
+        share = len(rank_indices(len(positions), epoch, 0, world_size, shuffle=False,
+                                 drop_last=self.drop_last))
+        batches = share // self.batch_size if self.drop_last else -(-share // self.batch_size)
+        self.deals.append((list(positions), None if members is None else list(members),
+                           world_size, batches))
 
     def next_core(self, epoch: int) -> Any:
         """The next engine loader of ``epoch``'s extra samples, started; ``None`` when
@@ -98,6 +111,30 @@ class UnreadDeals:
         core.start_epoch(epoch, 0)
         self.reading = epoch
         return core
+
+    def batches_before_current(self) -> int:
+        """The batches of the deals read to their end before the one being read."""
+        current = len(self.deals) - len(self.pending) - 1
+        return sum(d[3] for d in self.deals[:max(current, 0)])
+
+    def lost_share(self, epoch: int, consumed: int, lost: Sequence[Any]) -> list[int]:
+        """The dealt samples of ``epoch`` that the ``lost`` members had not read after
+        ``consumed`` batches of the deals (every member reads its shares in the same
+        order, one batch a step), in deal and member order."""
+        out: list[int] = []
+        if self.epoch != epoch:
+            return out
+        for positions, members, world, batches in self.deals:
+            if consumed >= batches:
+                consumed -= batches
+                continue
+            for m in lost:
+                if members is not None and m in members:
+                    idx = rank_indices(len(positions), epoch, members.index(m), world,
+                                       shuffle=False, drop_last=self.drop_last)
+                    out += [positions[i] for i in idx[consumed * self.batch_size:]]
+            consumed = 0
+        return out
 
 
 def lost_positions(loader: Any, epoch: int, batch: int, lost: Sequence[int]) -> list[int]:

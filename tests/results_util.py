@@ -9,6 +9,7 @@ from typing import Any
 
 from _rankproc import run_rank
 from dask_ddp import _channel
+from dask_ddp._cluster import cluster_info
 
 
 @dataclass
@@ -34,7 +35,7 @@ def launch(
     """Start ``world_size`` rank processes, one per worker, each running ``code``."""
     job_id = job_id or uuid.uuid4().hex[:12]
     _channel.prepare(client, job_id)
-    workers = sorted(client.scheduler_info()["workers"])
+    workers = sorted(cluster_info(client)["workers"])
     futures = [
         client.submit(
             run_rank,

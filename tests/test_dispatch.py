@@ -27,6 +27,7 @@ from cluster_util import (
     with_local_rank,
 )
 from dask_ddp import dispatch
+from dask_ddp._cluster import cluster_info
 
 pytestmark = [pytest.mark.dask, pytest.mark.timeout(180)]
 
@@ -168,7 +169,7 @@ def test_dataloader_workers_inside_rank(client: Client) -> None:
 
 
 def test_local_ranks_and_device_rotation(client: Client) -> None:
-    workers = sorted(client.scheduler_info(n_workers=-1)["workers"])[:2]
+    workers = sorted(cluster_info(client)["workers"])[:2]
     job = dask_ddp.submit(client, all_reduce_rank, 0.0, workers=workers, nprocs_per_worker=2,
                           env={"CUDA_VISIBLE_DEVICES": "0,1"})
     out = job.result(timeout=120)

@@ -32,6 +32,7 @@ from distributed import Client, LocalCluster
 
 import dask_ddp
 from cluster_util import rank_processes
+from dask_ddp._cluster import cluster_info
 from dask_ddp._launch.workdir import clean_orphans
 from images import file_putter, write_folder
 from launch_util import active_tasks, results_topics, wait_until, work_dirs
@@ -180,7 +181,7 @@ def strike(cluster: LocalCluster, client: Client, run: Run, images: Path,
     elif run.fault == "retire":
         # As adapt() scales down: retire the worker, then drop it from the cluster's spec
         # (back_to_full_size makes a new one for the next run).
-        name = client.scheduler_info(n_workers=-1)["workers"][job.workers[first]]["name"]
+        name = cluster_info(client)["workers"][job.workers[first]]["name"]
         client.retire_workers([job.workers[first]], close_workers=True)
         cluster.sync(cluster.scale_down, [name])
     elif run.fault == "stop":

@@ -20,6 +20,7 @@ from distributed import Client
 
 import dask_ddp
 from cluster_util import all_reduce_rank, wait_no_rank_processes
+from dask_ddp._cluster import cluster_info
 
 pytestmark = [pytest.mark.dask, pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -100,7 +101,7 @@ def test_master_addr_is_routable_across_namespaces(
     sched_addr, hosts = netns_cluster
     with Client(sched_addr, timeout=60) as client:
         client.wait_for_workers(2, timeout=90)
-        workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
+        workers = sorted(cluster_info(client)["workers"])
         assert sorted(h.split("//")[1].rsplit(":", 1)[0] for h in workers) == hosts
         out = dask_ddp.submit(client, all_reduce_rank, 0.5, workers=workers).result(120)
     rank0_host = workers[0].split("//")[1].rsplit(":", 1)[0]

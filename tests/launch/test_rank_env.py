@@ -18,6 +18,7 @@ from distributed import Client, LocalCluster
 import dask_ddp
 from cluster_util import client_fixture, wait_no_rank_processes
 from dask_ddp import _identity
+from dask_ddp._cluster import cluster_info
 from dask_ddp._launch import rank_env as _rankenv
 
 pytestmark = [pytest.mark.dask, pytest.mark.timeout(180)]
@@ -188,7 +189,7 @@ def test_dask_worker_started_with_the_variable_keeps_it() -> None:
             procs.append(_worker_proc(cluster.scheduler_address, base, "without"))
             c.wait_for_workers(2, timeout=90)
             by_name = {w["name"]: addr for addr, w in
-                       c.scheduler_info(n_workers=-1)["workers"].items()}
+                       cluster_info(c)["workers"].items()}
             out = dask_ddp.submit(c, rank_env_and_threads,
                                   workers=[by_name["with"], by_name["without"]]
                                   ).result(timeout=120)

@@ -23,6 +23,7 @@ from cluster_util import (
     wait_no_rank_processes,
 )
 from dask_ddp._channel.rank_writer import Forwarder
+from dask_ddp._cluster import cluster_info
 from dask_ddp._launch import workdir
 from dask_ddp._launch.names import master_variable_name
 from dask_ddp._launch.options import LaunchOptions
@@ -225,7 +226,7 @@ def test_a_rendezvous_timeout_names_the_rank_that_never_came(client: Client) -> 
     # starts its process; its peer gives up after rendezvous_timeout. The error names the
     # rank with no process and its worker (the stacks of the peers still running would
     # follow; none is running here), read before the abort.
-    busy_worker = sorted(client.scheduler_info(n_workers=-1)["workers"])[1]
+    busy_worker = sorted(cluster_info(client)["workers"])[1]
     release = Event(f"release-{os.getpid()}-{time.time()}", client=client)
     busy = client.submit(hold_until, release.name, 120, workers=[busy_worker], pure=False)
     wait_until(lambda: not client.processing(workers=[busy_worker])[busy_worker], 30,

@@ -18,6 +18,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from dask_ddp._cluster import cluster_info
 from dask_ddp._launch import interrupt
 from dask_ddp._launch.job import Job, launch
 from dask_ddp._launch.options import LaunchOptions
@@ -229,7 +230,7 @@ class ElasticJob:
         if not self.attempts:
             return ""
         try:
-            known = dict(self.client.scheduler_info(n_workers=-1).get("workers", {}))
+            known = dict(cluster_info(self.client).get("workers", {}))
         except Exception:
             known = {}
         lost = {r.worker for r in self.restarts if r.kind == FailureKind.LOST}

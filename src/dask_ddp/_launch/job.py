@@ -25,6 +25,7 @@ from typing import Any
 
 from dask_ddp._channel.monitor import JobMonitor
 from dask_ddp._channel.reader import prepare as prepare_channel
+from dask_ddp._cluster import cluster_info
 from dask_ddp._dashboard import events as dashboard
 from dask_ddp._launch import interrupt, payload, quiet, registry, scheduler_plugin, stall, workdir
 from dask_ddp._launch.live import JOIN_ENV, Generation
@@ -659,7 +660,7 @@ def launch(client: Any, options: LaunchOptions, *, workers: list[str] | None = N
         raise TypeError("dask-ddp needs a synchronous distributed.Client "
                         "(got one created with asynchronous=True)")
     if workers is None:
-        workers = choose_workers(client.scheduler_info(n_workers=-1), options.n_workers,
+        workers = choose_workers(cluster_info(client), options.n_workers,
                                  options.workers, options.resources)
     layout = rank_layout(workers, options.nprocs_per_worker)
     job = Job(client, options, uuid.uuid4().hex, [i["worker"] for i in layout],

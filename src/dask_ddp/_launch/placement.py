@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
+from dask_ddp._cluster import cluster_info
 from dask_ddp._launch.options import LaunchOptions
 from dask_ddp.errors import GangStartError
 
@@ -69,7 +70,7 @@ def choose_workers(
     Parameters
     ----------
     info
-        ``client.scheduler_info(n_workers=-1)``.
+        :func:`cluster_info` of the client.
     n_workers
         How many workers to use; ``None`` means all that qualify (or all of ``workers``).
     workers
@@ -148,7 +149,7 @@ def rank_layout(workers: Sequence[str], nprocs_per_worker: int) -> list[dict[str
 def available_workers(client: Any, resources: Mapping[str, float] | None,
                       preferred: Sequence[str]) -> list[str]:
     """Running workers that can take a rank now, those in ``preferred`` first."""
-    info = dict(client.scheduler_info(n_workers=-1))
+    info = cluster_info(client)
     info["workers"] = {a: w for a, w in info.get("workers", {}).items()
                        if w.get("status", "running") not in _GONE}
     try:

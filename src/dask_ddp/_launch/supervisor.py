@@ -104,9 +104,11 @@ def _task_running(worker: Any, key: Any, timeout: float) -> bool:
         ts = worker.state.tasks.get(key)
         return ts is not None and ts.state in _RUNNING_STATES
 
+    coro = running()
     try:
-        fut = asyncio.run_coroutine_threadsafe(running(), worker.loop.asyncio_loop)
+        fut = asyncio.run_coroutine_threadsafe(coro, worker.loop.asyncio_loop)
     except Exception:  # the loop is gone: the worker is closing
+        coro.close()  # never scheduled: no "coroutine was never awaited" warning
         return False
     try:
         return fut.result(timeout=timeout)

@@ -26,8 +26,10 @@ def _host_threads() -> dict[str, int]:
     try:
         from distributed import default_client
 
-        workers = default_client().scheduler_info(n_workers=-1)["workers"]
-    except (ImportError, ValueError):
+        from dask_ddp._cluster import cluster_info
+
+        workers = cluster_info(default_client())["workers"]
+    except (ImportError, ValueError, RuntimeError):
         return {}
     from distributed.comm.addressing import get_address_host
 

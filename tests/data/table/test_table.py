@@ -12,6 +12,7 @@ import torch
 
 import dask_ddp
 from cluster_util import client_fixture
+from dask_ddp._cluster import cluster_info
 from table_util import (
     check_epoch_coverage,
     read_epochs,
@@ -212,7 +213,7 @@ def test_string_column_error_names_it_unless_left_out(client: Any) -> None:
 
 
 def test_local_shuffle_with_skewed_placement(client: Any) -> None:
-    workers = sorted(client.scheduler_info()["workers"])
+    workers = sorted(cluster_info(client)["workers"])
     ddf = _frame(5000, 10)
     # 9 of the 10 partitions on one worker.
     first = client.persist(ddf.partitions[:9], workers=[workers[0]])

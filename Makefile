@@ -93,18 +93,21 @@ test-py:
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadscope --durations=25 $(PYTEST_ARGS)
 
 # The launch, results and chaos tests STRESS_RUNS times beside a CPU hog (one busy process
-# per core): timing faults show up as flakes here. Not in CI; prints the count of failures.
+# per core), their modules side by side as CI runs them: timing faults show up as flakes
+# here. Not in CI; prints the count of failures.
 STRESS_RUNS ?= 20
 STRESS_TESTS ?= tests/launch/test_defects.py tests/launch/test_faults.py \
-	tests/launch/test_stall.py tests/launch/test_waits.py tests/launch/test_restarts.py \
-	tests/launch/test_command.py tests/results/test_results.py tests/results/test_lifecycle.py \
-	tests/results/test_results_e2e.py tests/launch/test_chaos.py
+	tests/launch/test_stall.py tests/launch/test_stall_ddp.py tests/launch/test_waits.py \
+	tests/launch/test_restarts.py tests/launch/test_command.py tests/results/test_results.py \
+	tests/results/test_lifecycle.py tests/results/test_results_e2e.py \
+	tests/launch/test_chaos.py tests/launch/test_chaos_live.py
 stress: build
 	@mkdir -p $(BUILD)/stress; hogs=""; \
 	for i in $$(seq $(JOBS)); do $(PY) -c 'while True: pass' & hogs="$$hogs $$!"; done; \
 	trap 'kill $$hogs 2>/dev/null' EXIT; fails=0; \
 	for i in $$(seq $(STRESS_RUNS)); do \
-	  if $(PY) -m pytest -q -p no:cacheprovider $(STRESS_TESTS) > $(BUILD)/stress/run-$$i.log 2>&1; \
+	  if $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadscope -q -p no:cacheprovider \
+	    $(STRESS_TESTS) > $(BUILD)/stress/run-$$i.log 2>&1; \
 	  then echo "stress run $$i/$(STRESS_RUNS): ok"; \
 	  else fails=$$((fails + 1)); echo "stress run $$i/$(STRESS_RUNS): FAILED ($(BUILD)/stress/run-$$i.log)"; \
 	    grep -E '^(FAILED|ERROR)|chaos seed' $(BUILD)/stress/run-$$i.log || true; fi; \

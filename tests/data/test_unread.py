@@ -105,19 +105,26 @@ def _tar(members: list[tuple[str, bytes]]) -> bytes:
     return buf.getvalue()
 
 
-def test_tar_shards_dealt_after_own_shard(tmp_path: Path) -> None:
-    """Tar shards (uneven, a shuffle buffer): three ranks read 2 batches, rank 2 is lost;
-    the two others read their own shards then rank 2's unread samples: each sample once,
-    padding aside."""
-    sizes, first = [7, 5, 9, 2], 0
+def _shards(root: Path, sizes: list[int]) -> TarShards:
+    """Tar shards of ``sizes`` samples each, labelled by their global ids, with a shuffle
+    buffer."""
+    first = 0
     for s, n in enumerate(sizes):
         members = []
         for i in range(first, first + n):
             members += [(f"{i:06d}.jpg", encode(photo(6, 6, i), "jpeg")),
                         (f"{i:06d}.cls", str(i).encode())]
-        (tmp_path / f"shard-{s}.tar").write_bytes(_tar(members))
+        (root / f"shard-{s}.tar").write_bytes(_tar(members))
         first += n
-    shards = TarShards(str(tmp_path / "shard-{0..3}.tar"), shuffle_buffer=3)
+    return TarShards(str(root / f"shard-{{0..{len(sizes) - 1}}}.tar"), shuffle_buffer=3)
+
+
+def test_tar_shards_dealt_after_own_shard(tmp_path: Path) -> None:
+    """Tar shards (uneven, a shuffle buffer): three ranks read 2 batches, rank 2 is lost;
+    the two others read their own shards then rank 2's unread samples: each sample once,
+    padding aside."""
+    sizes = [7, 5, 9, 2]
+    shards = _shards(tmp_path, sizes)
     tf = T.Compose([T.Resize((4, 4)), T.ToTensor()])
     loaders = [Loader(shards, 2, transform=tf, seed=4, rank=r, world_size=3, num_threads=1)
                for r in range(3)]
@@ -135,3 +142,35 @@ def test_tar_shards_dealt_after_own_shard(tmp_path: Path) -> None:
     n = sum(sizes)
     assert sorted(set(seen)) == list(range(n)), sorted(set(range(n)) - set(seen))
     assert len(seen) - n <= (3 - 1) + (2 - 1), Counter(seen)
+
+
+@pytest.mark.parametrize("second_at", [3, 5, 6])
+def test_tar_shards_a_second_loss_deals_the_lost_members_share_again(
+        tmp_path: Path, second_at: int) -> None:
+    """Tar shards (uneven, a shuffle buffer): rank 2 of 3 lost after 1 batch, its unread
+    samples dealt to ranks 0 and 1; then rank 0 lost after ``second_at`` batches of the
+    epoch (its own shard is 4 batches: 3 inside it, 5 inside its share of the deal, 6
+    after it): rank 1 alone reads the rest, every sample once plus each deal's padding."""
+    sizes = [7, 5, 9, 2]
+    n = sum(sizes)
+    shards = _shards(tmp_path, sizes)
+    tf = T.Compose([T.Resize((4, 4)), T.ToTensor()])
+    loaders = [Loader(shards, 2, transform=tf, seed=4, rank=r, world_size=3, num_threads=1)
+               for r in range(3)]
+    assert len(loaders[1]) == 4
+    iters = [iter(loader) for loader in loaders]
+    seen: list[int] = [int(v) for v in next(iters[2])[1]]  # rank 2's one batch
+    loaders[2].close()
+    lost = loaders[1].lost_samples(0, 1, [2])
+    for new_rank, loader in enumerate(loaders[:2]):
+        loader.deal_unread(0, lost, new_rank, 2, members=[0, 1])
+    for _ in range(second_at):  # rank 0 until it is lost
+        seen += [int(v) for v in next(iters[0])[1]]
+    loaders[0].close()
+    second = loaders[1].lost_samples(0, second_at, [0])
+    loaders[1].deal_unread(0, second, 0, 1, members=[1])
+    seen += [int(v) for _, y in iters[1] for v in y]
+    loaders[1].close()
+    counts = Counter(seen)
+    assert sorted(counts) == list(range(n)), sorted(set(range(n)) - set(counts))
+    assert sum(c - 1 for c in counts.values()) <= (3 - 1) + (2 - 1), counts

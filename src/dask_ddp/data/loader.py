@@ -36,7 +36,7 @@ from dask_ddp._identity import cores_per_rank
 from dask_ddp.data import transforms as T
 from dask_ddp.data.datasets import ImageList
 from dask_ddp.data.shards import TarShards
-from dask_ddp.data.unread import UnreadDeals, lost_positions, shard_deal, shard_lost
+from dask_ddp.data.unread import UnreadDeals, lost_positions, shard_deal, shard_lost, shard_share
 from dask_ddp.data.world import rank_and_world
 
 __all__ = ["Loader"]
@@ -327,7 +327,10 @@ class Loader:
             self._unread = UnreadDeals(lambda epoch, ids, r, w: shard_deal(
                 shards, epoch, ids, shards._make_loader(
                     ops, **{**engine_options, "rank": r, "world_size": w}),
-                engine_options["skip_errors"]), self.batch_size, self.drop_last)
+                engine_options["skip_errors"]), self.batch_size, self.drop_last,
+                share_order=lambda epoch, ids, r, w: shard_share(
+                    shards, epoch, ids, r, w, shuffle=bool(self.shuffle), seed=self.seed,
+                    drop_last=self.drop_last, skip_errors=engine_options["skip_errors"]))
             return
         keys, targets = folder._keys, folder.targets
         if indices is not None:
@@ -514,11 +517,12 @@ class Loader:
         sample list (image lists) or sample ids (tar shards), for :meth:`deal_unread`;
         with the shares of samples dealt to them earlier in the epoch."""
         if self._shards is not None:
-            return shard_lost(self._shards, epoch, batch * self.batch_size, ranks,
-                              self.world_size, shuffle=bool(self.shuffle), seed=self.seed,
-                              drop_last=self.drop_last, segments=self._epoch_segments,
-                              skip_errors=self.on_error == "skip")
-        out = lost_positions(self, epoch, batch, ranks)
+            out = shard_lost(self._shards, epoch, batch * self.batch_size, ranks,
+                             self.world_size, shuffle=bool(self.shuffle), seed=self.seed,
+                             drop_last=self.drop_last, segments=self._epoch_segments,
+                             skip_errors=self.on_error == "skip")
+        else:
+            out = lost_positions(self, epoch, batch, ranks)
         if self._unread is not None:
             out += self._unread.lost_share(epoch, max(batch - len(self), 0), ranks)
         return out

@@ -72,11 +72,18 @@ class UnreadDeals:
         ``make_core(epoch, samples, rank, world_size)``: an engine loader over these
         samples of ``epoch`` (positions in an image list, sample ids of tar shards), dealt
         as rank ``rank`` of ``world_size`` in their order.
+    share_order
+        ``share_order(epoch, samples, rank, world_size)``: the samples that loader reads,
+        in its reading order; by default every ``world_size``-th from ``rank`` (an image
+        list's deal, read unshuffled).
     """
 
     def __init__(self, make_core: Callable[[int, Sequence[int], int, int], Any],
-                 batch_size: int = 1, drop_last: bool = False) -> None:
+                 batch_size: int = 1, drop_last: bool = False,
+                 share_order: Callable[[int, Sequence[int], int, int], list[int]] | None = None
+                 ) -> None:
         self.make_core = make_core
+        self.share_order = share_order or self._strided
         self.batch_size, self.drop_last = batch_size, drop_last
         self.epoch: int | None = None
         self.pending: list[Any] = []
@@ -85,6 +92,11 @@ class UnreadDeals:
         self.deals: list[tuple[list[int], list[Any] | None, int, int]] = []
         #: The epoch whose dealt samples are being read (its own shard is done).
         self.reading: int | None = None
+
+    def _strided(self, epoch: int, positions: Sequence[int], rank: int, world: int) -> list[int]:
+        idx = rank_indices(len(positions), epoch, rank, world, shuffle=False,
+                           drop_last=self.drop_last)
+        return [positions[i] for i in idx]
 
     def add(self, epoch: int, positions: Sequence[int], rank: int, world_size: int,
             members: Sequence[Any] | None = None) -> None:
@@ -130,9 +142,8 @@ class UnreadDeals:
                 continue
             for m in lost:
                 if members is not None and m in members:
-                    idx = rank_indices(len(positions), epoch, members.index(m), world,
-                                       shuffle=False, drop_last=self.drop_last)
-                    out += [positions[i] for i in idx[consumed * self.batch_size:]]
+                    share = self.share_order(epoch, positions, members.index(m), world)
+                    out += share[consumed * self.batch_size:]
             consumed = 0
         return out
 
@@ -181,6 +192,19 @@ def shard_lost(shards: Any, epoch: int, position: int, ranks: Sequence[int], wor
                                      shuffle_buffer=shards.shuffle_buffer)[0]
         out += [int(i) for i in ids[position:]]
     return out
+
+
+def shard_share(shards: Any, epoch: int, ids: Sequence[int], rank: int, world_size: int, *,
+                shuffle: bool, seed: int, drop_last: bool, skip_errors: bool) -> list[int]:
+    """The sample ids of tar shards that rank ``rank`` of ``world_size`` reads of a deal of
+    ``ids`` (:func:`shard_deal`), in its reading order."""
+    from dask_ddp import _core
+
+    counts = shards.shard_counts(skip_errors)
+    order = _core.shard_rank_order(counts, _id_segments(counts, ids), epoch, rank, world_size,
+                                   shuffle=shuffle, seed=seed, drop_last=drop_last,
+                                   shuffle_buffer=shards.shuffle_buffer)[0]
+    return [int(i) for i in order]
 
 
 def shard_deal(shards: Any, epoch: int, ids: Sequence[int], core: Any,

@@ -270,6 +270,39 @@ def live_train_images(root: str, n: int, folder: str, pause: float) -> dict[str,
             "world": now.world_size, "generation": now.generation}
 
 
+def live_train_table(table: Any, folder: str, pause: float) -> dict[str, Any]:
+    """One epoch over a table whose ``id`` column numbers its rows, as
+    :func:`live_train_images` over images: each batch's ids go to ``folder/audit<rank>``
+    before its step."""
+    import torch
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import dask_ddp
+    from dask_ddp.data import Loader
+
+    start = dask_ddp.rank_info()
+    loader = Loader(table, 4, seed=3, features=["x"], label="id", num_threads=1)
+    torch.manual_seed(0)
+    model = DDP(nn.Linear(1, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    dask_ddp.Checkpointer(model, opt, loader=loader)
+    Path(folder, f"pid{start.rank}").write_text(str(os.getpid()))
+    audit = Path(folder, f"audit{start.rank}").open("a")
+    for it, (x, y) in enumerate(loader, 1):
+        audit.write(f"{it} {','.join(str(int(v)) for v in y)}\n")
+        audit.flush()
+        loss = model(x.view(-1, 1)).square().mean()  # one column keeps its row shape
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        Path(folder, f"step{start.rank}").write_text(str(it))
+        time.sleep(pause)
+    now = dask_ddp.rank_info()
+    return {"hash": state_hash(model, opt), "first_rank": start.rank, "rank": now.rank,
+            "world": now.world_size, "generation": now.generation}
+
+
 def live_train_join(root: str | None, n: int, folder: str, hold: int,
                     epochs: int = 1) -> dict[str, Any]:
     """The README's loop for a live job that may grow: a Checkpointer with an LR

@@ -36,7 +36,14 @@ from dask_ddp._identity import cores_per_rank
 from dask_ddp.data import transforms as T
 from dask_ddp.data.datasets import ImageList
 from dask_ddp.data.shards import TarShards
-from dask_ddp.data.unread import UnreadDeals, lost_positions, shard_deal, shard_lost, shard_share
+from dask_ddp.data.unread import (
+    Samples,
+    UnreadDeals,
+    lost_positions,
+    shard_deal,
+    shard_lost,
+    shard_share,
+)
 from dask_ddp.data.world import rank_and_world
 
 __all__ = ["Loader"]
@@ -511,7 +518,7 @@ class Loader:
             return self._position
         return len(self) + unread.batches_before_current() + self._position
 
-    def lost_samples(self, epoch: int, batch: int, ranks: list[int]) -> list[int]:
+    def lost_samples(self, epoch: int, batch: int, ranks: list[int]) -> Samples:
         """The samples of ``epoch`` that ``ranks`` (of this loader's world) had not yielded
         after ``batch`` batches each (:attr:`epoch_progress`'s count): positions in the
         sample list (image lists) or sample ids (tar shards), for :meth:`deal_unread`;
@@ -527,7 +534,7 @@ class Loader:
             out += self._unread.lost_share(epoch, max(batch - len(self), 0), ranks)
         return out
 
-    def deal_unread(self, epoch: int, positions: list[int], rank: int, world_size: int,
+    def deal_unread(self, epoch: int, positions: Samples, rank: int, world_size: int,
                     members: list[Any] | None = None) -> None:
         """Read these samples (from :meth:`lost_samples`) of ``epoch`` after this rank's
         own shard, dealt as rank ``rank`` of ``world_size``: a lost rank's unread samples

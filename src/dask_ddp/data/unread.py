@@ -13,7 +13,14 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, Union
+
+if TYPE_CHECKING:
+    import numpy as np
+
+#: Samples named for a deal: positions in an image list, sample ids of tar shards (lists),
+#: or a table's global row ids (an int64 array).
+Samples = Union[Sequence[int], "np.ndarray"]
 
 _MASK = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
@@ -78,9 +85,9 @@ class UnreadDeals:
         list's deal, read unshuffled).
     """
 
-    def __init__(self, make_core: Callable[[int, Sequence[int], int, int], Any],
+    def __init__(self, make_core: Callable[[int, Samples, int, int], Any],
                  batch_size: int = 1, drop_last: bool = False,
-                 share_order: Callable[[int, Sequence[int], int, int], list[int]] | None = None
+                 share_order: Callable[[int, Samples, int, int], Samples] | None = None
                  ) -> None:
         self.make_core = make_core
         self.share_order = share_order or self._strided
@@ -89,29 +96,29 @@ class UnreadDeals:
         self.pending: list[Any] = []
         #: This epoch's deals, in reading order: (samples, the members' ids in the deal's
         #: rank order or None, world size, batches of each member's share).
-        self.deals: list[tuple[list[int], list[Any] | None, int, int]] = []
+        self.deals: list[tuple[Samples, list[Any] | None, int, int]] = []
         #: The epoch whose dealt samples are being read (its own shard is done).
         self.reading: int | None = None
 
-    def _strided(self, epoch: int, positions: Sequence[int], rank: int, world: int) -> list[int]:
+    def _strided(self, epoch: int, positions: Samples, rank: int, world: int) -> Samples:
         idx = rank_indices(len(positions), epoch, rank, world, shuffle=False,
                            drop_last=self.drop_last)
         return [positions[i] for i in idx]
 
-    def add(self, epoch: int, positions: Sequence[int], rank: int, world_size: int,
+    def add(self, epoch: int, positions: Samples, rank: int, world_size: int,
             members: Sequence[Any] | None = None) -> None:
         """Deal ``positions`` of ``epoch`` (an empty list: nothing); ``members``, each
         member's id in the deal's rank order, lets :meth:`lost_share` name what a member
         lost later had not read of it."""
-        if not positions:
+        if len(positions) == 0:
             return
         if self.epoch != epoch:
             self.epoch, self.pending, self.deals = epoch, [], []
-        self.pending.append(self.make_core(epoch, list(positions), rank, world_size))
-        share = len(rank_indices(len(positions), epoch, 0, world_size, shuffle=False,
-                                 drop_last=self.drop_last))
+        self.pending.append(self.make_core(epoch, positions, rank, world_size))
+        n = len(positions)
+        share = (n // world_size) if self.drop_last else -(-n // world_size)
         batches = share // self.batch_size if self.drop_last else -(-share // self.batch_size)
-        self.deals.append((list(positions), None if members is None else list(members),
+        self.deals.append((positions, None if members is None else list(members),
                            world_size, batches))
 
     def next_core(self, epoch: int) -> Any:
@@ -143,7 +150,7 @@ class UnreadDeals:
             for m in lost:
                 if members is not None and m in members:
                     share = self.share_order(epoch, positions, members.index(m), world)
-                    out += share[consumed * self.batch_size:]
+                    out += [int(i) for i in share[consumed * self.batch_size:]]
             consumed = 0
         return out
 
@@ -160,7 +167,7 @@ def lost_positions(loader: Any, epoch: int, batch: int, lost: Sequence[int]) -> 
     return out
 
 
-def _id_segments(counts: Sequence[int], ids: Sequence[int]) -> list[tuple[int, int, int]]:
+def _id_segments(counts: Sequence[int], ids: Samples) -> list[tuple[int, int, int]]:
     """Sample ids of tar shards as (shard, begin, end) runs, in their order."""
     starts = [0]
     for c in counts:
@@ -194,7 +201,7 @@ def shard_lost(shards: Any, epoch: int, position: int, ranks: Sequence[int], wor
     return out
 
 
-def shard_share(shards: Any, epoch: int, ids: Sequence[int], rank: int, world_size: int, *,
+def shard_share(shards: Any, epoch: int, ids: Samples, rank: int, world_size: int, *,
                 shuffle: bool, seed: int, drop_last: bool, skip_errors: bool) -> list[int]:
     """The sample ids of tar shards that rank ``rank`` of ``world_size`` reads of a deal of
     ``ids`` (:func:`shard_deal`), in its reading order."""
@@ -207,7 +214,7 @@ def shard_share(shards: Any, epoch: int, ids: Sequence[int], rank: int, world_si
     return [int(i) for i in order]
 
 
-def shard_deal(shards: Any, epoch: int, ids: Sequence[int], core: Any,
+def shard_deal(shards: Any, epoch: int, ids: Samples, core: Any,
                skip_errors: bool) -> Any:
     """``core`` (a tar shard loader) set to read these sample ids of ``epoch``."""
     counts = shards.shard_counts(skip_errors)

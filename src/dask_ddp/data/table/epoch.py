@@ -39,6 +39,10 @@ class EpochRows:
     seed: int
     window: int
     drop_last: bool
+    #: shuffle="local": gather the ranks' workers over the process group to place each
+    #: rank's rows on its own worker; False: no collective, and no locality (every rank
+    #: computes the same assignment alone: a group re-formed by live recovery).
+    gather: bool = True
     #: Each rank's (partition, begin, end) pieces for shuffle="local", else None.
     pieces: list[list[tuple[int, int, int]]] | None = dataclasses.field(init=False,
                                                                         default=None)
@@ -54,9 +58,9 @@ class EpochRows:
 
     def _local_pieces(self) -> list[list[tuple[int, int, int]]]:
         """Each rank's rows for shuffle="local", from the ranks' workers (gathered once)."""
-        me = os.environ.get("DASK_DDP_WORKER", "")
+        me = os.environ.get("DASK_DDP_WORKER", "") if self.gather else ""
         workers = [me] * self.world_size
-        if self.world_size > 1 and torch.distributed.is_available() \
+        if self.gather and self.world_size > 1 and torch.distributed.is_available() \
                 and torch.distributed.is_initialized():
             got: list[Any] = [None] * self.world_size
             torch.distributed.all_gather_object(got, me)
@@ -93,7 +97,16 @@ class EpochRows:
                     del self._done[next(iter(self._done))]
         return got
 
-    def _compute(self, epoch: int, resume: dict[str, Any] | None
+    def rows_of(self, epoch: int, resume: dict[str, Any] | None, rank: int
+                ) -> tuple[np.ndarray, np.ndarray]:
+        """Rank ``rank``'s rows of ``epoch`` and their window ids (not kept)."""
+        if rank == self.rank:
+            return self.rows(epoch, resume)
+        if resume is not None and resume["epoch"] != epoch:
+            resume = None
+        return self._compute(epoch, resume, rank)
+
+    def _compute(self, epoch: int, resume: dict[str, Any] | None, rank: int | None = None
                  ) -> tuple[np.ndarray, np.ndarray]:
         if resume is not None:
             r = resume
@@ -105,7 +118,7 @@ class EpochRows:
                                         drop_last=self.drop_last)
         else:
             seq = self._sequence(epoch, self.world_size, self.pieces)
-        rows, wins = seq.for_rank(self.rank, self.world_size)
+        rows, wins = seq.for_rank(self.rank if rank is None else rank, self.world_size)
         return np.ascontiguousarray(rows), np.ascontiguousarray(wins)
 
     def _sequence(self, epoch: int, world: int, pieces: Any) -> plan.EpochSequence:

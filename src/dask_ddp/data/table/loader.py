@@ -14,10 +14,11 @@ into tensors that own their buffers; the training loop takes each with one call.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -25,10 +26,12 @@ import numpy as np
 from dask_ddp import _core
 from dask_ddp._identity import cores_per_rank
 from dask_ddp.data.loader import Loader
+from dask_ddp.data.table import plan
 from dask_ddp.data.table.batches import POLL_S, EpochBatches
 from dask_ddp.data.table.epoch import EpochRows
 from dask_ddp.data.table.layout import BatchLayout
 from dask_ddp.data.table.reads import WindowReads, cache_wanted
+from dask_ddp.data.unread import Samples, UnreadDeals
 from dask_ddp.data.world import rank_and_world
 
 if TYPE_CHECKING:
@@ -39,6 +42,21 @@ __all__ = ["TableLoader"]
 logger = logging.getLogger(__name__)
 
 _SHUFFLES = (True, False, "local")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Deal:
+    """A rank's share of a lost rank's unread rows: the rows and their window ids."""
+
+    rows: np.ndarray
+    wins: np.ndarray
+
+    def start_epoch(self, epoch: int, start: int) -> None:
+        """Nothing to start (the share is fed as the epoch's own rows are)."""
+
+    def parts(self) -> tuple[np.ndarray, np.ndarray]:
+        """The rows and their window ids, as the feeding thread asks for them."""
+        return self.rows, self.wins
 
 
 class TableLoader(Loader):
@@ -134,6 +152,13 @@ class TableLoader(Loader):
                                      rank=self.rank, shuffle=shuffle)
         self._stop: threading.Event | None = None
         self._stream: Any = None  # the engine's stream of the current iteration
+        # Rows a lost rank left unread, read after this rank's own (live recovery).
+        self._deals = UnreadDeals(lambda _, rows, r, w: _Deal(*self._deal_share(rows, r, w)),
+                                   self.batch_size, self.drop_last,
+                                   share_order=lambda _, rows, r, w: self._deal_share(
+                                       rows, r, w)[0])
+        self._unread = self._deals  # the Loader's deal_unread, reading_unread, epoch_progress
+        self._own_end = False  # end_own_shard(): the own rows of this epoch are done
 
     def _rank_rows(self) -> tuple[np.ndarray, np.ndarray]:
         """This rank's rows of the current epoch and their window ids."""
@@ -163,7 +188,21 @@ class TableLoader(Loader):
         if int(epoch) != self.epoch:
             self._start = 0
             self._resume = None
+            self._own_end = False
+            if self._next_layout is not None:
+                self._take_layout(*self._next_layout)
         self.epoch = int(epoch)
+
+    def _take_layout(self, rank: int, world_size: int) -> None:
+        """Read from now on as rank ``rank`` of ``world_size`` (see :meth:`reshard`)."""
+        self.rank, self.world_size = rank, world_size
+        self._next_layout = None
+        # No collective here (a re-formed group's members reach it at their own pace):
+        # shuffle="local" then places rows without regard to the workers holding them.
+        self._plan = EpochRows(self.table, rank=rank, world_size=world_size,
+                               shuffle=self.shuffle, seed=self.seed, window=self.window,
+                               drop_last=self.drop_last, gather=False)
+        self._batches = dataclasses.replace(self._batches, rank=rank, ahead={})
 
     def _hint_persist(self) -> None:
         """Warn once, at the second pass, that a table neither persisted nor cached is
@@ -184,16 +223,28 @@ class TableLoader(Loader):
         start, self._start = self._start, 0
         self._position = start
         self._hint_persist()
+        epoch = self.epoch
+        if not self._own_end:
+            # The next epoch's plan and first window are made while this one is gathered
+            # (not for an epoch resumed on another world size: the next one is ordinary).
+            nxt = epoch + 1
+            ahead = (lambda: self._plan.rows(nxt, None)) if self._resume is None else None
+            yield from self._feed(self._rank_rows, start, ahead, own=True)
+        while (deal := self._deals.next_core(epoch)) is not None:
+            self._position = 0
+            yield from self._feed(deal.parts, 0, None, own=False)
+
+    def _feed(self, rank_rows: Callable[[], tuple[np.ndarray, np.ndarray]], start: int,
+              ahead: Callable[[], tuple[np.ndarray, np.ndarray]] | None, *, own: bool
+              ) -> Iterator[Any]:
+        """The batches of ``rank_rows`` from batch ``start`` on, fed by a thread; the own
+        rows stop early at :meth:`end_own_shard`."""
         stream = self._batches.stream(self.prefetch)
         errors: list[BaseException] = []
         stop = threading.Event()
         self._stop, self._stream = stop, stream
-        # The next epoch's plan and first window are made while this one is gathered
-        # (not for an epoch resumed on another world size: the next one is ordinary).
-        nxt = self.epoch + 1
-        ahead = (lambda: self._plan.rows(nxt, None)) if self._resume is None else None
         thread = threading.Thread(target=self._batches.produce,
-                                  args=(stream, stop, start, self.epoch, self._rank_rows,
+                                  args=(stream, stop, start, self.epoch, rank_rows,
                                         errors, ahead),
                                   name=f"dask-ddp-table-{self.rank}", daemon=True)
         t0 = time.monotonic()
@@ -202,10 +253,16 @@ class TableLoader(Loader):
         batch_of = self._batches.layout.batch
         try:
             while True:
-                try:
-                    item = stream.next(POLL_S)  # the GIL released while it waits
-                except TimeoutError:
-                    continue  # the reads wait at most FETCH_TIMEOUT_S, then raise
+                if self._before_batch is not None:
+                    self._before_batch()
+                if own and self._own_end:
+                    return
+                while True:
+                    try:
+                        item = stream.next(POLL_S)  # the GIL released while it waits
+                        break
+                    except TimeoutError:
+                        continue  # the reads wait at most FETCH_TIMEOUT_S, then raise
                 if item is None:
                     if errors:
                         raise errors[0]
@@ -223,6 +280,44 @@ class TableLoader(Loader):
             if thread.is_alive():
                 logger.warning("rank %d: the table's feeding thread did not stop within "
                                "60 s (a read of the table is still waiting)", self.rank)
+
+    # -- live recovery ------------------------------------------------------------------
+    def _deal_share(self, rows: Samples, rank: int, world_size: int
+                    ) -> tuple[np.ndarray, np.ndarray]:
+        """Rank ``rank``'s share of a deal of ``rows`` over ``world_size`` ranks, and its
+        window ids: every ``world_size``-th row, padded as an epoch is."""
+        rows = np.asarray(rows, np.int64)
+        per_window = max(self.batch_size,
+                         self.window * -(-len(self.table) // max(self.table.npartitions, 1)))
+        wins = np.arange(len(rows), dtype=np.int64) // per_window
+        share, share_wins = plan.pad_to(rows, wins, world_size, self.drop_last).for_rank(
+            rank, world_size)
+        return np.ascontiguousarray(share), np.ascontiguousarray(share_wins)
+
+    def lost_samples(self, epoch: int, batch: int, ranks: list[int]) -> np.ndarray:
+        """The rows of ``epoch`` that ``ranks`` (of this loader's world) had not yielded
+        after ``batch`` batches each (:attr:`epoch_progress`'s count), global row ids, for
+        :meth:`deal_unread`; with the shares of rows dealt to them earlier in the epoch."""
+        bs = self.batch_size
+        parts = [self._plan.rows_of(epoch, self._resume, r)[0][batch * bs:]
+                 for r in sorted(ranks)]
+        parts.append(np.asarray(self._deals.lost_share(epoch, max(batch - len(self), 0),
+                                                        ranks), np.int64))
+        return np.concatenate(parts).astype(np.int64, copy=False)
+
+    def reshard(self, rank: int, world_size: int) -> None:
+        """Read the epochs after the current one as rank ``rank`` of ``world_size``, from
+        the next :meth:`set_epoch` to another epoch on (live recovery: the group's
+        members changed)."""
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
+        self._next_layout = (int(rank), int(world_size))
+
+    def end_own_shard(self) -> None:
+        """Read no more of this rank's own rows of the current epoch, also while a loop
+        iterates them: the loop goes on with the rows :meth:`deal_unread` dealt."""
+        self._own_end = True
+        self._position = len(self)
 
     # -- resume ---------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -51,8 +51,10 @@ def _windows(parts: np.ndarray, window: int) -> list[np.ndarray]:
     return [parts[i:i + window] for i in range(0, len(parts), window)] or [parts]
 
 
-def _pad_to(rows: np.ndarray, window: np.ndarray, world: int, drop_last: bool
-            ) -> EpochSequence:
+def pad_to(rows: np.ndarray, window: np.ndarray, world: int, drop_last: bool
+           ) -> EpochSequence:
+    """``rows`` over ``world`` ranks, ``DistributedSampler``'s way: padded by repeating
+    the first rows, or cut to a multiple of ``world`` with ``drop_last``."""
     n = len(rows)
     if drop_last:
         total = (n // world) * world
@@ -94,7 +96,7 @@ def epoch_sequence(counts: Sequence[int], *, world: int, shuffle: bool, seed: in
                    drop_last: bool, window: int) -> EpochSequence:
     """The epoch over the whole table for ``shuffle`` True or False."""
     rows, wins = base_sequence(counts, shuffle=shuffle, seed=seed, epoch=epoch, window=window)
-    return _pad_to(rows, wins, world, drop_last)
+    return pad_to(rows, wins, world, drop_last)
 
 
 def local_assignment(counts: Sequence[int], holders: Sequence[str | None],
@@ -205,4 +207,4 @@ def resumed_sequence(full: EpochSequence, *, consumed_per_rank: int, old_world: 
     # Grouped by window (a no-op unless shuffle="local", whose ranks' windows interleave),
     # so each new rank still fetches a window's partitions in one piece.
     order = np.argsort(wins, kind="stable")
-    return _pad_to(rows[order], wins[order], new_world, drop_last)
+    return pad_to(rows[order], wins[order], new_world, drop_last)

@@ -1,0 +1,137 @@
+"""A lost rank's unread rows of a table (live recovery, data/table/loader.py): dealt to
+the ranks that go on after their own rows, again when a second rank is lost, a joiner's
+deal, and the next epochs read over the new group. Read from Parquet, without a cluster:
+every row of an epoch once, plus each deal's padding."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from dask_ddp.data import Loader, Table
+
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
+
+ROWS = 301  # not a multiple of the world sizes: padding too
+BS = 8
+
+
+@pytest.fixture
+def table(tmp_path: Path) -> Table:
+    ids = np.arange(ROWS, dtype=np.int64)
+    pq.write_table(pa.table({"id": ids, "a": (ids * 0.5).astype(np.float32)}),
+                   tmp_path / "t.parquet", row_group_size=40)
+    return Table.from_parquet(str(tmp_path / "t.parquet"))
+
+
+def _loaders(table: Table, world: int, **kw: Any) -> list[Any]:
+    return [Loader(table, BS, seed=3, rank=r, world_size=world, num_threads=1, window=2, **kw)
+            for r in range(world)]
+
+
+def _take(it: Any, n: int) -> list[int]:
+    return [int(i) for _ in range(n) for i in next(it)["id"].tolist()]
+
+
+def _rest(it: Any) -> list[int]:
+    return [int(i) for b in it for i in b["id"].tolist()]
+
+
+def _check_once(seen: list[int], padding: int) -> None:
+    counts = Counter(seen)
+    assert sorted(counts) == list(range(ROWS)), sorted(set(range(ROWS)) - set(counts))
+    extra = sum(c - 1 for c in counts.values())
+    assert extra <= padding, (extra, padding, [i for i, c in counts.items() if c > 1][:10])
+
+
+@pytest.mark.parametrize("shuffle", [True, False, "local"])
+def test_a_lost_ranks_rows_are_read_by_the_others(table: Table, shuffle: Any) -> None:
+    """Three ranks read 3 batches, rank 2 is lost: the two others read their own rows,
+    then rank 2's unread ones, dealt between them."""
+    loaders = _loaders(table, 3, shuffle=shuffle)
+    iters = [iter(lo) for lo in loaders]
+    seen = [i for it in iters for i in _take(it, 3)]
+    lost = loaders[0].lost_samples(0, 3, [2])
+    assert len(lost) == loaders[2].num_samples - 3 * BS
+    for new_rank, lo in enumerate(loaders[:2]):
+        lo.deal_unread(0, lost, new_rank, 2, members=[0, 1])
+    for lo, it in zip(loaders[:2], iters[:2], strict=True):
+        seen += _rest(it)
+        assert lo.reading_unread
+        share = -(-len(lost) // 2)
+        assert lo.epoch_progress == len(lo) + -(-share // BS)
+    for lo in loaders:
+        lo.close()
+    _check_once(seen, (3 - 1) + (2 - 1))
+
+
+@pytest.mark.parametrize("second_at", [10, 15, 17])
+def test_a_second_loss_deals_the_lost_members_share_again(table: Table,
+                                                          second_at: int) -> None:
+    """Rank 2 of 3 lost after 5 batches (own rows: 13 batches), its 61 unread rows dealt
+    to ranks 0 and 1 (4 batches each); rank 0 lost after ``second_at`` batches of the
+    epoch (inside its own rows, inside its share of the deal, after it): rank 1 alone
+    reads the rest."""
+    loaders = _loaders(table, 3)
+    assert len(loaders[0]) == 13
+    iters = [iter(lo) for lo in loaders]
+    seen = _take(iters[2], 5)
+    loaders[2].close()
+    first = loaders[1].lost_samples(0, 5, [2])
+    for new_rank, lo in enumerate(loaders[:2]):
+        lo.deal_unread(0, first, new_rank, 2, members=[0, 1])
+    seen += _take(iters[0], second_at)
+    assert loaders[0].epoch_progress == second_at
+    loaders[0].close()
+    second = loaders[1].lost_samples(0, second_at, [0])
+    loaders[1].deal_unread(0, second, 0, 1, members=[1])
+    seen += _rest(iters[1])
+    loaders[1].close()
+    _check_once(seen, (3 - 1) + (2 - 1))
+
+
+def test_a_joiner_takes_a_share_and_the_next_epoch_has_three(table: Table) -> None:
+    """Two ranks read 4 batches; a third joins: the two end their own rows, the epoch's
+    unread rows are dealt over three (the joiner's loader made in a group of one); from
+    the next epoch every loader reads as a rank of three."""
+    loaders = _loaders(table, 2)
+    iters = [iter(lo) for lo in loaders]
+    seen = [i for it in iters for i in _take(it, 4)]
+    unread = loaders[0].lost_samples(0, 4, [0, 1])
+    assert len(unread) == ROWS + 1 - 8 * BS
+    joiner = Loader(table, BS, seed=3, rank=0, world_size=1, num_threads=1, window=2)
+    joiner.load_state_dict({**joiner.state_dict(), "epoch": 0, "batch": len(joiner)})
+    members = [*loaders, joiner]
+    for new_rank, lo in enumerate(members):
+        if lo is not joiner:
+            lo.end_own_shard()
+        lo.deal_unread(0, unread, new_rank, 3)
+        lo.reshard(new_rank, 3)
+    iters.append(iter(joiner))
+    for it in iters:
+        seen += _rest(it)
+    _check_once(seen, (2 - 1) + (3 - 1))
+    seen = []
+    for new_rank, lo in enumerate(members):
+        lo.set_epoch(1)
+        assert (lo.rank, lo.world_size) == (new_rank, 3)
+        seen += _rest(iter(lo))
+        lo.close()
+    _check_once(seen, 3 - 1)
+    want = Loader(table, BS, seed=3, rank=1, world_size=3, num_threads=1, window=2)
+    want.set_epoch(1)
+    members[1].set_epoch(1)
+    assert _rest(iter(members[1])) == _rest(iter(want))
+    want.close()
+
+
+def test_reshard_is_checked(table: Table) -> None:
+    lo = _loaders(table, 1)[0]
+    with pytest.raises(ValueError, match="rank must be in"):
+        lo.reshard(3, 2)
+    lo.close()

@@ -234,6 +234,28 @@ def live_train(folder: str, steps: int, pause: float) -> dict[str, Any]:
             "world": now.world_size, "generation": now.generation}
 
 
+def audited_epoch(loader: Any, model: Any, opt: Any, folder: str, audit: str, first_rank: int,
+                  pause: float, inputs: Any = None) -> dict[str, Any]:
+    """One epoch of ``loader`` (labels: the samples' ids) through ``model``: before each
+    step the batch's ids go to ``folder/<audit>`` (``iteration id,id``), after it the
+    iteration to ``folder/step<first_rank>``; then the rank's state and group."""
+    import dask_ddp
+
+    with Path(folder, audit).open("a") as out:
+        for it, (x, y) in enumerate(loader, 1):
+            out.write(f"{it} {','.join(str(int(v)) for v in y)}\n")
+            out.flush()
+            loss = model(x if inputs is None else inputs(x)).square().mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            Path(folder, f"step{first_rank}").write_text(str(it))
+            time.sleep(pause)
+    now = dask_ddp.rank_info()
+    return {"hash": state_hash(model, opt), "first_rank": first_rank, "rank": now.rank,
+            "world": now.world_size, "generation": now.generation}
+
+
 def live_train_images(root: str, n: int, folder: str, pause: float) -> dict[str, Any]:
     """One epoch over ``n`` images whose labels are their indices, with a Loader
     registered in the Checkpointer; each batch's labels go to ``folder/audit<rank>``
@@ -255,19 +277,7 @@ def live_train_images(root: str, n: int, folder: str, pause: float) -> dict[str,
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     dask_ddp.Checkpointer(model, opt, loader=loader)
     Path(folder, f"pid{start.rank}").write_text(str(os.getpid()))
-    audit = Path(folder, f"audit{start.rank}").open("a")
-    for it, (x, y) in enumerate(loader, 1):
-        audit.write(f"{it} {','.join(str(int(v)) for v in y)}\n")
-        audit.flush()
-        loss = model(x).square().mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        Path(folder, f"step{start.rank}").write_text(str(it))
-        time.sleep(pause)
-    now = dask_ddp.rank_info()
-    return {"hash": state_hash(model, opt), "first_rank": start.rank, "rank": now.rank,
-            "world": now.world_size, "generation": now.generation}
+    return audited_epoch(loader, model, opt, folder, f"audit{start.rank}", start.rank, pause)
 
 
 def live_train_table(table: Any, folder: str, pause: float) -> dict[str, Any]:
@@ -288,19 +298,9 @@ def live_train_table(table: Any, folder: str, pause: float) -> dict[str, Any]:
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     dask_ddp.Checkpointer(model, opt, loader=loader)
     Path(folder, f"pid{start.rank}").write_text(str(os.getpid()))
-    audit = Path(folder, f"audit{start.rank}").open("a")
-    for it, (x, y) in enumerate(loader, 1):
-        audit.write(f"{it} {','.join(str(int(v)) for v in y)}\n")
-        audit.flush()
-        loss = model(x.view(-1, 1)).square().mean()  # one column keeps its row shape
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        Path(folder, f"step{start.rank}").write_text(str(it))
-        time.sleep(pause)
-    now = dask_ddp.rank_info()
-    return {"hash": state_hash(model, opt), "first_rank": start.rank, "rank": now.rank,
-            "world": now.world_size, "generation": now.generation}
+    # One feature column keeps its row shape: [batch], a column of the Linear's input.
+    return audited_epoch(loader, model, opt, folder, f"audit{start.rank}", start.rank, pause,
+                         inputs=lambda x: x.view(-1, 1))
 
 
 def live_train_join(root: str | None, n: int, folder: str, hold: int,

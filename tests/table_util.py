@@ -178,3 +178,17 @@ def read_host_cached(table: Any, epochs: int = 2, kill_rank: int = -1, marker: s
             os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(300)  # ended by the job when its peer dies
     return out
+
+
+def parquet_table(root: Any, rows: int, row_group_size: int) -> Any:
+    """A :class:`~dask_ddp.data.Table` of one Parquet file under ``root``: ``id`` numbers
+    the rows, ``a`` is half of it (float32)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from dask_ddp.data import Table
+
+    ids = np.arange(rows, dtype=np.int64)
+    pq.write_table(pa.table({"id": ids, "a": (ids * 0.5).astype(np.float32)}),
+                   f"{root}/t.parquet", row_group_size=row_group_size)
+    return Table.from_parquet(f"{root}/t.parquet")

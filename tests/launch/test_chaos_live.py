@@ -57,7 +57,7 @@ def chaos_live_train(root: str, folder: str, pause: float) -> dict[str, Any]:
 
     from dask_ddp.data import ImageList, Loader
     from dask_ddp.data import transforms as T
-    from live_util import state_hash
+    from live_util import audited_epoch
 
     start = dask_ddp.rank_info()
     keys = sorted(str(p.relative_to(root)) for p in Path(root).rglob("*.jpg"))
@@ -67,21 +67,9 @@ def chaos_live_train(root: str, folder: str, pause: float) -> dict[str, Any]:
     model = DDP(nn.Sequential(nn.Flatten(), nn.Linear(3 * 8 * 8, 4)))
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     dask_ddp.Checkpointer(model, opt, loader=loader)
-    me = f"{start.rank}-{os.getpid()}"
     Path(folder, f"pid{start.rank}").write_text(str(os.getpid()))
-    with Path(folder, f"audit-{me}").open("a") as audit:
-        for it, (x, y) in enumerate(loader, 1):
-            audit.write(f"{it} {','.join(str(int(v)) for v in y)}\n")
-            audit.flush()
-            loss = model(x).square().mean()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            Path(folder, f"step{start.rank}").write_text(str(it))
-            time.sleep(pause)
-    now = dask_ddp.rank_info()
-    return {"hash": state_hash(model, opt), "first_rank": start.rank, "rank": now.rank,
-            "world": now.world_size, "generation": now.generation}
+    return audited_epoch(loader, model, opt, folder, f"audit-{start.rank}-{os.getpid()}",
+                         start.rank, pause)
 
 
 @dataclass

@@ -78,25 +78,6 @@ def test_rank_process_killed(client: Client, tmp_path: Path) -> None:
     assert gen["lost"] == [1] and gen["generation"] == 1, gen
 
 
-def test_exactly_once_audit(client: Client, tmp_path: Path) -> None:
-    """Every sample of the epoch is trained on once across the job (padding aside): the
-    lost rank's batches up to the agreed step, then the survivors' own and the lost
-    rank's unread samples dealt to them."""
-    n, data, out = 90, tmp_path / "images", tmp_path / "out"
-    out.mkdir()
-    write_folder(file_putter(str(data)), ["a", "b", "c"], n // 3, sizes=((10, 10),))
-    job = dask_ddp.submit(client, live_util.live_train_images, str(data), n, str(out), 0.1,
-                          recovery="live", progress=False)
-    wait_until(lambda: _started(out, 2, job), 120, "rank 2 to start")
-    _kill_when(out, 2, 4, int((out / "pid2").read_text()))
-    _check_survivors(job, lost=2)
-    (gen,) = job.generations
-    counts = _audit(out, 2, gen.step)
-    assert sorted(counts) == list(range(n)), sorted(set(range(n)) - set(counts))
-    repeats = sum(c - 1 for c in counts.values())
-    assert repeats <= (3 - 1) + (2 - 1), counts
-
-
 def _audit(out: Path, lost: int, upto: int) -> Counter[int]:
     """Every id trained on: the lost rank's up to the agreed step, the others' all."""
     seen: list[int] = []
@@ -108,18 +89,27 @@ def _audit(out: Path, lost: int, upto: int) -> Counter[int]:
     return Counter(seen)
 
 
-def test_exactly_once_audit_of_a_table(client: Client, tmp_path: Path) -> None:
-    """As above over a persisted Dask DataFrame: the lost rank's unread rows are read by
-    the survivors, every row of the epoch once (padding aside)."""
-    pd = pytest.importorskip("pandas")
-    dd = pytest.importorskip("dask.dataframe")
-    n, out = 120, tmp_path / "out"
+@pytest.mark.parametrize("data", ["images", "table"])
+def test_exactly_once_audit(client: Client, tmp_path: Path, data: str) -> None:
+    """Every sample of the epoch is trained on once across the job (padding aside): the
+    lost rank's batches up to the agreed step, then the survivors' own and the lost
+    rank's unread samples dealt to them; over images, and over the rows of a persisted
+    Dask DataFrame."""
+    out = tmp_path / "out"
     out.mkdir()
-    frame = pd.DataFrame({"id": range(n), "x": [float(i) for i in range(n)]}).astype(
-        {"x": "float32"})
-    ddf = client.persist(dd.from_pandas(frame, npartitions=6))
-    job = dask_ddp.submit(client, live_util.live_train_table, ddf, str(out), 0.1,
-                          recovery="live", progress=False)
+    if data == "images":
+        n = 90
+        write_folder(file_putter(str(tmp_path / "images")), ["a", "b", "c"], n // 3,
+                     sizes=((10, 10),))
+        fn, args = live_util.live_train_images, (str(tmp_path / "images"), n)
+    else:
+        pd = pytest.importorskip("pandas")
+        dd = pytest.importorskip("dask.dataframe")
+        n = 120
+        frame = pd.DataFrame({"id": range(n), "x": [float(i) for i in range(n)]}).astype(
+            {"x": "float32"})
+        fn, args = live_util.live_train_table, (client.persist(dd.from_pandas(frame, 6)),)
+    job = dask_ddp.submit(client, fn, *args, str(out), 0.1, recovery="live", progress=False)
     wait_until(lambda: _started(out, 2, job), 120, "rank 2 to start")
     _kill_when(out, 2, 4, int((out / "pid2").read_text()))
     _check_survivors(job, lost=2)

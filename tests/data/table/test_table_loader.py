@@ -12,6 +12,7 @@ import torch
 
 import dask_ddp
 from dask_ddp.data import Loader, Table, TableLoader
+from table_util import parquet_table
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
@@ -21,10 +22,7 @@ ROWS = 300
 
 @pytest.fixture
 def table(tmp_path: Path) -> Table:
-    ids = np.arange(ROWS, dtype=np.int64)
-    pq.write_table(pa.table({"id": ids, "a": (ids * 0.5).astype(np.float32)}),
-                   tmp_path / "t.parquet", row_group_size=64)
-    return Table.from_parquet(str(tmp_path / "t.parquet"))
+    return parquet_table(tmp_path, ROWS, 64)
 
 
 def _ids(loader: Loader) -> list[int]:

@@ -9,10 +9,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 from dask_ddp.data import Loader, Table
+from table_util import parquet_table
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
@@ -23,10 +23,7 @@ BS = 8
 
 @pytest.fixture
 def table(tmp_path: Path) -> Table:
-    ids = np.arange(ROWS, dtype=np.int64)
-    pq.write_table(pa.table({"id": ids, "a": (ids * 0.5).astype(np.float32)}),
-                   tmp_path / "t.parquet", row_group_size=40)
-    return Table.from_parquet(str(tmp_path / "t.parquet"))
+    return parquet_table(tmp_path, ROWS, 40)
 
 
 def _loaders(table: Table, world: int, **kw: Any) -> list[Any]:

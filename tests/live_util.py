@@ -303,12 +303,13 @@ def live_train_table(table: Any, folder: str, pause: float) -> dict[str, Any]:
                          inputs=lambda x: x.view(-1, 1))
 
 
-def live_train_join(root: str | None, n: int, folder: str, hold: int,
+def live_train_join(root: Any, n: int, folder: str, hold: int,
                     epochs: int = 1) -> dict[str, Any]:
     """The README's loop for a live job that may grow: a Checkpointer with an LR
     scheduler, ``restore()``'s step, ``for x, y in loader`` over ``epochs`` epochs of ``n``
-    images whose labels are their indices (``root``; each batch's labels go to
-    ``folder/audit<rank>`` as ``epoch step label,...``), or ``n`` steps on random batches
+    images whose labels are their indices (``root`` a folder; each batch's labels go to
+    ``folder/audit<rank>`` as ``epoch step label,...``), or of a table's rows (``root`` a
+    table: ``x`` the feature, ``id`` the label), or ``n`` steps on random batches
     (``root=None``). The ranks of
     the job's start wait at step ``hold`` until ``folder/go`` exists (the test lets them
     on once the worker a rank joins from is up); the ranks' first models differ (a
@@ -323,12 +324,15 @@ def live_train_join(root: str | None, n: int, folder: str, hold: int,
 
     uid = dask_ddp.rank_info().rank
     loader = None
-    if root is not None:
+    width = 3 * 8 * 8
+    if root is not None and not isinstance(root, str):
+        loader, width = Loader(root, 2, seed=3, features=["x"], label="id", num_threads=1), 1
+    elif root is not None:
         keys = sorted(str(p.relative_to(root)) for p in Path(root).rglob("*.jpg"))[:n]
         loader = Loader(ImageList(root, keys, list(range(len(keys)))), 2, seed=3,
                         transform=T.Compose([T.Resize((8, 8)), T.ToTensor()]), num_threads=1)
     torch.manual_seed(uid)
-    model = DDP(nn.Sequential(nn.Flatten(), nn.Linear(3 * 8 * 8, 16), nn.ReLU(),
+    model = DDP(nn.Sequential(nn.Flatten(), nn.Linear(width, 16), nn.ReLU(),
                               nn.Linear(16, 4)))
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     sched = torch.optim.lr_scheduler.StepLR(opt, 7, 0.9)
@@ -357,7 +361,7 @@ def live_train_join(root: str | None, n: int, folder: str, hold: int,
             assert loader is not None
             audit.write(f"{loader.epoch} {step + 1} {','.join(str(int(v)) for v in y)}\n")
             audit.flush()
-        loss = model(x).square().mean()
+        loss = model(x.view(len(x), -1)).square().mean()  # a table's one column: [batch]
         opt.zero_grad()
         loss.backward()
         opt.step()

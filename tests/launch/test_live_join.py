@@ -17,6 +17,7 @@ from distributed import Client
 import dask_ddp
 import live_util
 from cluster_util import client_fixture
+from dask_ddp._cluster import cluster_info
 from images import file_putter, write_folder
 from waits import wait_until
 
@@ -47,15 +48,29 @@ def _same_state(values: list[dict[str, Any]], world: int) -> None:
     assert {v["world"] for v in values} == {world}, values
 
 
-def test_scaled_up_worker_joins(client: Client, tmp_path: Path) -> None:
+@pytest.mark.parametrize("data", ["images", "table"])
+def test_scaled_up_worker_joins(client: Client, tmp_path: Path, data: str) -> None:
     """Two ranks, max_workers=3; the cluster grows by one worker mid-epoch: a third rank
-    joins, takes the group's state, the epoch's unread samples are dealt over three, and
-    the next epoch is read in three shards. First in the module: the cluster has one
-    worker more afterwards."""
-    n, data, out = 240, tmp_path / "images", tmp_path / "out"
+    joins, takes the group's state, the epoch's unread samples (a table's rows) are dealt
+    over three, and the next epoch is read in three shards. The cluster is scaled back to
+    two workers first."""
+    if len(client.cluster.workers) != 2:
+        client.cluster.scale(2)
+        wait_until(lambda: None if len(cluster_info(client)["workers"]) == 2 else
+                   f"{len(cluster_info(client)['workers'])} workers", 60,
+                   "the cluster to scale back to 2 workers")
+    n, out = 240, tmp_path / "out"
     out.mkdir()
-    write_folder(file_putter(str(data)), ["a", "b", "c"], n // 3, sizes=((10, 10),))
-    job = dask_ddp.submit(client, live_util.live_train_join, str(data), n, str(out), 5, 2,
+    if data == "images":
+        root: Any = str(tmp_path / "images")
+        write_folder(file_putter(root), ["a", "b", "c"], n // 3, sizes=((10, 10),))
+    else:
+        pd = pytest.importorskip("pandas")
+        dd = pytest.importorskip("dask.dataframe")
+        frame = pd.DataFrame({"id": range(n), "x": [float(i) for i in range(n)]}).astype(
+            {"x": "float32"})
+        root = client.persist(dd.from_pandas(frame, 8))
+    job = dask_ddp.submit(client, live_util.live_train_join, root, n, str(out), 5, 2,
                           recovery="live", min_workers=2, max_workers=3,
                           storage=(tmp_path / "ckpt").as_uri(), progress=False)
     assert job.world_size == 2

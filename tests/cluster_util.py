@@ -19,10 +19,11 @@ from distributed import Client, LocalCluster
 from waits import wait_until
 
 
-def local_cluster(n_workers: int, threads_per_worker: int = 1) -> LocalCluster:
-    """A real LocalCluster with worker processes and no fixed ports."""
+def local_cluster(n_workers: int, threads_per_worker: int = 1, **kwargs: Any) -> LocalCluster:
+    """A real LocalCluster with worker processes and no fixed ports (``kwargs``: more
+    of LocalCluster's options)."""
     return LocalCluster(n_workers=n_workers, threads_per_worker=threads_per_worker,
-                        processes=True, dashboard_address=":0", scheduler_port=0)
+                        processes=True, dashboard_address=":0", scheduler_port=0, **kwargs)
 
 
 @contextlib.contextmanager

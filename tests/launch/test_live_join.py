@@ -7,6 +7,7 @@ of the epoch is trained on once (padding aside)."""
 from __future__ import annotations
 
 import os
+import socket
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from distributed import Client
 
 import dask_ddp
 import live_util
-from cluster_util import client_fixture
+from cluster_util import client_fixture, local_cluster
 from dask_ddp._cluster import cluster_info
 from images import file_putter, write_folder
 from waits import wait_until
@@ -123,3 +124,49 @@ def test_killed_worker_restarted_by_its_nanny_rejoins(client: Client, tmp_path: 
     assert shrink.lost == (2,) and shrink.world_size == 2, shrink
     assert grow.joined == (3,) and grow.world_size == 3 and grow.step >= shrink.step, grow
     assert not (tmp_path / "ckpt").exists() or not any((tmp_path / "ckpt").iterdir())
+
+
+def _free_ports(n: int) -> int:
+    """The first of ``n`` consecutive free ports on 127.0.0.1."""
+    for _ in range(100):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            base = probe.getsockname()[1]
+        try:
+            for port in range(base, base + n):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return base
+    raise RuntimeError(f"no {n} consecutive free ports in 100 tries")
+
+
+@pytest.mark.dask
+def test_worker_restarted_at_its_address_rejoins(tmp_path: Path) -> None:
+    """Workers on fixed ports (as on Kubernetes): rank 2's worker is killed and its nanny
+    starts it again at the same address, a new worker there: a rank joins on it (the
+    instance whose rank was killed would not take one)."""
+    base = _free_ports(3)
+    out = tmp_path / "out"
+    out.mkdir()
+    with local_cluster(3, worker_port=f"{base}:{base + 2}") as cluster, \
+            Client(cluster) as c:
+        c.wait_for_workers(3, timeout=60)
+        job = dask_ddp.submit(c, live_util.live_train_join, None, 60, str(out), 10,
+                              recovery="live", min_workers=2, max_workers=3,
+                              storage=(tmp_path / "ckpt").as_uri(), progress=False)
+        for uid in range(3):
+            wait_until(lambda u=uid: _at_step(out, u, 10, job), 120, f"rank {uid} at step 10")
+        victim = job.workers[2]
+        pids = c.run(os.getpid, workers=[victim])
+        os.kill(pids[victim], 9)
+        wait_until(lambda: _file(out, "pid3", job), 120,
+                   "a rank to start on the worker restarted at its address")
+        (out / "go").write_text("")
+        values = job.result(timeout=180)
+        _same_state(values, 3)
+        assert sorted(v["uid"] for v in values) == [0, 1, 3], values
+        assert job.workers[3] == victim
+        shrink, grow = job.generations
+        assert shrink.lost == (2,) and grow.joined == (3,) and grow.world_size == 3, grow

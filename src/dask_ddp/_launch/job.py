@@ -482,9 +482,9 @@ class Job:
         assert self._live is not None
         if self.options.nprocs_per_worker != 1:
             return
-        active = sum(s == "pending" and r not in self._lost for r, s in enumerate(statuses))
-        for worker in await self._live.new_workers(self.workers, active,
-                                                   self.options.resources):
+        busy = [self.workers[r] for r, s in enumerate(statuses)
+                if s == "pending" and r not in self._lost]
+        for worker in await self._live.new_workers(busy, len(busy), self.options.resources):
             template = self._specs[0]
             self.workers = [*self.workers, worker]
             self.world_size = len(self.workers)

@@ -62,6 +62,10 @@ class LiveWatch:
         self.max_size = max_size
         self.job_id = job_id
         self.address = live_store.open_store(client, job_id, list(workers), bound)
+        #: Each address that hosted a rank, and how many times a worker had left there
+        #: then: a worker restarted at its address (a fixed port) is a new worker, which
+        #: may host a joining rank; the one whose rank process was killed may not.
+        self.placed: dict[str, int] = dict.fromkeys(workers, 0)
         #: Ranks killed because they froze.
         self.ended: set[int] = set()
         #: The membership changes, read from the store as the job ends.
@@ -74,22 +78,29 @@ class LiveWatch:
             env[MAX_ENV] = str(self.max_size)
         return env
 
-    async def new_workers(self, used: Collection[str], active: int,
+    async def new_workers(self, busy: Collection[str], active: int,
                           resources: Mapping[str, float] | None) -> list[str]:
-        """Running workers that never hosted a rank of the job (``used``), one per rank
-        the group may still take (``max_workers`` less the ``active`` ranks)."""
+        """Running workers new to the job (never hosted a rank, or came back at an
+        address whose worker left since) and hosting no active rank (``busy``), one per
+        rank the group may still take (``max_workers`` less the ``active`` ranks)."""
         if self.max_size is None or active >= self.max_size:
             return []
         info = dict(await self.client.scheduler.identity(n_workers=-1))
-        info["workers"] = {a: w for a, w in info.get("workers", {}).items()
-                           if a not in used and w.get("status", "running") not in _GONE}
+        left = await live_store.workers_left(self.client, self.job_id)
+        info["workers"] = {
+            a: w for a, w in info.get("workers", {}).items()
+            if a not in busy and (a not in self.placed or left.get(a, 0) > self.placed[a])
+            and w.get("status", "running") not in _GONE}
         if not info["workers"]:
             return []
         try:
             fit = choose_workers(info, None, None, resources)
         except GangStartError:
             return []
-        return fit[:self.max_size - active]
+        chosen = fit[:self.max_size - active]
+        for a in chosen:
+            self.placed[a] = left.get(a, 0)
+        return chosen
 
     async def joined(self, workers: Sequence[str]) -> None:
         """A rank joined on ``workers[-1]``: the scheduler marks it lost with its worker."""

@@ -27,6 +27,7 @@ logger = logging.getLogger(__name__)
 OPEN_HANDLER = "dask_ddp_live_open"
 CLOSE_HANDLER = "dask_ddp_live_close"
 GENERATIONS_HANDLER = "dask_ddp_live_generations"
+LEFT_HANDLER = "dask_ddp_live_left"
 #: The ranks' and supervisors' environment variable with the store's ``host:port``.
 STORE_ENV = "DASK_DDP_LIVE_STORE"
 #: Generation records read back per call, at most (a store answers what ranks wrote).
@@ -43,6 +44,9 @@ class LiveStores(SchedulerPlugin):
         self.scheduler: Any = None
         #: job id -> (the store, the job's workers by rank)
         self._stores: dict[str, tuple[Any, list[str]]] = {}
+        #: job id -> address -> times a worker there left while the job used the address
+        #: (a worker restarted at its address, a fixed port, is a new worker)
+        self._left: dict[str, dict[str, int]] = {}
         self._torch: asyncio.Future[Any] | None = None
 
     async def start(self, scheduler: Any) -> None:
@@ -54,6 +58,7 @@ class LiveStores(SchedulerPlugin):
         scheduler.handlers[OPEN_HANDLER] = self.open
         scheduler.handlers[CLOSE_HANDLER] = self.close_job
         scheduler.handlers[GENERATIONS_HANDLER] = self.generations
+        scheduler.handlers[LEFT_HANDLER] = self.left
 
     async def open(self, job_id: str, workers: list[str]) -> str:
         """Start job ``job_id``'s store; its ``host:port`` as the workers reach it."""
@@ -74,6 +79,11 @@ class LiveStores(SchedulerPlugin):
     def close_job(self, job_id: str) -> None:
         """Stop job ``job_id``'s store (its generations were read before)."""
         self._stores.pop(job_id, None)
+        self._left.pop(job_id, None)
+
+    def left(self, job_id: str) -> dict[str, int]:
+        """How many times a worker left at each address of job ``job_id``'s ranks."""
+        return dict(self._left.get(job_id, {}))
 
     def generations(self, job_id: str) -> list[str]:
         """Job ``job_id``'s generation records (JSON texts), oldest first."""
@@ -94,7 +104,10 @@ class LiveStores(SchedulerPlugin):
     def remove_worker(self, scheduler: Any, worker: str, **kwargs: Any) -> None:
         from dask_ddp._launch.live import mark_dead
 
-        for store, workers in self._stores.values():
+        for job_id, (store, workers) in self._stores.items():
+            if worker in workers:
+                left = self._left.setdefault(job_id, {})
+                left[worker] = left.get(worker, 0) + 1
             for uid, w in enumerate(workers):
                 if w == worker:
                     mark_dead(store, uid)
@@ -139,6 +152,11 @@ async def read_generations(client: Any, job_id: str) -> list[str]:
     with contextlib.suppress(Exception):
         return list(await getattr(client.scheduler, GENERATIONS_HANDLER)(job_id=job_id))
     return []
+
+
+async def workers_left(client: Any, job_id: str) -> dict[str, int]:
+    """How many times a worker left at each address of job ``job_id``'s ranks."""
+    return dict(await getattr(client.scheduler, LEFT_HANDLER)(job_id=job_id))
 
 
 async def close_store(client: Any, job_id: str) -> None:

@@ -9,6 +9,10 @@ In the same run:
   generation record gives the regroup's own time (survivor noticing -> state agreed);
 - ``recovery="restart"`` (``max_restarts=1``, today's whole-group restart): the same kill;
   kill to the first step completed by the new attempt;
+- a join: the live job on 2 of the workers, ``max_workers=3``; the third worker comes
+  (``cluster.scale(3)``) mid-training: seconds from its registration, and from the
+  joining rank's ``Checkpointer(...)`` (where it asks to join), to its first step in the
+  group;
 - steady state: the median step time of a job with ``recovery="live"`` and of the same
   job without it, no kill (the hook's cost: each bucket's all-reduce through the comm
   hook and a callback per step; a copy of each bucket only with
@@ -50,11 +54,14 @@ def train(marks: str, steps: int, width: int) -> int:
     model = DDP(nn.Sequential(nn.Linear(width, width), nn.ReLU(), nn.Linear(width, width),
                               nn.ReLU(), nn.Linear(width, 10)))
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    dask_ddp.Checkpointer(model, opt)
+    Path(marks, f"ckpt-a{info.restart}-r{info.rank}").write_text(repr(time.time()))
+    ckpt = dask_ddp.Checkpointer(model, opt)  # a joining rank joins here
+    # A joiner goes on from the group's step (no checkpoint is read).
+    done = ckpt.restore().get("step", 0) if os.environ.get("DASK_DDP_STORAGE") else 0
     gen = torch.Generator().manual_seed(info.rank)
     Path(marks, f"pid-a{info.restart}-r{info.rank}").write_text(str(os.getpid()))
     with open(Path(marks, f"steps-a{info.restart}-r{info.rank}"), "a") as out:
-        for _ in range(steps):
+        for _ in range(steps - done):
             x = torch.randn(64, width, generator=gen)
             loss = model(x).square().mean()
             opt.zero_grad()
@@ -104,6 +111,33 @@ def kill_run(client: Any, folder: Path, recovery: str, steps: int, width: int,
     return first - t_kill, job
 
 
+def join_run(client: Any, cluster: Any, folder: Path, steps: int, width: int
+             ) -> tuple[float, float]:
+    """A live job on 2 workers, max_workers=3; a third worker comes at step steps // 4:
+    seconds from its registration, and from the joiner's Checkpointer, to its first
+    step."""
+    import dask_ddp
+
+    folder.mkdir()
+    cluster.scale(2)
+    _wait(lambda: len(client.scheduler_info(n_workers=-1)["workers"]) == 2, "2 workers")
+    job = dask_ddp.submit(client, train, str(folder), steps, width, recovery="live",
+                          min_workers=2, max_workers=3, storage=(folder / "ckpt").as_uri(),
+                          progress=False)
+    _wait(lambda: len(_times(folder, 0, 0)) >= steps // 4, f"step {steps // 4}")
+    before = set(client.scheduler_info(n_workers=-1)["workers"])
+    cluster.scale(3)
+    _wait(lambda: set(client.scheduler_info(n_workers=-1)["workers"]) - before,
+          "the third worker", timeout=120)
+    t_worker = time.time()
+    first = _wait(lambda: _times(folder, 0, 2), "the joiner's first step")[0]
+    t_ckpt = float((folder / "ckpt-a0-r2").read_text())
+    job.result(timeout=600)
+    if len(job.generations) != 1 or job.generations[0].joined != (2,):
+        raise RuntimeError(f"expected one join, got {job.generations}")
+    return first - t_worker, first - t_ckpt
+
+
 def steady(client: Any, folder: Path, recovery: str, steps: int, width: int) -> float:
     """The median step time of rank 0 over the second half of a run."""
     import dask_ddp
@@ -142,6 +176,12 @@ def main() -> int:
             restart.append(took)
             logger.info("kill %d: live %.3f s, whole-group restart %.2f s", i + 1, live[-1],
                         restart[-1])
+        joins = [join_run(client, cluster, root / f"join{i}", args.steps, args.width)
+                 for i in range(args.repeats)]
+        logger.info("a join: the new worker's registration -> the joiner's first step "
+                    "%.3f s; its Checkpointer (asking to join) -> its first step %.3f s "
+                    "(medians of %d)", statistics.median(j[0] for j in joins),
+                    statistics.median(j[1] for j in joins), args.repeats)
         with_live = [steady(client, root / f"sl{i}", "live", args.steps, args.width)
                      for i in range(args.repeats)]
         without = [steady(client, root / f"sr{i}", "restart", args.steps, args.width)

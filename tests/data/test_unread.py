@@ -174,3 +174,39 @@ def test_tar_shards_a_second_loss_deals_the_lost_members_share_again(
     counts = Counter(seen)
     assert sorted(counts) == list(range(n)), sorted(set(range(n)) - set(counts))
     assert sum(c - 1 for c in counts.values()) <= (3 - 1) + (2 - 1), counts
+
+
+@pytest.mark.parametrize("lost_uid", [0, 2])
+def test_a_loss_after_a_join_deals_the_lost_members_share_of_the_join(
+        images: ImageList, lost_uid: int) -> None:
+    """Members 0 and 1 (of 2) read 2 batches; member 2 joins (its loader made in a group
+    of one): the epoch's unread samples are dealt over the three by member id; after one
+    batch of that deal, member ``lost_uid`` (an old member, or the joiner) is lost: the
+    new rank 0 (member 1) names its unread share, dealt over the two left."""
+    tf = T.Compose([T.Resize((4, 4)), T.ToTensor()])
+    members = {u: Loader(images, 2, transform=tf, seed=5, rank=u, world_size=2,
+                         num_threads=1) for u in (0, 1)}
+    iters = {u: iter(lo) for u, lo in members.items()}
+    seen = [int(v) for u in (0, 1) for _ in range(2) for v in next(iters[u])[1]]
+    unread = members[1].lost_samples(0, 2, [0, 1], uids=[0, 1])
+    joiner = Loader(images, 2, transform=tf, seed=5, rank=0, world_size=1, num_threads=1)
+    joiner.load_state_dict({**joiner.state_dict(), "epoch": 0, "batch": len(joiner)})
+    members[2] = joiner
+    for r, u in enumerate((0, 1, 2)):
+        if u != 2:
+            members[u].end_own_shard()
+        members[u].deal_unread(0, unread, r, 3, members=[0, 1, 2])
+    iters[2] = iter(joiner)
+    seen += [int(v) for u in (0, 1, 2) for v in next(iters[u])[1]]  # one batch each
+    layout = {0: 0, 1: 1}  # the epoch's layout: the joiner has no own shard in it
+    lost = members[1].lost_samples(0, members[1].epoch_progress, [layout[u] for u in
+                                   [lost_uid] if u in layout], uids=[lost_uid])
+    left = [u for u in (0, 1, 2) if u != lost_uid]
+    for r, u in enumerate(left):
+        members[u].deal_unread(0, lost, r, 2, members=left)
+        seen += [int(v) for _, y in iters[u] for v in y]
+    for lo in members.values():
+        lo.close()
+    counts = Counter(seen)
+    assert sorted(counts) == list(range(N)), sorted(set(range(N)) - set(counts))
+    assert sum(c - 1 for c in counts.values()) <= (2 - 1) + (3 - 1) + (2 - 1), counts

@@ -49,12 +49,16 @@ def _same_state(values: list[dict[str, Any]], world: int) -> None:
     assert {v["world"] for v in values} == {world}, values
 
 
-@pytest.mark.parametrize("data", ["images", "table"])
-def test_scaled_up_worker_joins(client: Client, tmp_path: Path, data: str) -> None:
+@pytest.mark.parametrize(("data", "then_lose"), [("images", False), ("table", False),
+                                               ("images", True)])
+def test_scaled_up_worker_joins(client: Client, tmp_path: Path, data: str,
+                                then_lose: bool) -> None:
     """Two ranks, max_workers=3; the cluster grows by one worker mid-epoch: a third rank
     joins, takes the group's state, the epoch's unread samples (a table's rows) are dealt
-    over three, and the next epoch is read in three shards. The cluster is scaled back to
-    two workers first."""
+    over three, and the next epoch is read in three shards. ``then_lose``: later in the
+    same epoch rank 0's process is killed: its share of the join's deal is dealt over
+    the two left, and the next epoch is read in two shards. The cluster is scaled back
+    to two workers first."""
     if len(client.cluster.workers) != 2:
         client.cluster.scale(2)
         wait_until(lambda: None if len(cluster_info(client)["workers"]) == 2 else
@@ -80,29 +84,42 @@ def test_scaled_up_worker_joins(client: Client, tmp_path: Path, data: str) -> No
     client.cluster.scale(3)
     wait_until(lambda: _file(out, "pid2", job), 120, "the joining rank to start")
     (out / "go").write_text("")
+    if then_lose:
+        wait_until(lambda: _at_step(out, 0, 15, job), 120, "rank 0 at step 15")
+        os.kill(int((out / "pid0").read_text()), 9)
     values = job.result(timeout=180)
-    _same_state(values, 3)
-    (gen,) = job.generations
+    _same_state(values, 2 if then_lose else 3)
+    gen, *more = job.generations
     assert gen.joined == (2,) and gen.lost == () and gen.world_size == 3, gen
     assert gen.cause == "a rank joined", gen
+    counted = None
+    if then_lose:
+        (loss,) = more
+        assert loss.lost == (0,) and loss.world_size == 2, loss
+        counted = loss.step  # rank 0's steps after it did not count
     # Every sample of each epoch once: in the first, each rank's batches before the join
-    # (its own shard), then the unread rest of both shards dealt over the three ranks;
-    # the second in three shards.
+    # (its own shard), then the unread rest of both shards dealt over the three ranks
+    # (and rank 0's unread share of them over the two left); the second in three shards
+    # (two).
     seen: dict[int, list[int]] = {0: [], 1: []}
     for uid in range(3):
         for line in (out / f"audit{uid}").read_text().splitlines():
-            epoch, _, labels = line.split()
-            seen[int(epoch)] += [int(v) for v in labels.split(",")]
+            epoch, step, labels = line.split()
+            if uid != 0 or counted is None or int(step) <= counted:
+                seen[int(epoch)] += [int(v) for v in labels.split(",")]
     for epoch, labels in seen.items():
         counts = Counter(labels)
         assert sorted(counts) == list(range(n)), (epoch, sorted(set(range(n)) - set(counts)))
-        assert sum(c - 1 for c in counts.values()) <= 3 - 1, (epoch, counts)
+        pads = (3 - 1) + (2 - 1 if then_lose else 0) if epoch == 0 else len(values) - 1
+        assert sum(c - 1 for c in counts.values()) <= pads, (epoch, counts)
 
 
 def test_killed_worker_restarted_by_its_nanny_rejoins(client: Client, tmp_path: Path) -> None:
     """Three ranks, max_workers=3; rank 2's worker is killed (the group shrinks to two)
     and its nanny starts it again under a new address: a rank joins there (three
     again). Nothing is read from storage."""
+    client.cluster.scale(3)  # the module's cluster starts with 2
+    client.wait_for_workers(3, timeout=60)
     out = tmp_path / "out"
     out.mkdir()
     job = dask_ddp.submit(client, live_util.live_train_join, None, 60, str(out), 10,

@@ -290,7 +290,7 @@ class LiveGroup:
             self.generation = g + 1
             try:
                 self._reconfigure()
-                step = self._sync_state(joined)
+                step = self._sync_state(joined, [u for u in old if u not in self.members])
             except _MemberLost:
                 continue
             except Exception as exc:  # a collective of the new group broke: next round
@@ -370,7 +370,7 @@ class LiveGroup:
         self.joining = False
         try:
             self._reconfigure()
-            self.committed = self._sync_state([self.uid])
+            self.committed = self._sync_state([self.uid], [])
         except Exception as exc:  # a member lost while this rank joined: it leaves
             if not (isinstance(exc, _MemberLost) or _is_peer_error(exc)):
                 raise
@@ -464,10 +464,11 @@ class LiveGroup:
                        "step %d in %.3f s", self.generation, len(self.members),
                        list(rec.lost), list(rec.joined), step, took)
 
-    def _sync_state(self, joined: list[int]) -> int:
+    def _sync_state(self, joined: list[int], lost: list[int]) -> int:
         """Rank 0's (the most advanced) committed step, parameters, buffers, optimizer
         and LR scheduler state and torch's CPU generator, on every member; with
-        ``joined`` ranks, the epoch's unread samples dealt again over the new group."""
+        ``joined`` ranks, the epoch's unread samples dealt again over the new group; with
+        ``lost`` ones, theirs named for the survivors."""
         import torch
         import torch.distributed as dist
 
@@ -488,7 +489,7 @@ class LiveGroup:
             with torch.no_grad():
                 for t in att.tensors():
                     dist.broadcast(t, 0)
-            box: list[Any] = [att.shared_state(joined) if self.rank == 0 else None]
+            box: list[Any] = [att.shared_state(joined, lost) if self.rank == 0 else None]
             dist.broadcast_object_list(box, 0)
             att.take_shared_state(box[0], self.rank, len(self.members), joined=bool(joined),
                                   joining=self.uid in joined)

@@ -66,6 +66,9 @@ class Attached:
         self.layout: dict[int, int] = {} if loader is None or group.joining else {
             u: u for u in range(int(getattr(loader, "world_size", 0)))}
         self._next_layout: dict[int, int] | None = None
+        #: The lost members' unread samples as rank 0 named them at the last regroup
+        #: (epoch, samples), dealt once the regroup is done (see ``_deal_unread``).
+        self._lost_deal: tuple[int, Any] | None = None
 
     def tensors(self) -> list[Any]:
         module = self.ddp.module
@@ -215,27 +218,38 @@ class Attached:
                     raise
                 cause = f"{type(exc).__name__}: {str(exc)[:300]}"
 
-    def _deal_unread(self) -> None:
-        """The lost members' unread samples of the epoch go to the survivors, after their
-        own: rank 0 (the most advanced) had yielded the batch of the step being completed,
-        so the lost ones trained on one batch fewer."""
+    def _lost_samples(self, lost: list[int]) -> tuple[int, Any] | None:
+        """Rank 0: the ``lost`` members' unread samples of the epoch, (epoch, samples);
+        rank 0 (the most advanced) had yielded the batch of the step being completed, so
+        the lost ones trained on one batch fewer. Named by rank 0 alone and handed to
+        every member: a member that joined this epoch counts its batches otherwise."""
         loader, group = self.loader, self.group
-        if loader is None or not group.lost or not hasattr(loader, "lost_samples"):
-            return
+        if loader is None or not lost or not hasattr(loader, "lost_samples"):
+            return None
         epoch, batch = group.data_position
         layout = self._layout()
-        lost = [layout[u] for u in group.lost if u in layout]
-        if not lost:
-            return
         try:
-            positions = loader.lost_samples(epoch, max(batch - 1, 0), lost)
-            # Each member's layout rank, so that a member lost later has its share of
-            # these samples dealt again.
-            loader.deal_unread(epoch, positions, group.rank, len(group.members),
-                               members=[layout.get(u) for u in group.members])
+            # Their own shards by their ranks in the epoch's layout, the samples dealt
+            # to them this epoch by their ids.
+            return epoch, loader.lost_samples(epoch, max(batch - 1, 0),
+                                              [layout[u] for u in lost if u in layout],
+                                              uids=lost)
         except (NotImplementedError, AttributeError, TypeError) as exc:
             logger.warning("live recovery: the unread samples of lost ranks %s are not "
-                           "read this epoch: %s", group.lost, exc)
+                           "read this epoch: %s", lost, exc)
+            return None
+
+    def _deal_unread(self) -> None:
+        """The lost members' unread samples of the epoch go to the survivors, after their
+        own, dealt over the group's members (by id, so that a member lost later has its
+        share dealt again)."""
+        deal, self._lost_deal = self._lost_deal, None
+        if deal is None or self.loader is None:
+            return
+        epoch, samples = deal
+        group = self.group
+        self.loader.deal_unread(epoch, samples, group.rank, len(group.members),
+                                members=list(group.members))
 
     def _reduce_again(self, saved: list[tuple[int, Any, list[Any]]]) -> None:
         """All-reduce this step's local gradients in the new group, into ``.grad``."""
@@ -321,20 +335,24 @@ class Attached:
             return
         self._next_layout = {u: r for r, u in enumerate(self.group.members)}
 
-    def shared_state(self, joined: list[int]) -> dict[str, Any]:
-        """Rank 0: what every member takes besides the tensors (pickled over the group)."""
+    def shared_state(self, joined: list[int], lost: list[int]) -> dict[str, Any]:
+        """Rank 0: what every member takes besides the tensors (pickled over the group):
+        with ``joined`` ranks the epoch's unread samples, with ``lost`` ones theirs."""
         import torch
 
         state: dict[str, Any] = {
             "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
-            "rng": torch.get_rng_state(), "deal": None}
+            "rng": torch.get_rng_state(), "deal": None, "lost_deal": None}
         loader = self.loader
         if joined and loader is not None and hasattr(loader, "lost_samples"):
             layout = self._layout()
-            old = [layout[u] for u in self.group.members if u not in joined]
+            old = [u for u in self.group.members if u not in joined]
             epoch, batch = int(loader.epoch), int(loader.state_dict()["batch"])
-            state["deal"] = (epoch, loader.lost_samples(epoch, batch, old))
+            state["deal"] = (epoch, loader.lost_samples(
+                epoch, batch, [layout[u] for u in old if u in layout], uids=old))
+        elif lost:
+            state["lost_deal"] = self._lost_samples(lost)
         return state
 
     def take_shared_state(self, state: dict[str, Any], rank: int, world: int, *,
@@ -347,6 +365,7 @@ class Attached:
             if self.scheduler is not None and state["scheduler"] is not None:
                 self.scheduler.load_state_dict(state["scheduler"])
             torch.set_rng_state(state["rng"])
+        self._lost_deal = state["lost_deal"]
         if joined:
             self._after_join(state["deal"], rank, world, joining)
         self._relayout(rank, world)
@@ -368,7 +387,7 @@ class Attached:
                                     "batch": len(loader)})
         else:
             loader.end_own_shard()
-        loader.deal_unread(epoch, positions, rank, world)
+        loader.deal_unread(epoch, positions, rank, world, members=list(self.group.members))
 
     def wrap_step(self, step: Callable[..., Any]) -> Callable[..., Any]:
         def live_step(*args: Any, **kwargs: Any) -> Any:

@@ -518,11 +518,13 @@ class Loader:
             return self._position
         return len(self) + unread.batches_before_current() + self._position
 
-    def lost_samples(self, epoch: int, batch: int, ranks: list[int]) -> Samples:
+    def lost_samples(self, epoch: int, batch: int, ranks: list[int],
+                     uids: list[Any] | None = None) -> Samples:
         """The samples of ``epoch`` that ``ranks`` (of this loader's world) had not yielded
         after ``batch`` batches each (:attr:`epoch_progress`'s count): positions in the
         sample list (image lists) or sample ids (tar shards), for :meth:`deal_unread`;
-        with the shares of samples dealt to them earlier in the epoch."""
+        with the shares of samples dealt earlier in the epoch to the members ``uids``
+        (their ids in :meth:`deal_unread`'s ``members``; default ``ranks``)."""
         if self._shards is not None:
             out = shard_lost(self._shards, epoch, batch * self.batch_size, ranks,
                              self.world_size, shuffle=bool(self.shuffle), seed=self.seed,
@@ -531,16 +533,16 @@ class Loader:
         else:
             out = lost_positions(self, epoch, batch, ranks)
         if self._unread is not None:
-            out += self._unread.lost_share(epoch, max(batch - len(self), 0), ranks)
+            out += self._unread.lost_share(epoch, max(batch - len(self), 0),
+                                           ranks if uids is None else uids)
         return out
 
     def deal_unread(self, epoch: int, positions: Samples, rank: int, world_size: int,
                     members: list[Any] | None = None) -> None:
         """Read these samples (from :meth:`lost_samples`) of ``epoch`` after this rank's
         own shard, dealt as rank ``rank`` of ``world_size``: a lost rank's unread samples
-        (see ``dask_ddp.data.unread``, internal). ``members``: each member's rank in this
-        loader's layout, in the deal's rank order (so a member lost later has its share
-        dealt again)."""
+        (see ``dask_ddp.data.unread``, internal). ``members``: each member's id, in the
+        deal's rank order (so a member lost later has its share dealt again)."""
         if self._unread is None:
             raise NotImplementedError(f"{type(self).__name__} cannot deal a lost rank's "
                                       "samples")

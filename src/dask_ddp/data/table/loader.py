@@ -294,15 +294,17 @@ class TableLoader(Loader):
             rank, world_size)
         return np.ascontiguousarray(share), np.ascontiguousarray(share_wins)
 
-    def lost_samples(self, epoch: int, batch: int, ranks: list[int]) -> np.ndarray:
+    def lost_samples(self, epoch: int, batch: int, ranks: list[int],
+                     uids: list[Any] | None = None) -> np.ndarray:
         """The rows of ``epoch`` that ``ranks`` (of this loader's world) had not yielded
         after ``batch`` batches each (:attr:`epoch_progress`'s count), global row ids, for
-        :meth:`deal_unread`; with the shares of rows dealt to them earlier in the epoch."""
+        :meth:`deal_unread`; with the shares of rows dealt earlier in the epoch to the
+        members ``uids`` (default ``ranks``)."""
         bs = self.batch_size
         parts = [self._plan.rows_of(epoch, self._resume, r)[0][batch * bs:]
                  for r in sorted(ranks)]
-        parts.append(np.asarray(self._deals.lost_share(epoch, max(batch - len(self), 0),
-                                                        ranks), np.int64))
+        parts.append(np.asarray(self._deals.lost_share(
+            epoch, max(batch - len(self), 0), ranks if uids is None else uids), np.int64))
         return np.concatenate(parts).astype(np.int64, copy=False)
 
     def reshard(self, rank: int, world_size: int) -> None:

@@ -41,8 +41,10 @@ import benchenv  # first: the clean environment, before distributed is imported
 logger = logging.getLogger("bench_live_recovery")
 
 
-def train(marks: str, steps: int, width: int) -> int:
-    """Rank side: the README's loop; every completed step's wall time in ``marks``."""
+def train(marks: str, steps: int, width: int, wait_for: int = 0) -> int:
+    """Rank side: the README's loop; every completed step's wall time in ``marks``.
+    ``wait_for``: after a quarter of the steps, step slowly (every 20 ms more) until the
+    group has that many ranks (a join: it comes at a step boundary)."""
     import torch
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -69,6 +71,10 @@ def train(marks: str, steps: int, width: int) -> int:
             opt.step()
             out.write(f"{time.time()!r}\n")
             out.flush()
+            done += 1
+            if done > steps // 4 and dask_ddp.rank_info().world_size < wait_for \
+                    and done < steps - 20:
+                time.sleep(0.02)
     return info.restart
 
 
@@ -113,15 +119,15 @@ def kill_run(client: Any, folder: Path, recovery: str, steps: int, width: int,
 
 def join_run(client: Any, cluster: Any, folder: Path, steps: int, width: int
              ) -> tuple[float, float]:
-    """A live job on 2 workers, max_workers=3; a third worker comes at step steps // 4:
-    seconds from its registration, and from the joiner's Checkpointer, to its first
-    step."""
+    """A live job on 2 workers, max_workers=3; a third worker comes at step steps // 4
+    (the two step every ~20 ms more until it joined): seconds from its registration,
+    and from the joiner's Checkpointer, to its first step."""
     import dask_ddp
 
     folder.mkdir()
     cluster.scale(2)
     _wait(lambda: len(client.scheduler_info(n_workers=-1)["workers"]) == 2, "2 workers")
-    job = dask_ddp.submit(client, train, str(folder), steps, width, recovery="live",
+    job = dask_ddp.submit(client, train, str(folder), steps, width, 3, recovery="live",
                           min_workers=2, max_workers=3, storage=(folder / "ckpt").as_uri(),
                           progress=False)
     _wait(lambda: len(_times(folder, 0, 0)) >= steps // 4, f"step {steps // 4}")
@@ -176,8 +182,9 @@ def main() -> int:
             restart.append(took)
             logger.info("kill %d: live %.3f s, whole-group restart %.2f s", i + 1, live[-1],
                         restart[-1])
-        joins = [join_run(client, cluster, root / f"join{i}", args.steps, args.width)
-                 for i in range(args.repeats)]
+        # Long enough that the slow steps outlast a worker's start on a busy host.
+        joins = [join_run(client, cluster, root / f"join{i}", max(args.steps, 3000),
+                          args.width) for i in range(args.repeats)]
         logger.info("a join: the new worker's registration -> the joiner's first step "
                     "%.3f s; its Checkpointer (asking to join) -> its first step %.3f s "
                     "(medians of %d)", statistics.median(j[0] for j in joins),

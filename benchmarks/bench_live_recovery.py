@@ -72,8 +72,8 @@ def train(marks: str, steps: int, width: int, wait_for: int = 0) -> int:
             out.write(f"{time.time()!r}\n")
             out.flush()
             done += 1
-            if done > steps // 4 and dask_ddp.rank_info().world_size < wait_for \
-                    and done < steps - 20:
+            if wait_for and steps // 4 < done < steps - 20 \
+                    and dask_ddp.rank_info().world_size < wait_for:
                 time.sleep(0.02)
     return info.restart
 

@@ -553,8 +553,11 @@ class Job:
     async def _check_workers(self, statuses: list[str]) -> bool:
         """Detect ranks whose worker left; cancel their futures (else they stay pending)."""
         present = await self.client.scheduler.ncores(workers=sorted(set(self.workers)))
+        # A live job also knows the workers that left and came back at their address.
+        gone = set(await self._live.gone(self.workers)) if self._live is not None else set()
         lost = [r for r, w in enumerate(self.workers)
-                if w not in present and statuses[r] == "pending" and r not in self._lost]
+                if (w not in present or r in gone) and statuses[r] == "pending"
+                and r not in self._lost]
         for r in lost:
             self._lost[r] = lost_error(self.name, r, self.workers[r])
         for r in lost:

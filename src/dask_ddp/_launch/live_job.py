@@ -66,6 +66,8 @@ class LiveWatch:
         #: then: a worker restarted at its address (a fixed port) is a new worker, which
         #: may host a joining rank; the one whose rank process was killed may not.
         self.placed: dict[str, int] = dict.fromkeys(workers, 0)
+        #: The same count for each rank's address when the rank was placed.
+        self.rank_left: list[int] = [0] * len(workers)
         #: Ranks killed because they froze.
         self.ended: set[int] = set()
         #: The membership changes, read from the store as the job ends.
@@ -104,7 +106,14 @@ class LiveWatch:
 
     async def joined(self, workers: Sequence[str]) -> None:
         """A rank joined on ``workers[-1]``: the scheduler marks it lost with its worker."""
+        self.rank_left.append(self.placed.get(workers[-1], 0))
         await live_store.set_workers(self.client, self.job_id, list(workers))
+
+    async def gone(self, workers: Sequence[str]) -> list[int]:
+        """The ranks whose worker left since they were placed, also when a new worker is
+        at the address again (a nanny's quick restart on a fixed port)."""
+        left = await live_store.workers_left(self.client, self.job_id)
+        return [r for r, w in enumerate(workers) if left.get(w, 0) > self.rank_left[r]]
 
     @staticmethod
     def fatal(statuses: Sequence[str], lost: Collection[int]) -> bool:

@@ -248,8 +248,12 @@ class Attached:
             return
         epoch, samples = deal
         group = self.group
-        self.loader.deal_unread(epoch, samples, group.rank, len(group.members),
-                                members=list(group.members))
+        try:
+            self.loader.deal_unread(epoch, samples, group.rank, len(group.members),
+                                    members=list(group.members))
+        except (NotImplementedError, AttributeError, TypeError) as exc:
+            logger.warning("live recovery: the unread samples of lost ranks %s are not "
+                           "read this epoch: %s", group.lost, exc)
 
     def _reduce_again(self, saved: list[tuple[int, Any, list[Any]]]) -> None:
         """All-reduce this step's local gradients in the new group, into ``.grad``."""

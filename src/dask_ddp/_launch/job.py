@@ -19,7 +19,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -438,10 +438,12 @@ class Job:
                         aborted = True
                     if time.monotonic() >= next_check:
                         next_check = time.monotonic() + waits.worker_check
-                        found = await self._bounded(self._check_workers(statuses))
+                        left = await self._bounded(self._live.workers_left()) \
+                            if self._live is not None else {}
+                        found = await self._bounded(self._check_workers(statuses, left))
                         if self._live is not None:
                             await self._bounded(self._live.publish())
-                            await self._bounded(self._grow(statuses))
+                            await self._bounded(self._grow(statuses, left))
                         if not found and self.options.stall_timeout is not None:
                             found = await self._check_stall(statuses)
                         # A live job goes on without a lost worker's rank.
@@ -476,7 +478,7 @@ class Job:
             self._keep_alive.clear()  # the ranks read nothing more
             self._done.set()
 
-    async def _grow(self, statuses: list[str]) -> None:
+    async def _grow(self, statuses: list[str], left: Mapping[str, int]) -> None:
         """``recovery="live"`` below ``max_workers``: a rank on each worker new to the
         job, which joins the running group at a step boundary (see ``live_job``)."""
         assert self._live is not None
@@ -484,7 +486,8 @@ class Job:
             return
         busy = [self.workers[r] for r, s in enumerate(statuses)
                 if s == "pending" and r not in self._lost]
-        for worker in await self._live.new_workers(busy, len(busy), self.options.resources):
+        for worker in await self._live.new_workers(self.workers, busy, len(busy),
+                                                   self.options.resources, left):
             template = self._specs[0]
             self.workers = [*self.workers, worker]
             self.world_size = len(self.workers)
@@ -501,7 +504,7 @@ class Job:
                 resources=dict(res) if res else None))
             self._handed.append(None)
             registry.remember(self, [self._futures[-1].key])
-            await self._live.joined(self.workers)
+            await self._live.joined(self.workers, left)
             logger.warning("job %r: rank %d starts on %s to join the group", self.name, rank,
                            worker)
 
@@ -550,11 +553,12 @@ class Job:
         return JobState.CANCELLED if self._cancelled or statuses - {"finished"} \
             else JobState.DONE
 
-    async def _check_workers(self, statuses: list[str]) -> bool:
-        """Detect ranks whose worker left; cancel their futures (else they stay pending)."""
+    async def _check_workers(self, statuses: list[str], left: Mapping[str, int]) -> bool:
+        """Detect ranks whose worker left; cancel their futures (else they stay pending).
+        ``left``: a live job's count of workers that left at each address."""
         present = await self.client.scheduler.ncores(workers=sorted(set(self.workers)))
         # A live job also knows the workers that left and came back at their address.
-        gone = set(await self._live.gone(self.workers)) if self._live is not None else set()
+        gone = set(self._live.gone(self.workers, left)) if self._live is not None else set()
         lost = [r for r, w in enumerate(self.workers)
                 if (w not in present or r in gone) and statuses[r] == "pending"
                 and r not in self._lost]

@@ -62,11 +62,9 @@ class LiveWatch:
         self.max_size = max_size
         self.job_id = job_id
         self.address = live_store.open_store(client, job_id, list(workers), bound)
-        #: Each address that hosted a rank, and how many times a worker had left there
-        #: then: a worker restarted at its address (a fixed port) is a new worker, which
-        #: may host a joining rank; the one whose rank process was killed may not.
-        self.placed: dict[str, int] = dict.fromkeys(workers, 0)
-        #: The same count for each rank's address when the rank was placed.
+        #: How many times a worker had left at each rank's address when the rank was
+        #: placed there: a worker restarted at its address (a fixed port) is a new worker,
+        #: which may host a joining rank; the one whose rank process was killed may not.
         self.rank_left: list[int] = [0] * len(workers)
         #: Ranks killed because they froze.
         self.ended: set[int] = set()
@@ -80,18 +78,27 @@ class LiveWatch:
             env[MAX_ENV] = str(self.max_size)
         return env
 
-    async def new_workers(self, busy: Collection[str], active: int,
-                          resources: Mapping[str, float] | None) -> list[str]:
-        """Running workers new to the job (never hosted a rank, or came back at an
-        address whose worker left since) and hosting no active rank (``busy``), one per
-        rank the group may still take (``max_workers`` less the ``active`` ranks)."""
+    async def workers_left(self) -> dict[str, int]:
+        """How many times a worker left at each of the job's addresses (the scheduler's
+        count; one call per watcher poll, for :meth:`gone` and :meth:`new_workers`)."""
+        return await live_store.workers_left(self.client, self.job_id)
+
+    async def new_workers(self, workers: Sequence[str], busy: Collection[str], active: int,
+                          resources: Mapping[str, float] | None,
+                          left: Mapping[str, int]) -> list[str]:
+        """Running workers new to the job (never hosted one of its ranks ``workers``, or
+        came back at an address whose worker left since) and hosting no active rank
+        (``busy``), one per rank the group may still take (``max_workers`` less the
+        ``active`` ranks)."""
         if self.max_size is None or active >= self.max_size:
             return []
+        placed: dict[str, int] = {}
+        for w, n in zip(workers, self.rank_left, strict=True):
+            placed[w] = max(placed.get(w, 0), n)
         info = dict(await self.client.scheduler.identity(n_workers=-1))
-        left = await live_store.workers_left(self.client, self.job_id)
         info["workers"] = {
             a: w for a, w in info.get("workers", {}).items()
-            if a not in busy and (a not in self.placed or left.get(a, 0) > self.placed[a])
+            if a not in busy and (a not in placed or left.get(a, 0) > placed[a])
             and w.get("status", "running") not in _GONE}
         if not info["workers"]:
             return []
@@ -99,20 +106,16 @@ class LiveWatch:
             fit = choose_workers(info, None, None, resources)
         except GangStartError:
             return []
-        chosen = fit[:self.max_size - active]
-        for a in chosen:
-            self.placed[a] = left.get(a, 0)
-        return chosen
+        return fit[:self.max_size - active]
 
-    async def joined(self, workers: Sequence[str]) -> None:
+    async def joined(self, workers: Sequence[str], left: Mapping[str, int]) -> None:
         """A rank joined on ``workers[-1]``: the scheduler marks it lost with its worker."""
-        self.rank_left.append(self.placed.get(workers[-1], 0))
+        self.rank_left.append(left.get(workers[-1], 0))
         await live_store.set_workers(self.client, self.job_id, list(workers))
 
-    async def gone(self, workers: Sequence[str]) -> list[int]:
+    def gone(self, workers: Sequence[str], left: Mapping[str, int]) -> list[int]:
         """The ranks whose worker left since they were placed, also when a new worker is
         at the address again (a nanny's quick restart on a fixed port)."""
-        left = await live_store.workers_left(self.client, self.job_id)
         return [r for r, w in enumerate(workers) if left.get(w, 0) > self.rank_left[r]]
 
     @staticmethod

@@ -374,3 +374,15 @@ def live_train_join(root: Any, n: int, folder: str, hold: int,
     return {"hash": state_hash(model, opt), "lr": sched.get_last_lr(), "rng": rng,
             "uid": uid, "rank": now.rank, "world": now.world_size,
             "generation": now.generation, "step": step}
+
+
+def id_frame(client: Any, n: int, parts: int) -> Any:
+    """A persisted Dask DataFrame of ``n`` rows: ``id`` numbers them, ``x`` (float32) is
+    the feature (skips the test without pandas)."""
+    import pytest
+
+    pd = pytest.importorskip("pandas")
+    dd = pytest.importorskip("dask.dataframe")
+    frame = pd.DataFrame({"id": range(n), "x": [float(i) for i in range(n)]}).astype(
+        {"x": "float32"})
+    return client.persist(dd.from_pandas(frame, parts))

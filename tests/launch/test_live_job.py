@@ -103,12 +103,8 @@ def test_exactly_once_audit(client: Client, tmp_path: Path, data: str) -> None:
                      sizes=((10, 10),))
         fn, args = live_util.live_train_images, (str(tmp_path / "images"), n)
     else:
-        pd = pytest.importorskip("pandas")
-        dd = pytest.importorskip("dask.dataframe")
         n = 120
-        frame = pd.DataFrame({"id": range(n), "x": [float(i) for i in range(n)]}).astype(
-            {"x": "float32"})
-        fn, args = live_util.live_train_table, (client.persist(dd.from_pandas(frame, 6)),)
+        fn, args = live_util.live_train_table, (live_util.id_frame(client, n, 6),)
     job = dask_ddp.submit(client, fn, *args, str(out), 0.1, recovery="live", progress=False)
     wait_until(lambda: _started(out, 2, job), 120, "rank 2 to start")
     _kill_when(out, 2, 4, int((out / "pid2").read_text()))

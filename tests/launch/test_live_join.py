@@ -70,11 +70,7 @@ def test_scaled_up_worker_joins(client: Client, tmp_path: Path, data: str,
         root: Any = str(tmp_path / "images")
         write_folder(file_putter(root), ["a", "b", "c"], n // 3, sizes=((10, 10),))
     else:
-        pd = pytest.importorskip("pandas")
-        dd = pytest.importorskip("dask.dataframe")
-        frame = pd.DataFrame({"id": range(n), "x": [float(i) for i in range(n)]}).astype(
-            {"x": "float32"})
-        root = client.persist(dd.from_pandas(frame, 8))
+        root = live_util.id_frame(client, n, 8)
     job = dask_ddp.submit(client, live_util.live_train_join, root, n, str(out), 5, 2,
                           recovery="live", min_workers=2, max_workers=3,
                           storage=(tmp_path / "ckpt").as_uri(), progress=False)

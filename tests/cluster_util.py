@@ -52,6 +52,33 @@ def client_fixture(n_workers: int, threads_per_worker: int = 1) -> Any:
     return client
 
 
+def worker_fates(client: Client, limit: int = 40) -> str:
+    """What the cluster recorded of its workers leaving, for a failing test's message: the
+    scheduler's remove-worker events (the stimulus says why: a closed comm, a worker's own
+    close, a missed heartbeat), the workers' fail-hard events, and the nannies' log lines
+    on their worker processes' deaths (the exit code or signal)."""
+    lines: list[str] = []
+    with contextlib.suppress(Exception):
+        for t, msg in client.get_events("all"):
+            if isinstance(msg, dict) and msg.get("action") == "remove-worker":
+                lines.append(f"{time.strftime('%H:%M:%S', time.localtime(t))} remove-worker "
+                             f"{msg.get('worker')} stimulus={msg.get('stimulus_id')} "
+                             f"expected={msg.get('expected')}")
+    with contextlib.suppress(Exception):
+        for t, msg in client.get_events("worker-fail-hard"):
+            lines.append(f"{time.strftime('%H:%M:%S', time.localtime(t))} fail-hard {msg}")
+    with contextlib.suppress(Exception):
+        # A LocalCluster's nannies share one process and so one log: each line once.
+        seen: set[str] = set()
+        for logs in client.get_worker_logs(nanny=True).values():
+            for _, text in logs:
+                if text not in seen and any(k in text for k in (
+                        "Worker process", "Restarting", "fail", "Closing")):
+                    seen.add(text)
+                    lines.append(f"nanny: {text[:300]}")
+    return "\n".join(lines[-limit:]) or "(nothing recorded)"
+
+
 #: A rank forked by a warm template is named so (``prctl(PR_SET_NAME)``) and its command line
 #: reads as a cold rank's; the template's own command line names its module.
 WARM_RANK_NAME = "ddp-rank-"

@@ -89,11 +89,18 @@ SHORT_LAUNCH_WAITS = {
 }
 
 
+#: A LocalCluster (a SpecCluster) closes a worker's nanny for good when no worker of its
+#: name is registered ``lost-worker-timeout`` (15 s) after one was removed: a worker killed
+#: twice within 15 s (the chaos tests' rhythm) lost its nanny while it restarted the second,
+#: and the test its cluster's worker. Read in the test's process, where the cluster lives.
+CLUSTER_CONFIG = {"distributed.deploy.lost-worker-timeout": "1 hour"}
+
+
 @pytest.fixture(autouse=True)
 def _short_launch_waits() -> Iterator[None]:
     import dask
 
-    with dask.config.set(SHORT_LAUNCH_WAITS):
+    with dask.config.set({**SHORT_LAUNCH_WAITS, **CLUSTER_CONFIG}):
         yield
 
 

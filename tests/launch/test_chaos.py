@@ -30,7 +30,7 @@ import pytest
 from distributed import Client, LocalCluster
 
 import dask_ddp
-from cluster_util import rank_processes, wait_rank_processes
+from cluster_util import rank_processes, wait_rank_processes, worker_fates
 from dask_ddp import dispatch
 from launch_util import (
     active_tasks,
@@ -110,7 +110,8 @@ def test_random_faults_leave_nothing_behind(cluster: LocalCluster, tmp_path: Pat
                 job_ids = one_run(client, run, tmp_path)
                 check_nothing_left(client, run, job_ids)
             except BaseException as exc:
-                raise AssertionError(f"chaos seed {seed}, {run}: {exc}") from exc
+                raise AssertionError(f"chaos seed {seed}, {run}: {exc}\nthe cluster's record "
+                                     f"of workers leaving:\n{worker_fates(client)}") from exc
             print(f"  {run}: ok in {time.monotonic() - t:.1f} s",  # noqa: T201
                   file=sys.stderr)
     print(f"chaos: {RUNS} runs in {time.monotonic() - t0:.0f} s", file=sys.stderr)  # noqa: T201

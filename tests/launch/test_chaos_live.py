@@ -31,7 +31,7 @@ import pytest
 from distributed import Client, LocalCluster
 
 import dask_ddp
-from cluster_util import rank_processes
+from cluster_util import rank_processes, worker_fates
 from dask_ddp._cluster import cluster_info
 from dask_ddp._launch.workdir import clean_orphans
 from images import file_putter, write_folder
@@ -127,7 +127,8 @@ def test_random_faults_on_live_jobs(cluster: LocalCluster, images: Path,
                 check_outcome(job, run, out)
                 check_nothing_left(client, job.id, sweep=run.fault == "retire")
             except BaseException as exc:
-                raise AssertionError(f"chaos seed {seed}, {run}: {exc}") from exc
+                raise AssertionError(f"chaos seed {seed}, {run}: {exc}\nthe cluster's record "
+                                     f"of workers leaving:\n{worker_fates(client)}") from exc
             print(f"  {run}: ok in {time.monotonic() - t:.1f} s",  # noqa: T201
                   file=sys.stderr)
 

@@ -7,6 +7,7 @@ import io
 import tarfile
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -176,6 +177,23 @@ def test_tar_shards_a_second_loss_deals_the_lost_members_share_again(
     assert sum(c - 1 for c in counts.values()) <= (3 - 1) + (2 - 1), counts
 
 
+def _join(images: ImageList, members: dict[int, Loader], iters: dict[int, Any], uid: int,
+          unread: Any) -> None:
+    """Member ``uid`` joins (its loader made in a group of one, its own shard skipped):
+    the members stop reading what they had left, and ``unread`` (rank 0's
+    ``lost_samples`` of them all) is dealt over the members and the joiner."""
+    tf = T.Compose([T.Resize((4, 4)), T.ToTensor()])
+    joiner = Loader(images, 2, transform=tf, seed=5, rank=0, world_size=1, num_threads=1)
+    joiner.load_state_dict({**joiner.state_dict(), "epoch": 0, "batch": len(joiner)})
+    for lo in members.values():
+        lo.end_reads()
+    members[uid] = joiner
+    order = list(members)
+    for r, u in enumerate(order):
+        members[u].deal_unread(0, unread, r, len(order), members=order)
+    iters[uid] = iter(joiner)
+
+
 @pytest.mark.parametrize("lost_uid", [0, 2])
 def test_a_loss_after_a_join_deals_the_lost_members_share_of_the_join(
         images: ImageList, lost_uid: int) -> None:
@@ -188,15 +206,7 @@ def test_a_loss_after_a_join_deals_the_lost_members_share_of_the_join(
                          num_threads=1) for u in (0, 1)}
     iters = {u: iter(lo) for u, lo in members.items()}
     seen = [int(v) for u in (0, 1) for _ in range(2) for v in next(iters[u])[1]]
-    unread = members[1].lost_samples(0, 2, [0, 1], uids=[0, 1])
-    joiner = Loader(images, 2, transform=tf, seed=5, rank=0, world_size=1, num_threads=1)
-    joiner.load_state_dict({**joiner.state_dict(), "epoch": 0, "batch": len(joiner)})
-    members[2] = joiner
-    for r, u in enumerate((0, 1, 2)):
-        if u != 2:
-            members[u].end_own_shard()
-        members[u].deal_unread(0, unread, r, 3, members=[0, 1, 2])
-    iters[2] = iter(joiner)
+    _join(images, members, iters, 2, members[1].lost_samples(0, 2, [0, 1], uids=[0, 1]))
     seen += [int(v) for u in (0, 1, 2) for v in next(iters[u])[1]]  # one batch each
     layout = {0: 0, 1: 1}  # the epoch's layout: the joiner has no own shard in it
     lost = members[1].lost_samples(0, members[1].epoch_progress, [layout[u] for u in
@@ -210,3 +220,46 @@ def test_a_loss_after_a_join_deals_the_lost_members_share_of_the_join(
     counts = Counter(seen)
     assert sorted(counts) == list(range(N)), sorted(set(range(N)) - set(counts))
     assert sum(c - 1 for c in counts.values()) <= (2 - 1) + (3 - 1) + (2 - 1), counts
+
+
+@pytest.mark.parametrize("then_lose", [False, True])
+@pytest.mark.parametrize("join_at", [2, 4, 5])
+def test_a_join_after_a_loss_deals_everything_unread_again(
+        images: ImageList, join_at: int, then_lose: bool) -> None:
+    """Members 0-2 (of 3) read 1 batch; member 2 is lost and its unread samples are dealt
+    to 0 and 1, who read on to batch ``join_at`` of the epoch (their own shards are 4
+    batches: inside them, at their end, inside the deal); member 3 joins: each member's
+    unread samples, own and dealt, are dealt over the three, and the members stop reading
+    theirs. ``then_lose``: member 0 is lost one batch later: member 1 names its unread
+    share, dealt over the two left. Every sample once, plus each deal's padding."""
+    tf = T.Compose([T.Resize((4, 4)), T.ToTensor()])
+    members = {u: Loader(images, 2, transform=tf, seed=5, rank=u, world_size=3,
+                         num_threads=1) for u in (0, 1, 2)}
+    assert len(members[0]) == 4
+    iters = {u: iter(lo) for u, lo in members.items()}
+    seen = [int(v) for u in (0, 1, 2) for v in next(iters[u])[1]]
+    members.pop(2).close()
+    lost = members[0].lost_samples(0, 1, [2])
+    for r, u in enumerate((0, 1)):
+        members[u].deal_unread(0, lost, r, 2, members=[0, 1])
+    seen += [int(v) for u in (0, 1) for _ in range(join_at - 1) for v in next(iters[u])[1]]
+    assert members[0].epoch_progress == members[1].epoch_progress == join_at
+    _join(images, members, iters, 3,
+          members[0].lost_samples(0, members[0].epoch_progress, [0, 1], uids=[0, 1]))
+    pads = (2 - 1) + (3 - 1)
+    left = [0, 1, 3]
+    if then_lose:
+        seen += [int(v) for u in left for v in next(iters[u])[1]]  # one batch each
+        members.pop(0).close()
+        second = members[1].lost_samples(0, members[1].epoch_progress, [0], uids=[0])
+        left = [1, 3]
+        for r, u in enumerate(left):
+            members[u].deal_unread(0, second, r, 2, members=left)
+        pads += 2 - 1
+    for u in left:
+        seen += [int(v) for _, y in iters[u] for v in y]
+    for lo in members.values():
+        lo.close()
+    counts = Counter(seen)
+    assert sorted(counts) == list(range(N)), sorted(set(range(N)) - set(counts))
+    assert sum(c - 1 for c in counts.values()) <= pads, counts

@@ -110,15 +110,23 @@ def test_scaled_up_worker_joins(client: Client, tmp_path: Path, data: str,
         assert sum(c - 1 for c in counts.values()) <= pads, (epoch, counts)
 
 
-def test_killed_worker_restarted_by_its_nanny_rejoins(client: Client, tmp_path: Path) -> None:
-    """Three ranks, max_workers=3; rank 2's worker is killed (the group shrinks to two)
-    and its nanny starts it again under a new address: a rank joins there (three
-    again). Nothing is read from storage."""
-    client.cluster.scale(3)  # the module's cluster starts with 2
+@pytest.mark.parametrize("hold", [10, 45])
+def test_killed_worker_restarted_by_its_nanny_rejoins(client: Client, tmp_path: Path,
+                                                      hold: int) -> None:
+    """Three ranks on 240 images (own shards of 40 batches), max_workers=3; rank 2's
+    worker is killed (the group shrinks to two, rank 2's unread samples dealt to them)
+    and its nanny starts it again under a new address: a rank joins there in the same
+    epoch, at step ``hold`` of the others (inside their own shards, or inside the lost
+    rank's deal): everything unread is dealt over the three. Every sample once; nothing
+    is read from storage."""
+    if len(client.cluster.workers) != 3:
+        client.cluster.scale(3)  # the module's cluster starts with 2
     client.wait_for_workers(3, timeout=60)
-    out = tmp_path / "out"
+    n, out = 240, tmp_path / "out"
     out.mkdir()
-    job = dask_ddp.submit(client, live_util.live_train_join, None, 60, str(out), 10,
+    root = str(tmp_path / "images")
+    write_folder(file_putter(root), ["a", "b", "c"], n // 3, sizes=((10, 10),))
+    job = dask_ddp.submit(client, live_util.live_train_join, root, n, str(out), hold,
                           recovery="live", min_workers=2, max_workers=3,
                           storage=(tmp_path / "ckpt").as_uri(), progress=False)
     wait_until(lambda: None if job.world_size == 3 else f"{job.world_size} ranks", 60,
@@ -136,7 +144,25 @@ def test_killed_worker_restarted_by_its_nanny_rejoins(client: Client, tmp_path: 
     shrink, grow = job.generations
     assert shrink.lost == (2,) and shrink.world_size == 2, shrink
     assert grow.joined == (3,) and grow.world_size == 3 and grow.step >= shrink.step, grow
+    assert (grow.step > 40) == (hold > 40), grow  # inside the deal, or the own shards
     assert not (tmp_path / "ckpt").exists() or not any((tmp_path / "ckpt").iterdir())
+    # Epoch 0: each rank's own batches, rank 2's up to the loss's agreed step, the lost
+    # rank's unread samples dealt over two, then everything unread over three (the
+    # joiner read some of them: it joined within the epoch).
+    seen: list[int] = []
+    joiner_epochs = set()
+    for uid in (0, 1, 2, 3):
+        for line in (out / f"audit{uid}").read_text().splitlines():
+            epoch, step, labels = line.split()
+            assert epoch == "0", line
+            if uid != 2 or int(step) <= shrink.step:
+                seen += [int(v) for v in labels.split(",")]
+            if uid == 3:
+                joiner_epochs.add(int(epoch))
+    assert joiner_epochs == {0}, "the joiner read nothing of the epoch it joined in"
+    counts = Counter(seen)
+    assert sorted(counts) == list(range(n)), sorted(set(range(n)) - set(counts))
+    assert sum(c - 1 for c in counts.values()) <= (3 - 1) + (2 - 1) + (3 - 1), counts
 
 
 def _free_ports(n: int) -> int:

@@ -474,12 +474,13 @@ class LiveGroup:
 
         att = self.attached
         loader = att.loader if att is not None else None
-        epoch, batch = (int(loader.epoch), int(loader.state_dict()["batch"])) \
-            if loader is not None else (0, 0)
-        if loader is not None and getattr(loader, "reading_unread", False):
-            # Its own shard is done, so is every member's: the batches of the samples
-            # dealt to it count on (what a member lost now had not read of them).
-            batch = int(getattr(loader, "epoch_progress", len(loader) + 1))
+        epoch, batch = 0, 0
+        if loader is not None:
+            # The batches read of the epoch: the own shard's, then (a Loader's) those of
+            # the samples dealt to it, counted on (what a member lost now had not read).
+            epoch = int(loader.epoch)
+            batch = int(loader.epoch_progress if hasattr(loader, "epoch_progress")
+                        else loader.state_dict()["batch"])
         base = att.base_step if att is not None else 0
         agreed_t = torch.tensor([self.committed, epoch, batch, base], dtype=torch.int64)
         dist.broadcast(agreed_t, 0)

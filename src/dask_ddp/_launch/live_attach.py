@@ -308,17 +308,11 @@ class Attached:
     # -- the state a regroup or a join hands on ------------------------------------------
     def can_redeal(self) -> bool:
         """Rank 0: whether the epoch's unread samples can be dealt again over a bigger
-        group now: every member still reads its own shard of the epoch's layout (nothing
-        dealt this epoch, no member that joined during it)."""
+        group now (the loader names every member's unread samples, its own shard's and
+        those dealt to it, and can stop reading them)."""
         loader = self.loader
-        if loader is None:
-            return True
-        if not hasattr(loader, "lost_samples") or getattr(loader, "reading_unread", True):
-            return False
-        if getattr(getattr(loader, "_unread", None), "epoch", None) == loader.epoch:
-            return False
-        layout = self._layout()
-        return all(u in layout for u in self.group.members)
+        return loader is None or (hasattr(loader, "lost_samples")
+                                  and hasattr(loader, "end_reads"))
 
     def _layout(self) -> dict[int, int]:
         """Each member's rank in the layout its loader reads the current epoch with."""
@@ -352,7 +346,7 @@ class Attached:
         if joined and loader is not None and hasattr(loader, "lost_samples"):
             layout = self._layout()
             old = [u for u in self.group.members if u not in joined]
-            epoch, batch = int(loader.epoch), int(loader.state_dict()["batch"])
+            epoch, batch = self.group.data_position  # the batches read of the epoch
             state["deal"] = (epoch, loader.lost_samples(
                 epoch, batch, [layout[u] for u in old if u in layout], uids=old))
         elif lost:
@@ -390,7 +384,7 @@ class Attached:
             loader.load_state_dict({**loader.state_dict(), "epoch": epoch,
                                     "batch": len(loader)})
         else:
-            loader.end_own_shard()
+            loader.end_reads()
         loader.deal_unread(epoch, positions, rank, world, members=list(self.group.members))
 
     def wrap_step(self, step: Callable[..., Any]) -> Callable[..., Any]:

@@ -417,6 +417,7 @@ class Loader:
                 core = self._unread.next_core(self.epoch) if self._unread is not None else None
                 if core is None:
                     return
+                self._position = 0  # of this deal (epoch_progress counts the ones before)
                 continue
             if counters is not None:
                 counters.add_batch(clock() - t0)
@@ -558,14 +559,24 @@ class Loader:
             raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
         self._next_layout = (int(rank), int(world_size))
 
-    def end_own_shard(self) -> None:
-        """Read no more of this rank's own shard of the current epoch, also while a loop
-        iterates it: the loop goes on with the samples :meth:`deal_unread` dealt (live
-        recovery: a rank that joins mid-epoch has the epoch's unread samples dealt again
-        over the bigger group)."""
+    def end_reads(self) -> None:
+        """Read nothing more of what this rank had left of the current epoch (its own
+        shard and the samples dealt to it so far), also while a loop iterates it: the loop
+        goes on with the samples :meth:`deal_unread` deals after this call (live
+        recovery: a rank that joins mid-epoch has the epoch's unread samples, named by
+        :meth:`lost_samples`, dealt again over the bigger group)."""
+        if self.reading_unread:
+            assert self._unread is not None
+            cut = self._unread.cut(self.epoch, self._position)
+            if cut is not None:
+                core, batches = cut
+                core.start_epoch(self.epoch, batches)
+            return
         end = len(self)
         self._core.start_epoch(self.epoch, end)
         self._position = end
+        if self._unread is not None:
+            self._unread.cut(self.epoch, 0)
 
     def close(self) -> None:
         """Stop the engine's threads (batches already handed out stay valid).

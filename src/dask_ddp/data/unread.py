@@ -99,6 +99,8 @@ class UnreadDeals:
         self.deals: list[tuple[Samples, list[Any] | None, int, int]] = []
         #: The epoch whose dealt samples are being read (its own shard is done).
         self.reading: int | None = None
+        #: The engine loader of the deal being read.
+        self.current: Any = None
 
     def _strided(self, epoch: int, positions: Samples, rank: int, world: int) -> Samples:
         idx = rank_indices(len(positions), epoch, rank, world, shuffle=False,
@@ -128,8 +130,25 @@ class UnreadDeals:
             return None
         core = self.pending.pop(0)
         core.start_epoch(epoch, 0)
-        self.reading = epoch
+        self.reading, self.current = epoch, core
         return core
+
+    def cut(self, epoch: int, consumed: int) -> tuple[Any, int] | None:
+        """End what was dealt of ``epoch`` so far (live recovery: a rank joins and every
+        unread sample is dealt again over the bigger group): the deals not started are
+        dropped, and the one being read, if any, ends after the ``consumed`` batches read
+        of it; :meth:`lost_share` counts them so from now on. Returns the loader of the
+        deal being read and its number of batches, for the caller to stop it."""
+        if self.epoch != epoch:
+            return None
+        started = len(self.deals) - len(self.pending)
+        self.pending = []
+        del self.deals[started:]
+        if self.reading != epoch or started == 0:
+            return None
+        positions, members, world, batches = self.deals[-1]
+        self.deals[-1] = (positions, members, world, min(int(consumed), batches))
+        return self.current, batches
 
     def batches_before_current(self) -> int:
         """The batches of the deals read to their end before the one being read."""

@@ -106,7 +106,7 @@ def test_a_joiner_takes_a_share_and_the_next_epoch_has_three(table: Table) -> No
     members = [*loaders, joiner]
     for new_rank, lo in enumerate(members):
         if lo is not joiner:
-            lo.end_own_shard()
+            lo.end_reads()
         lo.deal_unread(0, unread, new_rank, 3)
         lo.reshard(new_rank, 3)
     iters.append(iter(joiner))
@@ -125,6 +125,44 @@ def test_a_joiner_takes_a_share_and_the_next_epoch_has_three(table: Table) -> No
     members[1].set_epoch(1)
     assert _rest(iter(members[1])) == _rest(iter(want))
     want.close()
+
+
+@pytest.mark.parametrize("join_at", [8, 13, 15])
+def test_a_join_after_a_loss_deals_everything_unread_again(table: Table,
+                                                          join_at: int) -> None:
+    """Rank 2 of 3 lost after 5 batches (own rows: 13 batches), its unread rows dealt to
+    ranks 0 and 1, who read on to batch ``join_at`` of the epoch (inside their own rows,
+    at their end, inside the deal); a joiner comes: each member's unread rows, own and
+    dealt, are dealt over the three, and the members stop reading theirs; then member 0
+    is lost after 1 batch more: its unread share goes to the two left."""
+    loaders = _loaders(table, 3)
+    assert len(loaders[0]) == 13
+    iters = [iter(lo) for lo in loaders]
+    seen = [i for it in iters for i in _take(it, 5)]
+    loaders[2].close()
+    lost = loaders[0].lost_samples(0, 5, [2])
+    for new_rank, lo in enumerate(loaders[:2]):
+        lo.deal_unread(0, lost, new_rank, 2, members=[0, 1])
+    seen += [i for it in iters[:2] for i in _take(it, join_at - 5)]
+    assert loaders[0].epoch_progress == loaders[1].epoch_progress == join_at
+    unread = loaders[0].lost_samples(0, join_at, [0, 1], uids=[0, 1])
+    joiner = Loader(table, BS, seed=3, rank=0, world_size=1, num_threads=1, window=2)
+    joiner.load_state_dict({**joiner.state_dict(), "epoch": 0, "batch": len(joiner)})
+    members = {0: loaders[0], 1: loaders[1], 3: joiner}
+    iters_of = {0: iters[0], 1: iters[1], 3: iter(joiner)}
+    for new_rank, (uid, lo) in enumerate(members.items()):
+        if uid != 3:
+            lo.end_reads()
+        lo.deal_unread(0, unread, new_rank, 3, members=[0, 1, 3])
+    seen += [i for it in iters_of.values() for i in _take(it, 1)]
+    members.pop(0).close()
+    second = members[1].lost_samples(0, members[1].epoch_progress, [0], uids=[0])
+    for new_rank, uid in enumerate((1, 3)):
+        members[uid].deal_unread(0, second, new_rank, 2, members=[1, 3])
+        seen += _rest(iters_of[uid])
+    for lo in members.values():
+        lo.close()
+    _check_once(seen, (3 - 1) + (2 - 1) + (3 - 1) + (2 - 1))
 
 
 def test_reshard_is_checked(table: Table) -> None:

@@ -158,7 +158,8 @@ class TableLoader(Loader):
                                    share_order=lambda _, rows, r, w: self._deal_share(
                                        rows, r, w)[0])
         self._unread = self._deals  # the Loader's deal_unread, reading_unread, epoch_progress
-        self._own_end = False  # end_own_shard(): the own rows of this epoch are done
+        self._own_end = False  # end_reads(): the own rows of this epoch are done
+        self._cuts = 0  # end_reads() calls: the rows being fed stop at the next batch
 
     def _rank_rows(self) -> tuple[np.ndarray, np.ndarray]:
         """This rank's rows of the current epoch and their window ids."""
@@ -229,16 +230,15 @@ class TableLoader(Loader):
             # (not for an epoch resumed on another world size: the next one is ordinary).
             nxt = epoch + 1
             ahead = (lambda: self._plan.rows(nxt, None)) if self._resume is None else None
-            yield from self._feed(self._rank_rows, start, ahead, own=True)
+            yield from self._feed(self._rank_rows, start, ahead)
         while (deal := self._deals.next_core(epoch)) is not None:
             self._position = 0
-            yield from self._feed(deal.parts, 0, None, own=False)
+            yield from self._feed(deal.parts, 0, None)
 
     def _feed(self, rank_rows: Callable[[], tuple[np.ndarray, np.ndarray]], start: int,
-              ahead: Callable[[], tuple[np.ndarray, np.ndarray]] | None, *, own: bool
-              ) -> Iterator[Any]:
-        """The batches of ``rank_rows`` from batch ``start`` on, fed by a thread; the own
-        rows stop early at :meth:`end_own_shard`."""
+              ahead: Callable[[], tuple[np.ndarray, np.ndarray]] | None) -> Iterator[Any]:
+        """The batches of ``rank_rows`` from batch ``start`` on, fed by a thread; they
+        stop early at :meth:`end_reads`."""
         stream = self._batches.stream(self.prefetch)
         errors: list[BaseException] = []
         stop = threading.Event()
@@ -251,11 +251,12 @@ class TableLoader(Loader):
         thread.start()
         first = True
         batch_of = self._batches.layout.batch
+        cuts = self._cuts
         try:
             while True:
                 if self._before_batch is not None:
                     self._before_batch()
-                if own and self._own_end:
+                if self._cuts != cuts:
                     return
                 while True:
                     try:
@@ -315,11 +316,17 @@ class TableLoader(Loader):
             raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
         self._next_layout = (int(rank), int(world_size))
 
-    def end_own_shard(self) -> None:
-        """Read no more of this rank's own rows of the current epoch, also while a loop
-        iterates them: the loop goes on with the rows :meth:`deal_unread` dealt."""
+    def end_reads(self) -> None:
+        """Read nothing more of what this rank had left of the current epoch (its own
+        rows and the rows dealt to it so far), also while a loop iterates them: the loop
+        goes on with the rows :meth:`deal_unread` deals after this call."""
+        self._cuts += 1
+        if self.reading_unread:
+            self._deals.cut(self.epoch, self._position)
+            return
         self._own_end = True
         self._position = len(self)
+        self._deals.cut(self.epoch, 0)
 
     # -- resume ---------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

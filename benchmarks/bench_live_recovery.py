@@ -14,9 +14,9 @@ In the same run:
   joining rank's ``Checkpointer(...)`` (where it asks to join), to its first step in the
   group;
 - steady state: the median step time of a job with ``recovery="live"`` and of the same
-  job without it, no kill (the hook's cost: each bucket's all-reduce through the comm
-  hook and a callback per step; a copy of each bucket only with
-  ``gradient_as_bucket_view=True``).
+  job without it, no kill, run in turn (``--steady-pairs``); the median of the pairs'
+  ratios (the hook's cost: each bucket's all-reduce through the comm hook and a
+  callback per step; a copy of each bucket only with ``gradient_as_bucket_view=True``).
 
 Usage::
 
@@ -144,13 +144,14 @@ def join_run(client: Any, cluster: Any, folder: Path, steps: int, width: int
     return first - t_worker, first - t_ckpt
 
 
-def steady(client: Any, folder: Path, recovery: str, steps: int, width: int) -> float:
+def steady(client: Any, folder: Path, recovery: str, steps: int, width: int,
+           n_workers: int | None = None) -> float:
     """The median step time of rank 0 over the second half of a run."""
     import dask_ddp
 
     folder.mkdir()
     dask_ddp.submit(client, train, str(folder), steps, width, recovery=recovery,
-                    progress=False).result(timeout=600)
+                    n_workers=n_workers, progress=False).result(timeout=600)
     t = _times(folder, 0, 0)[steps // 2:]
     return statistics.median(b - a for a, b in zip(t, t[1:], strict=False))
 
@@ -160,6 +161,12 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--steady-pairs", type=int, default=7,
+                        help="steady-state runs with and without live recovery, in turn")
+    parser.add_argument("--steady-only", action="store_true",
+                        help="measure the steady state only (no kills, no joins)")
+    parser.add_argument("--steady-ranks", type=int, default=None,
+                        help="ranks of the steady-state jobs (default: every worker)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     benchenv.log_load_around_run(logger)
@@ -171,8 +178,10 @@ def main() -> int:
             scheduler_port=0) as cluster, Client(cluster) as client:
         root = Path(tmp)
         steady(client, root / "warm", "restart", 40, args.width)  # the workers' imports
-        live, restart, regroup = [], [], []
-        for i in range(args.repeats):
+        live: list[float] = []
+        restart: list[float] = []
+        regroup: list[float] = []
+        for i in range(0 if args.steady_only else args.repeats):
             took, job = kill_run(client, root / f"live{i}", "live", args.steps, args.width,
                                  args.steps // 4)
             live.append(took)
@@ -183,24 +192,31 @@ def main() -> int:
             logger.info("kill %d: live %.3f s, whole-group restart %.2f s", i + 1, live[-1],
                         restart[-1])
         # Long enough that the slow steps outlast a worker's start on a busy host.
-        joins = [join_run(client, cluster, root / f"join{i}", max(args.steps, 3000),
-                          args.width) for i in range(args.repeats)]
-        logger.info("a join: the new worker's registration -> the joiner's first step "
-                    "%.3f s; its Checkpointer (asking to join) -> its first step %.3f s "
-                    "(medians of %d)", statistics.median(j[0] for j in joins),
-                    statistics.median(j[1] for j in joins), args.repeats)
-        with_live = [steady(client, root / f"sl{i}", "live", args.steps, args.width)
-                     for i in range(args.repeats)]
-        without = [steady(client, root / f"sr{i}", "restart", args.steps, args.width)
-                   for i in range(args.repeats)]
-        m_live, m_restart = statistics.median(live), statistics.median(restart)
-        logger.info("kill -> first step of the group that goes on (median of %d): live "
-                    "%.3f s (regroup itself %.3f s), whole-group restart %.2f s; ratio "
-                    "%.3fx", args.repeats, m_live, statistics.median(regroup), m_restart,
-                    m_live / m_restart)
-        s_live, s_without = statistics.median(with_live), statistics.median(without)
-        logger.info("steady-state step: recovery='live' %.2f ms, without %.2f ms; ratio "
-                    "%.3fx", 1e3 * s_live, 1e3 * s_without, s_live / s_without)
+        if not args.steady_only:
+            joins = [join_run(client, cluster, root / f"join{i}", max(args.steps, 3000),
+                              args.width) for i in range(args.repeats)]
+            logger.info("a join: the new worker's registration -> the joiner's first step "
+                        "%.3f s; its Checkpointer (asking to join) -> its first step %.3f s "
+                        "(medians of %d)", statistics.median(j[0] for j in joins),
+                        statistics.median(j[1] for j in joins), args.repeats)
+            m_live, m_restart = statistics.median(live), statistics.median(restart)
+            logger.info("kill -> first step of the group that goes on (median of %d): live "
+                        "%.3f s (regroup itself %.3f s), whole-group restart %.2f s; ratio "
+                        "%.3fx", args.repeats, m_live, statistics.median(regroup),
+                        m_restart, m_live / m_restart)
+        # In turn, so that the machine's drift falls on both alike; the ratio of each pair.
+        with_live, without = [], []
+        for i in range(args.steady_pairs):
+            with_live.append(steady(client, root / f"sl{i}", "live", args.steps, args.width,
+                                    args.steady_ranks))
+            without.append(steady(client, root / f"sr{i}", "restart", args.steps,
+                                  args.width, args.steady_ranks))
+        ratios = [a / b for a, b in zip(with_live, without, strict=True)]
+        logger.info("steady-state step: recovery='live' %.2f ms, without %.2f ms (medians "
+                    "of %d); median of the pairs' ratios %.3fx (each: %s)",
+                    1e3 * statistics.median(with_live), 1e3 * statistics.median(without),
+                    len(ratios), statistics.median(ratios),
+                    " ".join(f"{r:.3f}" for r in ratios))
     return 0
 
 

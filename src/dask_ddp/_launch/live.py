@@ -380,10 +380,16 @@ class LiveGroup:
         logger.warning("rank %d joined the group as rank %d of %d at step %d", self.uid,
                        self.rank, len(self.members), self.committed)
 
+    @property
+    def can_grow(self) -> bool:
+        """Whether a rank may join (the group is below the job's ``max_workers``): the
+        same answer on every member at the same step."""
+        return self.max_size is not None and len(self.members) < self.max_size
+
     def join_wanted(self) -> bool:
         """Rank 0, at a step's first all-reduce: whether a rank waits to join and the
         group can take it now (the store is read at most every ``JOIN_CHECK_S``)."""
-        if self.max_size is None or len(self.members) >= self.max_size:
+        if not self.can_grow:
             return False
         now = time.monotonic()
         if now < self._next_join_check:

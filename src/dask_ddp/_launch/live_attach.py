@@ -8,8 +8,9 @@ communication hook, wraps ``optimizer.step`` and marks the top of each step:
   is caught (``backward()`` does not raise) and marks the step failed, which re-forms
   the group at the end of ``backward()``; the step's local gradients are kept for a redo
   only when it failed (taken from the parameters' ``.grad`` before DDP copies the
-  results there; a copy per bucket when DDP reduces ``.grad`` in place); the step's
-  first bucket carries one element more, rank 0's word that a rank waits to join;
+  results there; a copy per bucket when DDP reduces ``.grad`` in place); while the group
+  can grow, the step's first bucket carries one element more, rank 0's word that a
+  rank waits to join;
 - after a step that carried the word, the top of the next step (the registered loader's
   next batch, else the model's forward) re-forms the group with the joining ranks, which
   take the group's state there (their own ``attach`` waits until then);
@@ -98,10 +99,12 @@ class Attached:
             fut.set_result(buf)
             return fut
         world = dist.get_world_size()
-        # The step's first bucket carries one element more: rank 0's word that a rank
-        # waits to join (every member reads the same sum after the same step).
+        # While the group can grow, the step's first bucket carries one element more:
+        # rank 0's word that a rank waits to join (every member reads the same sum after
+        # the same step, and agrees on whether the group can grow).
+        worded = first and self.group.can_grow
         sent = buf
-        if first:
+        if worded:
             word = 1.0 if self.group.rank == 0 and self.group.join_wanted() else 0.0
             sent = torch.cat([buf, buf.new_full((1,), word)])
         try:
@@ -115,7 +118,7 @@ class Attached:
         def finish(fut: Any) -> Any:
             try:
                 out = fut.value()[0]
-                if not first:
+                if not worded:
                     return out.div_(world)
                 self.admit = bool(out[-1].item() > 0.5)
                 return out[:-1].div_(world)  # DDP copies it into .grad; buf stays local
@@ -261,13 +264,14 @@ class Attached:
         import torch.distributed as dist
 
         world = dist.get_world_size()
+        worded = self.group.can_grow
         for i, (_, saved_local, params) in enumerate(saved):
             # A copy (kept intact for a redo broken by another loss); the first bucket
             # with the element the others' next step carries (rank 0's join word).
-            local = torch.cat([saved_local, saved_local.new_zeros(1)]) if i == 0 \
+            local = torch.cat([saved_local, saved_local.new_zeros(1)]) if i == 0 and worded \
                 else saved_local.clone()
             dist.all_reduce(local)
-            if i == 0:
+            if i == 0 and worded:
                 self.admit = bool(local[-1].item() > 0.5)
                 local = local[:-1]
             local.div_(world)

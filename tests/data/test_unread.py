@@ -263,3 +263,53 @@ def test_a_join_after_a_loss_deals_everything_unread_again(
     counts = Counter(seen)
     assert sorted(counts) == list(range(N)), sorted(set(range(N)) - set(counts))
     assert sum(c - 1 for c in counts.values()) <= pads, counts
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+@pytest.mark.parametrize("saved_at", [2, 5])
+def test_a_state_saved_after_a_loss_resumes_every_unread_sample_once(
+        images: ImageList, saved_at: int, world: int) -> None:
+    """Members 0-2 (of 3) read 1 batch; member 2 is lost, its unread samples dealt to 0
+    and 1, who read on to batch ``saved_at`` (inside their own shards, inside the deal)
+    and save their states (a whole restart's checkpoint): each lists its unread samples;
+    ``world`` fresh loaders resume from them together (restore_training_state's way),
+    and one alone resumes from a single state by ``load_state_dict``. Every sample of the
+    epoch once, plus the deals' padding."""
+    from dask_ddp.checkpoint.resume import restore_training_state, training_state
+
+    tf = T.Compose([T.Resize((4, 4)), T.ToTensor()])
+    members = [Loader(images, 2, transform=tf, seed=5, rank=u, world_size=3, num_threads=1)
+               for u in (0, 1, 2)]
+    iters = [iter(lo) for lo in members]
+    seen = [int(v) for it in iters for v in next(it)[1]]
+    members[2].close()
+    lost = members[0].lost_samples(0, 1, [2])
+    for r in (0, 1):
+        members[r].deal_unread(0, lost, r, 2, members=[0, 1])
+    seen += [int(v) for it in iters[:2] for _ in range(saved_at - 1) for v in next(it)[1]]
+    states = [members[r].state_dict() for r in (0, 1)]
+    for lo in members[:2]:
+        lo.close()
+    assert all(s["unread"] is not None for s in states), states
+    samples = [int(i) for s in states for i in s["unread"].tolist()]
+    resumed = [Loader(images, 2, transform=tf, seed=5, rank=r, world_size=world,
+                      num_threads=1) for r in range(world)]
+    for r, lo in enumerate(resumed):
+        lo.resume_unread(0, samples, r, world)
+    again = seen + [int(v) for lo in resumed for _, y in lo for v in y]
+    counts = Counter(again)
+    assert sorted(counts) == list(range(N)), sorted(set(range(N)) - set(counts))
+    assert sum(c - 1 for c in counts.values()) <= (3 - 1) + (2 - 1) + (world - 1), counts
+    # restore_training_state (no process group: rank 0 of 1) deals both saved ranks'.
+    state = training_state(None, loader=None)
+    state["world_size"] = 2
+    state["ranks"] = [{**state["ranks"][0], "loader": s} for s in states]
+    alone = Loader(images, 2, transform=tf, seed=5, rank=0, world_size=1, num_threads=1)
+    restore_training_state(state, None, loader=alone)
+    assert sorted(int(v) for _, y in alone for v in y) == sorted(samples)
+    # One state by itself: that rank's unread samples.
+    one = Loader(images, 2, transform=tf, seed=5, rank=0, world_size=3, num_threads=1)
+    one.load_state_dict(states[1])
+    assert sorted(int(v) for _, y in one for v in y) == sorted(states[1]["unread"].tolist())
+    for lo in [*resumed, alone, one]:
+        lo.close()

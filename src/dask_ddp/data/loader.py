@@ -145,6 +145,12 @@ def _state_segments(
     return None
 
 
+
+def _sample_list(samples: Any) -> list[int]:
+    """Saved sample ids (a tensor, an array or a list) as a list of ints."""
+    return [int(i) for i in (samples.tolist() if hasattr(samples, "tolist") else samples)]
+
+
 class Loader:
     """Iterate over an image dataset in batches, with the work done in C++ threads.
 
@@ -429,7 +435,9 @@ class Loader:
 
     def state_dict(self) -> dict[str, Any]:
         """The position in the epoch: resuming from it yields the remaining batches,
-        identical to those an uninterrupted run would have yielded."""
+        identical to those an uninterrupted run would have yielded. In an epoch that had
+        samples dealt to this rank (live recovery), ``"unread"`` also lists the samples it
+        had not yielded (see :meth:`resume_unread`)."""
         state: dict[str, Any] = {
             "epoch": self.epoch,
             "batch": self._position,
@@ -442,14 +450,39 @@ class Loader:
             state["drop_last"] = self.drop_last
             state["batch_size"] = self.batch_size
             state["epoch_segments"] = self._epoch_segments
+        if self._unread is not None and self._unread.dealt_in(self.epoch):
+            state["unread"] = torch.as_tensor(self.unread_samples(), dtype=torch.int64)
         return state
+
+    def unread_samples(self) -> Samples:
+        """This rank's samples of the current epoch not yet yielded: the rest of its own
+        shard, then of the samples dealt to it (live recovery), in reading order."""
+        progress = self.epoch_progress
+        out = list(self.lost_samples(self.epoch, min(progress, len(self)), [self.rank],
+                                     uids=[]))
+        if self._unread is not None:
+            out += self._unread.own_unread(self.epoch, max(progress - len(self), 0))
+        return out
+
+    def resume_unread(self, epoch: int, samples: Samples, rank: int, world_size: int) -> None:
+        """Continue ``epoch`` with ``samples`` dealt as rank ``rank`` of ``world_size``,
+        reading none of this rank's own shard of it: a resume of a state saved after a
+        membership change (every saved rank's ``"unread"``, from :meth:`state_dict`,
+        together; :func:`~dask_ddp.restore_training_state` does it)."""
+        state = {k: v for k, v in self.state_dict().items() if k != "unread"}
+        self.load_state_dict({**state, "epoch": int(epoch), "batch": len(self)})
+        self.deal_unread(int(epoch), samples, rank, world_size)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from :meth:`state_dict`'s position on the next iteration.
 
         For tar shards, a state saved on another world size continues the epoch with the
-        samples no rank had yielded (see :class:`~dask_ddp.data.TarShards`).
+        samples no rank had yielded (see :class:`~dask_ddp.data.TarShards`). A state with
+        ``"unread"`` continues with those samples (:meth:`resume_unread`).
         """
+        if state.get("unread") is not None:
+            self.resume_unread(int(state["epoch"]), _sample_list(state["unread"]), 0, 1)
+            return
         if self._shards is not None:
             self._load_shards_state(state)
             return

@@ -12,7 +12,7 @@ written again in Python: it names the lost rank's samples without reading them.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Union
 
 if TYPE_CHECKING:
@@ -95,8 +95,9 @@ class UnreadDeals:
         self.epoch: int | None = None
         self.pending: list[Any] = []
         #: This epoch's deals, in reading order: (samples, the members' ids in the deal's
-        #: rank order or None, world size, batches of each member's share).
-        self.deals: list[tuple[Samples, list[Any] | None, int, int]] = []
+        #: rank order or None, world size, batches of each member's share, this loader's
+        #: rank in the deal).
+        self.deals: list[tuple[Samples, list[Any] | None, int, int, int]] = []
         #: The epoch whose dealt samples are being read (its own shard is done).
         self.reading: int | None = None
         #: The engine loader of the deal being read.
@@ -121,7 +122,7 @@ class UnreadDeals:
         share = (n // world_size) if self.drop_last else -(-n // world_size)
         batches = share // self.batch_size if self.drop_last else -(-share // self.batch_size)
         self.deals.append((positions, None if members is None else list(members),
-                           world_size, batches))
+                           world_size, batches, rank))
 
     def next_core(self, epoch: int) -> Any:
         """The next engine loader of ``epoch``'s extra samples, started; ``None`` when
@@ -146,8 +147,8 @@ class UnreadDeals:
         del self.deals[started:]
         if self.reading != epoch or started == 0:
             return None
-        positions, members, world, batches = self.deals[-1]
-        self.deals[-1] = (positions, members, world, min(int(consumed), batches))
+        positions, members, world, batches, rank = self.deals[-1]
+        self.deals[-1] = (positions, members, world, min(int(consumed), batches), rank)
         return self.current, batches
 
     def batches_before_current(self) -> int:
@@ -155,24 +156,42 @@ class UnreadDeals:
         current = len(self.deals) - len(self.pending) - 1
         return sum(d[3] for d in self.deals[:max(current, 0)])
 
-    def lost_share(self, epoch: int, consumed: int, lost: Sequence[Any]) -> list[int]:
-        """The dealt samples of ``epoch`` that the ``lost`` members had not read after
-        ``consumed`` batches of the deals (every member reads its shares in the same
-        order, one batch a step), in deal and member order."""
-        out: list[int] = []
+    def _unread_deals(self, epoch: int, consumed: int
+                      ) -> Iterator[tuple[Samples, list[Any] | None, int, int, int]]:
+        """The deals of ``epoch`` not read to their end after ``consumed`` batches of them
+        (every member reads its shares in the same order, one batch a step): (samples,
+        members, world size, this loader's rank in it, the first unread sample of a
+        share)."""
         if self.epoch != epoch:
-            return out
-        for positions, members, world, batches in self.deals:
+            return
+        for positions, members, world, batches, rank in self.deals:
             if consumed >= batches:
                 consumed -= batches
                 continue
+            yield positions, members, world, rank, consumed * self.batch_size
+            consumed = 0
+
+    def lost_share(self, epoch: int, consumed: int, lost: Sequence[Any]) -> list[int]:
+        """The dealt samples of ``epoch`` that the ``lost`` members had not read after
+        ``consumed`` batches of the deals, in deal and member order."""
+        out: list[int] = []
+        for positions, members, world, _, start in self._unread_deals(epoch, consumed):
             for m in lost:
                 if members is not None and m in members:
                     share = self.share_order(epoch, positions, members.index(m), world)
-                    out += [int(i) for i in share[consumed * self.batch_size:]]
-            consumed = 0
+                    out += [int(i) for i in share[start:]]
         return out
 
+    def dealt_in(self, epoch: int) -> bool:
+        """Whether samples were dealt to this loader in ``epoch``."""
+        return self.epoch == epoch and bool(self.deals)
+
+    def own_unread(self, epoch: int, consumed: int) -> list[int]:
+        """This loader's own unread shares of ``epoch``'s deals after ``consumed`` batches
+        of them, in reading order."""
+        return [int(i) for positions, _, world, rank, start in
+                self._unread_deals(epoch, consumed)
+                for i in self.share_order(epoch, positions, rank, world)[start:]]
 
 def lost_positions(loader: Any, epoch: int, batch: int, lost: Sequence[int]) -> list[int]:
     """The samples of ``epoch`` that the ``lost`` ranks (of ``loader``'s world) had not

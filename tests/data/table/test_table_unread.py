@@ -127,14 +127,11 @@ def test_a_joiner_takes_a_share_and_the_next_epoch_has_three(table: Table) -> No
     want.close()
 
 
-@pytest.mark.parametrize("join_at", [8, 13, 15])
-def test_a_join_after_a_loss_deals_everything_unread_again(table: Table,
-                                                          join_at: int) -> None:
-    """Rank 2 of 3 lost after 5 batches (own rows: 13 batches), its unread rows dealt to
-    ranks 0 and 1, who read on to batch ``join_at`` of the epoch (inside their own rows,
-    at their end, inside the deal); a joiner comes: each member's unread rows, own and
-    dealt, are dealt over the three, and the members stop reading theirs; then member 0
-    is lost after 1 batch more: its unread share goes to the two left."""
+def _lose_rank_2_then_read_to(table: Table, at: int) -> tuple[list[Any], list[Any],
+                                                                list[int]]:
+    """Three ranks read 5 batches (own rows: 13); rank 2 is lost and its unread rows
+    dealt to ranks 0 and 1, who read on to batch ``at`` of the epoch: the loaders, their
+    iterators and the rows read."""
     loaders = _loaders(table, 3)
     assert len(loaders[0]) == 13
     iters = [iter(lo) for lo in loaders]
@@ -143,7 +140,19 @@ def test_a_join_after_a_loss_deals_everything_unread_again(table: Table,
     lost = loaders[0].lost_samples(0, 5, [2])
     for new_rank, lo in enumerate(loaders[:2]):
         lo.deal_unread(0, lost, new_rank, 2, members=[0, 1])
-    seen += [i for it in iters[:2] for i in _take(it, join_at - 5)]
+    seen += [i for it in iters[:2] for i in _take(it, at - 5)]
+    return loaders, iters, seen
+
+
+@pytest.mark.parametrize("join_at", [8, 13, 15])
+def test_a_join_after_a_loss_deals_everything_unread_again(table: Table,
+                                                          join_at: int) -> None:
+    """Rank 2 of 3 lost after 5 batches (own rows: 13 batches), its unread rows dealt to
+    ranks 0 and 1, who read on to batch ``join_at`` of the epoch (inside their own rows,
+    at their end, inside the deal); a joiner comes: each member's unread rows, own and
+    dealt, are dealt over the three, and the members stop reading theirs; then member 0
+    is lost after 1 batch more: its unread share goes to the two left."""
+    loaders, iters, seen = _lose_rank_2_then_read_to(table, join_at)
     assert loaders[0].epoch_progress == loaders[1].epoch_progress == join_at
     unread = loaders[0].lost_samples(0, join_at, [0, 1], uids=[0, 1])
     joiner = Loader(table, BS, seed=3, rank=0, world_size=1, num_threads=1, window=2)
@@ -163,6 +172,36 @@ def test_a_join_after_a_loss_deals_everything_unread_again(table: Table,
     for lo in members.values():
         lo.close()
     _check_once(seen, (3 - 1) + (2 - 1) + (3 - 1) + (2 - 1))
+
+
+@pytest.mark.parametrize("saved_at", [8, 15])
+def test_a_state_saved_after_a_loss_resumes_every_unread_row_once(table: Table,
+                                                                  saved_at: int) -> None:
+    """Rank 2 of 3 lost after 5 batches, its unread rows dealt to ranks 0 and 1, who read
+    on to batch ``saved_at`` (inside their own rows, inside the deal) and save their
+    states: a restart on 2 ranks resumes from them (restore_training_state) with every
+    row of the epoch read once, plus the deals' padding."""
+    from dask_ddp.checkpoint.resume import restore_training_state, training_state
+
+    loaders, iters, seen = _lose_rank_2_then_read_to(table, saved_at)
+    state = training_state(None, loader=None)
+    state["world_size"] = 2
+    state["ranks"] = [{**state["ranks"][0], "loader": lo.state_dict()} for lo in loaders[:2]]
+    for lo in loaders[:2]:
+        lo.close()
+    for rank in (0, 1):
+        # As rank ``rank`` of a restarted 2-rank job (the process group's place taken by
+        # the dealing: restore_training_state deals as rank 0 of 1 without a group).
+        fresh = Loader(table, BS, seed=3, rank=rank, world_size=2, num_threads=1, window=2)
+        samples = [int(i) for r in state["ranks"] for i in r["loader"]["unread"].tolist()]
+        fresh.resume_unread(0, samples, rank, 2)
+        seen += _rest(iter(fresh))
+        fresh.close()
+    _check_once(seen, (3 - 1) + (2 - 1) + (2 - 1))
+    alone = Loader(table, BS, seed=3, rank=0, world_size=1, num_threads=1, window=2)
+    restore_training_state(state, None, loader=alone)
+    assert sorted(_rest(iter(alone))) == sorted(samples)
+    alone.close()
 
 
 def test_reshard_is_checked(table: Table) -> None:

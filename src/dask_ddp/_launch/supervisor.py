@@ -367,7 +367,12 @@ class _Supervisor:
         # A rank whose collective broke (or that raised after another rank) is likely the
         # victim of a peer's fault: wait a moment to learn it and raise that instead.
         secondary = victim or err.kind is FailureKind.RAISED
-        raise self._root_or(err, self.waits.root_wait if secondary else 0.0)
+        wait = self.waits.root_wait if secondary else 0.0
+        if victim and spec.options.stall_timeout is not None:
+            # A stall's record is published once the watcher read the ranks' stacks: a
+            # collective that broke meanwhile (a peer ended) waits for it that much longer.
+            wait += self.waits.stacks_timeout
+        raise self._root_or(err, wait)
 
     def _failed(self, phase: str, what: str, cause: BaseException | None, tb: str,
                 claimed: bool = False, died: bool = False) -> RankFailedError:

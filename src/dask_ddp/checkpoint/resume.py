@@ -206,7 +206,7 @@ def restore_training_state(state: dict[str, Any], model: Any, optimizer: Any = N
         if any(u is not None for u in unread) and hasattr(loader, "resume_unread"):
             # Saved after a membership change (live recovery): every rank's unread samples
             # of the epoch, together, dealt over this job's ranks; nothing read twice.
-            samples = [int(i) for u in unread if u is not None for i in u.tolist()]
+            samples = [i for u in unread if u is not None for i in u.tolist()]
             loader.resume_unread(int(saved["epoch"]), samples, rank, world)
         else:
             loader.load_state_dict(saved if same else _resized_loader_state(saved, loader))

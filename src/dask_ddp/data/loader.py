@@ -450,9 +450,22 @@ class Loader:
             state["drop_last"] = self.drop_last
             state["batch_size"] = self.batch_size
             state["epoch_segments"] = self._epoch_segments
+        return self._with_unread(state)
+
+    def _with_unread(self, state: dict[str, Any]) -> dict[str, Any]:
+        """``state`` with ``"unread"`` in an epoch that had samples dealt to this rank."""
         if self._unread is not None and self._unread.dealt_in(self.epoch):
-            state["unread"] = torch.as_tensor(self.unread_samples(), dtype=torch.int64)
+            state["unread"] = torch.as_tensor(
+                [int(i) for i in self.unread_samples()], dtype=torch.int64)
         return state
+
+    def _took_unread(self, state: dict[str, Any]) -> bool:
+        """Load a state with ``"unread"`` (:meth:`resume_unread` as rank 0 of 1); whether
+        it had them."""
+        if state.get("unread") is None:
+            return False
+        self.resume_unread(int(state["epoch"]), state["unread"], 0, 1)
+        return True
 
     def unread_samples(self) -> Samples:
         """This rank's samples of the current epoch not yet yielded: the rest of its own
@@ -471,7 +484,7 @@ class Loader:
         together; :func:`~dask_ddp.restore_training_state` does it)."""
         state = {k: v for k, v in self.state_dict().items() if k != "unread"}
         self.load_state_dict({**state, "epoch": int(epoch), "batch": len(self)})
-        self.deal_unread(int(epoch), samples, rank, world_size)
+        self.deal_unread(int(epoch), _sample_list(samples), rank, world_size)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from :meth:`state_dict`'s position on the next iteration.
@@ -480,14 +493,14 @@ class Loader:
         samples no rank had yielded (see :class:`~dask_ddp.data.TarShards`). A state with
         ``"unread"`` continues with those samples (:meth:`resume_unread`).
         """
-        if state.get("unread") is not None:
-            self.resume_unread(int(state["epoch"]), _sample_list(state["unread"]), 0, 1)
+        if self._took_unread(state):
             return
         if self._shards is not None:
             self._load_shards_state(state)
             return
+        own = self.state_dict()
         for key in ("seed", "shuffle", "world_size", "num_batches"):
-            mine = self.state_dict()[key]
+            mine = own[key]
             if key in state and state[key] != mine:
                 raise ValueError(
                     f"state_dict was saved with {key}={state[key]!r} but this loader has {mine!r}"

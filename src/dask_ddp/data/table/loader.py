@@ -25,7 +25,7 @@ import numpy as np
 
 from dask_ddp import _core
 from dask_ddp._identity import cores_per_rank
-from dask_ddp.data.loader import Loader, _sample_list
+from dask_ddp.data.loader import Loader
 from dask_ddp.data.table import plan
 from dask_ddp.data.table.batches import POLL_S, EpochBatches
 from dask_ddp.data.table.epoch import EpochRows
@@ -344,21 +344,16 @@ class TableLoader(Loader):
             state["resumed_from"] = dict(self._resume)
         if self._plan.pieces is not None:
             state["pieces"] = [list(map(list, ps)) for ps in self._plan.pieces]
-        if self._deals.dealt_in(self.epoch):
-            import torch
-
-            # Rows dealt this epoch (live recovery): the ones not yet read, for a resume.
-            state["unread"] = torch.as_tensor(np.asarray(self.unread_samples(), np.int64))
-        return state
+        return self._with_unread(state)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from :meth:`state_dict`'s position on the next iteration (a state
         with ``"unread"``: with those rows, :meth:`resume_unread`)."""
-        if state.get("unread") is not None:
-            self.resume_unread(int(state["epoch"]), _sample_list(state["unread"]), 0, 1)
+        if self._took_unread(state):
             return
+        own = self.state_dict()
         for key in ("seed", "shuffle", "batch_size", "drop_last", "window", "rows"):
-            mine = self.state_dict()[key]
+            mine = own[key]
             if key in state and state[key] != mine:
                 raise ValueError(f"state_dict was saved with {key}={state[key]!r} but this "
                                  f"loader has {mine!r}")

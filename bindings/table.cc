@@ -17,11 +17,13 @@
 #include <memory>
 #include <optional>
 
+#include "convert.h"
 #include "errors.h"
 #include "table/batch_stream.h"
 #include "table/gather.h"
 #include "table/host_cache.h"
 #include "table/pack.h"
+#include "table/plan.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -335,6 +337,28 @@ void WriteRecordsPy(const std::string& path, Records records) {
   ThrowIfError(status);
 }
 
+void CreateRecordsFilePy(const std::string& tmp, int64_t rows, size_t record_bytes,
+                         const nb::bytes& token) {
+  const std::string_view t = View(token);
+  Status status;
+  {
+    nb::gil_scoped_release release;
+    status = table::CreateRecordsFile(
+        tmp, rows, record_bytes, {reinterpret_cast<const uint8_t*>(t.data()), t.size()});
+  }
+  ThrowIfError(status);
+}
+
+void CommitRecordsFilePy(const std::string& tmp, const std::string& path, int64_t rows,
+                         size_t record_bytes) {
+  Status status;
+  {
+    nb::gil_scoped_release release;
+    status = table::CommitRecordsFile(tmp, path, rows, record_bytes);
+  }
+  ThrowIfError(status);
+}
+
 // A lock held by this process until release() (or its end).
 class HostLock {
  public:
@@ -363,6 +387,51 @@ uint64_t FreeBytesPy(const std::string& dir) {
   Result<uint64_t> free = table::FreeBytes(dir);
   ThrowIfError(free.status());
   return free.value();
+}
+
+using Int64sOut = nb::ndarray<int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+
+void ShuffleRowsPy(Int64sOut ids, uint64_t seed, uint64_t epoch, uint64_t salt,
+                   uint64_t window) {
+  nb::gil_scoped_release release;
+  table::ShuffleRows({ids.data(), ids.shape(0)}, {seed, epoch, salt, window});
+}
+
+void WindowedSequencePy(Int64s counts, Int64s order, size_t window, bool shuffle,
+                        uint64_t seed, uint64_t epoch, uint64_t salt, Int64sOut rows,
+                        Int64sOut wins) {
+  Status status;
+  {
+    nb::gil_scoped_release release;
+    status = table::WindowedSequence({counts.data(), counts.shape(0)},
+                                     {order.data(), order.shape(0)}, window, shuffle, seed,
+                                     epoch, salt, {rows.data(), rows.shape(0)},
+                                     {wins.data(), wins.shape(0)});
+  }
+  ThrowIfError(status);
+}
+
+// A vector handed to numpy without a copy (the array owns it).
+template <typename T>
+nb::object ToNumpy(std::vector<T> v) {
+  const size_t shape[1] = {v.size()};
+  auto* owned = new std::vector<T>(std::move(v));
+  nb::capsule owner(owned, [](void* p) noexcept { delete static_cast<std::vector<T>*>(p); });
+  return nb::ndarray<nb::numpy, T, nb::ndim<1>>(owned->data(), 1, shape, owner).cast();
+}
+
+nb::tuple IndexWindowPy(Int64s rows, Int64s offsets, bool whole) {
+  table::WindowIndex index;
+  Status status;
+  {
+    nb::gil_scoped_release release;
+    status = table::IndexWindow({rows.data(), rows.shape(0)},
+                                {offsets.data(), offsets.shape(0)}, whole, &index);
+  }
+  ThrowIfError(status);
+  return nb::make_tuple(ToNumpy(std::move(index.partitions)), ToNumpy(std::move(index.sizes)),
+                        ToNumpy(std::move(index.seg)), ToNumpy(std::move(index.row)),
+                        ToNumpy(std::move(index.piece_rows)));
 }
 
 }  // namespace
@@ -401,7 +470,28 @@ void init_table(nb::module_& m) {
         "Write records (uint8 [rows, record bytes]) as the host cache file path (0600):\n"
         "a temporary file beside it, space reserved, then linked to path; a file already\n"
         "there is kept. OSError naming the file when the file system is full.");
+  m.def("create_records_file", &CreateRecordsFilePy, "tmp"_a, "rows"_a, "record_bytes"_a,
+        "token"_a,
+        "Make the temporary host cache file tmp (0600, new) of rows records for another\n"
+        "process to write after the header: space reserved, token where the header goes.\n"
+        "OSError naming the file when the file system has no room.");
+  m.def("commit_records_file", &CommitRecordsFilePy, "tmp"_a, "path"_a, "rows"_a,
+        "record_bytes"_a,
+        "Write the header of tmp (made by create_records_file, its records written) and\n"
+        "link it to path (a file already there is kept); tmp is removed.");
   m.def("free_bytes", &FreeBytesPy, "dir"_a, "Bytes files may still take where dir is.");
+  m.def("shuffle_rows", &ShuffleRowsPy, "ids"_a, "seed"_a, "epoch"_a, "salt"_a, "window"_a,
+        "Permute ids (int64, in place) uniformly, in the order the key (seed, epoch, salt,\n"
+        "window) gives (the GIL released).");
+  m.def("windowed_sequence", &WindowedSequencePy, "counts"_a, "order"_a, "window"_a,
+        "shuffle"_a, "seed"_a, "epoch"_a, "salt"_a, "rows"_a, "wins"_a,
+        "Fill rows and wins with the rows of the partitions order names, window\n"
+        "partitions at a time (shuffled inside each window when shuffle) and each one's\n"
+        "window. ValueError naming a bad count or order entry.");
+  m.def("index_window", &IndexWindowPy, "rows"_a, "offsets"_a, "whole"_a,
+        "A window's rows split by partition: (partitions, sizes, seg, row, piece_rows);\n"
+        "piece_rows (not whole) holds each piece's distinct sorted rows end to end.\n"
+        "ValueError naming the first position whose row is not in the table.");
   nb::class_<HostLock>(m, "HostLock",
                        "An exclusive lock on a file between the processes of a host (flock;\n"
                        "released by release() or when the process ends).")

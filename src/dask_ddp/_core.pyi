@@ -244,8 +244,41 @@ def write_records(path: str, records: Annotated[NDArray[numpy.uint8], dict(shape
     there is kept. OSError naming the file when the file system is full.
     """
 
+def create_records_file(tmp: str, rows: int, record_bytes: int, token: bytes) -> None:
+    """
+    Make the temporary host cache file tmp (0600, new) of rows records for another
+    process to write after the header: space reserved, token where the header goes.
+    OSError naming the file when the file system has no room.
+    """
+
+def commit_records_file(tmp: str, path: str, rows: int, record_bytes: int) -> None:
+    """
+    Write the header of tmp (made by create_records_file, its records written) and
+    link it to path (a file already there is kept); tmp is removed.
+    """
+
 def free_bytes(dir: str) -> int:
     """Bytes files may still take where dir is."""
+
+def shuffle_rows(ids: Annotated[NDArray[numpy.int64], dict(shape=(None,), order='C', device='cpu')], seed: int, epoch: int, salt: int, window: int) -> None:
+    """
+    Permute ids (int64, in place) uniformly, in the order the key (seed, epoch, salt,
+    window) gives (the GIL released).
+    """
+
+def windowed_sequence(counts: Annotated[NDArray[numpy.int64], dict(shape=(None,), order='C', device='cpu', writable=False)], order: Annotated[NDArray[numpy.int64], dict(shape=(None,), order='C', device='cpu', writable=False)], window: int, shuffle: bool, seed: int, epoch: int, salt: int, rows: Annotated[NDArray[numpy.int64], dict(shape=(None,), order='C', device='cpu')], wins: Annotated[NDArray[numpy.int64], dict(shape=(None,), order='C', device='cpu')]) -> None:
+    """
+    Fill rows and wins with the rows of the partitions order names, window
+    partitions at a time (shuffled inside each window when shuffle) and each one's
+    window. ValueError naming a bad count or order entry.
+    """
+
+def index_window(rows: Annotated[NDArray[numpy.int64], dict(shape=(None,), order='C', device='cpu', writable=False)], offsets: Annotated[NDArray[numpy.int64], dict(shape=(None,), order='C', device='cpu', writable=False)], whole: bool) -> tuple:
+    """
+    A window's rows split by partition: (partitions, sizes, seg, row, piece_rows);
+    piece_rows (not whole) holds each piece's distinct sorted rows end to end.
+    ValueError naming the first position whose row is not in the table.
+    """
 
 class HostLock:
     """

@@ -51,6 +51,71 @@ std::string TempName(const std::string& path) {
   return path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
 }
 
+void FillHeader(uint8_t* out, int64_t rows, size_t record_bytes) {
+  std::memset(out, 0, kHostCacheHeaderBytes);
+  std::memcpy(out, kMagic, 8);
+  const auto urows = static_cast<uint64_t>(rows);
+  const auto urec = static_cast<uint64_t>(record_bytes);
+  std::memcpy(out + 8, &urows, 8);
+  std::memcpy(out + 16, &urec, 8);
+}
+
+Status CheckSize(const std::string& path, size_t bytes, int64_t rows, size_t record_bytes) {
+  if (rows < 0 || record_bytes == 0 || bytes != static_cast<size_t>(rows) * record_bytes) {
+    return InvalidArgumentError(path + ": " + std::to_string(bytes) + " bytes are not " +
+                                std::to_string(rows) + " records of " +
+                                std::to_string(record_bytes) + " bytes");
+  }
+  return Status::Ok();
+}
+
+// Creates `tmp` (0600, not there before) of `size` bytes with the space reserved: on a
+// full tmpfs the error is here, not a SIGBUS in a later write. The file is removed on
+// an error.
+Result<int> CreateReserved(const std::string& tmp, size_t size) {
+  const int fd = ::open(tmp.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) return Errno(errno, "create", tmp);
+  if (int err = ::posix_fallocate(fd, 0, static_cast<off_t>(size)); err != 0) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    return Errno(err, "reserve " + std::to_string(size) + " bytes", tmp);
+  }
+  return fd;
+}
+
+// Writes `bytes` at the start of `tmp` (open as `fd`) and closes it; on an error `tmp`
+// is removed and the error names what failed.
+Status WriteStartAndClose(Fd& fd, const std::string& tmp, std::span<const uint8_t> bytes,
+                          std::string_view what) {
+  if (!bytes.empty()) {
+    const ssize_t n = ::pwrite(fd.fd, bytes.data(), bytes.size(), 0);
+    if (n != static_cast<ssize_t>(bytes.size())) {
+      const int err = n < 0 ? errno : EIO;  // a short write sets no errno
+      ::unlink(tmp.c_str());
+      return Errno(err, what, tmp);
+    }
+  }
+  if (::close(fd.release()) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    return Errno(err, "close", tmp);
+  }
+  return Status::Ok();
+}
+
+// Links a complete `tmp` to `path` and removes `tmp`. link, not rename: a file another
+// rank committed first is kept (the same records), never replaced under the ranks that
+// map it.
+Status LinkInPlace(const std::string& tmp, const std::string& path) {
+  if (::link(tmp.c_str(), path.c_str()) != 0 && errno != EEXIST) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    return Errno(err, "link to " + path, tmp);
+  }
+  if (::unlink(tmp.c_str()) != 0) return Errno(errno, "unlink", tmp);
+  return Status::Ok();
+}
+
 }  // namespace
 
 Result<std::unique_ptr<MappedRecords>> MappedRecords::Open(const std::string& path,
@@ -84,7 +149,8 @@ Result<std::unique_ptr<MappedRecords>> MappedRecords::Open(const std::string& pa
                          std::to_string(rows) + " records of " + std::to_string(rec) +
                          " bytes after the header");
   }
-  void* base = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd.fd, 0);
+  // Populated at once: one call maps every page, where the gather would fault each in.
+  void* base = ::mmap(nullptr, size, PROT_READ, MAP_SHARED | MAP_POPULATE, fd.fd, 0);
   if (base == MAP_FAILED) return Errno(errno, "mmap", path);
   return std::unique_ptr<MappedRecords>(new MappedRecords(
       path, static_cast<const uint8_t*>(base), size, static_cast<int64_t>(rows), rec));
@@ -97,43 +163,61 @@ MappedRecords::~MappedRecords() {
 
 Status WriteRecordsFile(const std::string& path, std::span<const uint8_t> records,
                         int64_t rows, size_t record_bytes) {
-  if (rows < 0 || record_bytes == 0 ||
-      records.size() != static_cast<size_t>(rows) * record_bytes) {
-    return InvalidArgumentError(path + ": " + std::to_string(records.size()) +
-                                " bytes are not " + std::to_string(rows) + " records of " +
-                                std::to_string(record_bytes) + " bytes");
-  }
+  if (Status s = CheckSize(path, records.size(), rows, record_bytes); !s.ok()) return s;
   const std::string tmp = TempName(path);
-  Fd fd{::open(tmp.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600)};
-  if (fd.fd < 0) return Errno(errno, "create", tmp);
   const size_t size = kHostCacheHeaderBytes + records.size();
+  Result<int> created = CreateReserved(tmp, size);
+  if (!created.ok()) return created.status();
+  Fd fd{created.value()};
   auto fail = [&](Status s) {
     ::unlink(tmp.c_str());  // best effort: the temporary file is never left behind
     return s;
   };
-  // Reserves the pages: on a full tmpfs the error is here, not a SIGBUS in the copy.
-  if (int err = ::posix_fallocate(fd.fd, 0, static_cast<off_t>(size)); err != 0) {
-    return fail(Errno(err, "reserve " + std::to_string(size) + " bytes", tmp));
-  }
   void* base = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd.fd, 0);
   if (base == MAP_FAILED) return fail(Errno(errno, "mmap", tmp));
   auto* out = static_cast<uint8_t*>(base);
-  std::memset(out, 0, kHostCacheHeaderBytes);
-  std::memcpy(out, kMagic, 8);
-  const auto urows = static_cast<uint64_t>(rows);
-  const auto urec = static_cast<uint64_t>(record_bytes);
-  std::memcpy(out + 8, &urows, 8);
-  std::memcpy(out + 16, &urec, 8);
+  FillHeader(out, rows, record_bytes);
   if (!records.empty()) std::memcpy(out + kHostCacheHeaderBytes, records.data(), records.size());
   if (::munmap(base, size) != 0) return fail(Errno(errno, "munmap", tmp));
   if (::close(fd.release()) != 0) return fail(Errno(errno, "close", tmp));
-  // link, not rename: a file another rank committed first is kept (the same records),
-  // never replaced under the ranks that map it.
-  if (::link(tmp.c_str(), path.c_str()) != 0 && errno != EEXIST) {
-    return fail(Errno(errno, "link to " + path, tmp));
+  return LinkInPlace(tmp, path);
+}
+
+Status CreateRecordsFile(const std::string& tmp, int64_t rows, size_t record_bytes,
+                         std::span<const uint8_t> token) {
+  if (rows < 0 || record_bytes == 0) {
+    return InvalidArgumentError(tmp + ": " + std::to_string(rows) + " records of " +
+                                std::to_string(record_bytes) + " bytes");
   }
-  if (::unlink(tmp.c_str()) != 0) return Errno(errno, "unlink", tmp);
-  return Status::Ok();
+  if (token.size() > kHostCacheHeaderBytes) {
+    return InvalidArgumentError(tmp + ": a token of " + std::to_string(token.size()) +
+                                " bytes is longer than the header");
+  }
+  Result<int> created =
+      CreateReserved(tmp, kHostCacheHeaderBytes + static_cast<size_t>(rows) * record_bytes);
+  if (!created.ok()) return created.status();
+  Fd fd{created.value()};
+  return WriteStartAndClose(fd, tmp, token, "write the token");
+}
+
+Status CommitRecordsFile(const std::string& tmp, const std::string& path, int64_t rows,
+                         size_t record_bytes) {
+  Fd fd{::open(tmp.c_str(), O_RDWR | O_CLOEXEC)};
+  if (fd.fd < 0) return Errno(errno, "open", tmp);
+  struct stat st {};
+  if (::fstat(fd.fd, &st) != 0) return Errno(errno, "fstat", tmp);
+  const auto size = static_cast<size_t>(st.st_size);
+  if (rows < 0 || record_bytes == 0 || size < kHostCacheHeaderBytes ||
+      size - kHostCacheHeaderBytes != static_cast<size_t>(rows) * record_bytes) {
+    ::unlink(tmp.c_str());
+    return DataLossError(tmp + ": " + std::to_string(size) + " bytes are not the header and " +
+                         std::to_string(rows) + " records of " + std::to_string(record_bytes) +
+                         " bytes");
+  }
+  uint8_t header[kHostCacheHeaderBytes];
+  FillHeader(header, rows, record_bytes);
+  if (Status s = WriteStartAndClose(fd, tmp, header, "write the header"); !s.ok()) return s;
+  return LinkInPlace(tmp, path);
 }
 
 Result<std::unique_ptr<FileLock>> FileLock::Acquire(const std::string& path,

@@ -65,6 +65,21 @@ class MappedRecords {
 Status WriteRecordsFile(const std::string& path, std::span<const uint8_t> records,
                         int64_t rows, size_t record_bytes);
 
+// Creates the temporary file `tmp` (mode 0600; an error if it exists) of a partition's
+// `rows` records of `record_bytes`, for another process of the host to write the records
+// into (after the header): space reserved, and `token` (at most the header's size) where
+// the header goes, for the writer to check it has the right file. CommitRecordsFile then
+// makes it the partition file. Removed on an error, which names it (ResourceExhausted
+// when the file system has no room).
+Status CreateRecordsFile(const std::string& tmp, int64_t rows, size_t record_bytes,
+                         std::span<const uint8_t> token);
+
+// Writes the header of `tmp` (made by CreateRecordsFile, its records written) and links
+// it to `path` as WriteRecordsFile does (a file already there is kept); `tmp` is removed
+// in every case. DataLoss or InvalidArgument when its size is not `rows` records.
+Status CommitRecordsFile(const std::string& tmp, const std::string& path, int64_t rows,
+                         size_t record_bytes);
+
 // An exclusive advisory lock on `path` (created 0600 if missing), held until destroyed
 // or until the holding process ends.
 class FileLock {

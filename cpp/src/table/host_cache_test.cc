@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -60,6 +61,68 @@ TEST_F(HostCacheTest, WrittenThenMappedByAnyReader) {
   EXPECT_EQ(st.st_size, static_cast<off_t>(kHostCacheHeaderBytes + 60));
   // No temporary file is left beside it.
   EXPECT_EQ(Names(), std::vector<std::string>{"t-p3.rec"});
+}
+
+TEST_F(HostCacheTest, ACreatedFileWrittenByAnotherProcessIsCommittedInPlace) {
+  const auto recs = Records();
+  const std::string tmp = Path("t-p1.rec.tmp.x"), path = Path("t-p1.rec");
+  const std::vector<uint8_t> token{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
+  ASSERT_TRUE(CreateRecordsFile(tmp, 5, 12, token).ok());
+  struct stat st {};
+  ASSERT_EQ(::stat(tmp.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  EXPECT_EQ(st.st_size, static_cast<off_t>(kHostCacheHeaderBytes + 60));
+  EXPECT_FALSE(fs::exists(path));
+  // Another process finds the token, then writes the records after the header.
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    FILE* f = std::fopen(tmp.c_str(), "r+b");
+    uint8_t got[16] = {};
+    const bool ok = f != nullptr && std::fread(got, 1, 16, f) == 16 &&
+                    std::equal(token.begin(), token.end(), got) &&
+                    std::fseek(f, static_cast<long>(kHostCacheHeaderBytes), SEEK_SET) == 0 &&
+                    std::fwrite(recs.data(), 1, recs.size(), f) == recs.size() &&
+                    std::fclose(f) == 0;
+    std::_Exit(ok ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  ASSERT_TRUE(CommitRecordsFile(tmp, path, 5, 12).ok());
+  auto m = MappedRecords::Open(path, 12);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ((*m)->rows(), 5);
+  EXPECT_EQ(std::vector<uint8_t>((*m)->records(), (*m)->records() + 60), recs);
+  EXPECT_EQ(Names(), std::vector<std::string>{"t-p1.rec"});
+}
+
+TEST_F(HostCacheTest, ACommitKeepsAFileAnotherRankCommittedFirst) {
+  const auto recs = Records();
+  const std::string path = Path("t-p2.rec");
+  ASSERT_TRUE(WriteRecordsFile(path, recs, 5, 12).ok());
+  const std::string tmp = Path("t-p2.rec.tmp.y");
+  ASSERT_TRUE(CreateRecordsFile(tmp, 5, 12, {}).ok());
+  ASSERT_TRUE(CommitRecordsFile(tmp, path, 5, 12).ok());
+  auto m = MappedRecords::Open(path, 12);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(std::vector<uint8_t>((*m)->records(), (*m)->records() + 60), recs);
+  EXPECT_EQ(Names(), std::vector<std::string>{"t-p2.rec"});
+}
+
+TEST_F(HostCacheTest, ACreatedFileOfOtherRowsIsRefusedAtCommitAndRemoved) {
+  const std::string tmp = Path("t-p4.rec.tmp.z"), path = Path("t-p4.rec");
+  ASSERT_TRUE(CreateRecordsFile(tmp, 5, 12, {}).ok());
+  Status s = CommitRecordsFile(tmp, path, 4, 12);
+  EXPECT_EQ(s.code(), Code::kDataLoss);
+  EXPECT_NE(s.message().find(tmp), std::string::npos) << s.message();
+  EXPECT_TRUE(Names().empty());
+  // Creating over an existing name, or with a token longer than the header, is refused.
+  ASSERT_TRUE(CreateRecordsFile(tmp, 1, 12, {}).ok());
+  EXPECT_FALSE(CreateRecordsFile(tmp, 1, 12, {}).ok());
+  EXPECT_EQ(CreateRecordsFile(Path("other"), 1, 12, std::vector<uint8_t>(65, 0)).code(),
+            Code::kInvalidArgument);
+  EXPECT_EQ(CommitRecordsFile(Path("missing"), path, 1, 12).code(), Code::kNotFound);
 }
 
 TEST_F(HostCacheTest, AnEmptyPartitionIsAFile) {

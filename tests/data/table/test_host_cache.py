@@ -66,6 +66,8 @@ def test_two_ranks_read_each_partition_once_per_host(client: Any, monkeypatch: A
     # Held once: one file per partition, the table's records and a header each.
     recs = {f: n for f, n in results[0]["files"].items() if f.endswith(".rec")}
     assert len(recs) == PARTS and sum(recs.values()) == N * RECORD + PARTS * host_cache.HEADER
+    # The workers wrote the files themselves: no temporary file is left.
+    assert not [f for f in results[0]["files"] if ".tmp." in f], results[0]["files"]
     # The batches the per-rank cache yields (loaders in this process, outside any job).
     monkeypatch.delenv("DASK_DDP_JOB_ID", raising=False)
     table = dask_ddp.data.Table(ddf, client=client)
@@ -81,6 +83,33 @@ def test_two_ranks_read_each_partition_once_per_host(client: Any, monkeypatch: A
         loader.close()
         assert got["epochs"] == want, f"rank {rank}"
     _gone(_job_dir(job))
+
+
+def test_a_worker_writes_the_host_file_and_a_dropped_read_leaves_nothing(
+        client: Any, tmp_path: Path) -> None:
+    """A Dask table's read into a host cache file: the worker holding the partition
+    writes the records into the temporary file, which the rank links into place; a read
+    dropped before it finished removes its temporary file."""
+    from dask_ddp import _core
+    from dask_ddp.data.table.fetch import DaskReader
+
+    ddf = _frame()
+    table = dask_ddp.data.Table(ddf, client=client)
+    reader = DaskReader(table)
+    rows = np.arange(table.partition_rows[2], dtype=np.int64)
+    final = str(tmp_path / "p2.rec")
+    pend = reader.start([2], [rows], into=[(final + ".tmp.a", final)])[0]
+    records = reader.finish(pend)
+    assert sorted(os.listdir(tmp_path)) == ["p2.rec"]
+    again = _core.map_records(final, RECORD)
+    ids = records[:, :8].copy().view(np.int64).ravel()
+    first = int(np.cumsum([0, *table.partition_rows])[2])
+    assert ids.tolist() == list(range(first, first + len(rows)))
+    assert np.array_equal(records, again)
+    dropped = reader.start([3], [rows[:10]], into=[(str(tmp_path / "p3.rec.tmp.b"),
+                                                    str(tmp_path / "p3.rec"))])[0]
+    reader.cancel(dropped)
+    assert sorted(os.listdir(tmp_path)) == ["p2.rec"]
 
 
 def test_a_killed_rank_leaves_no_cache_behind(client: Any, tmp_path: Path) -> None:

@@ -41,7 +41,6 @@ class _EpochStart:
     starts: list[int]  # each window's first position
     ends: list[int]
     first: Window  # the first window, reads not started
-    parts: int  # partitions rank 0 reads (for its log), else 0
     engine: Any = None  # the engine's window over the first one, when cached
 
 
@@ -102,16 +101,15 @@ class EpochBatches:
         """The epoch's windows' bounds and its first window (no reads started)."""
         rows, wins = rank_rows
         n = len(rows)
-        bounds = (np.flatnonzero(np.diff(wins)) + 1).tolist()
+        # Where each window after the first starts (the ids are non-decreasing): a search
+        # per window, not a pass over the rows.
+        bounds = np.unique(np.searchsorted(wins, np.arange(wins[0] + 1, wins[-1] + 1))
+                           ).tolist() if n else []
         starts: list[int] = [0, *bounds]
         ends: list[int] = [*bounds, n]
         first = Window(rows[starts[0]:ends[0]], self.offsets,
                        whole=self.reads.cache is not None)
-        parts = 0
-        if self.rank == 0 and logger.isEnabledFor(logging.INFO):
-            parts = int(np.count_nonzero(np.bincount(
-                np.searchsorted(self.offsets, rows, side="right") - 1, minlength=1)))
-        return _EpochStart(epoch, rows, starts, ends, first, parts)
+        return _EpochStart(epoch, rows, starts, ends, first)
 
     def _prepare(self, epoch: int, ahead: Callable[[], tuple[np.ndarray, np.ndarray]]
                  ) -> None:
@@ -142,8 +140,7 @@ class EpochBatches:
         nb = n // bs if self.drop_last else -(-n // bs)
         if self.rank == 0 and start == 0:
             logger.info("table plan, epoch %d (shuffle=%r): %d rows per rank in %d batches, "
-                        "%d windows; rank 0 reads %d partitions", epoch, self.shuffle, n,
-                        nb, len(starts) if n else 0, es.parts)
+                        "%d windows", epoch, self.shuffle, n, nb, len(starts) if n else 0)
 
         def window(w: int) -> Window:
             if w not in windows:
@@ -200,9 +197,9 @@ class EpochBatches:
         """The engine's window over the segments of ``used`` (waiting for their rows)."""
         segs, names, nrows = [], [], []
         for win in used:
-            for p, rows, seg in zip(win.partitions, win.rows, self.reads.ready(win),
+            for p, size, seg in zip(win.partitions, win.sizes, self.reads.ready(win),
                                     strict=True):
                 segs.append(seg)
                 names.append(f"partition {int(p)}")
-                nrows.append(len(rows))
+                nrows.append(int(size))
         return self.layout.window(segs, names, nrows)

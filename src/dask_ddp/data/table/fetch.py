@@ -3,12 +3,15 @@
 The rank asks for the rows it needs of one partition; a small task on the worker holding
 the partition (or computing it, when the collection is not persisted) writes those rows
 as records (a row's columns side by side) into a memory file the rank created
-(``memfd``, reached by the worker as ``/proc/<rank pid>/fd/<fd>`` on the same host). The
-rank maps the file: no pickle of the data, no pandas in the rank. A worker on another
-host (the file is not reachable there, which a token written in the file tells) sends
-the records back through Dask instead.
+(``memfd``, reached by the worker as ``/proc/<rank pid>/fd/<fd>`` on the same host), or
+straight into the host cache's file of the partition (a temporary file of ``/dev/shm``
+the rank links into place once written: no copy in the rank). The rank maps the file:
+no pickle of the data, no pandas in the rank. A worker on another host (the file is not
+reachable there, which a token written in the file tells) sends the records back through
+Dask instead.
 
-The memory file disappears with the rank process, whatever way it ends.
+The memory file disappears with the rank process, whatever way it ends; a temporary
+cache file goes when its read finishes or is dropped, or with the job's cache directory.
 """
 
 from __future__ import annotations
@@ -186,12 +189,26 @@ def export_many(parts: Sequence[Any], rows: Sequence[Any], columns: Sequence[Col
 
 
 class _Pending:
-    """A started read of one partition; ``group`` counts the reads sharing its task."""
+    """A started read of one partition; ``group`` counts the reads sharing its task;
+    ``into`` is the (temporary, final) host cache file it writes, or None (a memfd)."""
 
     def __init__(self, partition: int, future: Any, index: int, fd: int, size: int, n: int,
-                 source: Any, group: list[int]) -> None:
+                 source: Any, group: list[int], into: tuple[str, str] | None) -> None:
         self.partition, self.future, self.index = partition, future, index
         self.fd, self.size, self.n, self.source, self.group = fd, size, n, source, group
+        self.into = into
+        self.open = True  # not finished nor cancelled
+
+    def close_files(self) -> None:
+        """Close the memfd, or remove the temporary cache file (linked into place or not)."""
+        self.open = False
+        if self.fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self.fd)
+            self.fd = -1
+        if self.into is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self.into[0])
 
     def done_with_task(self) -> None:
         self.group[0] -= 1
@@ -227,13 +244,20 @@ class DaskReader:
             coll.partitions[partition]
         return self.client.compute(part)
 
-    def start(self, partitions: Sequence[int], rows: Sequence[np.ndarray]) -> list[_Pending]:
+    def start(self, partitions: Sequence[int], rows: Sequence[np.ndarray],
+              into: Sequence[tuple[str, str] | None] | None = None) -> list[_Pending]:
         """Start reading rows ``rows[i]`` (sorted) of each partition ``partitions[i]``: one
         task per worker holding some of them (one per partition computed as read);
-        :meth:`finish` waits for each."""
+        :meth:`finish` waits for each. ``into[i]``, when given, is a (temporary, final)
+        pair of host cache file names: the records go there (:meth:`finish` links the
+        temporary file to the final name and maps it)."""
+        from dask_ddp import _core
+
         cols = self.columns
+        record = record_layout(cols)[1]
         pending: list[_Pending] = []
         fds: list[int] = []
+        temps: list[str] = []
         groups: dict[str, list[int]] = {}
         for i, p in enumerate(partitions):
             holder = self.table.workers[p]
@@ -247,10 +271,20 @@ class DaskReader:
                 for i in members:
                     n = len(rows[i])
                     size = _file_size(cols, n)
+                    token = secrets.token_bytes(_TOKEN_BYTES)
+                    pair = into[i] if into is not None else None
+                    if pair is not None:
+                        # Space reserved, the token where the header goes (written when
+                        # the file is linked into place).
+                        _core.create_records_file(pair[0], n, record, token)
+                        temps.append(pair[0])
+                        fds.append(-1)
+                        targets.append({"path": pair[0], "token": token, "size": size})
+                        sources.append(self._source(partitions[i]))
+                        continue
                     fd = os.memfd_create(f"dask-ddp-table-p{partitions[i]}", os.MFD_CLOEXEC)
                     fds.append(fd)
                     os.ftruncate(fd, size)
-                    token = secrets.token_bytes(_TOKEN_BYTES)
                     os.pwrite(fd, token, 0)
                     targets.append({"path": f"/proc/{os.getpid()}/fd/{fd}", "token": token,
                                     "size": size})
@@ -267,20 +301,28 @@ class DaskReader:
                 group = [len(members)]
                 for k, i in enumerate(members):
                     pending.append(_Pending(int(partitions[i]), future, k, fds[first + k],
-                                            targets[k]["size"], len(rows[i]), sources[k], group))
+                                            targets[k]["size"], len(rows[i]), sources[k], group,
+                                            into[i] if into is not None else None))
         except BaseException:
             for pend in pending:
                 self.cancel(pend)
             for fd in fds[len(pending):]:
+                if fd >= 0:
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
+            for tmp in temps:
                 with contextlib.suppress(OSError):
-                    os.close(fd)
+                    os.unlink(tmp)
             raise
         order = {int(p): j for j, p in enumerate(partitions)}
         return sorted(pending, key=lambda x: order[x.partition])
 
     def finish(self, pending: _Pending) -> np.ndarray:
         """The records of a started read (uint8 [rows, record bytes], a view of the
-        memory file, which stays mapped while the array lives)."""
+        memory file, or of the host cache file it was written into, which stays mapped
+        while the array lives)."""
+        from dask_ddp import _core
+
         try:
             try:
                 out = pending.future.result(timeout=FETCH_TIMEOUT_S)[pending.index]
@@ -291,27 +333,37 @@ class DaskReader:
                 where = f" held by {holder}" if holder else " (computed as read)"
                 raise RuntimeError(f"reading rows of partition {pending.partition}{where} "
                                    f"failed: {type(exc).__name__}: {exc}") from exc
+            size = record_layout(self.columns)[1]
+            if pending.into is not None:
+                tmp, final = pending.into
+                if out["shm"]:
+                    _core.commit_records_file(tmp, final, pending.n, size)
+                else:  # a worker of another host: the records came through Dask
+                    records = np.ascontiguousarray(out["records"])
+                    try:
+                        _core.write_records(final, records)
+                    except OSError as exc:
+                        logger.warning("table cache: partition %d kept in this rank only: "
+                                       "%s", pending.partition, exc)
+                        return records
+                return _core.map_records(final, size)
             if not out["shm"]:
                 return np.ascontiguousarray(out["records"])
-            size = record_layout(self.columns)[1]
             mm = mmap.mmap(pending.fd, pending.size, mmap.MAP_SHARED, mmap.PROT_READ)
             return np.frombuffer(mm, np.uint8, pending.n * size, _HEADER).reshape(pending.n,
                                                                                   size)
         finally:
-            os.close(pending.fd)
-            pending.fd = -1
+            pending.close_files()
             pending.done_with_task()
             with contextlib.suppress(Exception):
                 pending.source.release()
 
     def cancel(self, pending: _Pending) -> None:
         """Drop a started read that will not be finished (no-op for a finished one)."""
-        if pending.fd < 0:
+        if not pending.open:
             return
         with contextlib.suppress(Exception):
             pending.future.cancel()
         with contextlib.suppress(Exception):
             pending.source.release()
-        with contextlib.suppress(OSError):
-            os.close(pending.fd)
-        pending.fd = -1
+        pending.close_files()

@@ -220,6 +220,10 @@ class HostCache:
     def path(self, partition: int) -> str:
         return os.path.join(self.directory, f"{self.name}-p{partition}.rec")
 
+    def temp_path(self, partition: int) -> str:
+        """A name of this process for the partition's file while it is written."""
+        return f"{self.path(partition)}.tmp.{os.getpid()}.{secrets.token_hex(4)}"
+
     def get(self, partition: int) -> np.ndarray | None:
         """The partition's records mapped read-only, None when no rank wrote them yet."""
         from dask_ddp import _core

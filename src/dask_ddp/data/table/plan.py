@@ -74,22 +74,28 @@ def pad_to(rows: np.ndarray, window: np.ndarray, world: int, drop_last: bool
 
 def base_sequence(counts: Sequence[int], *, shuffle: bool, seed: int, epoch: int,
                   window: int) -> tuple[np.ndarray, np.ndarray]:
-    """Every row of the table once, in the epoch's order, with window ids (no padding)."""
-    counts_a = np.asarray(counts, np.int64)
-    offsets = np.concatenate([[0], np.cumsum(counts_a)])
-    parts = np.arange(len(counts_a))
-    rng = _rng(seed, epoch)
+    """Every row of the table once, in the epoch's order, with window ids (no padding).
+
+    The partitions' order comes from ``(seed, epoch)``; the rows of each window are laid
+    out and shuffled by the engine (keyed by seed, epoch and window: linear time, no
+    Python per row)."""
+    from dask_ddp import _core
+
+    counts_a = np.ascontiguousarray(counts, np.int64)
+    parts = np.arange(len(counts_a), dtype=np.int64)
     if shuffle:
-        parts = rng.permutation(parts)
-    rows, wins = [], []
-    for w, group in enumerate(_windows(parts, max(1, window))):
-        ids = np.concatenate([np.arange(offsets[p], offsets[p + 1]) for p in group]) \
-            if len(group) else np.zeros(0, np.int64)
-        if shuffle:
-            ids = rng.permutation(ids)
-        rows.append(ids.astype(np.int64))
-        wins.append(np.full(len(ids), w, np.int64))
-    return np.concatenate(rows), np.concatenate(wins)
+        parts = _rng(seed, epoch).permutation(parts)
+    total = int(counts_a.sum())
+    rows = np.empty(total, np.int64)
+    wins = np.empty(total, np.int64)
+    _core.windowed_sequence(counts_a, np.ascontiguousarray(parts, np.int64), max(1, window),
+                            bool(shuffle), *_key(seed, epoch), 0, rows, wins)
+    return rows, wins
+
+
+def _key(seed: int, epoch: int) -> tuple[int, int]:
+    """The engine's shuffle key words of ``(seed, epoch)``."""
+    return int(seed) & 0xFFFFFFFF, int(epoch) & 0xFFFFFFFFFFFFFFFF
 
 
 def epoch_sequence(counts: Sequence[int], *, world: int, shuffle: bool, seed: int, epoch: int,
@@ -163,6 +169,8 @@ def local_sequence(counts: Sequence[int], pieces: list[list[tuple[int, int, int]
                    seed: int, epoch: int, window: int) -> EpochSequence:
     """The epoch for ``shuffle="local"``: each rank's own rows, reordered by (seed, epoch),
     interleaved so that rank ``r`` reads ``S[r::world]`` as in the other modes."""
+    from dask_ddp import _core
+
     offsets = np.concatenate([[0], np.cumsum(np.asarray(counts, np.int64))])
     world = len(pieces)
     per_rank_rows, per_rank_wins = [], []
@@ -173,8 +181,9 @@ def local_sequence(counts: Sequence[int], pieces: list[list[tuple[int, int, int]
         rows, wins = [], []
         for w, group in enumerate(_windows(order, max(1, window))):
             ids = np.concatenate([np.arange(offsets[mine[i][0]] + mine[i][1],
-                                            offsets[mine[i][0]] + mine[i][2]) for i in group])
-            ids = rng.permutation(ids)
+                                            offsets[mine[i][0]] + mine[i][2]) for i in group]
+                                 ).astype(np.int64, copy=False)
+            _core.shuffle_rows(ids, *_key(seed, epoch), r + 1, w)
             rows.append(ids)
             wins.append(np.full(len(ids), w, np.int64))
         rr = np.concatenate(rows) if rows else np.zeros(0, np.int64)

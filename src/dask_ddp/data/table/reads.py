@@ -63,10 +63,11 @@ HOST_WAIT_S = 600.0
 
 
 class _Claimed:
-    """A read this rank started for the host cache (it holds the partition's lock)."""
+    """A read this rank started for the host cache (it holds the partition's lock);
+    ``written``: the reader writes the host's file itself (a Dask table's)."""
 
-    def __init__(self, pending: Any) -> None:
-        self.pending = pending
+    def __init__(self, pending: Any, written: bool) -> None:
+        self.pending, self.written = pending, written
 
 
 #: A partition another local rank is reading for the host cache.
@@ -133,6 +134,22 @@ class WindowReads:
         self.fetched += len(partitions)
         return list(self.reader().start(partitions, rows))
 
+    def _start_claimed(self, partitions: list[int], rows: list[np.ndarray]) -> list[_Claimed]:
+        """Start the reads of partitions whose host cache locks this rank holds: a Dask
+        table's worker writes the host's file itself (no copy here)."""
+        host = self.host
+        assert host is not None
+        if self.table.source != "dask":
+            return [_Claimed(p, False) for p in self._start(partitions, rows)]
+        into = [(host.temp_path(p), host.path(p)) for p in partitions]
+        try:
+            started = self.reader().start(partitions, rows, into)
+        except OSError as exc:  # no room for the files: read here, kept in this rank
+            logger.warning("table cache: %s", exc)
+            return [_Claimed(p, False) for p in self._start(partitions, rows)]
+        self.fetched += len(partitions)
+        return [_Claimed(p, True) for p in started]
+
     def request(self, win: Window) -> None:
         """Start the window's reads (the partitions not cached yet, with the cache)."""
         self._join()
@@ -142,10 +159,14 @@ class WindowReads:
         todo = [i for i, p in enumerate(win.partitions) if int(p) not in self.cache
                 and not self._from_host(int(p))]
         if todo:
-            started = self._start([int(win.partitions[i]) for i in todo],
-                                  [win.rows[i] for i in todo])
-            for pend in started:
-                self.cache[pend.partition] = pend if self.host is None else _Claimed(pend)
+            parts = [int(win.partitions[i]) for i in todo]
+            rows = [win.rows[i] for i in todo]
+            if self.host is None:
+                for pend in self._start(parts, rows):
+                    self.cache[pend.partition] = pend
+            else:
+                for claimed in self._start_claimed(parts, rows):
+                    self.cache[claimed.pending.partition] = claimed
 
     def _join(self) -> None:
         """Take part in the host's cache (at the first read, and again after close)."""
@@ -180,12 +201,12 @@ class WindowReads:
         assert self.cache is not None
         self._join()
         data = []
-        for part, rows in zip(win.partitions, win.rows, strict=True):
+        for i, part in enumerate(win.partitions):
             p = int(part)
             entry = self.cache.get(p)
             if not isinstance(entry, np.ndarray):
                 try:
-                    entry = self._resolve(p, entry, rows)
+                    entry = self._resolve(p, entry, win.rows[i])
                 except BaseException:
                     self._drop(p)  # read again on the next request
                     raise
@@ -202,12 +223,12 @@ class WindowReads:
                 if isinstance(entry, np.ndarray):
                     return entry
             else:
-                entry = self._start([p], [rows])[0]
-                entry = entry if self.host is None else _Claimed(entry)
+                entry = self._start([p], [rows])[0] if self.host is None else \
+                    self._start_claimed([p], [rows])[0]
         if entry is _WAITING:
             return self._wait(p, rows)
         if isinstance(entry, _Claimed):
-            return self._publish(p, reader.finish(entry.pending))
+            return self._publish(p, reader.finish(entry.pending), entry.written)
         return np.asarray(reader.finish(entry))
 
     def _wait(self, p: int, rows: np.ndarray) -> np.ndarray:
@@ -221,7 +242,7 @@ class WindowReads:
         for q, e in list(cache.items()):
             if isinstance(e, _Claimed):
                 try:
-                    cache[q] = self._publish(q, self.reader().finish(e.pending))
+                    cache[q] = self._publish(q, self.reader().finish(e.pending), e.written)
                 except BaseException:
                     self._drop(q)
                     raise
@@ -237,12 +258,13 @@ class WindowReads:
                            "%.0f s; reading it here", p, HOST_WAIT_S)
         return self._publish(p, self.reader().finish(self._start([p], [rows])[0]))
 
-    def _publish(self, p: int, records: np.ndarray) -> np.ndarray:
-        """Records this rank read, into the host cache (mapped from there), its lock
-        released; kept in this process when the host has no room."""
+    def _publish(self, p: int, records: np.ndarray, written: bool = False) -> np.ndarray:
+        """Records this rank read, into the host cache (mapped from there; ``written``:
+        they are the host's file already), its lock released; kept in this process when
+        the host has no room."""
         assert self.host is not None
         try:
-            return self.host.put(p, records)
+            return records if written else self.host.put(p, records)
         except OSError as exc:
             logger.warning("table cache: partition %d kept in this rank only: %s", p, exc)
             return np.asarray(records)

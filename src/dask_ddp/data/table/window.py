@@ -13,17 +13,18 @@ __all__ = ["Window"]
 class Window:
     """The rows of one window of a rank's epoch: per partition, its sorted rows.
 
-    Linear in the window's rows and its partitions' sizes (no sort): a mark per row of
-    the window's partitions, laid end to end in partition order; the marked ones are the
-    distinct rows in table order, and a running count of the marks gives each position
-    its row inside its partition's piece.
+    Split by the engine (``index_window``) in time linear in the window's rows and its
+    partitions' sizes (no sort, no Python per row).
 
     Attributes
     ----------
     partitions : numpy.ndarray
         The partitions the window reads, in table order.
+    sizes : numpy.ndarray
+        Rows of each partition's piece.
     rows : list of numpy.ndarray
-        Each partition's rows read (sorted, within the partition).
+        Each partition's rows read (sorted, within the partition); made when first asked
+        for (a whole partition's are its row numbers).
     seg, row : numpy.ndarray
         For each position of the window: its partition's index in ``partitions`` and its
         row in that partition's piece.
@@ -33,34 +34,23 @@ class Window:
     """
 
     def __init__(self, rows: np.ndarray, offsets: np.ndarray, *, whole: bool = False) -> None:
-        part = np.searchsorted(offsets, rows, side="right") - 1
-        present = np.zeros(len(offsets) - 1, bool)
-        present[part] = True
-        self.partitions = np.flatnonzero(present)
+        from dask_ddp import _core
+
+        self.whole = whole
+        self.partitions, self.sizes, self.seg, self.row, self._pieces = _core.index_window(
+            np.ascontiguousarray(rows, np.int64), np.ascontiguousarray(offsets, np.int64),
+            whole)
         self.data: list[np.ndarray] | None = None
         self.pending: list[Any] = []
-        self.rows: list[np.ndarray]  # each partition's rows read, sorted
-        seg_of = np.zeros(len(offsets) - 1, np.int32)
-        seg_of[self.partitions] = np.arange(len(self.partitions), dtype=np.int32)
-        self.seg = seg_of[part]
-        if whole:
-            # Whole partitions (the loader's cache): a row's index is its row in the
-            # partition.
-            self.row = rows - offsets[part]
-            self.rows = [np.arange(offsets[p + 1] - offsets[p], dtype=np.int64)
-                         for p in self.partitions]
-            return
-        sizes = offsets[self.partitions + 1] - offsets[self.partitions]
-        # Where each present partition starts in the marks (partitions in table order).
-        base = np.zeros(len(offsets) - 1, np.int64)
-        base[self.partitions] = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-        compact = base[part] + (rows - offsets[part])
-        marks = np.zeros(int(sizes.sum()), bool)
-        marks[compact] = True
-        rank_of = np.cumsum(marks, dtype=np.int64) - 1  # index among the distinct rows
-        firsts = rank_of[base[self.partitions] + sizes - 1] + 1  # distinct rows so far
-        seg_start = np.concatenate([[0], firsts[:-1]])
-        self.rows = [
-            np.flatnonzero(marks[b:b + k]).astype(np.int64)
-            for b, k in zip(base[self.partitions], sizes, strict=True)]
-        self.row = rank_of[compact] - seg_start[self.seg]
+        self._rows: list[np.ndarray] | None = None
+
+    @property
+    def rows(self) -> list[np.ndarray]:
+        if self._rows is None:
+            if self.whole:
+                self._rows = [np.arange(k, dtype=np.int64) for k in self.sizes]
+            else:
+                ends = np.cumsum(self.sizes)
+                self._rows = [self._pieces[e - k:e] for e, k in zip(ends, self.sizes,
+                                                                     strict=True)]
+        return self._rows

@@ -33,6 +33,7 @@ The result JSON::
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import os
@@ -158,6 +159,10 @@ def main(argv: list[str] | None = None) -> int:
     dist.init_process_group("nccl" if use_cuda else "gloo")  # env://: MASTER_ADDR/PORT
     try:
         result = train(args)
+        # The DDP model (its reducer holds the process group) is freed here, while the
+        # interpreter is whole: left to the collector at exit, gloo's threads release
+        # their tensors during finalization and abort the process.
+        gc.collect()
     finally:
         dist.destroy_process_group()
     if rank == 0:

@@ -411,13 +411,12 @@ void WindowedSequencePy(Int64s counts, Int64s order, size_t window, bool shuffle
   ThrowIfError(status);
 }
 
-// A vector handed to numpy without a copy (the array owns it).
+// A vector handed to numpy without a copy (the array owns it; a move keeps its data).
 template <typename T>
 nb::object ToNumpy(std::vector<T> v) {
   const size_t shape[1] = {v.size()};
-  auto* owned = new std::vector<T>(std::move(v));
-  nb::capsule owner(owned, [](void* p) noexcept { delete static_cast<std::vector<T>*>(p); });
-  return nb::ndarray<nb::numpy, T, nb::ndim<1>>(owned->data(), 1, shape, owner).cast();
+  T* data = v.data();
+  return nb::ndarray<nb::numpy, T, nb::ndim<1>>(data, 1, shape, OwnerOf(std::move(v))).cast();
 }
 
 nb::tuple IndexWindowPy(Int64s rows, Int64s offsets, bool whole) {

@@ -68,6 +68,7 @@ class _Claimed:
 
     def __init__(self, pending: Any, written: bool) -> None:
         self.pending, self.written = pending, written
+        self.partition = pending.partition
 
 
 #: A partition another local rank is reading for the host cache.
@@ -134,11 +135,13 @@ class WindowReads:
         self.fetched += len(partitions)
         return list(self.reader().start(partitions, rows))
 
-    def _start_claimed(self, partitions: list[int], rows: list[np.ndarray]) -> list[_Claimed]:
-        """Start the reads of partitions whose host cache locks this rank holds: a Dask
-        table's worker writes the host's file itself (no copy here)."""
+    def _start_cached(self, partitions: list[int], rows: list[np.ndarray]) -> list[Any]:
+        """Start the reads of whole partitions for the cache: plain reads, or with the
+        host's cache (this rank holds their locks) claimed ones, whose file a Dask
+        table's worker writes itself (no copy here)."""
         host = self.host
-        assert host is not None
+        if host is None:
+            return self._start(partitions, rows)
         if self.table.source != "dask":
             return [_Claimed(p, False) for p in self._start(partitions, rows)]
         into = [(host.temp_path(p), host.path(p)) for p in partitions]
@@ -159,14 +162,9 @@ class WindowReads:
         todo = [i for i, p in enumerate(win.partitions) if int(p) not in self.cache
                 and not self._from_host(int(p))]
         if todo:
-            parts = [int(win.partitions[i]) for i in todo]
-            rows = [win.rows[i] for i in todo]
-            if self.host is None:
-                for pend in self._start(parts, rows):
-                    self.cache[pend.partition] = pend
-            else:
-                for claimed in self._start_claimed(parts, rows):
-                    self.cache[claimed.pending.partition] = claimed
+            for entry in self._start_cached([int(win.partitions[i]) for i in todo],
+                                            [win.rows[i] for i in todo]):
+                self.cache[entry.partition] = entry
 
     def _join(self) -> None:
         """Take part in the host's cache (at the first read, and again after close)."""
@@ -223,8 +221,7 @@ class WindowReads:
                 if isinstance(entry, np.ndarray):
                     return entry
             else:
-                entry = self._start([p], [rows])[0] if self.host is None else \
-                    self._start_claimed([p], [rows])[0]
+                entry = self._start_cached([p], [rows])[0]
         if entry is _WAITING:
             return self._wait(p, rows)
         if isinstance(entry, _Claimed):

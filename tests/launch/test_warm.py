@@ -6,6 +6,7 @@ import datetime
 import logging
 import os
 import pickle
+import shutil
 import signal
 import subprocess
 import sys
@@ -38,6 +39,21 @@ PER_START = {"DASK_DDP_CHANNEL_FD", "DASK_DDP_SUPERVISOR_PID", "MASTER_PORT",
              "TORCHELASTIC_ERROR_FILE"}
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
+_WORKDIRS: list[str] = []  # made by this module's tests; removed after each test
+
+
+def workdir_for_test() -> str:
+    """A rank's work directory, removed when the test ends."""
+    path = tempfile.mkdtemp(prefix="dask-ddp-warmtest-")
+    _WORKDIRS.append(path)
+    return path
+
+
+@pytest.fixture(autouse=True)
+def _remove_workdirs() -> Iterator[None]:
+    yield
+    while _WORKDIRS:
+        shutil.rmtree(_WORKDIRS.pop(), ignore_errors=True)
 
 
 class Rank:
@@ -97,7 +113,7 @@ def rank_env(rank: int, world: int, port: int, fd: int, workdir: str,
 def start(fn: Callable[..., Any], args: tuple[Any, ...], rank: int, world: int, port: int,
           *, cold: bool = False, extra: dict[str, str] | None = None) -> Rank:
     """Start rank ``rank`` of ``fn(*args)`` warm (or cold, as the supervisor spawns)."""
-    workdir = tempfile.mkdtemp(prefix="dask-ddp-warmtest-")
+    workdir = workdir_for_test()
     LaunchRecord(payload=cloudpickle.dumps((fn, args, {})), init_kwargs=cloudpickle.dumps({}),
                  backend="gloo", pass_local_rank=False, sys_path=tuple(sys.path),
                  worker="test", rendezvous_timeout=60).write(workdir)
@@ -301,7 +317,7 @@ def test_a_differing_import_environment_gets_another_template(templates: None) -
     assert pids[0] == pids[1] != pids[2]
     assert len(warm.template_pids()) == warm.MAX_TEMPLATES == 2
     # The cache is full: a third import environment starts cold.
-    workdir = tempfile.mkdtemp(prefix="dask-ddp-warmtest-")
+    workdir = workdir_for_test()
     env = rank_env(0, 1, 1, 0, workdir, {"OMP_NUM_THREADS": "7"})  # a third key
     assert warm.start_rank(env, os.getcwd(), workdir, 0, capture_output=False) is None
 
@@ -319,7 +335,7 @@ def test_template_death_kills_its_ranks_then_ranks_start_cold(
     assert rank.proc.wait(30) == -signal.SIGKILL
     wait_until(lambda: not gone(rank.proc.pid), 15, "the rank outlived its template")
     rank.close()
-    workdir = tempfile.mkdtemp(prefix="dask-ddp-warmtest-")
+    workdir = workdir_for_test()
     r, w = os.pipe()
     env = rank_env(0, 1, 1, w, workdir)
     with caplog.at_level(logging.WARNING, logger="dask_ddp._launch.warm"):
@@ -341,7 +357,7 @@ sys.path[:0] = sys.argv[1:]
 import test_warm
 s = test_warm.store(1)
 rank = test_warm.start(test_warm.sleep_only, (600.0,), 0, 1, s.port)
-print(test_warm.warm.template_pids()[0], rank.proc.pid, flush=True)
+print(test_warm.warm.template_pids()[0], rank.proc.pid, rank.workdir, flush=True)
 time.sleep(600)
 """
 
@@ -360,7 +376,9 @@ def test_template_and_ranks_die_with_their_worker() -> None:
         assert worker.stdout is not None
         line = worker.stdout.readline().decode()
         assert line, f"the worker ended (code {worker.poll()}) before starting its rank"
-        template, rank = (int(x) for x in line.split())
+        template_, rank_, workdir = line.split()
+        _WORKDIRS.append(workdir)  # the worker, killed, cannot remove it
+        template, rank = int(template_), int(rank_)
         assert psutil.Process(rank).ppid() == template
         worker.kill()
         took = wait_until(lambda: [p for p in (template, rank) if not gone(p)], 15,

@@ -419,6 +419,21 @@ nb::object ToNumpy(std::vector<T> v) {
   return nb::ndarray<nb::numpy, T, nb::ndim<1>>(data, 1, shape, OwnerOf(std::move(v))).cast();
 }
 
+nb::tuple RankSequencePy(Int64s counts, Int64s order, size_t window, bool shuffle,
+                        uint64_t seed, uint64_t epoch, uint64_t salt, size_t world, size_t rank,
+                        bool drop_last) {
+  std::vector<int64_t> rows, wins;
+  Status status;
+  {
+    nb::gil_scoped_release release;
+    status = table::RankSequence({counts.data(), counts.shape(0)},
+                                 {order.data(), order.shape(0)}, window, shuffle, seed, epoch,
+                                 salt, world, rank, drop_last, &rows, &wins);
+  }
+  ThrowIfError(status);
+  return nb::make_tuple(ToNumpy(std::move(rows)), ToNumpy(std::move(wins)));
+}
+
 nb::tuple IndexWindowPy(Int64s rows, Int64s offsets, bool whole) {
   table::WindowIndex index;
   Status status;
@@ -487,6 +502,11 @@ void init_table(nb::module_& m) {
         "Fill rows and wins with the rows of the partitions order names, window\n"
         "partitions at a time (shuffled inside each window when shuffle) and each one's\n"
         "window. ValueError naming a bad count or order entry.");
+  m.def("rank_sequence", &RankSequencePy, "counts"_a, "order"_a, "window"_a, "shuffle"_a,
+        "seed"_a, "epoch"_a, "salt"_a, "world"_a, "rank"_a, "drop_last"_a,
+        "(rows, wins): rank's entries of the sequence windowed_sequence lays out, padded\n"
+        "over world ranks as DistributedSampler pads (or cut, drop_last), without the\n"
+        "whole sequence. ValueError naming a bad count, order entry or rank.");
   m.def("index_window", &IndexWindowPy, "rows"_a, "offsets"_a, "whole"_a,
         "A window's rows split by partition: (partitions, sizes, seg, row, piece_rows);\n"
         "piece_rows (not whole) holds each piece's distinct sorted rows end to end.\n"

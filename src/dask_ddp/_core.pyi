@@ -273,6 +273,13 @@ def windowed_sequence(counts: Annotated[NDArray[numpy.int64], dict(shape=(None,)
     window. ValueError naming a bad count or order entry.
     """
 
+def rank_sequence(counts: Annotated[NDArray[numpy.int64], dict(shape=(None,), order='C', device='cpu', writable=False)], order: Annotated[NDArray[numpy.int64], dict(shape=(None,), order='C', device='cpu', writable=False)], window: int, shuffle: bool, seed: int, epoch: int, salt: int, world: int, rank: int, drop_last: bool) -> tuple:
+    """
+    (rows, wins): rank's entries of the sequence windowed_sequence lays out, padded
+    over world ranks as DistributedSampler pads (or cut, drop_last), without the
+    whole sequence. ValueError naming a bad count, order entry or rank.
+    """
+
 def index_window(rows: Annotated[NDArray[numpy.int64], dict(shape=(None,), order='C', device='cpu', writable=False)], offsets: Annotated[NDArray[numpy.int64], dict(shape=(None,), order='C', device='cpu', writable=False)], whole: bool) -> tuple:
     """
     A window's rows split by partition: (partitions, sizes, seg, row, piece_rows);

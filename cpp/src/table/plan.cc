@@ -1,6 +1,7 @@
 #include "table/plan.h"
 
 #include <algorithm>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -103,27 +104,130 @@ void ShuffleRows(std::span<int64_t> ids, const ShuffleKey& key, size_t in_cache)
   std::copy(out.begin(), out.end(), ids.begin());
 }
 
-Status WindowedSequence(std::span<const int64_t> counts, std::span<const int64_t> order,
-                        size_t window, bool shuffle, uint64_t seed, uint64_t epoch,
-                        uint64_t salt, std::span<int64_t> rows, std::span<int64_t> wins) {
+WindowPermutation::WindowPermutation(uint64_t size, const ShuffleKey& key) : size_(size) {
+  if (size <= kShuffleInCache) {
+    table_.resize(size);
+    for (uint64_t j = 0; j < size; ++j) table_[j] = static_cast<int64_t>(j);
+    ShuffleRows(table_, key);
+    return;
+  }
+  KeyedStream stream(key);
+  for (uint64_t& k : round_keys_) k = stream.Next();
+  unsigned bits = 0;
+  while (bits < 64 && (uint64_t{1} << bits) < size) ++bits;
+  high_bits_ = bits / 2;
+  low_bits_ = bits - high_bits_;
+}
+
+uint64_t WindowPermutation::Network(uint64_t x) const {
+  // (high, low) -> (low, high ^ F(low)): the halves trade places (and widths) each round,
+  // and after four rounds are back to their widths. A round is undone by (h, l) -> (l ^
+  // F(h), h), so the network is a bijection of the bits' range.
+  unsigned hb = high_bits_, lb = low_bits_;
+  uint64_t high = x >> lb, low = x & ((uint64_t{1} << lb) - 1);
+  for (uint64_t k : round_keys_) {
+    const uint64_t f = Mix(low ^ k) & ((uint64_t{1} << hb) - 1);
+    const uint64_t next_low = high ^ f;
+    high = low;
+    low = next_low;
+    std::swap(hb, lb);
+  }
+  return (high << lb) | low;
+}
+
+void WindowPermutation::Images(uint64_t first, uint64_t step, size_t n, uint64_t* out) const {
+  if (!table_.empty()) {
+    for (size_t i = 0; i < n; ++i) out[i] = static_cast<uint64_t>(table_[first + i * step]);
+    return;
+  }
+  // Independent networks side by side (no branch: the CPU overlaps them), then the few
+  // images beyond size walked on.
+  for (size_t i = 0; i < n; ++i) out[i] = Network(first + i * step);
+  for (size_t i = 0; i < n; ++i) {
+    while (out[i] >= size_) out[i] = Network(out[i]);
+  }
+}
+
+namespace {
+
+// Partition offsets (first row of each, then the table's rows) and the rows `order`
+// names, or InvalidArgument naming a negative count or an order entry of no partition.
+Status LayoutOffsets(std::span<const int64_t> counts, std::span<const int64_t> order,
+                     size_t window, std::vector<int64_t>* offsets, size_t* total) {
   if (window == 0) return InvalidArgumentError("table plan: window must be >= 1");
-  std::vector<int64_t> offsets(counts.size() + 1, 0);
+  offsets->assign(counts.size() + 1, 0);
   for (size_t p = 0; p < counts.size(); ++p) {
     if (counts[p] < 0) {
       return InvalidArgumentError("table plan: partition " + std::to_string(p) + " has " +
                                   std::to_string(counts[p]) + " rows");
     }
-    offsets[p + 1] = offsets[p] + counts[p];
+    (*offsets)[p + 1] = (*offsets)[p] + counts[p];
   }
-  size_t total = 0;
+  *total = 0;
   for (size_t k = 0; k < order.size(); ++k) {
     if (order[k] < 0 || static_cast<size_t>(order[k]) >= counts.size()) {
       return InvalidArgumentError("table plan: order entry " + std::to_string(k) + " names " +
                                   "partition " + std::to_string(order[k]) + " of " +
                                   std::to_string(counts.size()));
     }
-    total += static_cast<size_t>(counts[static_cast<size_t>(order[k])]);
+    *total += static_cast<size_t>(counts[static_cast<size_t>(order[k])]);
   }
+  return Status::Ok();
+}
+
+// Window w's partitions laid end to end: where each begins in the window, and its first
+// row in the table; the window's row at position j is found by a search over them.
+struct WindowLayout {
+  std::vector<int64_t> begin;  // the pieces' first positions, then the window's size
+  std::vector<int64_t> first;  // each piece's first row in the table
+
+  WindowLayout(std::span<const int64_t> offsets, std::span<const int64_t> order, size_t window,
+               size_t w) {
+    const size_t last = std::min(order.size(), (w + 1) * window);
+    begin.push_back(0);
+    for (size_t k = w * window; k < last; ++k) {
+      const auto p = static_cast<size_t>(order[k]);
+      if (offsets[p + 1] == offsets[p]) continue;
+      first.push_back(offsets[p]);
+      begin.push_back(begin.back() + offsets[p + 1] - offsets[p]);
+    }
+  }
+  uint64_t size() const { return static_cast<uint64_t>(begin.back()); }
+  int64_t Row(uint64_t j) const {
+    const size_t piece = PartitionOf(begin.data(), begin.size() - 1, static_cast<int64_t>(j));
+    return first[piece] + static_cast<int64_t>(j) - begin[piece];
+  }
+};
+
+// The window's rows at positions first, first + step, ... below end, in the epoch's
+// order, into out (one per position).
+// perm: the window's permutation, or null for table order. Returns how many.
+uint64_t WindowRows(const WindowLayout& layout, const WindowPermutation* perm, uint64_t first,
+                    uint64_t step, uint64_t end, int64_t* out) {
+  if (first >= end) return 0;
+  const uint64_t n = (end - first + step - 1) / step;
+  if (perm == nullptr) {
+    for (uint64_t i = 0; i < n; ++i) out[i] = layout.Row(first + i * step);
+    return n;
+  }
+  constexpr size_t kBlock = 64;
+  uint64_t images[kBlock];
+  for (uint64_t i = 0; i < n; i += kBlock) {
+    const size_t k = static_cast<size_t>(std::min<uint64_t>(kBlock, n - i));
+    perm->Images(first + i * step, step, k, images);
+    for (size_t b = 0; b < k; ++b) out[i + b] = layout.Row(images[b]);
+  }
+  return n;
+}
+
+}  // namespace
+
+Status WindowedSequence(std::span<const int64_t> counts, std::span<const int64_t> order,
+                        size_t window, bool shuffle, uint64_t seed, uint64_t epoch,
+                        uint64_t salt, std::span<int64_t> rows, std::span<int64_t> wins) {
+  std::vector<int64_t> offsets;
+  size_t total = 0;
+  if (Status s = LayoutOffsets(counts, order, window, &offsets, &total); !s.ok()) return s;
   if (rows.size() != total || wins.size() != total) {
     return InvalidArgumentError("table plan: outputs of " + std::to_string(rows.size()) + " and " +
                                 std::to_string(wins.size()) + " entries for " +
@@ -131,15 +235,76 @@ Status WindowedSequence(std::span<const int64_t> counts, std::span<const int64_t
   }
   size_t at = 0;
   for (size_t w = 0; w * window < order.size(); ++w) {
-    const size_t begin = at;
-    const size_t last = std::min(order.size(), (w + 1) * window);
-    for (size_t k = w * window; k < last; ++k) {
-      const auto p = static_cast<size_t>(order[k]);
-      for (int64_t r = offsets[p]; r < offsets[p + 1]; ++r) rows[at++] = r;
+    const WindowLayout layout(offsets, order, window, w);
+    const uint64_t m = layout.size();
+    std::optional<WindowPermutation> perm;
+    if (shuffle) perm.emplace(m, ShuffleKey{seed, epoch, salt, w});
+    WindowRows(layout, perm ? &*perm : nullptr, 0, 1, m, rows.data() + at);
+    std::fill_n(wins.begin() + static_cast<ptrdiff_t>(at), m, static_cast<int64_t>(w));
+    at += m;
+  }
+  return Status::Ok();
+}
+
+Status RankSequence(std::span<const int64_t> counts, std::span<const int64_t> order,
+                    size_t window, bool shuffle, uint64_t seed, uint64_t epoch, uint64_t salt,
+                    size_t world, size_t rank, bool drop_last, std::vector<int64_t>* rows,
+                    std::vector<int64_t>* wins) {
+  if (world == 0 || rank >= world) {
+    return InvalidArgumentError("table plan: rank " + std::to_string(rank) + " of a world of " +
+                                std::to_string(world));
+  }
+  std::vector<int64_t> offsets;
+  size_t n = 0;
+  if (Status s = LayoutOffsets(counts, order, window, &offsets, &n); !s.ok()) return s;
+  // The padded (or cut) sequence's length, a multiple of world; the rank's share of it.
+  const size_t padded = drop_last ? n / world * world : (n + world - 1) / world * world;
+  const size_t share = padded / world;
+  rows->assign(share, 0);
+  wins->assign(share, 0);
+  size_t at = 0;  // the rank's entries written
+  int64_t last_window = -1;
+  size_t begin = 0;  // the window's first position in the sequence
+  const size_t keep = std::min(n, padded);  // positions below it are the sequence's own
+  for (size_t w = 0; w * window < order.size() && begin < keep; ++w) {
+    const WindowLayout layout(offsets, order, window, w);
+    const size_t m = layout.size();
+    if (m == 0) continue;
+    last_window = static_cast<int64_t>(w);
+    std::optional<WindowPermutation> perm;
+    if (shuffle) perm.emplace(m, ShuffleKey{seed, epoch, salt, w});
+    // The window's first position of this rank: begin + first is rank mod world.
+    const size_t first = (rank + world - begin % world) % world;
+    const uint64_t got = WindowRows(layout, perm ? &*perm : nullptr, first, world,
+                                    std::min(m, keep - begin), rows->data() + at);
+    std::fill_n(wins->data() + at, got, static_cast<int64_t>(w));
+    at += got;
+    begin += m;
+  }
+  // Padding (never with drop_last): position q >= n repeats the sequence's entry q - n,
+  // cycled when the table has fewer rows than the padding: the sequence's first entries
+  // (fewer than world) are laid out again.
+  if (at < share) {
+    std::vector<int64_t> head;
+    const size_t want = std::min(n, padded - n);
+    for (size_t w = 0; w * window < order.size() && head.size() < want; ++w) {
+      const WindowLayout layout(offsets, order, window, w);
+      if (layout.size() == 0) continue;
+      std::optional<WindowPermutation> perm;
+      if (shuffle) perm.emplace(layout.size(), ShuffleKey{seed, epoch, salt, w});
+      const size_t k = std::min<size_t>(layout.size(), want - head.size());
+      head.resize(head.size() + k);
+      WindowRows(layout, perm ? &*perm : nullptr, 0, 1, k, head.data() + head.size() - k);
     }
-    std::fill(wins.begin() + static_cast<ptrdiff_t>(begin),
-              wins.begin() + static_cast<ptrdiff_t>(at), static_cast<int64_t>(w));
-    if (shuffle) ShuffleRows(rows.subspan(begin, at - begin), {seed, epoch, salt, w});
+    for (size_t q = n + (rank + world - n % world) % world; q < padded; q += world) {
+      (*rows)[at] = head[(q - n) % n];
+      (*wins)[at] = last_window + 1;
+      ++at;
+    }
+  }
+  if (at != share) {
+    return InternalError("table plan: rank " + std::to_string(rank) + " laid out " +
+                         std::to_string(at) + " of its " + std::to_string(share) + " rows");
   }
   return Status::Ok();
 }

@@ -7,6 +7,7 @@
 #include <numeric>
 #include <random>
 #include <set>
+#include <utility>
 #include <vector>
 
 namespace ddp::table {
@@ -83,6 +84,74 @@ TEST(ShuffleRowsTest, EmptyAndSingleAreLeftAlone) {
   EXPECT_EQ(one, std::vector<int64_t>{42});
 }
 
+TEST(WindowPermutationTest, IsAPermutationOfEverySize) {
+  for (uint64_t size : {uint64_t{0}, uint64_t{1}, uint64_t{2}, uint64_t{5}, uint64_t{65536},
+                        uint64_t{65537}, uint64_t{100000}, uint64_t{131072}, uint64_t{131073},
+                        uint64_t{300007}}) {
+    const WindowPermutation perm(size, {1, 2, 3, 4});
+    std::vector<uint8_t> seen(size, 0);
+    for (uint64_t j = 0; j < size; ++j) {
+      const uint64_t y = perm(j);
+      ASSERT_LT(y, size) << "size " << size << " position " << j;
+      ASSERT_EQ(seen[y], 0) << "size " << size << ": " << y << " reached twice";
+      seen[y] = 1;
+    }
+  }
+}
+
+TEST(WindowPermutationTest, SmallWindowsAreTheFisherYatesOrderAndKeysDecideTheOrder) {
+  std::vector<int64_t> ids(1000);
+  std::iota(ids.begin(), ids.end(), 0);
+  ShuffleRows(ids, {5, 6, 7, 8});
+  const WindowPermutation perm(1000, {5, 6, 7, 8});
+  for (uint64_t j = 0; j < 1000; ++j) ASSERT_EQ(perm(j), static_cast<uint64_t>(ids[j]));
+  const uint64_t big = 200000;
+  const WindowPermutation a(big, {1, 2, 3, 4}), b(big, {1, 2, 3, 4}), c(big, {1, 2, 3, 5});
+  size_t same = 0, moved = 0;
+  for (uint64_t j = 0; j < big; ++j) {
+    same += a(j) == b(j);
+    moved += a(j) != c(j);
+    ASSERT_EQ(a(j), b(j));
+  }
+  EXPECT_EQ(same, big);
+  EXPECT_GT(moved, big * 99 / 100);  // another key: another order, not a few swaps
+}
+
+// The chi-square of 16 x 16 cells of (cell_a(j), cell_b(j)) over the positions j of a
+// Feistel-sized window; beyond 330 (225 degrees of freedom) has a chance below 1e-5.
+template <typename A, typename B>
+double IndependenceChiSquare(uint64_t size, A cell_a, B cell_b) {
+  std::vector<double> cells(256, 0);
+  for (uint64_t j = 0; j + 1 < size; ++j) cells[cell_a(j) * 16 + cell_b(j)] += 1;
+  const double expect = static_cast<double>(size - 1) / 256.0;
+  double chi = 0;
+  for (double c : cells) chi += (c - expect) * (c - expect) / expect;
+  return chi;
+}
+
+TEST(WindowPermutationTest, ALargeWindowLeavesNoTraceOfPositionsOrNeighbours) {
+  // A size with walks beyond it (2^20 < size < 2^21), high and low bits of positions and
+  // images, and the images of neighbouring positions.
+  const uint64_t size = 1500007;
+  const WindowPermutation perm(size, {3, 1, 4, 1});
+  auto high = [&](uint64_t v) { return v * 16 / size; };
+  EXPECT_LT(IndependenceChiSquare(size, [&](uint64_t j) { return high(j); },
+                                  [&](uint64_t j) { return high(perm(j)); }), 330.0);
+  EXPECT_LT(IndependenceChiSquare(size, [&](uint64_t j) { return j % 16; },
+                                  [&](uint64_t j) { return perm(j) % 16; }), 330.0);
+  EXPECT_LT(IndependenceChiSquare(size, [&](uint64_t j) { return high(perm(j)); },
+                                  [&](uint64_t j) { return high(perm(j + 1)); }), 330.0);
+  EXPECT_LT(IndependenceChiSquare(size, [&](uint64_t j) { return perm(j) % 16; },
+                                  [&](uint64_t j) { return perm(j + 1) % 16; }), 330.0);
+  // Over keys, a position's image is uniform: 16,000 keys in 16 cells (15 degrees of
+  // freedom; beyond 50, a chance below 1e-5).
+  std::vector<double> cells(16, 0);
+  for (uint64_t k = 0; k < 16000; ++k) cells[high(WindowPermutation(size, {9, k, 0, 0})(7))] += 1;
+  double chi = 0;
+  for (double c : cells) chi += (c - 1000.0) * (c - 1000.0) / 1000.0;
+  EXPECT_LT(chi, 50.0);
+}
+
 TEST(WindowedSequenceTest, UnshuffledIsEachWindowsPartitionsInTheGivenOrder) {
   const std::vector<int64_t> counts{3, 0, 2, 4};  // rows 0-2, -, 3-4, 5-8
   const std::vector<int64_t> order{3, 0, 2, 1};
@@ -136,6 +205,91 @@ TEST(WindowedSequenceTest, BadInputIsRefusedNamingIt) {
   EXPECT_NE(s.message().find("for 4 rows"), std::string::npos) << s.message();
   s = WindowedSequence(std::vector<int64_t>{3}, std::vector<int64_t>{0}, 0, false, 0, 0, 0,
                        rows, wins);
+  EXPECT_EQ(s.code(), Code::kInvalidArgument);
+}
+
+// Rank `rank`'s entries of the whole sequence, padded or cut as DistributedSampler does
+// (what RankSequence must agree with).
+std::pair<std::vector<int64_t>, std::vector<int64_t>> ShareOfTheWhole(
+    const std::vector<int64_t>& counts, const std::vector<int64_t>& order, size_t window,
+    bool shuffle, uint64_t seed, size_t world, size_t rank, bool drop_last) {
+  size_t n = 0;
+  for (int64_t p : order) n += static_cast<size_t>(counts[static_cast<size_t>(p)]);
+  std::vector<int64_t> rows(n), wins(n);
+  EXPECT_TRUE(WindowedSequence(counts, order, window, shuffle, seed, 5, 3, rows, wins).ok());
+  if (drop_last) {
+    rows.resize(n / world * world);
+    wins.resize(n / world * world);
+  } else if (n % world != 0) {
+    const int64_t last = wins.back() + 1;
+    for (size_t q = n; q % world != 0; ++q) {
+      rows.push_back(rows[(q - n) % n]);
+      wins.push_back(last);
+    }
+  }
+  std::pair<std::vector<int64_t>, std::vector<int64_t>> share;
+  for (size_t q = rank; q < rows.size(); q += world) {
+    share.first.push_back(rows[q]);
+    share.second.push_back(wins[q]);
+  }
+  return share;
+}
+
+TEST(RankSequenceTest, IsTheRanksEntriesOfTheWholePaddedSequence) {
+  std::mt19937_64 gen(11);
+  for (int trial = 0; trial < 400; ++trial) {
+    const size_t nparts = 1 + gen() % 7;
+    std::vector<int64_t> counts(nparts);
+    // Empty partitions, and tables smaller than the world (the padding cycles).
+    for (auto& c : counts) c = gen() % 4 == 0 ? 0 : static_cast<int64_t>(gen() % 40);
+    std::vector<int64_t> order(nparts);
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), gen);
+    const size_t window = 1 + gen() % 3;
+    const bool shuffle = gen() % 2 == 0, drop_last = gen() % 2 == 0;
+    const size_t world = 1 + gen() % 5;
+    for (size_t rank = 0; rank < world; ++rank) {
+      std::vector<int64_t> rows, wins;
+      ASSERT_TRUE(RankSequence(counts, order, window, shuffle, trial, 5, 3, world, rank,
+                               drop_last, &rows, &wins).ok());
+      auto [want_rows, want_wins] =
+          ShareOfTheWhole(counts, order, window, shuffle, trial, world, rank, drop_last);
+      ASSERT_EQ(rows, want_rows) << "trial " << trial << " rank " << rank << " of " << world;
+      ASSERT_EQ(wins, want_wins) << "trial " << trial << " rank " << rank << " of " << world;
+    }
+  }
+}
+
+TEST(RankSequenceTest, LargeShuffledWindowsAgreeToo) {
+  // Windows beyond kShuffleInCache ids: the bucketed shuffle, its buffers reused.
+  const std::vector<int64_t> counts{70000, 50000, 90000, 3};
+  const std::vector<int64_t> order{2, 0, 3, 1};
+  for (size_t rank = 0; rank < 3; ++rank) {
+    std::vector<int64_t> rows, wins;
+    ASSERT_TRUE(
+        RankSequence(counts, order, 2, true, 8, 5, 3, 3, rank, false, &rows, &wins).ok());
+    auto [want_rows, want_wins] = ShareOfTheWhole(counts, order, 2, true, 8, 3, rank, false);
+    EXPECT_EQ(rows, want_rows) << "rank " << rank;
+    EXPECT_EQ(wins, want_wins) << "rank " << rank;
+  }
+}
+
+TEST(RankSequenceTest, BadRanksAndInputAreRefusedNamingThem) {
+  std::vector<int64_t> rows, wins;
+  const std::vector<int64_t> counts{3}, order{0};
+  Status s = RankSequence(counts, order, 1, false, 0, 0, 0, 2, 2, false, &rows, &wins);
+  EXPECT_EQ(s.code(), Code::kInvalidArgument);
+  EXPECT_NE(s.message().find("rank 2 of a world of 2"), std::string::npos) << s.message();
+  s = RankSequence(counts, order, 1, false, 0, 0, 0, 0, 0, false, &rows, &wins);
+  EXPECT_EQ(s.code(), Code::kInvalidArgument);
+  s = RankSequence(std::vector<int64_t>{-2}, order, 1, false, 0, 0, 0, 1, 0, false, &rows,
+                   &wins);
+  EXPECT_NE(s.message().find("partition 0 has -2 rows"), std::string::npos) << s.message();
+  s = RankSequence(counts, std::vector<int64_t>{4}, 1, false, 0, 0, 0, 1, 0, false, &rows,
+                   &wins);
+  EXPECT_NE(s.message().find("order entry 0 names partition 4 of 1"), std::string::npos)
+      << s.message();
+  s = RankSequence(counts, order, 0, false, 0, 0, 0, 1, 0, false, &rows, &wins);
   EXPECT_EQ(s.code(), Code::kInvalidArgument);
 }
 

@@ -63,6 +63,29 @@ def test_order_is_a_function_of_seed_and_epoch_and_covers_the_whole_table() -> N
     assert set(rank0(0, 0)) != set(rank0(0, 1))
 
 
+@pytest.mark.parametrize("world", [1, 2, 3, 7, 50])  # 50: more ranks than rows
+@pytest.mark.parametrize("shuffle", [True, False])
+@pytest.mark.parametrize("drop_last", [True, False])
+def test_a_ranks_share_made_alone_is_its_share_of_the_whole(world: int, shuffle: bool,
+                                                            drop_last: bool) -> None:
+    for epoch, window in ((0, 1), (1, 2), (2, 4)):
+        seq = table_plan.epoch_sequence(COUNTS, world=world, shuffle=shuffle, seed=5,
+                                        epoch=epoch, drop_last=drop_last, window=window)
+        for r in range(world):
+            rows, wins = table_plan.rank_sequence(COUNTS, world=world, rank=r, shuffle=shuffle,
+                                                  seed=5, epoch=epoch, drop_last=drop_last,
+                                                  window=window)
+            want_rows, want_wins = seq.for_rank(r, world)
+            assert rows.tolist() == want_rows.tolist(), (epoch, window, r)
+            assert wins.tolist() == want_wins.tolist(), (epoch, window, r)
+
+
+def test_a_bad_rank_is_refused_naming_it() -> None:
+    with pytest.raises(ValueError, match="rank 3 of a world of 3"):
+        table_plan.rank_sequence(COUNTS, world=3, rank=3, shuffle=True, seed=0, epoch=0,
+                                 drop_last=False, window=2)
+
+
 @pytest.mark.parametrize("old_world,new_world", [(2, 3), (4, 1), (3, 2)])
 @pytest.mark.parametrize("consumed", [0, 4, 9])
 def test_resume_on_another_world_reads_every_unseen_row(old_world: int, new_world: int,

@@ -116,6 +116,11 @@ class EpochRows:
             seq = plan.resumed_sequence(old, consumed_per_rank=r["consumed"],
                                         old_world=r["world_size"], new_world=self.world_size,
                                         drop_last=self.drop_last)
+        elif self.pieces is None:  # the common case: the rank's share alone, by the engine
+            return plan.rank_sequence(
+                self.table.partition_rows, world=self.world_size,
+                rank=self.rank if rank is None else rank, shuffle=bool(self.shuffle),
+                seed=self.seed, epoch=epoch, drop_last=self.drop_last, window=self.window)
         else:
             seq = self._sequence(epoch, self.world_size, self.pieces)
         rows, wins = seq.for_rank(self.rank if rank is None else rank, self.world_size)

@@ -72,6 +72,14 @@ def pad_to(rows: np.ndarray, window: np.ndarray, world: int, drop_last: bool
         np.concatenate([np.zeros(n, bool), np.ones(pad, bool)]))
 
 
+def _partition_order(counts: np.ndarray, shuffle: bool, seed: int, epoch: int) -> np.ndarray:
+    """The order of the partitions in the epoch: table order, or permuted by (seed, epoch)."""
+    parts = np.arange(len(counts), dtype=np.int64)
+    if shuffle:
+        parts = _rng(seed, epoch).permutation(parts)
+    return np.ascontiguousarray(parts, np.int64)
+
+
 def base_sequence(counts: Sequence[int], *, shuffle: bool, seed: int, epoch: int,
                   window: int) -> tuple[np.ndarray, np.ndarray]:
     """Every row of the table once, in the epoch's order, with window ids (no padding).
@@ -82,14 +90,26 @@ def base_sequence(counts: Sequence[int], *, shuffle: bool, seed: int, epoch: int
     from dask_ddp import _core
 
     counts_a = np.ascontiguousarray(counts, np.int64)
-    parts = np.arange(len(counts_a), dtype=np.int64)
-    if shuffle:
-        parts = _rng(seed, epoch).permutation(parts)
+    parts = _partition_order(counts_a, shuffle, seed, epoch)
     total = int(counts_a.sum())
     rows = np.empty(total, np.int64)
     wins = np.empty(total, np.int64)
-    _core.windowed_sequence(counts_a, np.ascontiguousarray(parts, np.int64), max(1, window),
-                            bool(shuffle), *_key(seed, epoch), 0, rows, wins)
+    _core.windowed_sequence(counts_a, parts, max(1, window), bool(shuffle), *_key(seed, epoch),
+                            0, rows, wins)
+    return rows, wins
+
+
+def rank_sequence(counts: Sequence[int], *, world: int, rank: int, shuffle: bool, seed: int,
+                  epoch: int, drop_last: bool, window: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rank ``rank``'s rows of :func:`epoch_sequence` and their window ids, equal to
+    ``epoch_sequence(...).for_rank(rank, world)`` but made by the engine without the
+    whole table's sequence (a window's buffer at a time; only the rank's entries kept)."""
+    from dask_ddp import _core
+
+    counts_a = np.ascontiguousarray(counts, np.int64)
+    parts = _partition_order(counts_a, shuffle, seed, epoch)
+    rows, wins = _core.rank_sequence(counts_a, parts, max(1, window), bool(shuffle),
+                                     *_key(seed, epoch), 0, world, rank, drop_last)
     return rows, wins
 
 

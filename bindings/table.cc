@@ -142,7 +142,8 @@ enum class Form { kList, kDict, kX, kXY };
 class TableBatches {
  public:
   TableBatches(nb::object pool, std::vector<OutputSpec> outputs, std::vector<std::string> names,
-               const std::string& form, size_t batch_size, size_t prefetch, size_t max_jobs)
+               const std::string& form, size_t batch_size, size_t prefetch, size_t max_jobs,
+               bool ahead)
       : outputs_(MakeOutputs(outputs)), names_(std::move(names)), pool_(std::move(pool)) {
     if (form == "list") form_ = Form::kList;
     else if (form == "dict") form_ = Form::kDict;
@@ -160,7 +161,7 @@ class TableBatches {
     for (const Output& o : outputs_) row_bytes.push_back(o.row_bytes);
     stream_ = std::make_unique<table::BatchStream>(
         std::move(row_bytes), batch_size, prefetch, max_jobs,
-        nb::cast<table::GatherPool*>(pool_));
+        nb::cast<table::GatherPool*>(pool_), ahead);
   }
 
   // Queues the rows (segment[i], row[i]) of `window` (whole batches, or the epoch's last
@@ -525,11 +526,12 @@ void init_table(nb::module_& m) {
       "An epoch's batches gathered ahead on the engine's thread (GIL released).\n\n"
       "Windows of rows are pushed (push), cut into batches of batch_size rows (a window's\n"
       "last batch may be shorter), gathered at most prefetch batches ahead and handed out\n"
-      "in order by next() as form says: 'list' of tensors, 'dict' by names, 'x', or 'xy'.")
+      "in order by next() as form says: 'list' of tensors, 'dict' by names, 'x', or 'xy'.\n"
+      "ahead=False: no thread; next() gathers each batch in the calling thread.")
       .def(nb::init<nb::object, std::vector<OutputSpec>, std::vector<std::string>,
-                    const std::string&, size_t, size_t, size_t>(),
+                    const std::string&, size_t, size_t, size_t, bool>(),
            "pool"_a, "outputs"_a, "names"_a, "form"_a, "batch_size"_a, "prefetch"_a,
-           "max_jobs"_a)
+           "max_jobs"_a, "ahead"_a = true)
       .def("push", &TableBatches::Push, "window"_a, "segment"_a, "row"_a,
            "Queue rows row[i] of segments segment[i] of window (blocks while max_jobs\n"
            "windows are queued; the GIL released).")

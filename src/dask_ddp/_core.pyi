@@ -314,9 +314,10 @@ class TableBatches:
     Windows of rows are pushed (push), cut into batches of batch_size rows (a window's
     last batch may be shorter), gathered at most prefetch batches ahead and handed out
     in order by next() as form says: 'list' of tensors, 'dict' by names, 'x', or 'xy'.
+    ahead=False: no thread; next() gathers each batch in the calling thread.
     """
 
-    def __init__(self, pool: object, outputs: Sequence[tuple[int, int, Sequence[int], int]], names: Sequence[str], form: str, batch_size: int, prefetch: int, max_jobs: int) -> None: ...
+    def __init__(self, pool: object, outputs: Sequence[tuple[int, int, Sequence[int], int]], names: Sequence[str], form: str, batch_size: int, prefetch: int, max_jobs: int, ahead: bool = True) -> None: ...
 
     def push(self, window: object, segment: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)], row: Annotated[NDArray[numpy.int64], dict(shape=(None,), order='C', device='cpu', writable=False)]) -> None:
         """

@@ -8,13 +8,15 @@
 namespace ddp::table {
 
 BatchStream::BatchStream(std::vector<size_t> output_row_bytes, size_t batch_size,
-                         size_t prefetch, size_t max_jobs, GatherPool* pool)
+                         size_t prefetch, size_t max_jobs, GatherPool* pool, bool ahead)
     : output_row_bytes_(std::move(output_row_bytes)),
       batch_size_(std::max<size_t>(1, batch_size)),
       prefetch_(std::max<size_t>(1, prefetch)),
       max_jobs_(std::max<size_t>(1, max_jobs)),
       pool_(pool),
-      worker_([this] { Run(); }) {}
+      ahead_(ahead) {
+  if (ahead_) worker_ = std::thread([this] { Run(); });
+}
 
 BatchStream::~BatchStream() { Close(); }
 
@@ -54,6 +56,7 @@ void BatchStream::Finish() {
 
 Status BatchStream::Next(Batch* batch, bool* end, double timeout_s) {
   *end = false;
+  if (!ahead_) return NextInline(batch, end, timeout_s);
   std::unique_lock<std::mutex> lock(mu_);
   auto ready = [&] { return closed_ || worker_done_ || !ready_.empty(); };
   if (timeout_s < 0) {
@@ -100,17 +103,8 @@ void BatchStream::Run() {
       changed_.wait(lock, [&] { return closed_ || ready_.size() < prefetch_; });
       if (closed_) break;
       lock.unlock();
-      const size_t rows = std::min(n, begin + batch_size_) - begin;
       Batch batch;
-      batch.rows = rows;
-      std::vector<uint8_t*> outs;
-      for (size_t bytes : output_row_bytes_) {
-        batch.outputs.emplace_back(new uint8_t[std::max<size_t>(1, rows * bytes)]);
-        outs.push_back(batch.outputs.back().get());
-      }
-      const Status status =
-          GatherRows(*job.layout, std::span<const int32_t>(job.segment).subspan(begin, rows),
-                     std::span<const int64_t>(job.row).subspan(begin, rows), outs, pool_);
+      const Status status = Gather(job, begin, std::min(n, begin + batch_size_) - begin, &batch);
       lock.lock();
       if (!status.ok()) {
         error_ = status;
@@ -122,15 +116,90 @@ void BatchStream::Run() {
       changed_.notify_all();
     }
     if (closed_) break;
-    lock.unlock();
-    job = BatchJob();  // the window's buffers are no longer read from here
-    lock.lock();
-    --unfinished_;
-    ++done_;
-    changed_.notify_all();
+    JobDone(lock, std::move(job));
   }
   worker_done_ = true;
   changed_.notify_all();
+}
+
+Status BatchStream::Gather(const BatchJob& job, size_t begin, size_t rows, Batch* batch) const {
+  batch->rows = rows;
+  batch->outputs.clear();
+  std::vector<uint8_t*> outs;
+  for (size_t bytes : output_row_bytes_) {
+    batch->outputs.emplace_back(new uint8_t[std::max<size_t>(1, rows * bytes)]);
+    outs.push_back(batch->outputs.back().get());
+  }
+  return GatherRows(*job.layout, std::span<const int32_t>(job.segment).subspan(begin, rows),
+                    std::span<const int64_t>(job.row).subspan(begin, rows), outs, pool_);
+}
+
+void BatchStream::JobDone(std::unique_lock<std::mutex>& lock, BatchJob job) {
+  lock.unlock();
+  job = BatchJob();  // the window's buffers are no longer read from here
+  lock.lock();
+  --unfinished_;
+  ++done_;
+  changed_.notify_all();
+}
+
+Status BatchStream::NextInline(Batch* batch, bool* end, double timeout_s) {
+  std::unique_lock<std::mutex> lock(mu_);
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                            std::chrono::duration<double>(std::max(0.0, timeout_s)));
+  auto ready = [&] { return closed_ || worker_done_ || finished_ || !jobs_.empty(); };
+  while (true) {
+    if (!current_) {
+      if (timeout_s < 0) {
+        changed_.wait(lock, ready);
+      } else if (!changed_.wait_until(lock, deadline, ready)) {
+        return DeadlineExceededError("table batches: no batch within " +
+                                     std::to_string(timeout_s) + " s");
+      }
+      if (closed_ || worker_done_ || jobs_.empty()) {  // closed, failed, or finished
+        *end = true;
+        worker_done_ = true;
+        changed_.notify_all();
+        return closed_ ? Status::Ok() : std::exchange(error_, Status::Ok());
+      }
+      current_.emplace(std::move(jobs_.front()));
+      jobs_.pop_front();
+      cursor_ = 0;
+    }
+    if (cursor_ >= current_->row.size()) {  // every batch of the job is out
+      BatchJob job = std::move(*current_);
+      current_.reset();
+      JobDone(lock, std::move(job));
+      continue;
+    }
+    const size_t begin = cursor_;
+    const size_t rows = std::min(current_->row.size(), begin + batch_size_) - begin;
+    cursor_ += rows;
+    // The consumer's own thread: only Close() touches the state meanwhile.
+    lock.unlock();
+    Status status = Gather(*current_, begin, rows, batch);
+    lock.lock();
+    if (closed_) {
+      *batch = Batch();
+      *end = true;
+      return Status::Ok();
+    }
+    if (!status.ok()) {
+      *batch = Batch();
+      *end = true;
+      worker_done_ = true;
+      current_.reset();
+      changed_.notify_all();
+      return status;
+    }
+    if (cursor_ >= current_->row.size()) {  // the job's last batch: its window is free
+      BatchJob job = std::move(*current_);
+      current_.reset();
+      JobDone(lock, std::move(job));
+    }
+    return Status::Ok();
+  }
 }
 
 }  // namespace ddp::table

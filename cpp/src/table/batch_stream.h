@@ -17,6 +17,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -41,9 +42,11 @@ class BatchStream {
   // output_row_bytes: bytes of one row of each output (every job's layout must match);
   // prefetch >= 1 batches gathered ahead; max_jobs >= 1 jobs pushed and not finished
   // (Push blocks beyond). pool may be null (the stream's thread copies alone); it must
-  // outlive the stream.
+  // outlive the stream. ahead false: no thread; Next() gathers each batch in the calling
+  // thread (for a consumer with no core to spare, where a hand-over between threads per
+  // batch costs more than it overlaps).
   BatchStream(std::vector<size_t> output_row_bytes, size_t batch_size, size_t prefetch,
-              size_t max_jobs, GatherPool* pool);
+              size_t max_jobs, GatherPool* pool, bool ahead = true);
   ~BatchStream();
   BatchStream(const BatchStream&) = delete;
   BatchStream& operator=(const BatchStream&) = delete;
@@ -68,6 +71,12 @@ class BatchStream {
 
  private:
   void Run();
+  // Next() without a thread: the next batch gathered here.
+  Status NextInline(Batch* batch, bool* end, double timeout_s);
+  // The batch of `rows` rows at `begin` of job, gathered into new buffers.
+  Status Gather(const BatchJob& job, size_t begin, size_t rows, Batch* batch) const;
+  // A job whose batches are all gathered: its buffers released, counted done (mu_ held).
+  void JobDone(std::unique_lock<std::mutex>& lock, BatchJob job);
 
   const std::vector<size_t> output_row_bytes_;
   const size_t batch_size_;
@@ -85,6 +94,10 @@ class BatchStream {
   bool finished_ = false;            // no more jobs
   bool worker_done_ = false;         // the thread has ended (finished, an error or closed)
   bool closed_ = false;
+  const bool ahead_;
+  // Without a thread: the job being cut into batches, and its next row.
+  std::optional<BatchJob> current_;
+  size_t cursor_ = 0;
   std::mutex join_mu_;
   std::thread worker_;
 };

@@ -6,6 +6,8 @@
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <thread>
+#include <chrono>
 
 namespace ddp::table {
 namespace {
@@ -97,11 +99,14 @@ BatchJob ShuffledJob(const Records& t, const std::vector<int64_t>& rows, uint32_
   return out;
 }
 
-TEST(BatchStream, EveryRowOnceInOrderAcrossJobsWithShortLastBatches) {
+// Each test runs with the stream's own thread (ahead) and without (each Next gathers).
+class BatchStreamTest : public testing::TestWithParam<bool> {};
+
+TEST_P(BatchStreamTest, EveryRowOnceInOrderAcrossJobsWithShortLastBatches) {
   const std::vector<int64_t> rows_a = {37, 50}, rows_b = {5, 41, 9};
   Records a(rows_a), b(rows_b);
   GatherPool pool(2);
-  BatchStream stream({8, 4}, 16, 2, 1, &pool);
+  BatchStream stream({8, 4}, 16, 2, 1, &pool, GetParam());
   BatchJob ja = ShuffledJob(a, rows_a, 1), jb = ShuffledJob(b, rows_b, 2);
   std::vector<int32_t> want = Values(ja);
   const std::vector<int32_t> want_b = Values(jb);
@@ -124,10 +129,10 @@ TEST(BatchStream, EveryRowOnceInOrderAcrossJobsWithShortLastBatches) {
   EXPECT_EQ(stream.jobs_done(), 3u);
 }
 
-TEST(BatchStream, OutOfRangeRowEndsTheStreamAfterTheBatchesBefore) {
+TEST_P(BatchStreamTest, OutOfRangeRowEndsTheStreamAfterTheBatchesBefore) {
   const std::vector<int64_t> rows = {10, 10};
   Records t(rows);
-  BatchStream stream({8, 4}, 4, 8, 4, nullptr);
+  BatchStream stream({8, 4}, 4, 8, 4, nullptr, GetParam());
   BatchJob job{t.Layout(), {0, 0, 0, 0, 1, 1, 1, 1, 1, 1}, {0, 1, 2, 3, 4, 5, 6, 10, 1, 2}};
   ASSERT_TRUE(stream.Push(std::move(job)).ok());
   std::vector<size_t> sizes;
@@ -146,9 +151,9 @@ TEST(BatchStream, OutOfRangeRowEndsTheStreamAfterTheBatchesBefore) {
   EXPECT_EQ(stream.Push(BatchJob{t.Layout(), {}, {}}).code(), Code::kFailedPrecondition);
 }
 
-TEST(BatchStream, RejectsJobsThatDoNotMatch) {
+TEST_P(BatchStreamTest, RejectsJobsThatDoNotMatch) {
   Records t({3});
-  BatchStream stream({8, 4}, 2, 1, 1, nullptr);
+  BatchStream stream({8, 4}, 2, 1, 1, nullptr, GetParam());
   EXPECT_EQ(stream.Push(BatchJob{}).code(), Code::kInvalidArgument);
   EXPECT_EQ(stream.Push(BatchJob{t.Layout(), {0}, {0, 1}}).code(), Code::kInvalidArgument);
   auto other = std::make_shared<GatherLayout>(*t.Layout());
@@ -158,10 +163,10 @@ TEST(BatchStream, RejectsJobsThatDoNotMatch) {
   EXPECT_EQ(stream.Push(BatchJob{t.Layout(), {0}, {0}}).code(), Code::kFailedPrecondition);
 }
 
-TEST(BatchStream, CloseUnblocksAProducerAndAConsumer) {
+TEST_P(BatchStreamTest, CloseUnblocksAProducerAndAConsumer) {
   const std::vector<int64_t> rows = {64};
   Records t(rows);
-  BatchStream stream({8, 4}, 4, 1, 1, nullptr);
+  BatchStream stream({8, 4}, 4, 1, 1, nullptr, GetParam());
   // The first job fills the one prefetch slot and waits; the second push blocks.
   ASSERT_TRUE(stream.Push(ShuffledJob(t, rows, 3)).ok());
   Status pushed;
@@ -178,8 +183,8 @@ TEST(BatchStream, CloseUnblocksAProducerAndAConsumer) {
   stream.Close();  // idempotent
 }
 
-TEST(BatchStream, NextTimesOutWithoutABatch) {
-  BatchStream stream({8, 4}, 4, 1, 1, nullptr);
+TEST_P(BatchStreamTest, NextTimesOutWithoutABatch) {
+  BatchStream stream({8, 4}, 4, 1, 1, nullptr, GetParam());
   Batch b;
   bool end = false;
   EXPECT_EQ(stream.Next(&b, &end, 0.01).code(), Code::kDeadlineExceeded);
@@ -189,14 +194,41 @@ TEST(BatchStream, NextTimesOutWithoutABatch) {
   EXPECT_TRUE(end);
 }
 
-TEST(BatchStream, DestroyedWhileGatheringStops) {
+TEST_P(BatchStreamTest, DestroyedWhileGatheringStops) {
   const std::vector<int64_t> rows = {500};
   Records t(rows);
   for (int i = 0; i < 20; ++i) {
-    BatchStream stream({8, 4}, 7, 2, 2, nullptr);
+    BatchStream stream({8, 4}, 7, 2, 2, nullptr, GetParam());
     ASSERT_TRUE(stream.Push(ShuffledJob(t, rows, static_cast<uint32_t>(i))).ok());
   }
 }
+
+TEST(BatchStreamInline, GathersOnlyWhenAskedAndFreesAJobWithItsLastBatch) {
+  const std::vector<int64_t> rows = {8};
+  Records t(rows);
+  BatchStream stream({8, 4}, 4, 2, 1, nullptr, /*ahead=*/false);
+  ASSERT_TRUE(stream.Push(ShuffledJob(t, rows, 5)).ok());
+  // Nothing is gathered before the consumer asks (no thread): the job stays unfinished,
+  // so a second push would wait.
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(stream.jobs_done(), 0u);
+  Batch b;
+  bool end = false;
+  ASSERT_TRUE(stream.Next(&b, &end).ok());
+  EXPECT_EQ(b.rows, 4u);
+  EXPECT_EQ(stream.jobs_done(), 0u);
+  ASSERT_TRUE(stream.Next(&b, &end).ok());
+  EXPECT_EQ(b.rows, 4u);
+  EXPECT_EQ(stream.jobs_done(), 1u);  // its last batch is out: its window is free
+  stream.Finish();
+  ASSERT_TRUE(stream.Next(&b, &end).ok());
+  EXPECT_TRUE(end);
+}
+
+INSTANTIATE_TEST_SUITE_P(AheadAndInline, BatchStreamTest, testing::Bool(),
+                         [](const testing::TestParamInfo<bool>& param) {
+                           return param.param ? "Ahead" : "Inline";
+                         });
 
 }  // namespace
 }  // namespace ddp::table

@@ -7,7 +7,8 @@ ahead of the window being gathered, and a window is dropped (its rows freed) onc
 batches are out. The batches of each window go to the engine in one call
 (:class:`dask_ddp._core.TableBatches`): its own thread gathers them (GIL released) into
 tensors that own their buffers, ``prefetch`` batches ahead of the training loop, whose
-only work per batch is one call; a batch across windows goes alone, over their segments.
+only work per batch is one call (or, for a rank with one core, that call gathers the
+batch); a batch across windows goes alone, over their segments.
 """
 
 from __future__ import annotations
@@ -60,6 +61,9 @@ class EpochBatches:
         As the loader's.
     rank, shuffle
         For the log of the epoch's plan (rank 0 logs it).
+    gather_ahead
+        Gather batches ahead on the engine's thread; False: in the training loop's
+        thread, at each batch (a rank with one core: no hand-over between threads).
     """
 
     layout: BatchLayout
@@ -70,12 +74,13 @@ class EpochBatches:
     drop_last: bool
     rank: int
     shuffle: bool | str
+    gather_ahead: bool = True
     #: The next epoch's start, made ahead by the feeding thread (epoch -> start).
     ahead: dict[int, _EpochStart] = dataclasses.field(default_factory=dict)
 
     def stream(self, prefetch: int) -> Any:
         """A new engine stream for one iteration."""
-        return self.layout.stream(self.pool, self.batch_size, prefetch)
+        return self.layout.stream(self.pool, self.batch_size, prefetch, self.gather_ahead)
 
     def produce(self, stream: Any, stop: threading.Event, start: int, epoch: int,
                 rank_rows: Callable[[], tuple[np.ndarray, np.ndarray]],

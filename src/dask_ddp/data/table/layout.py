@@ -101,11 +101,13 @@ class BatchLayout:
         return (_DLPACK_CODE[dt.kind], dt.itemsize * 8, tail,
                 sum(c.row_bytes for c in out["columns"]))
 
-    def stream(self, pool: Any, batch_size: int, prefetch: int) -> Any:
+    def stream(self, pool: Any, batch_size: int, prefetch: int, ahead: bool = True) -> Any:
         """The engine's stream of an epoch's batches (:class:`dask_ddp._core.TableBatches`,
-        one window queued beyond the one being gathered)."""
+        one window queued beyond the one being gathered), gathered ``prefetch`` batches
+        ahead on its own thread, or with ``ahead=False`` by each ``next()`` in the
+        calling thread."""
         return _core.TableBatches(pool, self._specs, [o["name"] for o in self.outputs],
-                                  self.form, batch_size, prefetch, 1)
+                                  self.form, batch_size, prefetch, 1, ahead)
 
     def batch(self, item: Any) -> Any:
         """The training loop's batch of what the stream handed out."""

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import torch
 
 from dask_ddp import _core
 from dask_ddp._identity import cores_per_rank
@@ -93,7 +94,11 @@ class TableLoader(Loader):
     num_threads
         The C++ gather threads. Default: this rank's share of the host's cores.
     prefetch
-        Batches gathered ahead of the consumer.
+        Batches gathered ahead of the consumer, on the engine's own thread. With one
+        gather thread and no GPU (a CPU rank with one core), each batch is gathered at
+        the training loop's request in its own thread instead: a second thread would only
+        take turns with it on that core, at the price of a hand-over per batch. The
+        windows' reads run ahead either way.
     window
         Partitions per window (``shuffle=True``): the rows a rank holds at a time.
     cache
@@ -149,7 +154,8 @@ class TableLoader(Loader):
             and not cached else -1
         self._batches = EpochBatches(layout, self._reads, pool, offsets,
                                      batch_size=self.batch_size, drop_last=self.drop_last,
-                                     rank=self.rank, shuffle=shuffle)
+                                     rank=self.rank, shuffle=shuffle,
+                                     gather_ahead=self.num_threads > 1 or torch.cuda.is_available())
         self._stop: threading.Event | None = None
         self._stream: Any = None  # the engine's stream of the current iteration
         # Rows a lost rank left unread, read after this rank's own (live recovery).

@@ -48,6 +48,12 @@ void CopyRows(uint8_t* out, size_t out_row_bytes, const GatherColumn& c,
     case 4: return CopyFixed<4>(dst, out_row_bytes, c, segment, row, begin, end);
     case 8: return CopyFixed<8>(dst, out_row_bytes, c, segment, row, begin, end);
     case 16: return CopyFixed<16>(dst, out_row_bytes, c, segment, row, begin, end);
+    // Vectors of 8, 16, 32 and 64 float32 (or half as many float64): inline moves, not a
+    // call to memcpy per row.
+    case 32: return CopyFixed<32>(dst, out_row_bytes, c, segment, row, begin, end);
+    case 64: return CopyFixed<64>(dst, out_row_bytes, c, segment, row, begin, end);
+    case 128: return CopyFixed<128>(dst, out_row_bytes, c, segment, row, begin, end);
+    case 256: return CopyFixed<256>(dst, out_row_bytes, c, segment, row, begin, end);
     default:
       for (size_t i = begin; i < end; ++i) {
         Prefetch(c, segment, row, i, end);

@@ -22,7 +22,20 @@ Then arrays: N samples of a float32 .npy (--npy-shape, default 128x128: 64 KiB) 
 Each runs a warm-up epoch (not timed) then --rounds epochs; the best epoch is reported,
 with the HTTP requests nginx logged per epoch and the load average.
 
+With ``--ranks N`` (N > 1) the JPEG workload runs on N ranks at once instead, each a process
+of a gloo group (a barrier starts and ends each epoch), both sides spawned from the clean
+environment, every rank with the same number of batches (exact balance):
+
+6. webdataset, its multi-rank recipe: ``resampled=True`` shards, shuffle(1000), PIL decode,
+   torchvision transforms, WebLoader(num_workers=--workers) per rank, ``with_epoch`` for
+   equal batch counts                                              (baseline)
+7. dask_ddp TarShards + Loader(rank, world_size), the host's cores split between the ranks
+                                                                   (target >= 5x 6)
+
+An epoch's rate is the images of every rank over the slowest rank's time.
+
 Run:  python benchmarks/bench_shards.py [--n 1000] [--rounds 3] [--data DIR] [--npy-shape 128x128]
+      python benchmarks/bench_shards.py --ranks 2   (then --ranks 3)
 """
 
 from __future__ import annotations
@@ -93,6 +106,119 @@ def webdataset_npy_baseline(urls: str, rounds: int, workers: int) -> None:
     )
     loader = wds.WebLoader(ds, batch_size=BATCH, num_workers=workers, persistent_workers=True)
     _print_epoch_rates(loader, rounds)
+
+
+def rank_main(side: str, pattern: str, counts: str, rounds: int, workers: int) -> None:
+    """One rank of a multi-rank run (RANK, WORLD_SIZE, MASTER_ADDR/PORT in the
+    environment): one JSON line per epoch (the warm-up first) of its images and seconds,
+    each epoch started and ended by a barrier of the group."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    n = sum(int(c) for c in counts.split(","))
+    batches = -(-n // (BATCH * world))  # each rank's share, in whole batches
+    if side == "webdataset":
+        import webdataset as wds
+        from bench_loader import tv_transform
+
+        ds = (
+            wds.WebDataset(pattern, resampled=True, shardshuffle=True,
+                           nodesplitter=wds.split_by_node, empty_check=False)
+            .shuffle(1000)
+            .decode("pil")
+            .to_tuple("jpg", "cls")
+            .map_tuple(tv_transform(), identity)
+        )
+        loader: Any = wds.WebLoader(ds, batch_size=BATCH, num_workers=workers,
+                                    persistent_workers=True).with_epoch(batches)
+        torch.manual_seed(rank)
+    else:
+        from bench_loader import our_transform
+
+        from dask_ddp.data import Loader, TarShards
+
+        cores = len(os.sched_getaffinity(0))
+        loader = Loader(TarShards(pattern, counts=[int(c) for c in counts.split(",")]), BATCH,
+                        transform=our_transform(), num_threads=max(1, cores // world),
+                        rank=rank, world_size=world)
+    for epoch in range(rounds + 1):
+        if hasattr(loader, "set_epoch"):
+            loader.set_epoch(epoch)
+        dist.barrier()
+        t0 = time.perf_counter()
+        images = sum(int(x.shape[0]) for x, _ in loader)
+        spent = time.perf_counter() - t0
+        dist.barrier()
+        sys.stdout.write(json.dumps({"epoch": epoch, "images": images, "s": spent}) + "\n")
+        sys.stdout.flush()
+    dist.destroy_process_group()
+
+
+def spawn_ranks(side: str, pattern: str, counts: list[int], ranks: int, rounds: int,
+                workers: int) -> list[float]:
+    """Images/s of each timed epoch of ``ranks`` ranks of ``side`` run at once (spawned from
+    the clean environment): every rank's images over the slowest rank's seconds."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    procs = []
+    for r in range(ranks):
+        env = benchenv.clean_env(
+            PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT / "benchmarks")]),
+            RANK=str(r), WORLD_SIZE=str(ranks), LOCAL_RANK=str(r),
+            LOCAL_WORLD_SIZE=str(ranks), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        procs.append(subprocess.Popen(
+            [sys.executable, __file__, "--rank-of", side, pattern, "--counts",
+             ",".join(map(str, counts)), "--rounds", str(rounds), "--workers", str(workers)],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    epochs: list[list[dict[str, Any]]] = []
+    for r, proc in enumerate(procs):
+        try:
+            out, err = proc.communicate(timeout=1800)
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                p.kill()
+            raise RuntimeError(f"{side} rank {r} of {ranks} did not finish in 30 min") from None
+        if proc.returncode != 0:
+            for p in procs:
+                p.kill()
+            raise RuntimeError(f"{side} rank {r} of {ranks} failed:\n{err[-3000:]}")
+        epochs.append([json.loads(line) for line in out.splitlines() if line.startswith("{")])
+    logger.info("%s on %d ranks: images per rank and epoch %s", side, ranks,
+                [[e["images"] for e in per] for per in epochs])
+    return [sum(per[k]["images"] for per in epochs) / max(per[k]["s"] for per in epochs)
+            for k in range(1, rounds + 1)]
+
+
+def multi_rank(args: argparse.Namespace) -> None:
+    """The JPEG workload on ``args.ranks`` ranks: webdataset's recipe against ours."""
+    from storage_servers import start_nginx
+
+    tmp = None
+    if args.data is None:
+        tmp = tempfile.TemporaryDirectory(prefix="bench_shards_")
+        root = Path(tmp.name)
+    else:
+        root = Path(args.data)
+    counts, n = prepare(root, args.n)
+    logger.info("%d images in %d shards, %d ranks, %d cores, batch %d; %s", n, len(counts),
+                args.ranks, os.cpu_count() or 1, BATCH, benchenv.load_average())
+    with start_nginx(root) as nginx:
+        pattern = (f"http://127.0.0.1:{nginx.port}/shards/"
+                   f"n{n}-shard-{{000000..{len(counts) - 1:06d}}}.tar")
+        web = spawn_ranks("webdataset", pattern, counts, args.ranks, args.rounds, args.workers)
+        ours = spawn_ranks("ours", pattern, counts, args.ranks, args.rounds, args.workers)
+    logger.info("best of %d epochs on %d ranks: webdataset %.1f images/s, TarShards %.1f "
+                "images/s: %.2fx (target >= 5); %s", args.rounds, args.ranks, max(web),
+                max(ours), max(ours) / max(web), benchenv.load_average())
+    print(json.dumps({"ranks": args.ranks, "webdataset": web, "ours": ours,  # noqa: T201
+                      "ratio": max(ours) / max(web), "load": benchenv.load_average()}))
+    if tmp is not None:
+        tmp.cleanup()
 
 
 def prepare_npy(root: Path, n: int, shape: tuple[int, ...]) -> list[int]:
@@ -199,9 +325,16 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2, help="webdataset's WebLoader workers")
     ap.add_argument("--data", default=None, help="reuse/keep the generated images here")
     ap.add_argument("--npy-shape", default="128x128", help="each array's shape (float32)")
+    ap.add_argument("--ranks", type=int, default=1,
+                    help="ranks at once (> 1: the multi-rank JPEG comparison only)")
     ap.add_argument("--webdataset-baseline", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--webdataset-npy-baseline", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--rank-of", nargs=2, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--counts", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.rank_of:
+        rank_main(args.rank_of[0], args.rank_of[1], args.counts, args.rounds, args.workers)
+        return
     if args.webdataset_baseline:
         webdataset_baseline(args.webdataset_baseline, args.rounds, args.workers)
         return
@@ -210,6 +343,9 @@ def main() -> None:
         return
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     logger.setLevel(logging.INFO)
+    if args.ranks > 1:
+        multi_rank(args)
+        return
 
     from bench_loader import our_transform
 

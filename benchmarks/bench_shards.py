@@ -194,16 +194,19 @@ def spawn_ranks(side: str, pattern: str, counts: list[int], ranks: int, rounds: 
             for k in range(1, rounds + 1)]
 
 
+def data_root(data: str | None) -> tuple[tempfile.TemporaryDirectory[str] | None, Path]:
+    """The folder of the generated data: ``data``, or a temporary one (returned to clean)."""
+    if data is not None:
+        return None, Path(data)
+    tmp = tempfile.TemporaryDirectory(prefix="bench_shards_")
+    return tmp, Path(tmp.name)
+
+
 def multi_rank(args: argparse.Namespace) -> None:
     """The JPEG workload on ``args.ranks`` ranks: webdataset's recipe against ours."""
     from storage_servers import start_nginx
 
-    tmp = None
-    if args.data is None:
-        tmp = tempfile.TemporaryDirectory(prefix="bench_shards_")
-        root = Path(tmp.name)
-    else:
-        root = Path(args.data)
+    tmp, root = data_root(args.data)
     counts, n = prepare(root, args.n)
     logger.info("%d images in %d shards, %d ranks, %d cores, batch %d; %s", n, len(counts),
                 args.ranks, os.cpu_count() or 1, BATCH, benchenv.load_average())
@@ -353,12 +356,7 @@ def main() -> None:
     from storage_servers import start_nginx
 
     cores = os.cpu_count() or 1
-    tmp = None
-    if args.data is None:
-        tmp = tempfile.TemporaryDirectory(prefix="bench_shards_")
-        root = Path(tmp.name)
-    else:
-        root = Path(args.data)
+    tmp, root = data_root(args.data)
     counts, n = prepare(root, args.n)
     npy_shape = tuple(int(d) for d in args.npy_shape.split("x"))
     npy_counts = prepare_npy(root, n, npy_shape)

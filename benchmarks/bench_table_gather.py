@@ -14,7 +14,6 @@ Run:  python benchmarks/bench_table_gather.py [--rows 2000000] [--parts 16] [--e
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import logging
@@ -50,16 +49,10 @@ def rank_passes(table: Any, cols: int, epochs: int) -> dict[str, list[list[float
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    p.add_argument("--rows", type=int, default=2_000_000)
-    p.add_argument("--cols", type=int, default=32)
-    p.add_argument("--parts", type=int, default=16)
-    p.add_argument("--epochs", type=int, default=4)
-    a = p.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(name)s %(message)s")
-    for name in ("distributed", "dask_ddp._launch", "dask_ddp.data.table.table"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-    benchenv.log_load_around_run(logger)
+    from bench_tables import start_logs, workload_arguments
+
+    a = workload_arguments(__doc__, 4).parse_args()
+    start_logs(logger)
     import dask
     import dask.dataframe as dd
     from bench_tables import make_part

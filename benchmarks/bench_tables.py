@@ -296,20 +296,32 @@ def run_ours(client: Any, data: Any, a: argparse.Namespace, name: str,
     return out
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+def workload_arguments(doc: str, epochs: int) -> argparse.ArgumentParser:
+    """The table workload's flags (rows, columns, partitions, epochs)."""
+    p = argparse.ArgumentParser(description=doc.split("\n", 1)[0])
     p.add_argument("--rows", type=int, default=2_000_000)
     p.add_argument("--cols", type=int, default=32)
     p.add_argument("--parts", type=int, default=16)
-    p.add_argument("--batch", type=int, default=1024)
-    p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--no-ray", action="store_true")
-    p.add_argument("--parquet", action="store_true")
-    a = p.parse_args()
+    p.add_argument("--epochs", type=int, default=epochs)
+    return p
+
+
+def start_logs(log: logging.Logger) -> None:
+    """INFO logs of the benchmark (the cluster's and launcher's quieter), and the load
+    average at the start and the end."""
     logging.basicConfig(level=logging.INFO, format="%(name)s %(message)s")
     for name in ("distributed", "dask_ddp._launch", "dask_ddp.data.table.table"):
         logging.getLogger(name).setLevel(logging.WARNING)
-    benchenv.log_load_around_run(logger)
+    benchenv.log_load_around_run(log)
+
+
+def main() -> None:
+    p = workload_arguments(__doc__, 3)
+    p.add_argument("--batch", type=int, default=1024)
+    p.add_argument("--no-ray", action="store_true")
+    p.add_argument("--parquet", action="store_true")
+    a = p.parse_args()
+    start_logs(logger)
     import dask
     import dask.dataframe as dd
     import peers

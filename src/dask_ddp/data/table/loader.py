@@ -95,10 +95,10 @@ class TableLoader(Loader):
         The C++ gather threads. Default: this rank's share of the host's cores.
     prefetch
         Batches gathered ahead of the consumer, on the engine's own thread. With one
-        gather thread and no GPU (a CPU rank with one core), each batch is gathered at
-        the training loop's request in its own thread instead: a second thread would only
-        take turns with it on that core, at the price of a hand-over per batch. The
-        windows' reads run ahead either way.
+        gather thread and no GPU (a CPU rank with one core), each batch is gathered in
+        the training loop's thread when it asks for it instead: a second thread would
+        only take turns with the loop on that core, at the price of a hand-over per
+        batch. The windows' reads run ahead either way.
     window
         Partitions per window (``shuffle=True``): the rows a rank holds at a time.
     cache

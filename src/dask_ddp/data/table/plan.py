@@ -102,8 +102,9 @@ def base_sequence(counts: Sequence[int], *, shuffle: bool, seed: int, epoch: int
 def rank_sequence(counts: Sequence[int], *, world: int, rank: int, shuffle: bool, seed: int,
                   epoch: int, drop_last: bool, window: int) -> tuple[np.ndarray, np.ndarray]:
     """Rank ``rank``'s rows of :func:`epoch_sequence` and their window ids, equal to
-    ``epoch_sequence(...).for_rank(rank, world)`` but made by the engine without the
-    whole table's sequence (a window's buffer at a time; only the rank's entries kept)."""
+    ``epoch_sequence(...).for_rank(rank, world)`` but made by the engine from the rank's
+    positions alone (each window's permutation gives a position's row without the others):
+    time linear in the rank's rows, not the table's."""
     from dask_ddp import _core
 
     counts_a = np.ascontiguousarray(counts, np.int64)

@@ -235,10 +235,14 @@ def live_train(folder: str, steps: int, pause: float) -> dict[str, Any]:
 
 
 def audited_epoch(loader: Any, model: Any, opt: Any, folder: str, audit: str, first_rank: int,
-                  pause: float, inputs: Any = None) -> dict[str, Any]:
+                  pause: float, inputs: Any = None, hold_at: int | None = None
+                  ) -> dict[str, Any]:
     """One epoch of ``loader`` (labels: the samples' ids) through ``model``: before each
     step the batch's ids go to ``folder/<audit>`` (``iteration id,id``), after it the
-    iteration to ``folder/step<first_rank>``; then the rank's state and group."""
+    iteration to ``folder/step<first_rank>``; then the rank's state and group.
+
+    ``hold_at``: after that step, wait (at most 120 s) for ``folder/struck`` before the
+    next: a test's strike then lands mid-epoch however late it comes."""
     import dask_ddp
 
     with Path(folder, audit).open("a") as out:
@@ -251,6 +255,10 @@ def audited_epoch(loader: Any, model: Any, opt: Any, folder: str, audit: str, fi
             opt.step()
             Path(folder, f"step{first_rank}").write_text(str(it))
             time.sleep(pause)
+            if it == hold_at:
+                deadline = time.monotonic() + 120
+                while not Path(folder, "struck").exists() and time.monotonic() < deadline:
+                    time.sleep(0.01)
     now = dask_ddp.rank_info()
     return {"hash": state_hash(model, opt), "first_rank": first_rank, "rank": now.rank,
             "world": now.world_size, "generation": now.generation}

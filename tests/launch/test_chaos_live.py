@@ -68,8 +68,10 @@ def chaos_live_train(root: str, folder: str, pause: float) -> dict[str, Any]:
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     dask_ddp.Checkpointer(model, opt, loader=loader)
     Path(folder, f"pid{start.rank}").write_text(str(os.getpid()))
+    # The first victim waits a few steps after the strike's step until the strike came.
+    victim, hold_at = (int(v) for v in Path(folder, "hold").read_text().split())
     return audited_epoch(loader, model, opt, folder, f"audit-{start.rank}-{os.getpid()}",
-                         start.rank, pause)
+                         start.rank, pause, hold_at=hold_at if start.rank == victim else None)
 
 
 @dataclass
@@ -147,26 +149,47 @@ def _step(out: Path, rank: int) -> int:
 
 def strike(cluster: LocalCluster, client: Client, run: Run, images: Path,
            out: Path) -> Any:
+    """Start the job, then strike when the first victim reached ``run.at_step``: it holds
+    two steps later until ``out/struck`` (written here after the strike), so a strike
+    that comes late on a loaded machine still lands mid-epoch."""
+    first = run.victims[0]
+    (out / "hold").write_text(f"{first} {run.at_step + 2}")
     job = dask_ddp.submit(client, chaos_live_train, str(images), str(out), PAUSE,
                           recovery="live", stall_timeout=STALL_S, name=f"live{run.index}",
                           progress=False)
-    first = run.victims[0]
 
-    def ready() -> str | None:
+    def started() -> str | None:
         if job.done():
             job.result()  # its error: it ended before the strike
             return None
         missing = [r for r in range(WORLD) if not (out / f"pid{r}").exists()]
-        if missing:
-            return f"no pid file of ranks {missing}"
+        return f"no pid file of ranks {missing}" if missing else None
+
+    def ready() -> str | None:
+        if started() is not None:
+            return started()
         return None if _step(out, first) >= run.at_step else \
             f"rank {first} at step {_step(out, first)}"
 
-    wait_until(ready, 120, f"rank {first} to reach step {run.at_step}")
+    wait_until(started, 120, "every rank to start")
     pids = {r: int((out / f"pid{r}").read_text()) for r in run.victims}
-    if run.fault in ("worker", "rank0-worker"):
+    worker_pid = 0
+    if run.fault in ("worker", "rank0-worker"):  # found before the strike: no call in it
         worker = job.workers[first]
-        os.kill(client.run(os.getpid, workers=[worker])[worker], signal.SIGKILL)
+        worker_pid = client.run(os.getpid, workers=[worker])[worker]
+    wait_until(ready, 120, f"rank {first} to reach step {run.at_step}")
+    try:
+        _strike(cluster, client, run, job, pids, worker_pid)
+    finally:
+        (out / "struck").write_text("")
+    return job
+
+
+def _strike(cluster: LocalCluster, client: Client, run: Run, job: Any, pids: dict[int, int],
+            worker_pid: int) -> None:
+    first = run.victims[0]
+    if run.fault in ("worker", "rank0-worker"):
+        os.kill(worker_pid, signal.SIGKILL)
     elif run.fault == "retire":
         # As adapt() scales down: retire the worker, then drop it from the cluster's spec
         # (back_to_full_size makes a new one for the next run).
@@ -180,7 +203,6 @@ def strike(cluster: LocalCluster, client: Client, run: Run, images: Path,
         if run.fault == "second":
             time.sleep(run.gap)
             os.kill(pids[run.victims[1]], signal.SIGKILL)
-    return job
 
 
 def check_outcome(job: Any, run: Run, out: Path) -> None:

@@ -192,18 +192,3 @@ def parquet_table(root: Any, rows: int, row_group_size: int) -> Any:
     pq.write_table(pa.table({"id": ids, "a": (ids * 0.5).astype(np.float32)}),
                    f"{root}/t.parquet", row_group_size=row_group_size)
     return Table.from_parquet(f"{root}/t.parquet")
-
-
-def connected_before_any_loader(table: Any) -> dict[str, bool]:
-    """In a rank: whether this process's client of the table's scheduler gets made (within
-    60 s) without a Loader: the table connects as it is unpickled."""
-    import time
-
-    from dask_ddp.data.table import fetch
-
-    deadline = time.monotonic() + 60
-    while table.scheduler not in fetch._clients and time.monotonic() < deadline:
-        time.sleep(0.05)
-    client = fetch._clients.get(table.scheduler)
-    return {"connected": client is not None and client.status == "running"}
-

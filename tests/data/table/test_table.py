@@ -15,7 +15,6 @@ from cluster_util import client_fixture
 from dask_ddp._cluster import cluster_info
 from table_util import (
     check_epoch_coverage,
-    connected_before_any_loader,
     read_epochs,
     resume_exactly,
     resume_other_world,
@@ -111,14 +110,6 @@ def test_cache_is_off_when_the_rows_exceed_the_configured_size(client: Any) -> N
     with dask.config.set({"dask-ddp.data.table-cache": 0}):
         assert TableLoader(table, 10, rank=0, world_size=1)._reads.cache is None
         assert TableLoader(table, 10, rank=0, world_size=1, cache=True)._reads.cache == {}
-
-
-def test_a_rank_connects_to_the_scheduler_as_its_table_arrives(client: Any) -> None:
-    # Without a Loader: importing distributed and connecting start while the rank joins
-    # its group and builds its model, not at the first batch.
-    ddf = _frame(100, 2).persist()
-    for got in _run(client, connected_before_any_loader, ddf):
-        assert got == {"connected": True}
 
 
 def test_kwargs_and_dispatch_run_and_unshuffled_order(client: Any) -> None:

@@ -22,10 +22,7 @@ by row group, through :mod:`dask_ddp.storage` (any URL the engine reads).
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
-import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -122,7 +119,6 @@ class Table:
     partition_rows: list[int]
     workers: list[str | None]
     source: str  # "dask" or "parquet"
-    scheduler: str  # a Dask table's scheduler address (the ranks' reads go through it)
 
     @property
     def columns(self) -> list[str]:
@@ -176,25 +172,7 @@ class Table:
 
 
 def _rebuild(fields: Mapping[str, Any]) -> Table:
-    table = Table._from_fields(**fields)
-    if table.source == "dask" and os.environ.get("DASK_DDP_SCHEDULER"):
-        _connect_early(table.scheduler)
-    return table
-
-
-def _connect_early(address: str) -> None:
-    """In a rank, as its arguments are unpickled: this process's client of the table's
-    scheduler made in the background (importing ``distributed`` and connecting take a
-    second or more) while the rank joins its process group and builds its model, so that
-    the first batch does not wait for them. A failure here is left to the first read,
-    which raises it in context."""
-    def connect() -> None:
-        with contextlib.suppress(Exception):
-            from dask_ddp.data.table.fetch import _client
-
-            _client(address)
-
-    threading.Thread(target=connect, name="dask-ddp-table-connect", daemon=True).start()
+    return Table._from_fields(**fields)
 
 
 def _is_collection(value: Any) -> bool:

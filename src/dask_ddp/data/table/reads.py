@@ -109,7 +109,13 @@ class WindowReads:
         self._reader_lock = threading.Lock()
         if table.source == "dask":
             # Connect to the scheduler now, while the training function builds its model:
-            # the first batch does not wait for it.
+            # the first batch does not wait for it. Its modules are imported here, not in
+            # the thread: a module two threads import at once can be seen half made by one
+            # of them (an ImportError "partially initialized module" in the training loop).
+            import distributed  # noqa: F401
+
+            from dask_ddp.data.table import fetch  # noqa: F401
+
             threading.Thread(target=self._warm, name="dask-ddp-table-connect",
                              daemon=True).start()
 

@@ -79,9 +79,10 @@ Status WindowedSequence(std::span<const int64_t> counts, std::span<const int64_t
 // `world` ranks as torch's DistributedSampler spreads a sequence S of n rows: S padded by
 // repeating its first rows up to a multiple of world (the repeats in the window after the
 // last row's), or cut to one when drop_last; the rank takes positions rank, rank + world,
-// ... Equal to that sequence's entries, but each window is laid out and shuffled in a
-// buffer kept across windows, and only the rank's entries are written: no table-sized
-// array. InvalidArgument as WindowedSequence, or when rank >= world or world is 0.
+// ... Equal to that sequence's entries, but only the rank's positions are computed
+// (through each window's WindowPermutation): time linear in the rank's rows, no
+// table-sized array. InvalidArgument as WindowedSequence, or when rank >= world or world
+// is 0.
 Status RankSequence(std::span<const int64_t> counts, std::span<const int64_t> order,
                     size_t window, bool shuffle, uint64_t seed, uint64_t epoch, uint64_t salt,
                     size_t world, size_t rank, bool drop_last, std::vector<int64_t>* rows,

@@ -51,3 +51,42 @@ def test_survivors_identical_over_random_kills(tmp_path: Path) -> None:
     assert any(0 in killed for killed, _ in seen)
     assert modes.count("backward") >= 8 and modes.count("signal") >= 6, modes
     assert modes.count("late") >= 3, modes
+
+
+@pytest.mark.timeout(60)
+def test_a_change_is_recorded_by_every_member_of_the_new_group() -> None:
+    # Two ranks of three lost 0.1 s apart: generation 1 (rank 2 lost) formed as ranks 0
+    # and 1, then rank 0 died before it could write the record; generation 2 (rank 0
+    # lost) is rank 1 alone. Each change is on the store however early its new rank 0
+    # died, because every member writes it; a round that broke while forming (members
+    # decided, no group) leaves a gap, and the records are numbered 1, 2 in order.
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    from dask_ddp._launch import live
+
+    store = TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=10),
+                     wait_for_workers=False)
+    member = live.LiveGroup(store, 1, 3)
+
+    def formed(g: int, old: list[int], members: list[int], record: bool) -> None:
+        store.compare_set(live._key(g - 1, "members", 0), "", json.dumps(members))
+        member.members, member.generation = members, g
+        if record:
+            member._record(f"lost {set(old) - set(members)}", old, 10 * g, 0.01)
+
+    formed(1, [0, 1, 2], [0, 1], record=True)  # rank 1 of the new group writes it
+    formed(2, [0, 1], [1], record=False)       # broke while forming
+    formed(3, [0, 1], [1], record=True)
+    gens = live.read_generations(store)
+    assert [(g.generation, g.lost, g.world_size, g.step) for g in gens] == \
+        [(1, (2,), 2, 10), (2, (0,), 1, 30)], gens
+    # The first record written stays: another member's write of the same change is a
+    # no-op, and the scheduler's reader gives the same texts.
+    other = live.LiveGroup(store, 0, 3)
+    other.members, other.generation = [0, 1], 1
+    other._record("another cause", [0, 1, 2], 10, 0.5)
+    assert [g.cause for g in live.read_generations(store)] == ["lost {2}", "lost {0}"]
+    assert [Generation.from_json(t) for t in live.generation_texts(store)] == gens
+    assert live.read_generations(store, limit=1) == gens[:1]

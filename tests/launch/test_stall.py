@@ -10,9 +10,11 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import dask
 import pytest
 from distributed import Client
 
@@ -67,6 +69,30 @@ def test_ranks_disagreeing_on_collective_count_end_as_a_stall(client: Client) ->
     assert "all_reduce" in stall["stacks"]["1"]
     logging.getLogger(__name__).warning("stall error after %.1f s (stall_timeout %g s):\n%s",
                                         took, STALL_S, text)
+
+
+def test_a_collective_that_breaks_after_the_stall_still_names_the_stall(
+        client: Client) -> None:
+    # The supervisors look in every 20 s only, and rank 1's collective times out after 35
+    # s: it breaks by itself after the stall was recorded (~20-25 s) and before any
+    # supervisor stops a rank for it (~40 s). Its own error (a collective that timed out,
+    # the same as a peer stopped by the stall's end) gives way to the stall: under load a
+    # peer stopped for the stall broke the collective before the rank's supervisor stopped
+    # it, and the seed-style gather named that broken collective.
+    with dask.config.set({"dask-ddp.launch.abort-poll": "20s"}):
+        job = dask_ddp.submit(client, uneven_collectives, 0.0, n_workers=2, progress=False,
+                              stall_timeout=STALL_S,
+                              init_kwargs={"timeout": timedelta(seconds=35)})
+    with pytest.raises(dask_ddp.StallError):
+        job.result(timeout=150)
+    errors = [f.exception(timeout=30) for f in job.futures]
+    assert all(isinstance(e, dask_ddp.StallError) for e in errors), errors
+    # Rank 1's own error: its collective timed out (not a stop by its supervisor).
+    own = errors[1].__cause__
+    assert isinstance(own, dask_ddp.RankFailedError), repr(own)
+    assert "timed out" in str(own).lower() and "all_reduce" in (own.remote_traceback or ""), own
+    with pytest.raises(dask_ddp.StallError):
+        client.gather(job.futures)
 
 
 @pytest.mark.parametrize("others", ["barrier", "return"])

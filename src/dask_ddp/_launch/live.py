@@ -48,9 +48,11 @@ DEAD_KEY = "dask_ddp/live/dead/{uid}"
 LEFT_KEY = "dask_ddp/live/left/{uid}"
 #: The exit code of a rank process that left its live group.
 LEAVE_EXIT = 75
-#: One generation's record, JSON (see :class:`Generation`): ``gen/<n>``.
-GEN_KEY = "dask_ddp/live/gen/{n}"
-GEN_COUNT = "dask_ddp/live/generations"
+#: The record of the group formed as generation ``g`` (see :class:`Generation`), JSON:
+#: ``gen/<g>``. Every member of the new group writes it (the first write stays), so that
+#: a member lost just after the change (two ranks dying 0.1 s apart) does not take the
+#: record with it.
+GEN_KEY = "dask_ddp/live/gen/{g}"
 #: How often a survivor reads the store while the generation is being accounted for.
 POLL_S = 0.005
 #: The communicator ids of the one-rank groups a rank leaves a broken generation with.
@@ -122,15 +124,29 @@ class Generation:
                    recovery_s=float(raw["recovery_s"]))
 
 
+def generation_texts(store: Any, limit: int = 10_000) -> list[str]:
+    """The generation records on ``store`` (JSON), oldest first, numbered from 1.
+
+    Generation ``g + 1`` was tried once generation ``g``'s members were decided (its
+    ``members`` key): the group's own generations, some of which broke while forming or
+    changed nobody (no record), are read up to the first never tried; at most ``limit``
+    records and ``4 * limit`` generations.
+    """
+    out: list[str] = []
+    for g in range(4 * limit):
+        if len(out) >= limit or not store.check([_key(g, "members", 0)]):
+            break
+        key = GEN_KEY.format(g=g + 1)
+        if store.check([key]):
+            raw = json.loads(store.get(key))
+            if isinstance(raw, dict):
+                out.append(json.dumps({**raw, "generation": len(out) + 1}))
+    return out
+
+
 def read_generations(store: Any, limit: int = 10_000) -> list[Generation]:
     """The generation records on ``store``, oldest first (bounded by ``limit``)."""
-    n = min(int(store.add(GEN_COUNT, 0)), limit)
-    out = []
-    for i in range(1, n + 1):
-        key = GEN_KEY.format(n=i)
-        if store.check([key]):
-            out.append(Generation.from_json(store.get(key)))
-    return out
+    return [Generation.from_json(t) for t in generation_texts(store, limit)]
 
 
 def _key(gen: int, what: str, uid: int) -> str:
@@ -300,7 +316,7 @@ class LiveGroup:
                                self.generation, exc)
                 continue
             self.lost = [u for u in old if u not in self.members]
-            if self.rank == 0 and self.members != old:
+            if self.members != old:
                 self._record(cause, old, step, time.monotonic() - t0)
             return step
         raise LiveRecoveryError(f"the group did not re-form after {len(old) + 1} rounds")
@@ -460,12 +476,14 @@ class LiveGroup:
         gone = [u for u in old if u not in self.members]
         if gone and all(self.store.check([LEFT_KEY.format(uid=u)]) for u in gone):
             cause = "left at a step boundary (its worker is closing)"
-        n = int(self.store.add(GEN_COUNT, 1))
-        rec = Generation(generation=n, time=time.time(), cause=cause,
+        # ``generation``: this group's own number; the readers number the records 1, 2, ...
+        rec = Generation(generation=self.generation, time=time.time(), cause=cause,
                          lost=tuple(u for u in old if u not in self.members),
                          joined=tuple(u for u in self.members if u not in old),
                          world_size=len(self.members), step=step, recovery_s=took)
-        self.store.set(GEN_KEY.format(n=n), rec.to_json())
+        self.store.compare_set(GEN_KEY.format(g=self.generation), "", rec.to_json())
+        if self.rank != 0:
+            return
         logger.warning("live recovery: generation %d of %d ranks (lost %s, joined %s) from "
                        "step %d in %.3f s", self.generation, len(self.members),
                        list(rec.lost), list(rec.joined), step, took)

@@ -87,19 +87,12 @@ class LiveStores(SchedulerPlugin):
 
     def generations(self, job_id: str) -> list[str]:
         """Job ``job_id``'s generation records (JSON texts), oldest first."""
-        from dask_ddp._launch.live import GEN_COUNT, GEN_KEY
+        from dask_ddp._launch.live import generation_texts
 
         entry = self._stores.get(job_id)
         if entry is None:
             return []
-        store = entry[0]
-        n = min(int(store.add(GEN_COUNT, 0)), MAX_GENERATIONS)
-        out = []
-        for i in range(1, n + 1):
-            key = GEN_KEY.format(n=i)
-            if store.check([key]):
-                out.append(store.get(key).decode())
-        return out
+        return generation_texts(entry[0], MAX_GENERATIONS)
 
     def remove_worker(self, scheduler: Any, worker: str, **kwargs: Any) -> None:
         from dask_ddp._launch.live import mark_dead

@@ -56,12 +56,27 @@ def looks_collective(type_name: str, message: str) -> bool:
 
 
 def better_record(records: Iterable[Mapping[str, Any]], rank: int,
-                  kind: FailureKind) -> Mapping[str, Any] | None:
-    """The most fundamental fault of another rank, more fundamental than ``kind``."""
-    # A stall is the job's fault, not one rank's: the stuck rank raises it too.
-    better = [m for m in records
-              if (m.get("rank") != rank or m.get("kind") == FailureKind.STALLED.value)
-              and kind_order(m.get("kind", "")) < kind.order]
+                  kind: FailureKind, broken: bool = False) -> Mapping[str, Any] | None:
+    """The most fundamental fault of another rank, more fundamental than ``kind``.
+
+    A stall recorded for the job outranks every fault that says a collective broke (the
+    rank's own when ``broken``, a record's ``"broken"``): the job was ended for the stall,
+    and ending it (a peer's process stopped) is what broke them.
+    """
+    records = list(records)
+    stalled = any(m.get("kind") == FailureKind.STALLED.value for m in records)
+
+    def outranks(m: Mapping[str, Any]) -> bool:
+        if m.get("kind") == FailureKind.STALLED.value:
+            if broken:
+                return True
+        elif stalled and m.get("broken"):
+            return False
+        # A stall is the job's fault, not one rank's: the stuck rank raises it too.
+        return ((m.get("rank") != rank or m.get("kind") == FailureKind.STALLED.value)
+                and kind_order(m.get("kind", "")) < kind.order)
+
+    better = [m for m in records if outranks(m)]
     if not better:
         return None
     return min(better, key=lambda m: (kind_order(m["kind"]), m["rank"]))

@@ -340,16 +340,16 @@ class _Supervisor:
         if spec.options.command is not None and returncode == 0:
             return 0
         if report is not None and report["status"] == "error":
+            victim = looks_collective(report["type"], report["message"])
             err = self._failed(
                 report["phase"], f"{report['type']}: {report['message']}",
                 load_exception(report), report["traceback"],
-                claimed=report.get("claimed", False))
-            victim = looks_collective(report["type"], report["message"])
+                claimed=report.get("claimed", False), broken=victim)
         elif (recorded := read_error_file(os.path.join(workdir, ERROR_FILE))) is not None:
             # A script whose main is decorated with torch's @record.
             message, tb = recorded
-            err = self._failed("run", message, None, tb)
             victim = looks_collective("", message)
+            err = self._failed("run", message, None, tb, broken=victim)
         else:
             oom = rank.oom_reason() if returncode == -signal.SIGKILL else None
             if oom is not None:
@@ -362,8 +362,9 @@ class _Supervisor:
             detail = f"\nlast stderr lines:\n{tail}" if tail else ""
             # A collective's timeout (NCCL's watchdog) dumped the rank's last collectives.
             detail += collective_dump.dump_summary(workdir, spec.rank)
-            err = self._failed("run", f"the rank process {how}{detail}", None, tail, died=True)
             victim = returncode > 0 and looks_collective("", tail)
+            err = self._failed("run", f"the rank process {how}{detail}", None, tail, died=True,
+                               broken=victim)
         # A rank whose collective broke (or that raised after another rank) is likely the
         # victim of a peer's fault: wait a moment to learn it and raise that instead.
         secondary = victim or err.kind is FailureKind.RAISED
@@ -372,10 +373,13 @@ class _Supervisor:
             # A stall's record is published once the watcher read the ranks' stacks: a
             # collective that broke meanwhile (a peer ended) waits for it that much longer.
             wait += self.waits.stacks_timeout
-        raise self._root_or(err, wait)
+        raise self._root_or(err, wait, broken=victim)
 
     def _failed(self, phase: str, what: str, cause: BaseException | None, tb: str,
-                claimed: bool = False, died: bool = False) -> RankFailedError:
+                claimed: bool = False, died: bool = False,
+                broken: bool = False) -> RankFailedError:
+        """The rank's error, published on the job's failure topic (``broken``: it says the
+        rank's collective broke, see :func:`~dask_ddp._launch.root_cause.better_record`)."""
         # A rank that gave up waiting for its peers: what they were doing is the diagnosis
         # (read before the abort below stops them; by the first rank to give up only, so
         # that many ranks timing out together do not all read every rank's stack).
@@ -396,7 +400,7 @@ class _Supervisor:
         kind = (FailureKind.DIED if died else
                 FailureKind.RAISED_FIRST if claimed else FailureKind.RAISED)
         err = RankFailedError(msg, spec.rank, spec.worker, tb, cause, kind)
-        self._publish(record_of(err))
+        self._publish({**record_of(err), "broken": broken})
         return err
 
     def _on_output(self, stream: str, line: str) -> None:
@@ -413,9 +417,10 @@ class _Supervisor:
         with contextlib.suppress(Exception):
             self.worker.log_event(failure_topic(self.spec.job_id), dict(record))
 
-    def _root_or(self, err: JobError, wait: float) -> JobError:
+    def _root_or(self, err: JobError, wait: float, broken: bool = False) -> JobError:
         """The job's root fault, if another rank's fault is more fundamental than ``err``
-        (``err`` chained as its ``__cause__``), else ``err``.
+        (``err`` chained as its ``__cause__``), else ``err``. ``broken``: ``err`` says the
+        rank's collective broke.
 
         A seed-style ``client.gather(futures)`` raises the first failed future in rank
         order: so every future of the job names the root cause. Waits up to ``wait``
@@ -423,21 +428,21 @@ class _Supervisor:
         """
         deadline = time.monotonic() + wait
         while True:
-            best = self._better_fault(err.kind)
+            best = self._better_fault(err.kind, broken)
             if best is not None:
                 return root_error(best, err)
             if time.monotonic() >= deadline:
                 return err
             time.sleep(0.2)
 
-    def _better_fault(self, kind: FailureKind) -> Mapping[str, Any] | None:
+    def _better_fault(self, kind: FailureKind, broken: bool) -> Mapping[str, Any] | None:
         records: list[Mapping[str, Any]] = []
         with contextlib.suppress(Exception):
             records = [m for _, m in self.client.sync(
                 self.client.scheduler.events, topic=failure_topic(self.spec.job_id),
                 callback_timeout=self.waits.scheduler_call)]
         records += self._lost_peers()
-        return better_record(records, self.spec.rank, kind)
+        return better_record(records, self.spec.rank, kind, broken)
 
     def _lost_peers(self) -> list[dict[str, Any]]:
         """Failure records of the ranks whose worker left the cluster (published too)."""

@@ -29,8 +29,6 @@ with atheris.instrument_imports():
     from dask_ddp._channel.wire import Entry, FrameHeader, parse_entry
 
 logging.disable(logging.CRITICAL)  # refused records are logged: millions of lines here
-_ROOT = Path(tempfile.mkdtemp(prefix="channel-fuzz-"))
-_OUT = _ROOT / "results"
 
 
 def _frames(fdp: atheris.FuzzedDataProvider, seq: int, n: int) -> bytes:
@@ -75,7 +73,11 @@ def test_one_input(data: bytes) -> None:
     rd = _reader_without_client()
     # No job declared a storage here: every stored-result record is refused before any
     # store is opened (the writer's confinement is part of what is fuzzed).
-    writer = _records.ResultWriter(_OUT, storage_of=lambda job: None)
+    # A scratch folder per input, removed after it: libFuzzer ends the process with
+    # exit(), so nothing made once for the whole campaign would be cleaned up.
+    root = Path(tempfile.mkdtemp(prefix="channel-fuzz-"))
+    out_dir = root / "results"
+    writer = _records.ResultWriter(out_dir, storage_of=lambda job: None)
     try:
         for _ in range(fdp.ConsumeIntInRange(1, 6)):
             raw = _entry(fdp)
@@ -95,13 +97,12 @@ def test_one_input(data: bytes) -> None:
                         continue
                 writer.write(_reader.Record(rec.source, rec.rank, rec.seq, body))
         writer.close()
-        for dirpath, _, files in os.walk(_ROOT):
+        for dirpath, _, files in os.walk(root):
             for name in files:
-                if not Path(dirpath, name).resolve().is_relative_to(_OUT.resolve()):
+                if not Path(dirpath, name).resolve().is_relative_to(out_dir.resolve()):
                     raise AssertionError(f"a record wrote {dirpath}/{name} outside its folder")
     finally:
-        shutil.rmtree(_ROOT, ignore_errors=True)  # each input starts from an empty folder
-        _ROOT.mkdir()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -78,6 +78,13 @@ inline Status FailedPreconditionError(std::string m) { return {Code::kFailedPrec
 inline Status DeadlineExceededError(std::string m) { return {Code::kDeadlineExceeded, std::move(m)}; }
 inline Status UnauthenticatedError(std::string m) { return {Code::kUnauthenticated, std::move(m)}; }
 
+// The error of a failed system call on a file: "<path>: <what>: <strerror(err)>", its code
+// from errno (ENOENT/ENOTDIR not found, EACCES/EPERM/EROFS permission denied, ENOSPC,
+// EDQUOT, EFBIG, EMFILE, ENFILE, ENOMEM resource exhausted, EIO data loss, EINTR/EAGAIN
+// unavailable, EISDIR/EEXIST/ENAMETOOLONG/EINVAL failed precondition, anything else
+// internal).
+Status ErrnoError(int err, std::string_view what, std::string_view path);
+
 // A value or an error Status. Construct from T (success) or from a non-OK Status.
 template <typename T>
 class [[nodiscard]] Result {

@@ -1,5 +1,8 @@
 #include "ddp/status.h"
 
+#include <cerrno>
+#include <cstring>
+
 namespace ddp {
 
 std::string_view CodeName(Code code) {
@@ -29,6 +32,31 @@ std::string Status::ToString() const {
   out += ": ";
   out += message_;
   return out;
+}
+
+Status ErrnoError(int err, std::string_view what, std::string_view path) {
+  std::string m = std::string(path) + ": " + std::string(what) + ": " + std::strerror(err);
+  switch (err) {
+    case ENOENT:
+    case ENOTDIR: return NotFoundError(std::move(m));
+    case EACCES:
+    case EPERM:
+    case EROFS: return PermissionDeniedError(std::move(m));
+    case ENOSPC:
+    case EDQUOT:
+    case EFBIG:
+    case EMFILE:
+    case ENFILE:
+    case ENOMEM: return ResourceExhaustedError(std::move(m));
+    case EISDIR:
+    case EEXIST:
+    case ENAMETOOLONG:
+    case EINVAL: return FailedPreconditionError(std::move(m));
+    case EIO: return DataLossError(std::move(m));
+    case EINTR:
+    case EAGAIN: return UnavailableError(std::move(m));
+    default: return InternalError(std::move(m));
+  }
 }
 
 Status Status::WithContext(std::string_view context) const {

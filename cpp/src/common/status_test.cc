@@ -2,6 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <cerrno>
+#include <cstring>
+#include <string>
+
 namespace ddp {
 namespace {
 
@@ -35,6 +39,20 @@ TEST(ResultTest, PropagatesErrors) {
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), Code::kInvalidArgument);
   EXPECT_NE(r.status().message().find("odd value 3"), std::string::npos);
+}
+
+TEST(StatusTest, ErrnoErrorNamesThePathAndTheCall) {
+  Status s = ErrnoError(ENOENT, "open", "/data/x.rec");
+  EXPECT_EQ(s.code(), Code::kNotFound);
+  EXPECT_EQ(s.message(), std::string("/data/x.rec: open: ") + std::strerror(ENOENT));
+  EXPECT_EQ(ErrnoError(EACCES, "open", "p").code(), Code::kPermissionDenied);
+  EXPECT_EQ(ErrnoError(EROFS, "write", "p").code(), Code::kPermissionDenied);
+  EXPECT_EQ(ErrnoError(ENOSPC, "reserve 4096 bytes", "p").code(), Code::kResourceExhausted);
+  EXPECT_EQ(ErrnoError(EFBIG, "write", "p").code(), Code::kResourceExhausted);
+  EXPECT_EQ(ErrnoError(EIO, "read", "p").code(), Code::kDataLoss);
+  EXPECT_EQ(ErrnoError(EEXIST, "link", "p").code(), Code::kFailedPrecondition);
+  EXPECT_TRUE(ErrnoError(EINTR, "read", "p").IsTransient());
+  EXPECT_EQ(ErrnoError(EBADF, "close", "p").code(), Code::kInternal);
 }
 
 }  // namespace

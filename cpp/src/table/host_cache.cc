@@ -18,20 +18,6 @@ namespace {
 
 constexpr char kMagic[8] = {'D', 'D', 'P', 'T', 'R', 'E', 'C', '1'};
 
-Status Errno(int err, std::string_view what, const std::string& path) {
-  std::string m = path + ": " + std::string(what) + ": " + std::strerror(err);
-  switch (err) {
-    case ENOENT: return NotFoundError(std::move(m));
-    case EACCES:
-    case EPERM: return PermissionDeniedError(std::move(m));
-    case ENOSPC:
-    case EDQUOT:
-    case ENOMEM:
-    case EFBIG: return ResourceExhaustedError(std::move(m));
-    default: return InternalError(std::move(m));
-  }
-}
-
 // Closes a descriptor on scope exit (an error from close is reported where it matters:
 // after writes, WriteRecordsFile checks it itself).
 struct Fd {
@@ -74,11 +60,11 @@ Status CheckSize(const std::string& path, size_t bytes, int64_t rows, size_t rec
 // an error.
 Result<int> CreateReserved(const std::string& tmp, size_t size) {
   const int fd = ::open(tmp.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  if (fd < 0) return Errno(errno, "create", tmp);
+  if (fd < 0) return ErrnoError(errno, "create", tmp);
   if (int err = ::posix_fallocate(fd, 0, static_cast<off_t>(size)); err != 0) {
     ::close(fd);
     ::unlink(tmp.c_str());
-    return Errno(err, "reserve " + std::to_string(size) + " bytes", tmp);
+    return ErrnoError(err, "reserve " + std::to_string(size) + " bytes", tmp);
   }
   return fd;
 }
@@ -92,13 +78,13 @@ Status WriteStartAndClose(Fd& fd, const std::string& tmp, std::span<const uint8_
     if (n != static_cast<ssize_t>(bytes.size())) {
       const int err = n < 0 ? errno : EIO;  // a short write sets no errno
       ::unlink(tmp.c_str());
-      return Errno(err, what, tmp);
+      return ErrnoError(err, what, tmp);
     }
   }
   if (::close(fd.release()) != 0) {
     const int err = errno;
     ::unlink(tmp.c_str());
-    return Errno(err, "close", tmp);
+    return ErrnoError(err, "close", tmp);
   }
   return Status::Ok();
 }
@@ -110,9 +96,9 @@ Status LinkInPlace(const std::string& tmp, const std::string& path) {
   if (::link(tmp.c_str(), path.c_str()) != 0 && errno != EEXIST) {
     const int err = errno;
     ::unlink(tmp.c_str());
-    return Errno(err, "link to " + path, tmp);
+    return ErrnoError(err, "link to " + path, tmp);
   }
-  if (::unlink(tmp.c_str()) != 0) return Errno(errno, "unlink", tmp);
+  if (::unlink(tmp.c_str()) != 0) return ErrnoError(errno, "unlink", tmp);
   return Status::Ok();
 }
 
@@ -122,9 +108,9 @@ Result<std::unique_ptr<MappedRecords>> MappedRecords::Open(const std::string& pa
                                                            size_t record_bytes) {
   if (record_bytes == 0) return InvalidArgumentError(path + ": record size 0");
   Fd fd{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
-  if (fd.fd < 0) return Errno(errno, "open", path);
+  if (fd.fd < 0) return ErrnoError(errno, "open", path);
   struct stat st {};
-  if (::fstat(fd.fd, &st) != 0) return Errno(errno, "fstat", path);
+  if (::fstat(fd.fd, &st) != 0) return ErrnoError(errno, "fstat", path);
   const auto size = static_cast<size_t>(st.st_size);
   if (size < kHostCacheHeaderBytes) {
     return DataLossError(path + ": " + std::to_string(size) +
@@ -132,7 +118,7 @@ Result<std::unique_ptr<MappedRecords>> MappedRecords::Open(const std::string& pa
   }
   uint8_t header[kHostCacheHeaderBytes];
   const ssize_t got = ::pread(fd.fd, header, sizeof header, 0);
-  if (got < 0) return Errno(errno, "read", path);
+  if (got < 0) return ErrnoError(errno, "read", path);
   if (static_cast<size_t>(got) != sizeof header || std::memcmp(header, kMagic, 8) != 0) {
     return DataLossError(path + ": not a table cache file (bad magic)");
   }
@@ -151,7 +137,7 @@ Result<std::unique_ptr<MappedRecords>> MappedRecords::Open(const std::string& pa
   }
   // Populated at once: one call maps every page, where the gather would fault each in.
   void* base = ::mmap(nullptr, size, PROT_READ, MAP_SHARED | MAP_POPULATE, fd.fd, 0);
-  if (base == MAP_FAILED) return Errno(errno, "mmap", path);
+  if (base == MAP_FAILED) return ErrnoError(errno, "mmap", path);
   return std::unique_ptr<MappedRecords>(new MappedRecords(
       path, static_cast<const uint8_t*>(base), size, static_cast<int64_t>(rows), rec));
 }
@@ -174,12 +160,12 @@ Status WriteRecordsFile(const std::string& path, std::span<const uint8_t> record
     return s;
   };
   void* base = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd.fd, 0);
-  if (base == MAP_FAILED) return fail(Errno(errno, "mmap", tmp));
+  if (base == MAP_FAILED) return fail(ErrnoError(errno, "mmap", tmp));
   auto* out = static_cast<uint8_t*>(base);
   FillHeader(out, rows, record_bytes);
   if (!records.empty()) std::memcpy(out + kHostCacheHeaderBytes, records.data(), records.size());
-  if (::munmap(base, size) != 0) return fail(Errno(errno, "munmap", tmp));
-  if (::close(fd.release()) != 0) return fail(Errno(errno, "close", tmp));
+  if (::munmap(base, size) != 0) return fail(ErrnoError(errno, "munmap", tmp));
+  if (::close(fd.release()) != 0) return fail(ErrnoError(errno, "close", tmp));
   return LinkInPlace(tmp, path);
 }
 
@@ -203,9 +189,9 @@ Status CreateRecordsFile(const std::string& tmp, int64_t rows, size_t record_byt
 Status CommitRecordsFile(const std::string& tmp, const std::string& path, int64_t rows,
                          size_t record_bytes) {
   Fd fd{::open(tmp.c_str(), O_RDWR | O_CLOEXEC)};
-  if (fd.fd < 0) return Errno(errno, "open", tmp);
+  if (fd.fd < 0) return ErrnoError(errno, "open", tmp);
   struct stat st {};
-  if (::fstat(fd.fd, &st) != 0) return Errno(errno, "fstat", tmp);
+  if (::fstat(fd.fd, &st) != 0) return ErrnoError(errno, "fstat", tmp);
   const auto size = static_cast<size_t>(st.st_size);
   if (rows < 0 || record_bytes == 0 || size < kHostCacheHeaderBytes ||
       size - kHostCacheHeaderBytes != static_cast<size_t>(rows) * record_bytes) {
@@ -223,7 +209,7 @@ Status CommitRecordsFile(const std::string& tmp, const std::string& path, int64_
 Result<std::unique_ptr<FileLock>> FileLock::Acquire(const std::string& path,
                                                     double timeout_s) {
   Fd fd{::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600)};
-  if (fd.fd < 0) return Errno(errno, "open lock", path);
+  if (fd.fd < 0) return ErrnoError(errno, "open lock", path);
   const auto deadline = std::chrono::steady_clock::now() +
                         std::chrono::duration<double>(timeout_s > 0 ? timeout_s : 0);
   auto pause = std::chrono::milliseconds(1);
@@ -231,7 +217,7 @@ Result<std::unique_ptr<FileLock>> FileLock::Acquire(const std::string& path,
     if (::flock(fd.fd, LOCK_EX | LOCK_NB) == 0) {
       return std::unique_ptr<FileLock>(new FileLock(fd.release()));
     }
-    if (errno != EWOULDBLOCK && errno != EINTR) return Errno(errno, "flock", path);
+    if (errno != EWOULDBLOCK && errno != EINTR) return ErrnoError(errno, "flock", path);
     if (std::chrono::steady_clock::now() >= deadline) {
       return DeadlineExceededError(path + ": held by another process for " +
                                    std::to_string(timeout_s) + " s");
@@ -248,7 +234,7 @@ FileLock::~FileLock() {
 
 Result<uint64_t> FreeBytes(const std::string& dir) {
   struct statvfs st {};
-  if (::statvfs(dir.c_str(), &st) != 0) return Errno(errno, "statvfs", dir);
+  if (::statvfs(dir.c_str(), &st) != 0) return ErrnoError(errno, "statvfs", dir);
   return static_cast<uint64_t>(st.f_bavail) * static_cast<uint64_t>(st.f_frsize);
 }
 

@@ -27,30 +27,6 @@ namespace fs = std::filesystem;
 
 constexpr std::string_view kTempMarker = ".ddp-tmp-";
 
-Status ErrnoStatus(int err, std::string_view what, std::string_view path) {
-  std::string m = std::string(path) + ": " + std::string(what) + ": " + std::strerror(err);
-  switch (err) {
-    case ENOENT:
-    case ENOTDIR: return NotFoundError(std::move(m));
-    case EACCES:
-    case EPERM:
-    case EROFS: return PermissionDeniedError(std::move(m));
-    case ENOSPC:
-    case EDQUOT:
-    case EMFILE:
-    case ENFILE:
-    case ENOMEM: return ResourceExhaustedError(std::move(m));
-    case EISDIR:
-    case EEXIST:
-    case ENAMETOOLONG:
-    case EINVAL: return FailedPreconditionError(std::move(m));
-    case EIO: return DataLossError(std::move(m));
-    case EINTR:
-    case EAGAIN: return UnavailableError(std::move(m));
-    default: return InternalError(std::move(m));
-  }
-}
-
 // Closes a file descriptor on scope exit unless released.
 class Fd {
  public:
@@ -96,9 +72,9 @@ class FileStore final : public Store {
     std::error_code ec;
     if (!fs::is_directory(start, ec)) return out;  // nothing there: an empty listing, as S3
     fs::recursive_directory_iterator it(start, fs::directory_options::skip_permission_denied, ec);
-    if (ec) return ErrnoStatus(ec.value(), "listing directory", start.string());
+    if (ec) return ErrnoError(ec.value(), "listing directory", start.string());
     for (; it != fs::recursive_directory_iterator(); it.increment(ec)) {
-      if (ec) return ErrnoStatus(ec.value(), "listing directory", start.string());
+      if (ec) return ErrnoError(ec.value(), "listing directory", start.string());
       const fs::directory_entry& e = *it;
       std::string name = e.path().filename().string();
       if (name.find(kTempMarker) != std::string::npos) continue;
@@ -119,7 +95,7 @@ class FileStore final : public Store {
     DDP_RETURN_IF_ERROR(ValidateKey(key, url(), /*strict=*/true));
     std::string path = PathOf(key);
     struct stat st;
-    if (::stat(path.c_str(), &st) != 0) return ErrnoStatus(errno, "stat", path);
+    if (::stat(path.c_str(), &st) != 0) return ErrnoError(errno, "stat", path);
     if (!S_ISREG(st.st_mode)) return NotFoundError(path + ": not a regular file");
     return ObjectInfo{std::string(key), static_cast<uint64_t>(st.st_size)};
   }
@@ -128,9 +104,9 @@ class FileStore final : public Store {
     DDP_RETURN_IF_ERROR(ValidateKey(key, url(), /*strict=*/true));
     std::string path = PathOf(key);
     Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-    if (fd.get() < 0) return ErrnoStatus(errno, "open", path);
+    if (fd.get() < 0) return ErrnoError(errno, "open", path);
     struct stat st;
-    if (::fstat(fd.get(), &st) != 0) return ErrnoStatus(errno, "fstat", path);
+    if (::fstat(fd.get(), &st) != 0) return ErrnoError(errno, "fstat", path);
     if (!S_ISREG(st.st_mode)) return NotFoundError(path + ": not a regular file");
     DDP_ASSIGN_OR_RETURN(ResolvedRange r,
                          ResolveRange(range, static_cast<uint64_t>(st.st_size), path));
@@ -141,7 +117,7 @@ class FileStore final : public Store {
                           static_cast<off_t>(r.offset + done));
       if (n < 0) {
         if (errno == EINTR) continue;
-        return ErrnoStatus(errno, "read", path);
+        return ErrnoError(errno, "read", path);
       }
       if (n == 0) {
         return DataLossError(path + ": file shrank while reading: got " + std::to_string(done) +
@@ -158,20 +134,20 @@ class FileStore final : public Store {
     fs::path dir = target.parent_path();
     std::error_code ec;
     fs::create_directories(dir, ec);
-    if (ec) return ErrnoStatus(ec.value(), "creating directory", dir.string());
+    if (ec) return ErrnoError(ec.value(), "creating directory", dir.string());
     std::string tmpl = (dir / ("." + target.filename().string())).string();
     tmpl += kTempMarker;
     tmpl += "XXXXXX";
     int raw = ::mkostemp(tmpl.data(), O_CLOEXEC);
-    if (raw < 0) return ErrnoStatus(errno, "creating temporary file", tmpl);
+    if (raw < 0) return ErrnoError(errno, "creating temporary file", tmpl);
     Fd fd(raw);
     Status st = WriteAll(fd.get(), data, tmpl);
     // mkstemp creates 0600; objects are ordinary files.
-    if (st.ok() && ::fchmod(fd.get(), 0644) != 0) st = ErrnoStatus(errno, "chmod", tmpl);
-    if (st.ok() && ::fsync(fd.get()) != 0) st = ErrnoStatus(errno, "fsync", tmpl);
-    if (st.ok() && fd.Close() != 0) st = ErrnoStatus(errno, "close", tmpl);
+    if (st.ok() && ::fchmod(fd.get(), 0644) != 0) st = ErrnoError(errno, "chmod", tmpl);
+    if (st.ok() && ::fsync(fd.get()) != 0) st = ErrnoError(errno, "fsync", tmpl);
+    if (st.ok() && fd.Close() != 0) st = ErrnoError(errno, "close", tmpl);
     if (st.ok() && ::rename(tmpl.c_str(), target.c_str()) != 0) {
-      st = ErrnoStatus(errno, "renaming temporary file into place", target.string());
+      st = ErrnoError(errno, "renaming temporary file into place", target.string());
     }
     if (!st.ok()) {
       ::unlink(tmpl.c_str());  // best effort: the error already reported matters more
@@ -183,7 +159,7 @@ class FileStore final : public Store {
   Status Delete(std::string_view key) override {
     DDP_RETURN_IF_ERROR(ValidateKey(key, url(), /*strict=*/true));
     std::string path = PathOf(key);
-    if (::unlink(path.c_str()) != 0 && errno != ENOENT) return ErrnoStatus(errno, "unlink", path);
+    if (::unlink(path.c_str()) != 0 && errno != ENOENT) return ErrnoError(errno, "unlink", path);
     return Status::Ok();
   }
 
@@ -196,7 +172,7 @@ class FileStore final : public Store {
       ssize_t n = ::write(fd, data.data() + done, data.size() - done);
       if (n < 0) {
         if (errno == EINTR) continue;
-        return ErrnoStatus(errno, "write", path);
+        return ErrnoError(errno, "write", path);
       }
       done += static_cast<size_t>(n);
     }
@@ -205,8 +181,8 @@ class FileStore final : public Store {
 
   static Status SyncDir(const fs::path& dir) {
     Fd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-    if (fd.get() < 0) return ErrnoStatus(errno, "opening directory to fsync", dir.string());
-    if (::fsync(fd.get()) != 0) return ErrnoStatus(errno, "fsync directory", dir.string());
+    if (fd.get() < 0) return ErrnoError(errno, "opening directory to fsync", dir.string());
+    if (::fsync(fd.get()) != 0) return ErrnoError(errno, "fsync directory", dir.string());
     return Status::Ok();
   }
 
@@ -222,7 +198,7 @@ Result<std::unique_ptr<Store>> OpenFileStore(std::string_view path, const StoreO
   }
   std::error_code ec;
   fs::path p = fs::absolute(fs::path(std::string(path)), ec);
-  if (ec) return ErrnoStatus(ec.value(), "resolving path", path);
+  if (ec) return ErrnoError(ec.value(), "resolving path", path);
   p = p.lexically_normal();
   std::string s = p.string();
   while (s.size() > 1 && s.back() == '/') s.pop_back();

@@ -59,7 +59,7 @@ def test_a_change_is_recorded_by_every_member_of_the_new_group() -> None:
     # and 1, then rank 0 died before it could write the record; generation 2 (rank 0
     # lost) is rank 1 alone. Each change is on the store however early its new rank 0
     # died, because every member writes it; a round that broke while forming (members
-    # decided, no group) leaves a gap, and the records are numbered 1, 2 in order.
+    # decided, no group) leaves a gap in the group's own numbers, not in the changes'.
     from datetime import timedelta
 
     from torch.distributed import TCPStore
@@ -73,7 +73,8 @@ def test_a_change_is_recorded_by_every_member_of_the_new_group() -> None:
     def formed(g: int, old: list[int], members: list[int], record: bool) -> None:
         store.compare_set(live._key(g - 1, "members", 0), "", json.dumps(members))
         member.members, member.generation = members, g
-        if record:
+        if record:  # a change, as regroup() counts it
+            member.changes += 1
             member._record(f"lost {set(old) - set(members)}", old, 10 * g, 0.01)
 
     formed(1, [0, 1, 2], [0, 1], record=True)  # rank 1 of the new group writes it
@@ -85,7 +86,7 @@ def test_a_change_is_recorded_by_every_member_of_the_new_group() -> None:
     # The first record written stays: another member's write of the same change is a
     # no-op, and the scheduler's reader gives the same texts.
     other = live.LiveGroup(store, 0, 3)
-    other.members, other.generation = [0, 1], 1
+    other.members, other.generation, other.changes = [0, 1], 1, 1
     other._record("another cause", [0, 1, 2], 10, 0.5)
     assert [g.cause for g in live.read_generations(store)] == ["lost {2}", "lost {0}"]
     assert [Generation.from_json(t) for t in live.generation_texts(store)] == gens

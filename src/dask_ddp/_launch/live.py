@@ -60,7 +60,8 @@ _SOLO_UUID = 1 << 40
 #: A rank waiting to join the group: ``join/<n>`` holds its uid (``joins`` counts them).
 JOIN_COUNT = "dask_ddp/live/joins"
 JOIN_KEY = "dask_ddp/live/join/{n}"
-#: The generation a joining rank was admitted to: ``admitted/<uid>``.
+#: The generation a joining rank was admitted to, and the group's count of membership
+#: changes with its admission: ``admitted/<uid>``, JSON ``{"generation", "changes"}``.
 ADMITTED_KEY = "dask_ddp/live/admitted/{uid}"
 #: Set once every member returned: a rank still waiting to join leaves.
 DONE_KEY = "dask_ddp/live/done"
@@ -85,7 +86,8 @@ class Generation:
     Attributes
     ----------
     generation : int
-        1 for the first change; the group of the job's start is generation 0.
+        1 for the first change; the group of the job's start is generation 0 (the group's
+        ranks see it as ``rank_info().generation``).
     time : float
         When the change was decided (Unix time).
     cause : str
@@ -125,7 +127,7 @@ class Generation:
 
 
 def generation_texts(store: Any, limit: int = 10_000) -> list[str]:
-    """The generation records on ``store`` (JSON), oldest first, numbered from 1.
+    """The generation records on ``store`` (JSON), oldest first.
 
     Generation ``g + 1`` was tried once generation ``g``'s members were decided (its
     ``members`` key): the group's own generations, some of which broke while forming or
@@ -138,9 +140,7 @@ def generation_texts(store: Any, limit: int = 10_000) -> list[str]:
             break
         key = GEN_KEY.format(g=g + 1)
         if store.check([key]):
-            raw = json.loads(store.get(key))
-            if isinstance(raw, dict):
-                out.append(json.dumps({**raw, "generation": len(out) + 1}))
+            out.append(store.get(key).decode())
     return out
 
 
@@ -182,6 +182,8 @@ class LiveGroup:
         self.uid = uid
         self.members: list[int] = list(range(world_size))
         self.generation = 0
+        #: Membership changes so far (``rank_info().generation``, the records' number).
+        self.changes = 0
         self.backend = backend
         self.timeout = timeout
         self.min_size = min_size
@@ -222,6 +224,7 @@ class LiveGroup:
                 f"{self.backend!r} in torch {_torch_version()} cannot (use gloo, or "
                 "recovery='restart')")
         self._reconfigure()
+        os.environ["DASK_DDP_GENERATION"] = "0"
 
     def _reconfigure(self) -> None:
         """Give the default group this generation's members (a collective over them)."""
@@ -236,7 +239,6 @@ class LiveGroup:
                           timeout=timedelta(seconds=self.timeout)).wait()
         os.environ["RANK"] = str(self.rank)
         os.environ["WORLD_SIZE"] = str(len(self.members))
-        os.environ["DASK_DDP_GENERATION"] = str(g)
 
     def _wait_keys(self, keys: list[str], what: str) -> None:
         """Wait until every key is set; a member found dead meanwhile raises (the caller
@@ -301,7 +303,8 @@ class LiveGroup:
                     f"{len(decided)} ranks survived, fewer than min_workers={self.min_size}")
             joined = [int(u) for u in decided if u not in self.members]
             for u in joined:  # every member writes it: one of them survives to
-                self.store.set(ADMITTED_KEY.format(uid=u), str(g + 1))
+                self.store.set(ADMITTED_KEY.format(uid=u), json.dumps(
+                    {"generation": g + 1, "changes": self.changes + 1}))
             self.members = [int(u) for u in decided]
             self.generation = g + 1
             try:
@@ -317,7 +320,9 @@ class LiveGroup:
                 continue
             self.lost = [u for u in old if u not in self.members]
             if self.members != old:
+                self.changes += 1
                 self._record(cause, old, step, time.monotonic() - t0)
+            os.environ["DASK_DDP_GENERATION"] = str(self.changes)
             return step
         raise LiveRecoveryError(f"the group did not re-form after {len(old) + 1} rounds")
 
@@ -379,7 +384,8 @@ class LiveGroup:
             if time.monotonic() > deadline:
                 self._quit(f"no step boundary admitted this rank within {wait:g} s")
             time.sleep(10 * POLL_S)
-        g = int(self.store.get(key))
+        admitted = json.loads(self.store.get(key))
+        g, self.changes = int(admitted["generation"]), int(admitted["changes"])
         decided = json.loads(self.store.get(_key(g - 1, "members", 0)))
         self.members = [int(u) for u in decided]
         self.generation = g
@@ -391,6 +397,7 @@ class LiveGroup:
             if not (isinstance(exc, _MemberLost) or _is_peer_error(exc)):
                 raise
             self._quit(f"the group broke while this rank joined it ({exc})")
+        os.environ["DASK_DDP_GENERATION"] = str(self.changes)
         if self.attached is not None:  # the user's step counter, for its restore()
             self.attached.joined_step = self.attached.base_step + self.committed
         logger.warning("rank %d joined the group as rank %d of %d at step %d", self.uid,
@@ -476,8 +483,7 @@ class LiveGroup:
         gone = [u for u in old if u not in self.members]
         if gone and all(self.store.check([LEFT_KEY.format(uid=u)]) for u in gone):
             cause = "left at a step boundary (its worker is closing)"
-        # ``generation``: this group's own number; the readers number the records 1, 2, ...
-        rec = Generation(generation=self.generation, time=time.time(), cause=cause,
+        rec = Generation(generation=self.changes, time=time.time(), cause=cause,
                          lost=tuple(u for u in old if u not in self.members),
                          joined=tuple(u for u in self.members if u not in old),
                          world_size=len(self.members), step=step, recovery_s=took)

@@ -43,9 +43,11 @@ def read_epochs(table: Any, epochs: int = 2, **loader_kwargs: Any) -> dict[str, 
     return out
 
 
-def resume_exactly(table: Any, stop_after: int, **loader_kwargs: Any) -> dict[str, Any]:
+def resume_exactly(table: Any, stop_after: int, edit: dict[str, Any] | None = None,
+                   **loader_kwargs: Any) -> dict[str, Any]:
     """Epoch 1 read whole, and read again as stop_after batches + a fresh loader resumed
-    from the state_dict: the ids of both."""
+    from the state_dict (with ``edit`` applied: a key set to None is removed): the ids of
+    both."""
     from dask_ddp.data import Loader
 
     def ids_of(batch: Any) -> list[int]:
@@ -61,7 +63,8 @@ def resume_exactly(table: Any, stop_after: int, **loader_kwargs: Any) -> dict[st
         head.append(ids_of(b))
         if i + 1 == stop_after:
             break
-    state = first.state_dict()
+    state = {**first.state_dict(), **(edit or {})}
+    state = {k: v for k, v in state.items() if v is not None}
     resumed = Loader(table, **loader_kwargs)
     resumed.load_state_dict(state)
     resumed.set_epoch(1)

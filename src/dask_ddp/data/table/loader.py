@@ -43,6 +43,9 @@ __all__ = ["TableLoader"]
 logger = logging.getLogger(__name__)
 
 _SHUFFLES = (True, False, "local")
+#: The version of a shuffled epoch's order (the plan's window permutations): a state saved
+#: under another one cannot name the rows its epoch has left, so that epoch starts over.
+ORDER_VERSION = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -343,7 +346,7 @@ class TableLoader(Loader):
             "shuffle": self.shuffle, "world_size": self.world_size,
             "batch_size": self.batch_size, "drop_last": self.drop_last,
             "window": self.window, "rows": len(self.table),
-            "num_batches": len(self),
+            "num_batches": len(self), "order": ORDER_VERSION,
         }
         if self._resume is not None and self._resume["epoch"] == self.epoch:
             # A resumed epoch resumed again: positions count from the resumed start.
@@ -368,6 +371,14 @@ class TableLoader(Loader):
                              "world size can be loaded only at the next epoch")
         self.epoch = int(state["epoch"])
         batch = int(state["batch"])
+        order = state.get("order", 1)  # a state without it predates the marker
+        if state.get("shuffle", self.shuffle) and batch > 0 and order != ORDER_VERSION:
+            logger.warning(
+                "this table loader's state was saved by a dask-ddp whose shuffled order "
+                "differs (order %r, this one %d): epoch %d starts again from its first "
+                "batch (the rows read before the save are read again, none is skipped)",
+                order, ORDER_VERSION, self.epoch)
+            state, batch = {**state, "batch": 0}, 0
         pieces = self._plan.pieces
         if int(state["world_size"]) == self.world_size and (
                 pieces is None or state.get("pieces") is None

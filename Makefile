@@ -105,10 +105,10 @@ stress: build
 	@mkdir -p $(BUILD)/stress; hogs=""; \
 	for i in $$(seq $(JOBS)); do $(PY) -c 'while True: pass' & hogs="$$hogs $$!"; done; \
 	trap 'kill $$hogs 2>/dev/null' EXIT; fails=0; \
-	for i in $$(seq $(STRESS_RUNS)); do \
+	for i in $$(seq $(STRESS_RUNS)); do t0=$$(date +%s); \
 	  if $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadscope -q -p no:cacheprovider \
 	    $(STRESS_TESTS) > $(BUILD)/stress/run-$$i.log 2>&1; \
-	  then echo "stress run $$i/$(STRESS_RUNS): ok"; \
+	  then echo "stress run $$i/$(STRESS_RUNS): ok in $$(( $$(date +%s) - t0 )) s, load $$(cut -d' ' -f1-3 /proc/loadavg)"; \
 	  else fails=$$((fails + 1)); echo "stress run $$i/$(STRESS_RUNS): FAILED ($(BUILD)/stress/run-$$i.log)"; \
 	    grep -E '^(FAILED|ERROR)|chaos seed' $(BUILD)/stress/run-$$i.log || true; fi; \
 	done; echo "stress: $$fails of $(STRESS_RUNS) runs failed"; test $$fails -eq 0

@@ -159,8 +159,7 @@ Status WriteRecordsFile(const std::string& path, std::span<const uint8_t> record
     ::unlink(tmp.c_str());  // best effort: the temporary file is never left behind
     return s;
   };
-  // Every page is written: mapped in place at once, not faulted in one by one.
-  void* base = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd.fd, 0);
+  void* base = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd.fd, 0);
   if (base == MAP_FAILED) return fail(ErrnoError(errno, "mmap", tmp));
   auto* out = static_cast<uint8_t*>(base);
   FillHeader(out, rows, record_bytes);

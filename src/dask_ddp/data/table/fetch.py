@@ -41,9 +41,6 @@ __all__ = ["DaskReader", "export_rows"]
 logger = logging.getLogger(__name__)
 
 _TOKEN_BYTES = 16
-#: Records files are mapped with their pages in place (one call, not a fault per page:
-#: every page is written, or read, at once).
-_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
 _HEADER = 64  # the token, padded: the records start aligned
 #: Seconds to wait for one partition's rows (a partition computed as read can be slow).
 FETCH_TIMEOUT_S = 600.0
@@ -163,8 +160,7 @@ def export_rows(part: Any, rows: Any, columns: Sequence[Column], target: dict[st
     try:
         if fd >= 0 and os.fstat(fd).st_size == target["size"] \
                 and os.pread(fd, _TOKEN_BYTES, 0) == target["token"]:
-            mm = mmap.mmap(fd, target["size"], mmap.MAP_SHARED | _POPULATE,
-                           mmap.PROT_READ | mmap.PROT_WRITE)
+            mm = mmap.mmap(fd, target["size"], mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
             try:
                 records = np.frombuffer(mm, np.uint8, n * size, _HEADER).reshape(n, size)
                 _fill(records, part, rows, columns, partition)
@@ -353,7 +349,7 @@ class DaskReader:
                 return _core.map_records(final, size)
             if not out["shm"]:
                 return np.ascontiguousarray(out["records"])
-            mm = mmap.mmap(pending.fd, pending.size, mmap.MAP_SHARED | _POPULATE, mmap.PROT_READ)
+            mm = mmap.mmap(pending.fd, pending.size, mmap.MAP_SHARED, mmap.PROT_READ)
             return np.frombuffer(mm, np.uint8, pending.n * size, _HEADER).reshape(pending.n,
                                                                                   size)
         finally:

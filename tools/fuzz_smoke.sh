@@ -4,8 +4,9 @@
 # decode+transform target (two thirds, from a seed corpus of real JPEG/PNG files plus
 # the checked-in seeds of tools/fuzz_seeds/decode, e.g. a 694-scan progressive JPEG),
 # then the store URL parser, the credential JSON parser, the tar shard parser (seeds in
-# tools/fuzz_seeds/tar: ustar, GNU and pax shards) and the .npy parser (seeds in
-# tools/fuzz_seeds/npy: arrays numpy.save wrote). Exit status is libFuzzer's: non-zero on
+# tools/fuzz_seeds/tar: ustar, GNU and pax shards), the .npy parser (seeds in
+# tools/fuzz_seeds/npy: arrays numpy.save wrote) and the host cache's file header (seeds in
+# tools/fuzz_seeds/host_cache). Exit status is libFuzzer's: non-zero on
 # any crash, sanitizer report, leak or timeout.
 #
 #   tools/fuzz_smoke.sh [seconds] [build-dir]
@@ -26,7 +27,7 @@ CC=clang CXX=clang++ "$cmake_bin" -S "$root" -B "$build" -G Ninja \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDDP_FUZZ=ON -DDDP_BUILD_TESTS=OFF -DDDP_BUILD_PYTHON=OFF \
   -DCMAKE_CXX_FLAGS="-fsanitize=fuzzer-no-link,address,undefined -fno-omit-frame-pointer" \
   -DCMAKE_C_FLAGS="-fsanitize=fuzzer-no-link,address,undefined" >/dev/null
-targets="${FUZZ_TARGETS:-decode_fuzz url_fuzz flat_json_fuzz tar_fuzz npy_fuzz}"
+targets="${FUZZ_TARGETS:-decode_fuzz url_fuzz flat_json_fuzz tar_fuzz npy_fuzz host_cache_fuzz}"
 # shellcheck disable=SC2086
 "$cmake_bin" --build "$build" -j "${JOBS:-2}" --target $targets
 
@@ -58,7 +59,7 @@ PY
 fi
 
 # Checked-in seeds (crafted inputs PIL cannot write); cp -n keeps what is there.
-for t in decode url flat_json tar npy; do
+for t in decode url flat_json tar npy host_cache; do
   mkdir -p "$build/corpus/$t"
   if [ -d "$root/tools/fuzz_seeds/$t" ]; then
     cp -n "$root/tools/fuzz_seeds/$t"/* "$build/corpus/$t"/ || true

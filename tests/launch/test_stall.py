@@ -73,16 +73,18 @@ def test_ranks_disagreeing_on_collective_count_end_as_a_stall(client: Client) ->
 
 def test_a_collective_that_breaks_after_the_stall_still_names_the_stall(
         client: Client) -> None:
-    # The supervisors look in every 20 s only, and rank 1's collective times out after 35
-    # s: it breaks by itself after the stall was recorded (~20-25 s) and before any
-    # supervisor stops a rank for it (~40 s). Its own error (a collective that timed out,
-    # the same as a peer stopped by the stall's end) gives way to the stall: under load a
-    # peer stopped for the stall broke the collective before the rank's supervisor stopped
-    # it, and the seed-style gather named that broken collective.
-    with dask.config.set({"dask-ddp.launch.abort-poll": "20s"}):
+    # The supervisors look in every 30 s only (from their rank's start), and rank 1's
+    # collective times out 40 s after it entered it (a few seconds after the start): it
+    # breaks by itself after the stall was recorded (at the first look, ~30-33 s) and
+    # before any supervisor stops a rank for it (at the second, ~60 s). Its own error (a
+    # collective that timed out, the same as a peer stopped by the stall's end) gives way
+    # to the stall: under load a peer stopped for the stall broke the collective before
+    # the rank's supervisor stopped it, and the seed-style gather named that broken
+    # collective.
+    with dask.config.set({"dask-ddp.launch.abort-poll": "30s"}):
         job = dask_ddp.submit(client, uneven_collectives, 0.0, n_workers=2, progress=False,
                               stall_timeout=STALL_S,
-                              init_kwargs={"timeout": timedelta(seconds=35)})
+                              init_kwargs={"timeout": timedelta(seconds=40)})
     with pytest.raises(dask_ddp.StallError):
         job.result(timeout=150)
     errors = [f.exception(timeout=30) for f in job.futures]

@@ -21,6 +21,7 @@ from distributed import Client
 import dask_ddp
 from cluster_util import client_fixture, rank_processes, sleep_only, wait_rank_processes
 from dask_ddp import dispatch
+from dask_ddp._launch.names import progress_topic
 from dask_ddp._launch.stall import find_stall
 from launch_util import (
     collectives_forever,
@@ -95,6 +96,29 @@ def test_a_collective_that_breaks_after_the_stall_still_names_the_stall(
     assert "timed out" in str(own).lower() and "all_reduce" in (own.remote_traceback or ""), own
     with pytest.raises(dask_ddp.StallError):
         client.gather(job.futures)
+
+
+def test_a_rank_state_is_recorded_as_its_process_ends(client: Client) -> None:
+    # Supervisors that look every 60 s only still record each rank's last state (it
+    # returned) as its process ends: under load a rank whose collective completed as its
+    # peer ended was seen blocked in it for seconds after, and the stall rule ended a
+    # healthy job (rank 0's long evaluation, rank 1 in a barrier).
+    seen: list[Any] = []
+    with dask.config.set({"dask-ddp.launch.abort-poll": "60s"}):
+        job = dask_ddp.submit(client, long_eval_on_rank0, 2.0, "barrier", n_workers=2,
+                              progress=False, stall_timeout=STALL_S)
+    client.subscribe_topic(progress_topic(job.id), seen.append)
+    try:
+        assert job.result(timeout=120) == [0, 1]
+
+        def both_recorded() -> Any:
+            ranks = {m["rank"] for _, m in seen}
+            return None if ranks == {0, 1} else seen
+
+        wait_until(both_recorded, 10, "a state recorded for each rank")
+    finally:
+        client.unsubscribe_topic(progress_topic(job.id))
+    assert {m["rank"]: m["state"] for _, m in seen} == {0: "returned", 1: "returned"}, seen
 
 
 @pytest.mark.parametrize("others", ["barrier", "return"])
@@ -188,18 +212,21 @@ def test_stall_rule() -> None:
     working = {"state": "working", "since": 99.0}
     frozen = {"state": "frozen", "since": 101.0}
     # A peer returned: a stall once it lasted the timeout.
-    assert find_stall({0: returned, 1: blocked}, [], 2, 104.0, 5.0) is None
-    found = find_stall({0: returned, 1: blocked}, [], 2, 105.0, 5.0)
+    assert find_stall({0: returned, 1: blocked}, {}, 2, 104.0, 5.0) is None
+    found = find_stall({0: returned, 1: blocked}, {}, 2, 105.0, 5.0)
     assert found is not None and found.stuck == [1] and found.collective == "all_reduce"
     # A rank that works keeps the job alive; a rank with no state works.
-    assert find_stall({0: working, 1: blocked}, [], 2, 1000.0, 5.0) is None
-    assert find_stall({1: blocked}, [], 2, 1000.0, 5.0) is None
-    # A finished task counts as returned; a frozen rank is stuck.
-    assert find_stall({1: blocked}, [0], 2, 1000.0, 5.0) is not None
-    found = find_stall({0: blocked, 1: frozen}, [], 2, 106.0, 5.0)
+    assert find_stall({0: working, 1: blocked}, {}, 2, 1000.0, 5.0) is None
+    assert find_stall({1: blocked}, {}, 2, 1000.0, 5.0) is None
+    # A finished task counts as returned, from when it was seen finished: until the
+    # timeout has passed since, a peer that looks blocked may only not show yet that its
+    # collective completed with it (a healthy job under load); a frozen rank is stuck.
+    assert find_stall({1: blocked}, {0: 990.0}, 2, 1000.0, 5.0) is not None
+    assert find_stall({1: blocked}, {0: 998.0}, 2, 1000.0, 5.0) is None
+    found = find_stall({0: blocked, 1: frozen}, {}, 2, 106.0, 5.0)
     assert found is not None and found.stuck == [0, 1]
     # Everyone returned: not a stall (the finish barrier completes).
-    assert find_stall({0: returned, 1: returned}, [], 2, 1000.0, 5.0) is None
+    assert find_stall({0: returned, 1: returned}, {}, 2, 1000.0, 5.0) is None
 
 
 def test_launch_waits_come_from_the_config() -> None:

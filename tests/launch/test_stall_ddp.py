@@ -152,28 +152,28 @@ def test_c10d_rule() -> None:
     stuck = {**working, "c10d": c10d(9)}
     ended = {**returned, "c10d": c10d(8, done=True)}
     # Beyond a peer that returned, not completed, still for the timeout: a stall.
-    assert find_stall({0: ended, 1: stuck}, [], 2, 104.0, 5.0) is None
-    found = find_stall({0: ended, 1: stuck}, [], 2, 105.0, 5.0)
+    assert find_stall({0: ended, 1: stuck}, {}, 2, 104.0, 5.0) is None
+    found = find_stall({0: ended, 1: stuck}, {}, 2, 105.0, 5.0)
     assert found is not None and found.stuck == [1] and found.in_c10d == [1]
     assert found.collective == "gloo:all_reduce"
     # A finished peer keeps its last count; a peer with no count counts 0.
-    assert find_stall({0: ended, 1: stuck}, [0], 2, 200.0, 5.0) is not None
-    assert find_stall({0: returned, 1: stuck}, [], 2, 200.0, 5.0) is not None
+    assert find_stall({0: ended, 1: stuck}, {0: 150.0}, 2, 200.0, 5.0) is not None
+    assert find_stall({0: returned, 1: stuck}, {}, 2, 200.0, 5.0) is not None
     # Computing: a completed collective, an equal count, a peer ahead, no record.
     view = {0: ended, 1: {**working, "c10d": c10d(9, done=True)}}
-    assert not in_c10d(1, view) and find_stall(view, [], 2, 1000.0, 5.0) is None
+    assert not in_c10d(1, view) and find_stall(view, {}, 2, 1000.0, 5.0) is None
     view = {0: {**returned, "c10d": c10d(9)}, 1: stuck}
     assert not in_c10d(1, view)  # same collective, same count: not a mismatch
-    assert find_stall({0: {**returned, "c10d": c10d(10, done=True)}, 1: stuck}, [], 2,
+    assert find_stall({0: {**returned, "c10d": c10d(10, done=True)}, 1: stuck}, {}, 2,
                       1000.0, 5.0) is None
-    assert find_stall({0: ended, 1: working}, [], 2, 1000.0, 5.0) is None
+    assert find_stall({0: ended, 1: working}, {}, 2, 1000.0, 5.0) is None
     # A peer that works keeps the job alive.
-    assert find_stall({0: {**working, "c10d": c10d(8, done=True)}, 1: stuck}, [], 2,
+    assert find_stall({0: {**working, "c10d": c10d(8, done=True)}, 1: stuck}, {}, 2,
                       1000.0, 5.0) is None
     # Another collective at the same count (a barrier against the gradient all-reduce).
     barrier = {"state": "blocked", "collective": "barrier", "since": 101.0,
                "c10d": c10d(9, "gloo:barrier")}
-    found = find_stall({0: barrier, 1: stuck}, [], 2, 107.0, 5.0)
+    found = find_stall({0: barrier, 1: stuck}, {}, 2, 107.0, 5.0)
     assert found is not None and found.stuck == [1, 0] and found.in_c10d == [1]
 
 

@@ -109,6 +109,8 @@ class Job:
         self._all_finished = False
         self._stall: StallError | None = None
         self._states: dict[int, Any] = {}
+        #: When the watcher first saw each rank's task finished (the stall rule's progress).
+        self._finished_at: dict[int, float] = {}
         self._cancelled = False
         self._done = threading.Event()
         self._eof: set[int] = set()
@@ -519,8 +521,11 @@ class Job:
         events = await self._bounded(
             self.client.scheduler.events(topic=progress_topic(self.id)))
         self._states = dict(stall.latest_states(events))
-        finished = [r for r, s in enumerate(statuses) if s == "finished"]
         now = time.time()
+        for r, s in enumerate(statuses):
+            if s == "finished":
+                self._finished_at.setdefault(r, now)
+        finished = {r: t for r, t in self._finished_at.items() if statuses[r] == "finished"}
         found = stall.find_stall(self._states, finished, self.world_size, now, timeout)
         if found is None or self._stall is not None:
             return False

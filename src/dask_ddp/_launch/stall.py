@@ -103,20 +103,22 @@ def _since(state: Mapping[str, Any], c10d: bool, now: float) -> float:
     return float(state.get("since", now))
 
 
-def find_stall(states: Mapping[int, Mapping[str, Any]], finished: Iterable[int], world: int,
-               now: float, stall_timeout: float) -> Stall | None:
+def find_stall(states: Mapping[int, Mapping[str, Any]], finished: Mapping[int, float],
+               world: int, now: float, stall_timeout: float) -> Stall | None:
     """The job's stall, when it has lasted ``stall_timeout`` seconds, else ``None``.
 
     ``states`` are the ranks' last states (:func:`latest_states`); ``finished`` the ranks
-    whose task already ended (they count as returned, with their last c10d count); a rank
-    with no state works.
+    whose task already ended, with when it was seen ended (they count as returned then,
+    with their last c10d count: a task that ended is progress, and a peer's state may not
+    show yet that the collective it waited in completed with it); a rank with no state
+    works.
     """
     done = set(finished)
     view: dict[int, Mapping[str, Any]] = {}
     for rank in range(world):
         state = states.get(rank)
         if rank in done:
-            view[rank] = {"state": RankActivity.RETURNED, "since": now,
+            view[rank] = {"state": RankActivity.RETURNED, "since": float(finished[rank]),
                           "c10d": state.get("c10d") if state is not None else None}
         elif state is None:
             return None
@@ -132,7 +134,7 @@ def find_stall(states: Mapping[int, Mapping[str, Any]], finished: Iterable[int],
     if not stuck:
         return None
     # The stall began when the last rank reached its present state.
-    since = max(_since(s, r in c10d, now) for r, s in view.items() if r not in done)
+    since = max(_since(s, r in c10d, now) for r, s in view.items())
     if now - since < stall_timeout:
         return None
     blocked = [r for r in stuck if activity(view[r]) is RankActivity.BLOCKED]

@@ -249,6 +249,10 @@ class _Supervisor:
             while not exited.wait(self.waits.abort_poll):
                 self._check_stop(rank)
                 self._observe(rank, state)
+            # The rank's last state (returned, most often) at once: the stall rule must
+            # not see it still blocked in a collective that completed as its peer ended.
+            with contextlib.suppress(Exception):
+                self._observe(rank, state)
         finally:
             state.close()
 

@@ -491,7 +491,7 @@ class LiveGroup:
         if self.rank != 0:
             return
         logger.warning("live recovery: generation %d of %d ranks (lost %s, joined %s) from "
-                       "step %d in %.3f s", self.generation, len(self.members),
+                       "step %d in %.3f s", rec.generation, len(self.members),
                        list(rec.lost), list(rec.joined), step, took)
 
     def _sync_state(self, joined: list[int], lost: list[int]) -> int:

@@ -138,6 +138,38 @@ def ddp_uneven_steps(pause: float) -> int:
     return dist.get_rank()
 
 
+def ddp_frozen_inside_allreduce(hold: float) -> int:
+    """Two DDP steps; in the third, rank 1 stops itself (SIGSTOP) inside DDP's gradient
+    all-reduce once its probe could read that collective (``hold`` seconds after issuing
+    it, from its comm hook), and rank 0 issues the same all-reduce only after that: both
+    count the same collective, and rank 0 waits in it for good."""
+    import signal
+
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    model = DistributedDataParallel(torch.nn.Linear(8, 2))
+    calls = []
+
+    def freeze_in_third(state, bucket):  # type: ignore[no-untyped-def]  # torch reads
+        # the annotations: a string one is refused
+        work = dist.all_reduce(bucket.buffer(), async_op=True)
+        calls.append(work)
+        if len(calls) == 3:
+            time.sleep(hold)  # the probe reads the flight recorder twice a second
+            os.kill(os.getpid(), signal.SIGSTOP)
+        return work.get_future().then(lambda f: f.value()[0])
+
+    if dist.get_rank() == 1:
+        model.register_comm_hook(None, freeze_in_third)
+    for step in range(3):
+        if step == 2 and dist.get_rank() == 0:
+            time.sleep(hold + 3)  # rank 1 is stopped by now
+        model(torch.ones(4, 8)).sum().backward()
+    return dist.get_rank()
+
+
 def ddp_compute_after_backward(seconds: float) -> int:
     """Both ranks train 3 DDP steps; then rank 1 computes for ``seconds`` (busy, no
     collective) while rank 0 returns and waits at the end: a healthy job."""

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -310,3 +311,25 @@ def test_the_stacks_file_appears_only_with_its_handler(tmp_path: Path) -> None:
                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["handler", "first", "named"], out.stdout
+
+
+def test_a_rank_whose_work_dir_goes_while_its_stacks_are_read(tmp_path: Path) -> None:
+    # A job that ends while its stacks are read (a result timeout, a cancel) removes its
+    # ranks' work dirs: the read says so instead of failing with the missing file.
+    from dask_ddp._launch import probe
+
+    (tmp_path / probe.STACKS_FILE).write_text("")
+    ignores = subprocess.Popen(
+        [sys.executable, "-c", "import signal, time\n"
+         f"signal.signal({int(probe.STACKS_SIGNAL)}, signal.SIG_IGN)\nprint(flush=True)\n"
+         "time.sleep(60)"], stdout=subprocess.PIPE)
+    try:
+        assert ignores.stdout is not None and ignores.stdout.readline()  # handler set
+        remover = threading.Timer(0.3, (tmp_path / probe.STACKS_FILE).unlink)
+        remover.start()
+        text = probe.read_stacks(ignores.pid, str(tmp_path), 5.0)
+        remover.join()
+    finally:
+        ignores.kill()
+        ignores.wait(timeout=30)
+    assert text == "(no stack: the rank's work dir is gone: its job ended)", text

@@ -20,9 +20,10 @@ from distributed import Client
 import dask_ddp
 from cluster_util import client_fixture
 from dask_ddp import dispatch
-from dask_ddp._launch.stall import find_stall, in_c10d, where_c10d
+from dask_ddp._launch.stall import find_stall, in_c10d, stall_error, where_c10d
 from launch_util import (
     ddp_compute_after_backward,
+    ddp_frozen_inside_allreduce,
     ddp_uneven_steps,
     ddp_uneven_steps_with_buffers,
 )
@@ -140,6 +141,34 @@ def test_compute_after_the_last_backward_is_not_a_stall(client: Client) -> None:
     assert seen and seen["done"] and seen["name"] == "gloo:all_reduce", job.rank_states()
 
 
+def test_a_rank_frozen_inside_the_collective_its_peer_waits_in_is_a_stall(
+        client: Client) -> None:
+    # Rank 1 stops inside DDP's gradient all-reduce after its probe read that collective;
+    # rank 0 then issues the same one: both count it, and only the frozen peer says
+    # rank 0 can never complete it.
+    job = dask_ddp.submit(client, ddp_frozen_inside_allreduce, 1.5, n_workers=2,
+                          progress=False, stall_timeout=STALL_S)
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(dask_ddp.StallError) as info:
+            job.result(timeout=90)
+    finally:
+        job.cancel()
+    took = time.monotonic() - t0
+    err = info.value
+    text = str(err)
+    assert sorted(err.ranks) == [0, 1], text
+    found = re.search(r"rank 0 blocked in DDP's gradient all-reduce \(gloo:all_reduce #(\d+)",
+                      text)
+    assert found, text
+    assert "rank 1 frozen" in text, text
+    # The frozen rank counts the same collective (its third gradient all-reduce).
+    assert f"rank 1: gloo:all_reduce #{found[1]} of process group '0'" in text, text
+    # A frozen rank explains the wait: no advice about uneven data.
+    assert "uneven data" not in text, text
+    assert took < END_BOUND_S + 10, f"the stall took {took:.0f} s to end the job"
+
+
 def c10d(seq: int, name: str = "gloo:all_reduce", done: bool = False,
          since: float = 100.0) -> dict[str, Any]:
     return {"seq": seq, "group": "0", "name": name, "since": since, "done": done,
@@ -175,6 +204,19 @@ def test_c10d_rule() -> None:
                "c10d": c10d(9, "gloo:barrier")}
     found = find_stall({0: barrier, 1: stuck}, {}, 2, 107.0, 5.0)
     assert found is not None and found.stuck == [1, 0] and found.in_c10d == [1]
+    # A frozen peer that counts the same collective never completes it (stopped inside
+    # it after its probe read it): the rank waiting there is stuck too.
+    frozen = {"state": "frozen", "since": 101.0, "c10d": c10d(9)}
+    view = {0: stuck, 1: frozen}
+    assert in_c10d(0, view)
+    assert find_stall(view, {}, 2, 105.0, 5.0) is None
+    found = find_stall(view, {}, 2, 106.0, 5.0)
+    assert found is not None and found.stuck == [0, 1] and found.in_c10d == [0]
+    text = str(stall_error(found, "j", ["w0", "w1"], 5.0, {}, 106.0))
+    assert "rank 1 frozen" in text and "uneven data" not in text, text
+    # Without a frozen peer the same counts are work (the peer computes its part).
+    assert find_stall({0: stuck, 1: {**working, "c10d": c10d(9)}}, {}, 2, 1000.0,
+                      5.0) is None
 
 
 def test_the_place_of_a_c10d_collective_in_words() -> None:

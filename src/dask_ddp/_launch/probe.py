@@ -345,6 +345,14 @@ def read_stacks(pid: int, workdir: str, timeout: float) -> str:
     if not os.path.exists(path):
         return "(no stack: the rank process does not answer stack requests: a command, " \
                "or it has not started its Python yet)"
+    try:
+        return _ask_stacks(pid, path, timeout)
+    except FileNotFoundError:  # its job ended meanwhile: the supervisor removed the dir
+        return "(no stack: the rank's work dir is gone: its job ended)"
+
+
+def _ask_stacks(pid: int, path: str, timeout: float) -> str:
+    """Signal the rank, then read ``path`` once its size stood still for 0.2 s."""
     with open(path, "r+") as f:
         f.truncate(0)
     try:

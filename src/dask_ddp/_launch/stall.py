@@ -19,12 +19,13 @@ from torch's flight recorder once it stood still (:mod:`~dask_ddp._launch.probe`
 sequence number in its process group, whether it completed, and the group's count of
 every group the rank used. Such a rank is stuck (:func:`in_c10d`) when that collective
 has not completed, no peer's count of its group is beyond it (a peer ahead means it
-completed there and is being finished here), and some peer's count is below it: a peer
-that never issued it. Then the rule above applies with it counted as blocked: every
-other rank returned, blocked, frozen or stuck so too, and no count moved for
-``stall_timeout`` (the stall's start is when the collective was issued). A rank that
-computes has a count equal to its peers' (or moving, and then no count is recorded), or
-its latest collective completed: never a stall.
+completed there and is being finished here), and some peer's count is below it (a peer
+that never issued it) or some peer is frozen (whatever it counts: stopped inside the
+same collective, it will never send its part). Then the rule above applies with it
+counted as blocked: every other rank returned, blocked, frozen or stuck so too, and no
+count moved for ``stall_timeout`` (the stall's start is when the collective was issued).
+A rank that computes has a count equal to its peers' (or moving, and then no count is
+recorded), none of them frozen, or its latest collective completed: never a stall.
 """
 
 from __future__ import annotations
@@ -70,11 +71,12 @@ def activity(state: Mapping[str, Any] | None) -> RankActivity:
 
 
 def in_c10d(rank: int, view: Mapping[int, Mapping[str, Any]]) -> bool:
-    """Whether ``rank`` waits in a c10d collective some peer never issued: its latest
-    one (its state's ``c10d``) has not completed, no peer counts beyond it in its process
-    group, and some peer counts below it (a peer with no count counts 0) or waits at the
-    same count in another collective (a mismatch: gloo's barrier against the reducer's
-    all-reduce waits for good)."""
+    """Whether ``rank`` waits in a c10d collective some peer never issued or cannot
+    finish: its latest one (its state's ``c10d``) has not completed, no peer counts beyond
+    it in its process group, and some peer counts below it (a peer with no count counts
+    0), waits at the same count in another collective (a mismatch: gloo's barrier against
+    the reducer's all-reduce waits for good), or is frozen (stopped inside this very
+    collective after its probe read it, it counts the same: it will never send its part)."""
     mine = view[rank].get("c10d")
     if not isinstance(mine, Mapping) or mine.get("done"):
         return False
@@ -89,7 +91,7 @@ def in_c10d(rank: int, view: Mapping[int, Mapping[str, Any]]) -> bool:
         count = int(counts.get(group, 0)) if isinstance(counts, Mapping) else 0
         if count > seq:
             return False
-        missing = missing or count < seq or (
+        missing = missing or count < seq or activity(state) is RankActivity.FROZEN or (
             str(theirs.get("group")) == group and int(theirs.get("seq", -1)) == seq
             and not theirs.get("done") and theirs.get("name") != mine.get("name"))
     return missing
@@ -232,7 +234,9 @@ def stall_error(stall: Stall, job_name: str, workers: list[str], stall_timeout: 
     if c10d:
         message += ("\n\nLatest c10d collective of each rank (torch's flight recorder):\n"
                     + c10d)
-    if stall.in_c10d:
+    if stall.in_c10d and not any(activity(stall.states[r]) is RankActivity.FROZEN
+                                 for r in stall.stuck):
+        # A frozen rank explains the wait by itself; else the peers never issued it.
         message += "\n\n" + UNEVEN_HINT
     if stacks:
         message += "\n\nPython stacks of the ranks:\n" + stacks_text(stacks, workers)

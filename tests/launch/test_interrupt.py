@@ -24,8 +24,14 @@ client = client_fixture(2)
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parents[1] / "src"
 
+# The client installs Python's own Ctrl-C handler first, as a user's terminal session has
+# it: a process started in the background by a non-interactive shell (`make test &`, a
+# CI runner's script) inherits SIGINT ignored, and CPython then installs no
+# KeyboardInterrupt handler, so the test's SIGINT would be ignored and nothing tested.
 SCRIPT = '''
+import signal
 import sys
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from distributed import Client
 import dask_ddp
 from launch_util import spin_with_pid

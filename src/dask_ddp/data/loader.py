@@ -32,9 +32,9 @@ from torch.utils.data import Subset
 
 from dask_ddp import _core
 from dask_ddp._dashboard.counters import rank_counters
-from dask_ddp._identity import cores_per_rank
 from dask_ddp.data import transforms as T
 from dask_ddp.data.datasets import ImageList
+from dask_ddp.data.device import default_threads, split_tail, stage_for
 from dask_ddp.data.shards import TarShards
 from dask_ddp.data.unread import (
     Samples,
@@ -202,7 +202,18 @@ class Loader:
         stale manifest). Other storage errors (access denied, an unreachable server,
         and for an ``ImageFolder`` an object deleted after listing) raise either way.
     pin_memory
-        Copy batches to pinned memory (default: when CUDA is available).
+        Copy host batches to pinned memory (default: when CUDA is available and
+        ``device`` is None). With ``device`` set the Loader pins its own buffers.
+    device
+        Hand the loop batches on this device (``"cuda"``: the rank's own GPU; ``"cpu"``;
+        a ``torch.device``); ``None`` keeps host tensors. On a GPU the engine decodes into
+        pinned buffers, the copy runs on a stream of its own and the loop's stream waits
+        on an event, not the host; a pipeline ending in ``ToTensor`` (and ``Normalize``)
+        sends uint8 over the bus and scales and normalises on the GPU. Labels and tensor
+        fields move too. The default ``num_threads`` then leaves the training loop a core.
+        See the user guide's "The device stage".
+    channels_last
+        Image batches in ``torch.channels_last`` memory format (with ``device``).
     scaled_decode
         Let libjpeg-turbo decode large JPEGs at 1/2, 1/4 or 1/8 scale when a crop is
         downscaled at least that much anyway.
@@ -276,6 +287,8 @@ class Loader:
         scaled_decode: bool = True,
         region_decode: bool = True,
         max_side: int = 1 << 14,
+        device: str | torch.device | None = None,
+        channels_last: bool = False,
     ) -> None:
         shards = dataset if isinstance(dataset, TarShards) else None
         if shards is None:
@@ -298,6 +311,10 @@ class Loader:
         if num_threads is not None and num_threads < 1:
             raise ValueError(f"num_threads must be >= 1, got {num_threads}")
         rank, world_size = rank_and_world(rank, world_size)
+        self._stage = stage_for(device, channels_last, pin_memory)
+        if self._stage is not None and self._stage.pins:
+            # uint8 crosses the bus; the float tail runs on the GPU.
+            ops, self._stage.tail = split_tail(ops)
         self.dataset = dataset
         self.batch_size = int(batch_size)
         self.transform = chosen
@@ -307,10 +324,11 @@ class Loader:
         self.rank = int(rank)
         self.world_size = int(world_size)
         self.drop_last = bool(drop_last)
-        self.num_threads = int(num_threads or cores_per_rank())
+        self.num_threads = int(num_threads or default_threads(self._stage))
         self.prefetch = int(prefetch)
         self.on_error = on_error
-        self.pin_memory = torch.cuda.is_available() if pin_memory is None else bool(pin_memory)
+        self.pin_memory = (torch.cuda.is_available() and self._stage is None
+                           if pin_memory is None else bool(pin_memory))
         self.epoch = 0
         self._start_batch = 0
         self._position = 0
@@ -422,6 +440,8 @@ class Loader:
             if item is None:
                 core = self._unread.next_core(self.epoch) if self._unread is not None else None
                 if core is None:
+                    if self._stage is not None:
+                        self._stage.drop()  # the epoch's host buffers back to the engine
                     return
                 self._position = 0  # of this deal (epoch_progress counts the ones before)
                 continue
@@ -429,7 +449,9 @@ class Loader:
                 counters.add_batch(clock() - t0)
             self._position = int(item[2]) + 1
             batch = item[:2] if self._shards is None else self._shards.batch_tuple(item)
-            if self.pin_memory:
+            if self._stage is not None:
+                batch = self._stage.move(batch, self._image_at)
+            elif self.pin_memory:
                 batch = tuple(x.pin_memory() if isinstance(x, torch.Tensor) else x for x in batch)
             yield batch
 
@@ -632,6 +654,23 @@ class Loader:
         harmless.
         """
         self._core.close()
+        if self._stage is not None:
+            self._stage.drop()
+
+    @property
+    def device(self) -> torch.device | None:
+        """The device batches are handed over on (``None``: host tensors)."""
+        return None if self._stage is None else self._stage.device
+
+    @property
+    def channels_last(self) -> bool:
+        """Whether image batches come in ``torch.channels_last`` memory format."""
+        return self._stage is not None and self._stage.channels_last
+
+    @property
+    def _image_at(self) -> int | None:
+        """The position of the image batch in a yielded tuple (None: no images)."""
+        return 0 if self._shards is None else self._shards.image_field
 
     def __repr__(self) -> str:
         return (

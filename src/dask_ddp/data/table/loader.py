@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from dask_ddp import _core
-from dask_ddp._identity import cores_per_rank
+from dask_ddp.data.device import default_threads, stage_for
 from dask_ddp.data.loader import Loader
 from dask_ddp.data.table import plan
 from dask_ddp.data.table.batches import POLL_S, EpochBatches
@@ -107,6 +107,13 @@ class TableLoader(Loader):
     cache
         Keep the partitions read in this process across epochs. Default: when the rows
         fit ``dask-ddp.data.table-cache``.
+    device
+        Hand the loop batches on this device (``"cuda"``: the rank's own GPU; ``"cpu"``;
+        a ``torch.device``); ``None`` keeps host tensors. The copy runs on a stream of its
+        own and the loop's stream waits on an event. See the user guide's "The device
+        stage".
+    channels_last
+        4-D columns (images) in ``torch.channels_last`` memory format (with ``device``).
 
     Raises
     ------
@@ -120,7 +127,9 @@ class TableLoader(Loader):
                  seed: int = 0, features: Sequence[str] | None = None,
                  label: str | None = None, drop_last: bool = False, rank: int | None = None,
                  world_size: int | None = None, num_threads: int | None = None,
-                 prefetch: int = 4, window: int = 4, cache: bool | None = None) -> None:
+                 prefetch: int = 4, window: int = 4, cache: bool | None = None,
+                 device: str | torch.device | None = None,
+                 channels_last: bool = False) -> None:
         # Loader.__init__ (images and tar shards) is not called: nothing of it applies.
         if shuffle not in _SHUFFLES or isinstance(shuffle, int) and not isinstance(shuffle, bool):
             raise ValueError(f"shuffle must be True, False or 'local', got {shuffle!r}")
@@ -129,6 +138,7 @@ class TableLoader(Loader):
         if prefetch < 1 or window < 1:
             raise ValueError(f"prefetch and window must be >= 1, got {prefetch}, {window}")
         rank, world_size = rank_and_world(rank, world_size)
+        self._stage = stage_for(device, channels_last, None)
         self.table = table
         self.batch_size = int(batch_size)
         self.shuffle = shuffle
@@ -138,7 +148,7 @@ class TableLoader(Loader):
         self.drop_last = bool(drop_last)
         self.prefetch = int(prefetch)
         self.window = int(window)
-        self.num_threads = int(num_threads or cores_per_rank())
+        self.num_threads = int(num_threads or default_threads(self._stage))
         self.epoch = 0
         self._start = 0  # batch to start the next iteration at
         self._position = 0  # batches handed out in the current epoch
@@ -282,8 +292,11 @@ class TableLoader(Loader):
                     logger.debug("rank %d: first batch of epoch %d after %.3f s", self.rank,
                                  self.epoch, time.monotonic() - t0)
                 self._position += 1
-                yield batch_of(item)
+                batch = batch_of(item)
+                yield batch if self._stage is None else self._stage.move_value(batch)
         finally:
+            if self._stage is not None:
+                self._stage.drop()
             stop.set()
             stream.close()
             thread.join(timeout=60)
@@ -406,6 +419,8 @@ class TableLoader(Loader):
         if self._stream is not None:
             self._stream.close()
         self._reads.close()
+        if self._stage is not None:
+            self._stage.drop()
 
     def __repr__(self) -> str:
         return (f"Loader({self.table!r}, batch_size={self.batch_size}, shuffle={self.shuffle!r}, "

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from dask_ddp.data.device import check_device_name
 from dask_ddp.data.table.loader import TableLoader
 from dask_ddp.data.table.table import Table
 
@@ -69,7 +70,10 @@ class PendingTableLoader(TableLoader):
         self._init(table, {"batch_size": batch_size, **options}, data)
         # Every check the rank would make, here: a loader for rank 0 of the ranks the
         # options name (or of one), made and closed at once; it reads nothing.
-        probe = {"rank": 0, "world_size": 1, "num_threads": 1, **options}
+        # The device is the ranks' (this client may have no GPU): its name is checked here.
+        check_device_name(options.get("device"))
+        probe = {"rank": 0, "world_size": 1, "num_threads": 1, **options,
+                 "device": "cpu" if options.get("device") is not None else None}
         _table_loader(table, batch_size=batch_size, **probe).close()
 
     def _init(self, table: Table, options: dict[str, Any], collection: Any) -> None:

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import json
+import os
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from _rankproc import run_rank
-from dask_ddp import _channel
+from dask_ddp import _channel, _pending, results
+from dask_ddp._channel import rank_writer, wire
 from dask_ddp._cluster import cluster_info
 
 
@@ -60,3 +66,49 @@ n = int(os.environ["N"])
 for i in range(n):
     r.report({"loss": 1.0 / (i + 1), "tag": "x"}, step=i)
 """
+
+
+def fake_rank_fixture() -> Any:
+    """A module's ``fake_rank`` fixture: this test process as a rank (rank 0 of job
+    ``unit``) whose results channel is a pipe; the fixture's value is the pipe's read end
+    (see :func:`read_metrics`). Use as ``fake_rank = fake_rank_fixture()``."""
+
+    @pytest.fixture
+    def fake_rank(monkeypatch: pytest.MonkeyPatch) -> Iterator[int]:
+        r, w = os.pipe()
+        monkeypatch.setenv("DASK_DDP_CHANNEL_FD", str(w))
+        monkeypatch.setenv("RANK", "0")
+        monkeypatch.setenv("DASK_DDP_JOB_ID", "unit")
+        monkeypatch.setattr(rank_writer, "_writer", None)
+        monkeypatch.setattr(results, "_state", None)
+        try:
+            yield r
+        finally:
+            _pending.flush_pending(timeout=30)  # nothing of this test is left to write
+            os.close(r)
+            os.close(w)
+
+    return fake_rank
+
+
+def read_metrics(fd: int) -> list[dict[str, Any]]:
+    """The metric records a :func:`fake_rank_fixture` pipe holds now (whole frames), in
+    the order they were written."""
+    os.set_blocking(fd, False)
+    buf = b""
+    try:
+        while True:
+            buf += os.read(fd, 1 << 16)
+    except BlockingIOError:
+        pass
+    finally:
+        os.set_blocking(fd, True)
+    out, pos = [], 0
+    while pos < len(buf):
+        head = wire.FrameHeader.unpack_from(buf, pos)
+        start = pos + wire.HEADER_SIZE + head.topic_len
+        payload = buf[start : start + head.length]
+        assert payload[:1] == b"M", payload[:20]
+        out.append(json.loads(payload[1:]))
+        pos = start + head.length
+    return out

@@ -12,7 +12,12 @@ Rank side
 Every record goes through the results channel (:mod:`dask_ddp._channel`): written to a
 pipe before the call returns, so it reaches the client exactly once and in order per rank,
 also when the rank crashes right after, with bounded memory on the scheduler (a full budget
-blocks the rank instead of dropping).
+blocks the rank instead of dropping). A metric given as a CUDA tensor is the exception:
+:func:`report` does not wait for the GPU; the record waits in the rank (behind it, the
+records reported after it) until the value's copy to the host is done, and is written then
+or at the latest at :func:`flush_pending` (a checkpoint save, a Loader's end of epoch, the
+rank's exit). A rank killed before such a value was ready loses that record and the ones
+queued behind it, nothing else.
 
 Client side
 -----------
@@ -48,14 +53,17 @@ Limits: one reader per topic (one ``process_results`` per handler at a time).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
+import sys
 import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dask_ddp import _pending
 from dask_ddp._channel.rank_writer import in_rank, write
 from dask_ddp._channel.records import (
     ResultWriter,
@@ -67,8 +75,11 @@ from dask_ddp._channel.records import (
 )
 from dask_ddp._channel.wire import metrics_topic
 from dask_ddp._lazy import attribute_loader
+from dask_ddp._pending import flush_pending
 
 if TYPE_CHECKING:
+    import torch
+
     from dask_ddp._channel.reader import GapError, Record
     from dask_ddp.checkpoint import load_checkpoint, save_checkpoint
 
@@ -76,6 +87,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "DaskResultsHandler",
+    "flush_pending",
     "report",
     "save_checkpoint",
     "load_checkpoint",
@@ -100,6 +112,8 @@ class _RankState:
         self.rank = int(os.environ.get("RANK", "0"))
         self.job_id = os.environ.get("DASK_DDP_JOB_ID", "")
         self.topic = metrics_topic(self.job_id)
+        #: Writes one record to the job's metrics topic.
+        self.writer = functools.partial(write, self.topic)
         #: The step of a report() without ``step=``: one past the last record's.
         self.next_step = 0
 
@@ -127,7 +141,7 @@ def _clean_value(key: str, value: Any) -> Any:
         return value
     if isinstance(value, float):
         return value
-    item = getattr(value, "item", None)  # numpy scalars, one-element tensors
+    item = getattr(value, "item", None)  # numpy scalars
     if callable(item):
         try:
             v = item()
@@ -137,8 +151,66 @@ def _clean_value(key: str, value: Any) -> Any:
             return v
     raise TypeError(
         f"report(): metric {key!r} has type {type(value).__name__}; metrics take numbers "
-        "(int, float, bool, numpy/torch scalars) and short strings"
+        "(int, float, bool, numpy scalars, 0-d or one-element tensors) and short strings"
     )
+
+
+def _torch_tensor(value: Any) -> bool:
+    """Whether ``value`` is a torch tensor (torch is not imported for the question)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.Tensor)
+
+
+def _tensor_value(key: str, value: torch.Tensor) -> Any:
+    """The number a one-element tensor holds, read now, or ``value`` itself when it is on
+    a CUDA device (read later, see :class:`_DeviceValues`); TypeError naming ``key``."""
+    if value.numel() != 1 or value.is_complex() or value.is_sparse:
+        raise TypeError(
+            f"report(): metric {key!r} is a tensor of shape {tuple(value.shape)} and dtype "
+            f"{value.dtype}; metrics take 0-d or one-element real tensors (reduce it first, "
+            "e.g. .mean())")
+    if value.device.type == "cuda":
+        return value
+    try:  # a CPU tensor: no wait; another device (mps, xpu): its own item() waits for it
+        v = value.item()
+    except (RuntimeError, NotImplementedError) as e:  # the meta device, a fake tensor
+        raise TypeError(f"report(): metric {key!r}: its tensor on {value.device} cannot "
+                        f"be read ({e})") from None
+    return v
+
+
+class _DeviceValues:
+    """A record some of whose values are CUDA tensors: each is copied into pinned host
+    memory without blocking, then an event is recorded after the copies on each device's
+    current stream (the stream the copies ran on); the record is ready once the events
+    have completed, and reads the host copies then."""
+
+    __slots__ = ("record", "hosts", "events")
+
+    def __init__(self, record: dict[str, Any], tensors: list[tuple[str, torch.Tensor]]) -> None:
+        import torch
+
+        self.record = record
+        self.hosts: list[tuple[str, torch.Tensor]] = []
+        devices: dict[torch.device, None] = {}
+        for key, t in tensors:
+            host = torch.empty((), dtype=t.dtype, pin_memory=True)
+            host.copy_(t.detach().reshape(()), non_blocking=True)
+            self.hosts.append((key, host))
+            devices[t.device] = None
+        self.events: list[torch.cuda.Event] = []
+        for device in devices:
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(device))
+            self.events.append(event)
+
+    def ready(self) -> bool:
+        return all(e.query() for e in self.events)
+
+    def payload(self) -> bytes:
+        for key, host in self.hosts:
+            self.record[key] = host.item()  # host memory the copy has filled: no wait
+        return encode_metric(self.record)
 
 
 def report(metrics: dict[str, Any], step: int | None = None) -> None:
@@ -150,32 +222,45 @@ def report(metrics: dict[str, Any], step: int | None = None) -> None:
     The call returns once the record is in the rank's channel (a few microseconds); it
     blocks only when the scheduler's budget for the job is full (back-pressure).
 
+    A metric may be a 0-d or one-element tensor on any device: pass ``loss``, not
+    ``loss.item()``, which would wait for the GPU every step. A CUDA tensor's value is
+    copied to the host without waiting and read once the GPU has produced it; its record
+    (with ``step`` and ``time`` of this call) is written then, after every record
+    reported before it and before every record reported after it, and at the latest at
+    :func:`flush_pending`: a checkpoint save, a Loader's end of epoch, the rank's exit.
+    A rank killed (SIGKILL) before such a value was ready loses that record and the ones
+    queued behind it; nothing else. A tensor holding NaN or inf gives the same record as
+    that float.
+
     Parameters
     ----------
     metrics
-        Names to numbers (int, float, bool, numpy or torch scalars) or short strings.
+        Names to numbers (int, float, bool, numpy scalars, 0-d or one-element tensors on
+        any device) or short strings.
     step
-        The training step (iteration) the metrics belong to. Default: one past the step
-        of this rank's previous record (0 for the first), so calling ``report()`` once
-        per step numbers the steps 0, 1, 2, ...
+        The training step (iteration) the metrics belong to (an int). Default: one past
+        the step of this rank's previous record (0 for the first), so calling ``report()``
+        once per step numbers the steps 0, 1, 2, ...
 
     Raises
     ------
     TypeError
-        A metric that is not a number or a short string (the message names its key).
+        A metric that is not a number or a short string, or a tensor of more than one
+        element (the message names its key and shape).
     ValueError
         A metric named ``job``, ``rank``, ``step`` or ``time``.
 
     Examples
     --------
-    >>> dask_ddp.report({"loss": loss.item(), "epoch": epoch}, step=i)  # doctest: +SKIP
+    >>> dask_ddp.report({"loss": loss, "epoch": epoch}, step=i)  # doctest: +SKIP
     """
     global _warned_outside
     if type(metrics) is not dict:
         if not isinstance(metrics, dict):
             raise TypeError(f"report(): metrics must be a dict, got {type(metrics).__name__}")
     if step is not None and type(step) is not int:
-        step = _clean_value("step", step)
+        given: Any = step
+        step = _clean_value("step", given.item() if _torch_tensor(given) else given)
         if not isinstance(step, int):
             raise TypeError(f"report(): step must be an int, got {type(step).__name__}")
     s = _rank_state()
@@ -183,22 +268,30 @@ def report(metrics: dict[str, Any], step: int | None = None) -> None:
         step = s.next_step
     s.next_step = step + 1
     rec: dict[str, Any] = {"rank": s.rank, "step": step, "time": time.time()}
+    on_device: list[tuple[str, Any]] = []
     for key, value in metrics.items():
         t = type(value)
         if t is not float and t is not int:
-            value = _clean_value(key, value)
+            if _torch_tensor(value):
+                value = _tensor_value(key, value)
+                if _torch_tensor(value):
+                    on_device.append((key, value))
+                    value = None  # a place in the record's key order, filled when read
+            else:
+                value = _clean_value(key, value)
         if key in RESERVED_KEYS or type(key) is not str:
             if type(key) is not str:
                 raise TypeError(f"report(): metric names must be str, got {key!r}")
             raise ValueError(f"report(): metric {key!r} is reserved (job, rank, step, time)")
         rec[key] = value
-    payload = encode_metric(rec)
     if not s.enabled:
         if not _warned_outside:
             _warned_outside = True
             logger.warning("report() outside a dask-ddp rank: metrics are not sent")
         return
-    write(s.topic, payload)
+    item: bytes | _DeviceValues = (
+        _DeviceValues(rec, on_device) if on_device else encode_metric(rec))
+    _pending.put(item, s.writer)
 
 
 def _inline_max() -> int:

@@ -24,16 +24,16 @@ from _rankproc import run_rank
 from cluster_util import client_fixture
 from conftest import free_port
 from dask_ddp import _channel, results
-from dask_ddp._channel import rank_writer as _rankwriter
 from dask_ddp._channel import records as _records
 from dask_ddp._channel import wire as _wire
 from dask_ddp._channel.monitor import iter_job_metrics, start_job_monitor
-from results_util import REPORT_N, JobLike, launch
+from results_util import REPORT_N, JobLike, fake_rank_fixture, launch
 
 pytestmark = [pytest.mark.dask, pytest.mark.timeout(300)]
 
 
 client = client_fixture(2, threads_per_worker=2)
+fake_rank = fake_rank_fixture()
 
 
 def check_exactly_once_in_order(records: list[dict[str, Any]], world_size: int, n: int) -> None:
@@ -285,20 +285,6 @@ def test_gaps_are_reported_and_duplicates_dropped(
     )
     with pytest.raises(_channel.GapError, match="ended after 2 records, 1 arrived"):
         strict.fetch(timeout=1)
-
-
-@pytest.fixture
-def fake_rank(monkeypatch: pytest.MonkeyPatch) -> Any:
-    """This test process as a rank whose channel is a pipe read by the test."""
-    r, w = os.pipe()
-    monkeypatch.setenv("DASK_DDP_CHANNEL_FD", str(w))
-    monkeypatch.setenv("RANK", "0")
-    monkeypatch.setenv("DASK_DDP_JOB_ID", "unit")
-    monkeypatch.setattr(_rankwriter, "_writer", None)
-    monkeypatch.setattr(results, "_state", None)
-    yield r
-    os.close(r)
-    os.close(w)
 
 
 def test_bad_payloads_are_type_errors_naming_the_key(fake_rank: int) -> None:

@@ -26,6 +26,7 @@ import threading
 import time
 from typing import Any
 
+from dask_ddp._pending import flush_pending as flush_metrics
 from dask_ddp.checkpoint.layout import (
     FULL_MANIFEST,
     PREFIX,
@@ -121,6 +122,9 @@ def save_checkpoint(
     concurrent.futures.Future or None
         Resolves to the checkpoint's URL once it is complete and visible.
     """
+    # A checkpoint is a flush point of the metrics: every rank's records reported so far
+    # (a CUDA value still being copied) are written before it.
+    flush_metrics()
     if rank is not None and int(os.environ.get("RANK", "0")) != rank:
         return None
     if not isinstance(step, int) or step < 0:

@@ -16,7 +16,7 @@ from typing import Any
 
 from torch.distributed import checkpoint as dcp
 
-from dask_ddp import _identity
+from dask_ddp import _identity, _pending
 from dask_ddp.checkpoint.dcp import (
     METADATA,
     StorageReader,
@@ -163,6 +163,7 @@ def save_sharded(
     """
     if not isinstance(step, int) or step < 0:
         raise ValueError(f"save_sharded(): step must be a non-negative int, got {step!r}")
+    _pending.flush_pending()  # a flush point of the metrics, as save_checkpoint's
     url = storage_url(storage)
     target = step_url(url, step)
     writer = StorageWriter(target, **writer_options)

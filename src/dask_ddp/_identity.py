@@ -4,6 +4,17 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+
+def _cpu() -> torch.device:
+    import torch
+
+    return torch.device("cpu")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -19,6 +30,9 @@ class RankInfo:
     restart: int
     #: A ``recovery="live"`` job's current group: 0 at the start, +1 per membership change.
     generation: int = 0
+    #: This rank's own device: its GPU (``cuda:0`` in a dask-ddp rank, see
+    #: :func:`device_index`), or ``cpu`` where torch sees no CUDA device.
+    device: torch.device = dataclasses.field(default_factory=_cpu)
 
 
 def rank_info() -> RankInfo:
@@ -26,6 +40,13 @@ def rank_info() -> RankInfo:
 
     Works in any rank started by :func:`dask_ddp.submit`, :func:`dask_ddp.dispatch.run` or
     :func:`dask_ddp.run_command`, and under torchrun (job name and id are then empty).
+
+    ``device`` is the rank's own ``torch.device``: put the model and the batches there,
+    and give DDP ``device_ids=[device.index]`` on a GPU. In a dask-ddp rank it is
+    ``cuda:0``: with ``nprocs_per_worker > 1`` each rank's ``CUDA_VISIBLE_DEVICES`` lists
+    its own GPU first, so ``cuda:<local_rank>`` would be another rank's GPU. Under
+    torchrun (every rank sees every GPU) it is ``cuda:<local_rank>``. Without CUDA it is
+    ``cpu``. Asking for it does not initialize CUDA.
 
     Raises
     ------
@@ -37,6 +58,9 @@ def rank_info() -> RankInfo:
     >>> info = dask_ddp.rank_info()  # doctest: +SKIP
     >>> info.rank, info.world_size  # doctest: +SKIP
     (0, 2)
+    >>> device = info.device  # doctest: +SKIP
+    >>> ids = [device.index] if device.type == "cuda" else None  # doctest: +SKIP
+    >>> model = DDP(net.to(device), device_ids=ids)  # doctest: +SKIP
     """
     env = os.environ
     missing = [k for k in ("RANK", "WORLD_SIZE") if k not in env]
@@ -55,7 +79,33 @@ def rank_info() -> RankInfo:
         job_id=env.get("DASK_DDP_JOB_ID", ""),
         restart=int(env.get("DASK_DDP_RESTART", "0")),
         generation=int(env.get("DASK_DDP_GENERATION", "0")),
+        device=_rank_device(env),
     )
+
+
+def device_index(env: Mapping[str, str], cuda_devices: int) -> int | None:
+    """The index, among the CUDA devices this process sees, of the rank's own GPU; None
+    without one.
+
+    A rank of dask-ddp (``DASK_DDP_JOB_ID`` set) sees its own GPU first: with
+    ``nprocs_per_worker > 1`` the launcher rotates ``CUDA_VISIBLE_DEVICES`` per process
+    (:func:`dask_ddp._launch.rank_env.rotated_devices`), and a worker with one rank uses
+    its first GPU, as a dask-cuda worker's first visible GPU is its own. Any other
+    launcher (torchrun) shows every rank every GPU: ``LOCAL_RANK`` picks one.
+    """
+    if cuda_devices <= 0:
+        return None
+    if env.get("DASK_DDP_JOB_ID"):
+        return 0
+    return int(env.get("LOCAL_RANK", "0")) % cuda_devices
+
+
+def _rank_device(env: Mapping[str, str]) -> torch.device:
+    import torch
+
+    # device_count() asks the driver (or NVML) without creating a CUDA context.
+    index = device_index(env, torch.cuda.device_count() if torch.cuda.is_available() else 0)
+    return torch.device("cpu") if index is None else torch.device("cuda", index)
 
 
 def process_group() -> tuple[int, int] | None:

@@ -228,7 +228,8 @@ def torchelastic_view() -> dict[str, Any]:
     """Rank side: what torch and the frameworks read to tell a torchrun launch."""
     import torch.distributed as dist
 
-    return {"launched": dist.is_torchelastic_launched(), "env": dict(os.environ)}
+    return {"launched": dist.is_torchelastic_launched(), "env": dict(os.environ),
+            "device": str(dask_ddp.rank_info().device)}
 
 
 def test_every_torchrun_variable_is_set(client: Client) -> None:
@@ -247,7 +248,36 @@ def test_every_torchrun_variable_is_set(client: Client) -> None:
             "TORCHELASTIC_MAX_RESTARTS": "0"}
         assert env["TORCHELASTIC_RUN_ID"] == job.id == env["DASK_DDP_JOB_ID"]
         assert env["TORCHELASTIC_ERROR_FILE"].endswith("error.json")
+        assert o["device"] == "cpu"  # rank_info().device without CUDA
     assert len({o["env"]["TORCHELASTIC_ERROR_FILE"] for o in out}) == 2
+
+
+@pytest.mark.parametrize(("visible", "nprocs"), [("0,1,2,3", 4), ("5,7", 2), ("0,1", 3)])
+def test_each_ranks_gpu_is_cuda_0_under_the_rotation(visible: str, nprocs: int) -> None:
+    """rank_info().device over the environment the launcher gives each process of a
+    worker: its own GPU is the first it sees, and no two processes (while there are
+    enough GPUs) share one."""
+    gpus = []
+    for proc in range(nprocs):
+        rotated = _rankenv.rotated_devices(visible, proc, nprocs)
+        assert rotated is not None
+        env = {"DASK_DDP_JOB_ID": "j", "LOCAL_RANK": str(proc),
+               "CUDA_VISIBLE_DEVICES": rotated}
+        index = _identity.device_index(env, cuda_devices=len(rotated.split(",")))
+        assert index == 0
+        gpus.append(rotated.split(",")[index])
+    n = len(visible.split(","))
+    assert gpus == [visible.split(",")[p % n] for p in range(nprocs)]
+
+
+def test_device_index_elsewhere() -> None:
+    assert _identity.device_index({"DASK_DDP_JOB_ID": "j", "LOCAL_RANK": "3"}, 0) is None
+    assert _identity.device_index({"DASK_DDP_JOB_ID": "j", "LOCAL_RANK": "3"}, 1) == 0
+    # torchrun: every rank sees every GPU, LOCAL_RANK picks its own
+    assert _identity.device_index({"LOCAL_RANK": "3"}, 4) == 3
+    assert _identity.device_index({"LOCAL_RANK": "3"}, 2) == 1
+    assert _identity.device_index({}, 2) == 0
+    assert _identity.device_index({"LOCAL_RANK": "1"}, 0) is None
 
 
 def test_elastic_job_keeps_one_run_id_and_states_max_restarts(client: Client) -> None:

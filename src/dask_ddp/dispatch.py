@@ -160,7 +160,8 @@ def submit(
         step (no checkpoint read); each change is a generation record on
         ``job.generations``. Needs a ``DistributedDataParallel`` model registered with
         :class:`dask_ddp.Checkpointer`; falls back to ``max_restarts`` restarts when
-        fewer than ``min_workers`` survive or the group cannot re-form.
+        fewer than ``min_workers`` survive or the group cannot re-form. Needs torch 2.14
+        or newer (refused at once on an older one).
 
     Returns
     -------
@@ -172,6 +173,9 @@ def submit(
     ------
     GangStartError
         At once, when the ranks cannot all be placed (too few workers, missing resources).
+    RuntimeError
+        At once, when a feature asked for needs a newer torch than the installed one
+        (``recovery="live"`` needs torch 2.14): the message names both versions.
 
     Examples
     --------

@@ -14,6 +14,8 @@ from typing import Any
 
 import cloudpickle
 
+from dask_ddp import _compat
+
 BACKENDS = ("auto", "gloo", "nccl", "mpi")
 #: ``"restart"``: a lost rank restarts the whole group; ``"live"``: the survivors go on.
 RECOVERIES = ("restart", "live")
@@ -141,6 +143,8 @@ class LaunchOptions:
                 f"min_workers={self.min_workers}, max_workers={self.max_workers})")
         if self.recovery not in RECOVERIES:
             raise ValueError(f"recovery must be one of {RECOVERIES}, got {self.recovery!r}")
+        if self.recovery == "live":
+            _compat.require_torch("recovery='live'")
         if self.recovery == "live" and self.command is not None and not (
                 self.command[0] in ("python", "python3") and len(self.command) > 1
                 and self.command[1].endswith(".py")):

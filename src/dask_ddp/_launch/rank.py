@@ -112,9 +112,11 @@ def _start_live(address: str, rank: int, world: int, record: Any,
                 init_kwargs: dict[str, Any]) -> Any:
     """``recovery="live"``: the default group, reconfigurable, on the job's store on the
     scheduler; every Checkpointer made then hooks its model and optimizer into it."""
+    from dask_ddp import _compat
     from dask_ddp._launch import live, live_attach, live_store
     from dask_ddp.checkpoint import resume
 
+    _compat.require_torch("recovery='live'")  # this worker's torch, which may be older
     store = live_store.connect(address, record.rendezvous_timeout)
     backend = _resolve_backend(record.backend, store, rank, world, record.worker)
     timeout = init_kwargs.get("timeout", timedelta(seconds=60))

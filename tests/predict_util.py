@@ -19,6 +19,23 @@ from dask_ddp.data import transforms as T
 TRANSFORM = T.Compose([T.Resize((16, 16)), T.ToTensor()])
 
 
+def assert_close_f32(got: Any, want: Any) -> None:
+    """float32 outputs against a local computation of the same model. The batch size, the
+    thread count and the CPU's SIMD level pick BLAS kernels that sum a dot product in other
+    orders (with or without FMA), so the last bits differ: a few ulp of the sum of the
+    terms' magnitudes (2e-6 seen on a 1-wide Linear), never 1e-5 for these small models."""
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+
+
+def assert_close_bf16(got: Any, want: Any) -> None:
+    """Outputs computed under bf16 autocast against fp32 ones: bf16 keeps 8 bits of
+    mantissa (a relative step of 2**-8 = 0.4%), rounded at each layer's inputs and
+    outputs, so a few steps of the outputs' scale."""
+    want = np.asarray(want)
+    scale = float(np.abs(want).max()) or 1.0
+    np.testing.assert_allclose(np.asarray(got), want, rtol=0.03, atol=0.03 * scale)
+
+
 class TinyCnn(torch.nn.Module):
     """A small CNN with fixed weights: 5 outputs per image."""
 

@@ -4,8 +4,11 @@ the job page, at their checkpoint's step, and equal predict over the same checkp
 
 from __future__ import annotations
 
+import contextlib
 import json
+import pickle
 from pathlib import Path
+from typing import Any
 
 import dask.dataframe as dd
 import numpy as np
@@ -45,7 +48,7 @@ def test_checkpoints_scored_while_training(client: Client, tmp_path: Path) -> No
     # The checkpoint the job wrote loads into predict and gives the same score.
     out = dask_ddp.predict(make_model, ddf, columns=["a", "b", "c"], checkpoint=storage,
                            checkpoint_step=20)
-    assert float(mse(out, ddf)["mse"].compute()) == pytest.approx(evals[20], rel=1e-6)
+    assert float(mse(out, ddf)["mse"].compute()) == pytest.approx(evals[20], rel=1e-5)
     # The job page lists the metric and draws it at the checkpoints' steps (a curve keeps
     # one point per sampling interval: the last record's).
     root = dashboard_root(client)
@@ -54,3 +57,38 @@ def test_checkpoints_scored_while_training(client: Client, tmp_path: Path) -> No
     points = [p for curve in page["curves"].values() for p in curve.get("eval/mse", [])]
     assert points and {int(s) for s, _ in points} <= {10, 20, 30}, page["curves"]
     assert all(v == pytest.approx(evals[int(s)]) for s, v in points), page["curves"]
+
+
+class _NoCluster:
+    """Stands for the evaluation thread's client where no Dask collection is computed."""
+
+    def as_current(self) -> Any:
+        return contextlib.nullcontext()
+
+    def compute(self, values: list[Any], **options: Any) -> list[Any]:
+        return values
+
+    def gather(self, values: list[Any]) -> list[Any]:
+        return values
+
+
+def _count(out: Any, data: Any) -> dict[str, int]:
+    return {"n": len(out)}
+
+
+def test_the_evaluation_runs_on_the_cpu_unless_a_device_is_chosen(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[Any] = []
+
+    def fake_predict(model: Any, data: Any, **options: Any) -> Any:
+        seen.append(options["device"])
+        return data
+
+    monkeypatch.setattr("dask_ddp.predict.api.predict", fake_predict)
+    frame = pd.DataFrame({"a": [1.0]})
+    for chosen, want in (({}, "cpu"), ({"device": "cuda:1"}, "cuda:1"), ({"device": None}, None)):
+        ev = pickle.loads(pickle.dumps(dask_ddp.Evaluate(make_model, frame, score=_count,
+                                                         **chosen)))
+        ev._client = _NoCluster()
+        assert ev._scores(1, "memory://nowhere") == {"n": 1}
+        assert seen.pop() == want

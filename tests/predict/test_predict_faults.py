@@ -17,6 +17,7 @@ from distributed import Client, futures_of, wait
 import dask_ddp
 from cluster_util import client_fixture
 from dask_ddp._cluster import cluster_info
+from predict_util import assert_close_f32
 from waits import wait_until
 
 pytestmark = pytest.mark.timeout(240)
@@ -59,5 +60,5 @@ def test_worker_killed_mid_predict_result_complete_and_correct(client: Client) -
     with torch.inference_mode():
         want = SlowLinear().eval().lin(torch.from_numpy(pdf.to_numpy().copy())).numpy()
     assert list(got.index) == list(pdf.index)
-    np.testing.assert_allclose(got.to_numpy(), want, rtol=1e-5, atol=1e-6)
+    assert_close_f32(got.to_numpy(), want)
     assert victim not in cluster_info(client)["workers"]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 from distributed import Client
 
@@ -13,7 +12,14 @@ import dask_ddp
 from cluster_util import client_fixture
 from dask_ddp.data import ImageFolder, TarShards
 from images import encode, file_putter, photo, write_folder
-from predict_util import TRANSFORM, TinyCnn, engine_outputs, tar_shard
+from predict_util import (
+    TRANSFORM,
+    TinyCnn,
+    assert_close_bf16,
+    assert_close_f32,
+    engine_outputs,
+    tar_shard,
+)
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -30,8 +36,7 @@ def test_image_folder_every_sample_once_in_order(client: Client, tmp_path: Path)
     assert list(got["key"]) == [str(tmp_path / k) for k, _ in written]
     want, labels = engine_outputs(ds)
     assert list(got["label"]) == list(labels)
-    np.testing.assert_allclose(got[[f"out_{i}" for i in range(5)]].to_numpy(), want, rtol=1e-5,
-                               atol=1e-6)
+    assert_close_f32(got[[f"out_{i}" for i in range(5)]].to_numpy(), want)
 
 
 def test_bad_image_named_or_skipped_and_counted(client: Client, tmp_path: Path) -> None:
@@ -60,6 +65,18 @@ def test_tar_shards_one_partition_per_shard(client: Client, tmp_path: Path) -> N
     assert list(got.index) == list(range(15))
     assert got["key"].iloc[4] == f"{ds.urls[1]}#0"
     want, labels = engine_outputs(ds)
-    np.testing.assert_allclose(got[[f"out_{i}" for i in range(5)]].to_numpy(), want, rtol=1e-5,
-                               atol=1e-6)
+    assert_close_f32(got[[f"out_{i}" for i in range(5)]].to_numpy(), want)
     assert list(got["label"]) == list(labels)
+
+
+def test_bf16_and_channels_last_on_the_cpu_in_float32(client: Client, tmp_path: Path) -> None:
+    write_folder(file_putter(str(tmp_path)), ["cat", "dog"], 8)
+    ds = ImageFolder(str(tmp_path), transform=TRANSFORM)
+    out = dask_ddp.predict(TinyCnn, ds, partition_size=6, batch_size=4, precision="bf16",
+                           channels_last=True)
+    columns = [f"out_{i}" for i in range(5)]
+    assert all(out.dtypes[c] == "float32" for c in columns)
+    got = out.compute()
+    assert list(got.index) == list(range(16))
+    want, _ = engine_outputs(ds)
+    assert_close_bf16(got[columns].to_numpy(), want)

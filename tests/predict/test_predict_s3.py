@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import numpy as np
 import pytest
 from distributed import Client
 
@@ -16,7 +15,7 @@ from cluster_util import cluster_client
 from dask_ddp import storage
 from dask_ddp.data import ImageFolder, TarShards
 from images import encode, file_putter, photo, write_folder
-from predict_util import TRANSFORM, TinyCnn, engine_outputs, tar_shard
+from predict_util import TRANSFORM, TinyCnn, assert_close_f32, engine_outputs, tar_shard
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -54,7 +53,7 @@ def test_image_folder_url_on_s3(client: Client, s3_bucket: str, tmp_path: Path) 
     assert list(got["key"]) == [f"s3://{s3_bucket}/val/{k}" for k, _ in written]
     want, labels = engine_outputs(ImageFolder(str(tmp_path)))
     assert list(got["label"]) == list(labels) == [label for _, label in written]
-    np.testing.assert_allclose(got[OUTPUTS].to_numpy(), want, rtol=1e-5, atol=1e-6)
+    assert_close_f32(got[OUTPUTS].to_numpy(), want)
 
 
 def test_tar_shards_on_s3(client: Client, s3_bucket: str, tmp_path: Path) -> None:
@@ -71,4 +70,4 @@ def test_tar_shards_on_s3(client: Client, s3_bucket: str, tmp_path: Path) -> Non
     assert got["key"].iloc[5] == f"s3://{s3_bucket}/shards/shard-001.tar#0"
     want, labels = engine_outputs(TarShards(str(tmp_path / "shard-{000..001}.tar")))
     assert list(got["label"]) == list(labels)
-    np.testing.assert_allclose(got[OUTPUTS].to_numpy(), want, rtol=1e-5, atol=1e-6)
+    assert_close_f32(got[OUTPUTS].to_numpy(), want)

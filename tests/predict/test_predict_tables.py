@@ -19,6 +19,7 @@ from distributed import Client
 
 import dask_ddp
 from cluster_util import client_fixture
+from predict_util import assert_close_bf16, assert_close_f32
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -87,14 +88,13 @@ def test_every_row_once_in_order_with_its_index(client: Client, tmp_path: Path) 
     assert list(out.columns) == ["out_0", "out_1", "out_2"]
     got = out.compute()
     assert list(got.index) == list(pdf.index)
-    np.testing.assert_allclose(got.to_numpy(), local(Mlp(), pdf[FEATURES]), rtol=1e-5,
-                               atol=1e-6)
+    assert_close_f32(got.to_numpy(), local(Mlp(), pdf[FEATURES]))
     # A fixed-size list column, through Parquet and back.
     listed = dask_ddp.predict(Mlp, ddf, columns=FEATURES, output="list", name="logits")
     listed.to_parquet(str(tmp_path / "scores"))
     back = pd.read_parquet(tmp_path / "scores", dtype_backend="pyarrow")  # list types
     assert list(back.index) == list(pdf.index)
-    np.testing.assert_allclose(np.stack(back["logits"].tolist()), got.to_numpy(), rtol=1e-6)
+    assert_close_f32(np.stack(back["logits"].tolist()), got.to_numpy())  # other batch sizes
 
 
 def test_series_and_scalar_output(client: Client) -> None:
@@ -102,7 +102,7 @@ def test_series_and_scalar_output(client: Client) -> None:
     one = torch.nn.Linear(1, 1)
     got = dask_ddp.predict(one, dd.from_pandas(s, npartitions=3)).compute()
     assert list(got.columns) == ["out_0"]
-    np.testing.assert_allclose(got["out_0"], local(one, s.to_numpy()[:, None])[:, 0], rtol=1e-6)
+    assert_close_f32(got["out_0"], local(one, s.to_numpy()[:, None])[:, 0])
 
 
 def test_model_built_once_per_worker_process(client: Client, tmp_path: Path) -> None:
@@ -134,8 +134,7 @@ def test_checkpoint_state_dict_file_loaded_once_per_worker(client: Client,
     pdf = frame(600)
     ddf = dd.from_pandas(pdf, npartitions=6, sort=False)
     out = dask_ddp.predict(Mlp, ddf, columns=FEATURES, checkpoint=str(path))
-    np.testing.assert_allclose(out.compute().to_numpy(), local(trained, pdf[FEATURES]),
-                               rtol=1e-5, atol=1e-6)
+    assert_close_f32(out.compute().to_numpy(), local(trained, pdf[FEATURES]))
     infos = client.run(lambda: dask_ddp.predict.cache_info())
     loads = [i["loads"] for info in infos.values() for i in info.values() if i["loads"]]
     assert loads and all(n == 1 for n in loads), infos
@@ -153,8 +152,7 @@ def test_full_checkpoint_of_a_checkpointer(client: Client, tmp_path: Path) -> No
     pdf = frame(200)
     ddf = dd.from_pandas(pdf, npartitions=2, sort=False)
     out = dask_ddp.predict(lambda: Mlp(2), ddf, columns=FEATURES, checkpoint=storage).compute()
-    np.testing.assert_allclose(out.to_numpy(), local(trained, pdf[FEATURES]), rtol=1e-5,
-                               atol=1e-6)
+    assert_close_f32(out.to_numpy(), local(trained, pdf[FEATURES]))
     with pytest.raises(FileNotFoundError, match="no checkpoint of step 8"):
         dask_ddp.predict(Mlp, ddf, columns=FEATURES, checkpoint=storage,
                          checkpoint_step=8).compute()
@@ -180,7 +178,7 @@ def test_array_rows_and_an_output_axis(client: Client) -> None:
     arr = da.from_array(x, chunks=(70, 4))  # a row split across blocks is rechunked whole
     out = dask_ddp.predict(Mlp, arr, batch_size=32)
     assert out.shape == (500, 3) and out.chunks[0] == arr.chunks[0]
-    np.testing.assert_allclose(out.compute(), local(Mlp(), x), rtol=1e-5, atol=1e-6)
+    assert_close_f32(out.compute(), local(Mlp(), x))
     x[10, 1] = np.nan
     skipped = dask_ddp.predict(Mlp, da.from_array(x, chunks=(70, -1)), on_error="skip")
     got = skipped.compute()
@@ -197,7 +195,7 @@ def test_array_result_written_with_to_zarr(client: Client, tmp_path: Path) -> No
     out.to_zarr(str(tmp_path / "scores.zarr"))
     back = zarr.open_array(str(tmp_path / "scores.zarr"), mode="r")
     assert back.shape == (300, 3) and back.chunks == (70, 3) and back.dtype == np.float32
-    np.testing.assert_allclose(np.asarray(back[:]), local(Mlp(), x), rtol=1e-5, atol=1e-6)
+    assert_close_f32(np.asarray(back[:]), local(Mlp(), x))
 
 
 def test_torch_threads_sized_to_the_workers_share_and_restored(client: Client) -> None:
@@ -248,6 +246,87 @@ def test_activations_reuse_the_heap_in_a_worker_and_the_thresholds_are_restored(
     assert min(client.run(mmapped_for_4mib).values()) >= 4 << 20  # restored after
 
 
+class BuiltOnlyOnMetaHere:
+    """Builds an Mlp, and refuses to in the process ``client_pid`` unless the default device
+    is meta (the client may find the output's shape on the meta device, never build it);
+    each build's pid and device type is appended to ``log``."""
+
+    def __init__(self, client_pid: int, log: str) -> None:
+        self.client_pid, self.log = client_pid, log
+
+    def __call__(self) -> torch.nn.Module:
+        where = torch.empty(0).device.type
+        with open(self.log, "a") as f:
+            f.write(f"{os.getpid()} {where}\n")
+        if os.getpid() == self.client_pid and where != "meta":
+            raise RuntimeError("the model was built in the client process")
+        return Mlp()
+
+
+class ReadsAValue(Mlp):
+    """An Mlp whose forward reads a value (``.item()``), which the meta device cannot give."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x) * (1.0 if float(x.abs().sum().item()) >= 0 else 0.0)
+
+
+class NeverInTheClient:
+    """Builds ``ReadsAValue``; raises in the process ``client_pid``; logs each build's pid."""
+
+    def __init__(self, client_pid: int, log: str) -> None:
+        self.client_pid, self.log = client_pid, log
+
+    def __call__(self) -> torch.nn.Module:
+        if os.getpid() == self.client_pid:
+            raise RuntimeError("the model was built in the client process")
+        with open(self.log, "a") as f:
+            f.write(f"{os.getpid()}\n")
+        return ReadsAValue()
+
+
+def test_output_shape_found_on_the_meta_device_in_the_client(client: Client,
+                                                             tmp_path: Path) -> None:
+    log = tmp_path / "builds.log"
+    pdf = frame(300)
+    ddf = dd.from_pandas(pdf, npartitions=3, sort=False)
+    out = dask_ddp.predict(BuiltOnlyOnMetaHere(os.getpid(), str(log)), ddf, columns=FEATURES)
+    assert list(out.columns) == ["out_0", "out_1", "out_2"]
+    assert_close_f32(out.compute().to_numpy(), local(Mlp(), pdf[FEATURES]))
+    here = [line.split()[1] for line in log.read_text().splitlines()
+            if int(line.split()[0]) == os.getpid()]
+    assert here == ["meta"], log.read_text()
+
+
+def test_output_shape_from_a_probe_task_when_meta_fails(client: Client, tmp_path: Path) -> None:
+    log = tmp_path / "builds.log"
+    pdf = frame(300)
+    ddf = dd.from_pandas(pdf, npartitions=3, sort=False)
+    out = dask_ddp.predict(NeverInTheClient(os.getpid(), str(log)), ddf, columns=FEATURES)
+    assert list(out.columns) == ["out_0", "out_1", "out_2"]
+    probed = builds_per_pid(log)
+    assert len(probed) == 1 and os.getpid() not in probed, probed  # one worker built it
+    assert_close_f32(out.compute().to_numpy(), local(ReadsAValue(), pdf[FEATURES]))
+    counts = builds_per_pid(log)
+    assert os.getpid() not in counts and all(n == 1 for n in counts.values()), counts
+
+
+def test_bf16_on_the_cpu_close_to_fp32_in_float32(client: Client) -> None:
+    pdf = frame(500)
+    ddf = dd.from_pandas(pdf, npartitions=3, sort=False)
+    fp32 = dask_ddp.predict(Mlp, ddf, columns=FEATURES, batch_size=64).compute()
+    out = dask_ddp.predict(Mlp, ddf, columns=FEATURES, batch_size=64, precision="bf16",
+                           tf32=False)
+    assert list(out.dtypes) == [np.float32] * 3
+    got = out.compute()
+    assert list(got.dtypes) == [np.float32] * 3 and list(got.index) == list(pdf.index)
+    assert_close_bf16(got.to_numpy(), fp32.to_numpy())
+    assert not np.array_equal(got.to_numpy(), fp32.to_numpy())  # bf16 did run
+    x = np.random.default_rng(3).standard_normal((200, N_FEATURES)).astype(np.float32)
+    arr = dask_ddp.predict(Mlp, da.from_array(x, chunks=(70, -1)), precision="fp16")
+    assert arr.dtype == np.float32
+    assert_close_bf16(arr.compute(), local(Mlp(), x))  # fp16: a finer step than bf16's
+
+
 def test_wrong_inputs_are_named() -> None:
     with pytest.raises(TypeError, match="not list"):
         dask_ddp.predict(Mlp, [1, 2])
@@ -258,6 +337,10 @@ def test_wrong_inputs_are_named() -> None:
         dask_ddp.predict(Mlp, ddf, columns=["nope"])
     with pytest.raises(TypeError, match="'tag'"):
         dask_ddp.predict(Mlp, ddf)
+    with pytest.raises(ValueError, match="'fp8'"):
+        dask_ddp.predict(Mlp, ddf, columns=FEATURES, precision="fp8")
+    with pytest.raises(ValueError, match="channels_last"):
+        dask_ddp.predict(Mlp, ddf, columns=FEATURES, channels_last=True)
 
 
 @pytest.fixture(autouse=True)

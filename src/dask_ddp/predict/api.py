@@ -10,8 +10,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from dask_ddp.predict.model import ModelSpec, build
-from dask_ddp.predict.outputs import OUTPUTS, Layout, probe
+from dask_ddp.predict.model import ModelSpec
+from dask_ddp.predict.outputs import OUTPUTS, Layout
+from dask_ddp.predict.precision import check_precision
 from dask_ddp.predict.skips import remember_call
 
 __all__ = ["predict"]
@@ -41,7 +42,8 @@ def _host_threads() -> dict[str, int]:
 
 
 def _spec(model: nn.Module | Callable[[], nn.Module], checkpoint: str | os.PathLike[str] | None,
-          step: int | None, device: str | None, threads: int | None) -> ModelSpec:
+          step: int | None, device: str | None, threads: int | None, precision: str,
+          tf32: bool | None, channels_last: bool) -> ModelSpec:
     import cloudpickle
     from dask.base import tokenize
 
@@ -50,21 +52,29 @@ def _spec(model: nn.Module | Callable[[], nn.Module], checkpoint: str | os.PathL
                         f"not {type(model).__name__}")
     if threads is not None and threads < 1:
         raise ValueError(f"predict: threads must be >= 1, got {threads}")
+    check_precision(precision)
+    if tf32 not in (None, True, False):
+        raise ValueError(f"predict: tf32 must be None, True or False, got {tf32!r}")
+    if device is not None:
+        torch.device(device)  # a malformed device string fails here, not in every task
     payload = cloudpickle.dumps(model)
     url = None if checkpoint is None else os.fspath(checkpoint)
-    return ModelSpec(f"model-{tokenize(payload, url, step, device)}", payload, url, step,
-                     device, threads, _host_threads())
+    model_key = f"model-{tokenize(payload, url, step)}"
+    token = f"model-{tokenize(model_key, device, precision, tf32, bool(channels_last))}"
+    return ModelSpec(token, payload, url, step, device, threads, _host_threads(), model_key,
+                     precision, tf32, bool(channels_last))
 
 
-def _layout(spec: ModelSpec, sample: Sequence[int], dtype: torch.dtype, name: str, output: str,
-            output_shape: Sequence[int] | None, output_dtype: Any) -> Layout:
+def _layout(model: nn.Module | Callable[[], nn.Module], spec: ModelSpec, sample: Sequence[int],
+            dtype: torch.dtype, name: str, output: str, output_shape: Sequence[int] | None,
+            output_dtype: Any) -> Layout:
     import numpy as np
+
+    from dask_ddp.predict.shapes import find_layout
 
     if output_shape is not None and output_dtype is not None:
         return Layout(tuple(int(d) for d in output_shape), np.dtype(output_dtype), name, output)
-    # Weights do not change the output's shape: the probe runs the model as built.
-    plain = ModelSpec(spec.token, spec.payload)
-    return probe(build(plain), sample, dtype, name=name, output=output)
+    return find_layout(model, spec, sample, dtype, name=name, output=output)
 
 
 def predict(
@@ -84,6 +94,9 @@ def predict(
     partition_size: int = 1024,
     device: str | None = None,
     threads: int | None = None,
+    precision: str = "fp32",
+    tf32: bool | None = None,
+    channels_last: bool = False,
 ) -> Any:
     """A model's outputs over ``data``: a lazy Dask collection, one partition per input's.
 
@@ -130,20 +143,42 @@ def predict(
     name
         The output columns' name (prefix).
     output_shape, output_dtype
-        One sample's output shape and dtype; default: found by running the model built
-        here on one zero sample (pass both to skip that).
+        One sample's output shape and dtype (pass both to skip finding them). Default:
+        found without building the model in this process: a builder is called under
+        ``with torch.device("meta"):`` (a module's tensors are swapped for meta ones) and
+        its forward runs on one meta sample, which allocates and computes nothing; where
+        that fails (any exception, e.g. a builder that reads files or a forward that reads
+        a value), one probe task on a worker builds the model there (kept in the worker's
+        cache for the partitions) and runs it on one zero sample. Without a Dask client
+        that probe runs in this process, where the tasks run too.
     transform
         Images: the engine's pipeline (:mod:`dask_ddp.data.transforms`, fixed output size;
         no random ops for inference); default: the dataset's.
     partition_size
         Images (lists, folders): samples per partition.
     device
-        Where the model runs; default: the worker's GPU when it sees one (a worker started
-        with ``CUDA_VISIBLE_DEVICES``), else the CPU. Place GPU work with Dask's resources:
+        Where the model runs; default: a GPU when the worker sees one, else the CPU.
+        ``"cuda"`` or the default picks among the worker's visible GPUs: a worker's
+        threads are numbered in the order they first run a ``predict`` task and thread
+        ``k`` uses visible GPU ``k % count`` (so a worker with one thread per GPU keeps each
+        busy; one worker per GPU, dask-cuda's ``CUDA_VISIBLE_DEVICES`` convention, uses its
+        own as ``cuda:0``). ``"cuda:1"``, ``"cpu"``: that device. The model is cached per
+        device. Place GPU work with Dask's resources:
         ``client.compute(result, resources={"GPU": 1})``.
     threads
         torch's intra-op threads per task; default: the host's usable cores over its Dask
         workers' threads (so concurrent tasks do not oversubscribe), restored after.
+    precision
+        ``"fp32"`` (default), ``"bf16"`` or ``"fp16"``: the forward under
+        :func:`torch.autocast` of the task's device type at that dtype (the CPU supports
+        both too). The outputs are float32 whatever the precision.
+    tf32
+        TF32 for matmuls and cuDNN convolutions on the GPU
+        (``torch.backends.cuda.matmul.allow_tf32``, ``torch.backends.cudnn.allow_tf32``)
+        while the task runs, the process's values restored after; None: left as they are.
+    channels_last
+        The model and its 4-d inputs (images) in ``torch.channels_last`` memory format,
+        which convolutions run faster in on GPUs with tensor cores (with ``bf16``/``fp16``).
 
     Returns
     -------
@@ -163,17 +198,21 @@ def predict(
     if batch_size < 1 or partition_size < 1:
         raise ValueError(f"predict: batch_size and partition_size must be >= 1, got "
                          f"{batch_size} and {partition_size}")
-    spec = _spec(model, checkpoint, checkpoint_step, device, threads)
+    spec = _spec(model, checkpoint, checkpoint_step, device, threads, precision, tf32,
+                 channels_last)
     from dask_ddp.predict import graphs as coll
 
     kind = coll.kind_of(data)
     if kind != "frame" and columns is not None:
         raise ValueError("predict: columns= is for DataFrames")
+    if kind == "frame" and channels_last:
+        raise ValueError("predict: channels_last=True is for image inputs (4-d samples), "
+                         "not DataFrames")
     if kind != "images" and transform is not None:
         raise ValueError("predict: transform= is for image datasets")
 
     def layout(sample: Sequence[int], dtype: torch.dtype) -> Layout:
-        return _layout(spec, sample, dtype, name, output, output_shape, output_dtype)
+        return _layout(model, spec, sample, dtype, name, output, output_shape, output_dtype)
 
     if kind == "frame":
         result = coll.predict_frame(spec, data, columns, batch_size, on_error, layout)

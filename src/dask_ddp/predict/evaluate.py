@@ -9,6 +9,13 @@ and rank 0 only waits. The scores are reported as the job's metrics ``eval/<name
 the checkpoint's step, so they appear in ``metrics.jsonl``, ``Job.metrics()``, the
 progress bar and the job page beside the training metrics of that step. (Ray Train's
 ``ValidationConfig`` does the same for its checkpoints.)
+
+The evaluation's model runs on the CPU unless ``device=`` says otherwise: the tasks may land
+on a worker whose GPU a training rank is using, and a model there would be a second CUDA
+context on that GPU, taking memory the training may need. ``device="cuda"`` uses a GPU of
+the worker running the task (as :func:`dask_ddp.predict` picks one), meant with
+``workers=``/``resources=`` that keep the tasks on workers whose GPUs the training does not
+use; ``device=None`` is :func:`dask_ddp.predict`'s own default.
 """
 
 from __future__ import annotations
@@ -49,6 +56,12 @@ class Evaluate:
     workers, resources
         Where the evaluation's tasks may run (Dask's ``client.compute`` options), e.g.
         the workers not training.
+    device
+        Where the evaluation's model runs (:func:`dask_ddp.predict`'s ``device=``).
+        Default ``"cpu"``: never a second CUDA context on a GPU the training uses. Give
+        ``"cuda"`` (a GPU of the worker running the task) together with ``workers=`` or
+        ``resources=`` that keep the tasks off the training's GPUs, or ``"cuda:N"`` for a
+        GPU index the training does not use.
     **predict_options
         Passed to :func:`dask_ddp.predict` (``batch_size``, ``columns``...).
 
@@ -69,7 +82,7 @@ class Evaluate:
     def __init__(self, model: Any, data: Any = None, *,
                  score: Callable[[Any, Any], Mapping[str, Any]] | None = None, every: int = 1,
                  workers: Any = None, resources: Mapping[str, float] | None = None,
-                 **predict_options: Any) -> None:
+                 device: str | None = "cpu", **predict_options: Any) -> None:
         if every < 1:
             raise ValueError(f"Evaluate: every must be >= 1, got {every}")
         if data is not None and score is None:
@@ -83,6 +96,7 @@ class Evaluate:
         self.every = int(every)
         self.workers = workers
         self.resources = dict(resources) if resources else None
+        self.device = device
         self.predict_options = predict_options
         self._init_runtime()
 
@@ -94,7 +108,8 @@ class Evaluate:
         self._client: Any = None
 
     def __getstate__(self) -> dict[str, Any]:
-        keep = ("model", "data", "score", "every", "workers", "resources", "predict_options")
+        keep = ("model", "data", "score", "every", "workers", "resources", "device",
+                "predict_options")
         return {k: self.__dict__[k] for k in keep}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -145,7 +160,7 @@ class Evaluate:
 
         with client.as_current():
             out = predict(self.model, self.data, checkpoint=storage, checkpoint_step=step,
-                          **self.predict_options)
+                          device=self.device, **self.predict_options)
             assert self.score is not None
             wanted = dict(self.score(out, self.data))
         lazy = [k for k, v in wanted.items() if is_dask_collection(v)]

@@ -30,8 +30,9 @@ from dask_ddp.data.datasets import ImageList
 from dask_ddp.data.loader import Loader, _resolve_dataset
 from dask_ddp.data.shards import TarShards
 from dask_ddp.predict import model as cache
+from dask_ddp.predict.forward import forward
 from dask_ddp.predict.heap import warm_heap
-from dask_ddp.predict.outputs import Layout, forward
+from dask_ddp.predict.outputs import Layout
 from dask_ddp.predict.skips import record_skipped
 
 __all__ = ["ImageOptions", "image_parts", "predict_images", "sample_input"]
@@ -183,7 +184,7 @@ def predict_images(part: ListPart | ShardPart, spec: cache.ModelSpec, opts: Imag
         batches = _shard_batches(part, opts, threads, taken)
     with cache.torch_threads(threads), warm_heap():
         out = forward(model, device, batches, n, opts.layout,
-                      lambda s: f"partition {number} ({first}, batch at sample {s})")
+                      lambda s: f"partition {number} ({first}, batch at sample {s})", spec)
     got = np.concatenate(taken) if taken else np.empty(0, np.int64)
     out = out[:len(got)]
     if isinstance(part, ListPart):

@@ -5,8 +5,10 @@ every partition's task depends on, so Dask sends it to each worker once (as it s
 shared dependency), never inside every task. The spec carries the model pickled once on
 the client (an ``nn.Module`` or a zero-argument function building one) and where its
 weights are; :func:`model_for` unpickles, builds and loads it the first time a process
-needs it and then hands the same module to every partition and every later call with the
-same token. The cache keeps the few most recent models (:data:`CACHE_SIZE`).
+needs it on a device and then hands the same module to every partition and every later
+call with the same model (payload and weights), device and memory format. The cache keeps
+the few most recent models (:data:`CACHE_SIZE`); a worker using several GPUs
+(:mod:`dask_ddp.predict.devices`) holds one copy per GPU.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import torch
 from torch import nn
 
 from dask_ddp._identity import usable_cores
+from dask_ddp.predict.devices import task_device
 
 __all__ = ["ModelSpec", "cache_info", "model_for", "thread_share", "torch_threads"]
 
@@ -31,9 +34,12 @@ logger = logging.getLogger(__name__)
 CACHE_SIZE = 4
 
 _lock = threading.Lock()
-_models: collections.OrderedDict[str, tuple[nn.Module, torch.device]] = (
+#: A cached module's key: the model (:attr:`ModelSpec.model_key`), its device, channels_last.
+CacheKey = tuple[str, str, bool]
+
+_models: collections.OrderedDict[CacheKey, tuple[nn.Module, torch.device]] = (
     collections.OrderedDict())
-_building: dict[str, threading.Lock] = {}
+_building: dict[CacheKey, threading.Lock] = {}
 _builds: collections.Counter[str] = collections.Counter()
 _loads: collections.Counter[str] = collections.Counter()
 
@@ -45,7 +51,7 @@ class ModelSpec:
     Attributes
     ----------
     token
-        Names the model and its weights: equal tokens share a cached module.
+        Names the whole record (the graph key holding it).
     payload
         The ``nn.Module`` or zero-argument builder, cloudpickled once on the client.
     checkpoint
@@ -58,6 +64,15 @@ class ModelSpec:
         torch's intra-op threads per task; None: the worker's share of the cores.
     host_threads
         Each host's total Dask worker threads when the graph was made (for the share).
+    model_key
+        Names the model and its weights (payload, checkpoint, step): equal keys share a
+        cached module on a device. Empty: the token.
+    precision
+        ``"fp32"``, ``"bf16"`` or ``"fp16"`` (:mod:`dask_ddp.predict.precision`).
+    tf32
+        TF32 for the task's matmuls and convolutions; None: the process's setting.
+    channels_last
+        The model and its 4-d inputs in ``torch.channels_last`` memory format.
     """
 
     token: str
@@ -67,6 +82,15 @@ class ModelSpec:
     device: str | None = None
     threads: int | None = None
     host_threads: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    model_key: str = ""
+    precision: str = "fp32"
+    tf32: bool | None = None
+    channels_last: bool = False
+
+    @property
+    def model_id(self) -> str:
+        """The model's name in the cache and in :func:`cache_info`."""
+        return self.model_key or self.token
 
     def __repr__(self) -> str:  # the dashboard and errors show it: no payload bytes
         return f"ModelSpec({self.token!r}, checkpoint={self.checkpoint is not None})"
@@ -85,50 +109,51 @@ def build(spec: ModelSpec) -> nn.Module:
         from dask_ddp.predict.weights import load_weights
 
         load_weights(model, spec.checkpoint, spec.step)
-        _loads[spec.token] += 1
-    _builds[spec.token] += 1
+        _loads[spec.model_id] += 1
+    _builds[spec.model_id] += 1
     return model.eval()
 
 
-def _device(spec: ModelSpec) -> torch.device:
-    if spec.device is not None:
-        return torch.device(spec.device)
-    # A worker started with CUDA_VISIBLE_DEVICES=<its GPU> sees that GPU as cuda:0.
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
-def model_for(spec: ModelSpec) -> tuple[nn.Module, torch.device]:
-    """The cached module of ``spec`` on its device, built on the first call in this process.
+def model_for(spec: ModelSpec,
+              device: torch.device | None = None) -> tuple[nn.Module, torch.device]:
+    """The cached module of ``spec`` on ``device`` (default: this thread's,
+    :func:`~dask_ddp.predict.devices.task_device`), built on the first call in this
+    process for that model and device.
 
     Concurrent tasks of one worker wait for a single build.
     """
+    if device is None:
+        device = task_device(spec.device)
+    key: CacheKey = (spec.model_id, str(device), spec.channels_last)
     with _lock:
-        hit = _models.get(spec.token)
+        hit = _models.get(key)
         if hit is not None:
-            _models.move_to_end(spec.token)
+            _models.move_to_end(key)
             return hit
-        gate = _building.setdefault(spec.token, threading.Lock())
+        gate = _building.setdefault(key, threading.Lock())
     with gate:
         with _lock:
-            hit = _models.get(spec.token)
+            hit = _models.get(key)
         if hit is not None:
             return hit
-        device = _device(spec)
         model = build(spec).to(device)
+        if spec.channels_last:
+            model = model.to(memory_format=torch.channels_last)
         logger.info("predict: built %s on %s", spec, device)
         with _lock:
-            _models[spec.token] = (model, device)
+            _models[key] = (model, device)
             while len(_models) > CACHE_SIZE:
                 _models.popitem(last=False)
-            _building.pop(spec.token, None)
+            _building.pop(key, None)
         return model, device
 
 
 def cache_info() -> dict[str, dict[str, int]]:
-    """Per token: how often this process built the model and loaded its weights, and
-    whether it is cached now (``cached`` 1 or 0)."""
+    """Per model (its weights included): how often this process built it and loaded its
+    weights, and how many copies are cached now (``cached``: one per device)."""
     with _lock:
-        return {t: {"builds": _builds[t], "loads": _loads[t], "cached": int(t in _models)}
+        return {t: {"builds": _builds[t], "loads": _loads[t],
+                    "cached": sum(k[0] == t for k in _models)}
                 for t in _builds}
 
 

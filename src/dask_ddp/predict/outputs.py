@@ -1,5 +1,6 @@
 """The model's outputs: their per-sample shape and dtype (known before anything runs, so
-the result's ``meta`` and chunks are right), the batched forward, and the output columns."""
+the result's ``meta`` and chunks are right) and the output columns. The batched forward is
+:mod:`dask_ddp.predict.forward`."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ import numpy as np
 import torch
 from torch import nn
 
-__all__ = ["OUTPUTS", "Layout", "forward", "probe"]
+from dask_ddp.predict.precision import output_dtype as precision_output
+
+__all__ = ["OUTPUTS", "Layout", "probe"]
 
 #: How a DataFrame holds a sample's output vector: separate columns or one list column.
 OUTPUTS = ("columns", "list")
@@ -67,39 +70,23 @@ class Layout:
         return pd.DataFrame(self.columns(out), index=index)
 
 
-def output_dtype(t: torch.dtype) -> np.dtype:
-    return torch.empty((), dtype=t).numpy().dtype
+def numpy_dtype(t: torch.dtype) -> np.dtype:
+    """The numpy dtype of torch's ``t``."""
+    return torch.empty((), dtype=t, device="cpu").numpy().dtype
 
 
-def probe(model: nn.Module, sample: Sequence[int], dtype: torch.dtype, *, name: str,
-          output: str) -> Layout:
-    """The layout of ``model``'s output for one zero sample of shape ``sample`` (on the
-    CPU, in inference mode): what every partition will produce."""
+def probe(model: Callable[[torch.Tensor], Any], sample: Sequence[int], dtype: torch.dtype, *,
+          name: str, output: str, device: torch.device | str = "cpu") -> Layout:
+    """The layout of ``model``'s output for one zero sample of shape ``sample`` on ``device``
+    (``"meta"``: shapes only, nothing computed), in inference mode: what every partition
+    will produce (a reduced-precision float output as float32, as ``predict`` returns it)."""
+    if isinstance(model, nn.Module):
+        model = model.eval()
     with torch.inference_mode():
-        y = model.eval()(torch.zeros((1, *sample), dtype=dtype))
+        y = model(torch.zeros((1, *sample), dtype=dtype, device=device))
     if not isinstance(y, torch.Tensor) or y.ndim == 0 or y.shape[0] != 1:
         shown = tuple(y.shape) if isinstance(y, torch.Tensor) else type(y).__name__
         raise TypeError(f"predict: the model must return a tensor [batch, ...]; for a batch "
                         f"of 1 it returned {shown}")
-    return Layout(tuple(int(d) for d in y.shape[1:]), output_dtype(y.dtype), name, output)
-
-
-def forward(model: nn.Module, device: torch.device, batches: Any, n: int, layout: Layout,
-            where: Callable[[int], str]) -> np.ndarray:
-    """Run ``model`` over ``batches`` (``(start, input tensor)`` pairs covering ``n``
-    samples) in inference mode; the outputs as one ``[n, *shape]`` array.
-
-    ``where(start)`` names a batch for errors (its partition and first key).
-    """
-    out = layout.empty(n)
-    with torch.inference_mode():
-        for start, x in batches:
-            y = model(x.to(device, non_blocking=True))
-            if not isinstance(y, torch.Tensor) or tuple(y.shape) != (len(x), *layout.shape):
-                shown = tuple(y.shape) if isinstance(y, torch.Tensor) else type(y).__name__
-                raise ValueError(
-                    f"predict: the model returned {shown} for {where(start)} (a batch of "
-                    f"{len(x)}); every batch must give [batch, {', '.join(map(str, layout.shape))}]"
-                    " as the first one did")
-            out[start:start + len(x)] = y.detach().to("cpu").numpy()
-    return out
+    return Layout(tuple(int(d) for d in y.shape[1:]), numpy_dtype(precision_output(y.dtype)),
+                  name, output)

@@ -20,8 +20,9 @@ import numpy as np
 import torch
 
 from dask_ddp.predict import model as cache
+from dask_ddp.predict.forward import forward
 from dask_ddp.predict.heap import warm_heap
-from dask_ddp.predict.outputs import Layout, forward
+from dask_ddp.predict.outputs import Layout
 from dask_ddp.predict.skips import record_skipped
 
 __all__ = ["TableOptions", "predict_block", "predict_frame"]
@@ -108,7 +109,7 @@ def predict_frame(part: Any, spec: cache.ModelSpec, opts: TableOptions,
     model, device = cache.model_for(spec)
     with cache.torch_threads(cache.thread_share(spec)), warm_heap():
         out = forward(model, device, batches(x, opts.batch_size), len(x), opts.layout,
-                      lambda s: f"row {_plain(index[s])!r} of partition {number}")
+                      lambda s: f"row {_plain(index[s])!r} of partition {number}", spec)
     return opts.layout.frame(out, index)
 
 
@@ -133,7 +134,7 @@ def predict_block(block: np.ndarray, spec: cache.ModelSpec, opts: TableOptions,
     model, device = cache.model_for(spec)
     with cache.torch_threads(cache.thread_share(spec)), warm_heap():
         out = forward(model, device, batches(x, opts.batch_size), len(x), opts.layout,
-                      lambda s: f"row {offset + s} of block {number}")
+                      lambda s: f"row {offset + s} of block {number}", spec)
     if bad.any():
         out[bad] = np.nan
     return out

@@ -1,0 +1,65 @@
+"""dask_ddp.predict on a GPU worker (skipped where CUDA is missing): a DataFrame and an image
+folder on the GPU equal to the CPU's outputs (bf16 + channels_last within bf16's step), the
+process's TF32 settings restored after the tasks, and the model built on the worker only."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import dask.dataframe as dd
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from distributed import Client
+
+import dask_ddp
+from cluster_util import client_fixture
+from dask_ddp.data import ImageFolder
+from images import file_putter, write_folder
+from predict_util import TRANSFORM, TinyCnn, assert_close_bf16, assert_close_f32, engine_outputs
+
+pytestmark = [pytest.mark.gpu, pytest.mark.timeout(240)]
+
+client = client_fixture(1, threads_per_worker=2)
+
+
+def tf32_settings() -> tuple[bool, bool]:
+    return bool(torch.backends.cuda.matmul.allow_tf32), bool(torch.backends.cudnn.allow_tf32)
+
+
+def mlp() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+
+
+def test_a_frame_on_the_gpu_equals_the_cpu(client: Client) -> None:
+    rng = np.random.default_rng(0)
+    pdf = pd.DataFrame(rng.standard_normal((3000, 8)).astype(np.float32),
+                       columns=[f"f{i}" for i in range(8)])
+    ddf = dd.from_pandas(pdf, npartitions=6)
+    before = client.run(tf32_settings)
+    got = dask_ddp.predict(mlp, ddf, batch_size=256, device="cuda", tf32=False).compute()
+    with torch.inference_mode():
+        want = mlp().eval()(torch.from_numpy(pdf.to_numpy())).numpy()
+    assert_close_f32(got.to_numpy(), want)
+    assert client.run(tf32_settings) == before
+    fast = dask_ddp.predict(mlp, ddf, batch_size=256, precision="bf16", tf32=True).compute()
+    assert list(fast.dtypes) == [np.float32] * 4
+    assert_close_bf16(fast.to_numpy(), want)
+    assert client.run(tf32_settings) == before
+
+
+def test_images_in_bf16_and_channels_last_on_the_gpu(client: Client, tmp_path: Path) -> None:
+    write_folder(file_putter(str(tmp_path)), ["a", "b", "c"], 30)
+    ds = ImageFolder(str(tmp_path), transform=TRANSFORM)
+    out = dask_ddp.predict(TinyCnn, ds, partition_size=32, batch_size=8, device="cuda",
+                           precision="bf16", channels_last=True)
+    got = out.compute()
+    columns = [f"out_{i}" for i in range(5)]
+    assert list(got.index) == list(range(90))
+    want, labels = engine_outputs(ds)
+    assert list(got["label"]) == list(labels)
+    assert_close_bf16(got[columns].to_numpy(), want)
+    infos = client.run(lambda: dask_ddp.predict.cache_info())
+    assert all(i["builds"] >= 1 for info in infos.values() for i in info.values())

@@ -51,12 +51,30 @@ def _rank_of_module(item: pytest.Item) -> int:
     return len(LONGEST_FIRST)
 
 
+def _cuda_missing() -> str | None:
+    """Why tests marked ``gpu`` cannot run here, or None where CUDA is usable."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return f"needs a CUDA GPU (torch {torch.__version__}: torch.cuda.is_available() is False)"
+    return None
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    gpu_tests = []
     for item in items:
         for name in getattr(item, "fixturenames", ()):
             marker = FIXTURE_MARKERS.get(name)
             if marker is not None and item.get_closest_marker(marker) is None:
                 item.add_marker(marker)
+        if item.get_closest_marker("gpu") is not None:
+            gpu_tests.append(item)
+    # Tests marked gpu run where CUDA is (make gpu-check on a GPU machine) and are skipped
+    # elsewhere, naming why; torch is asked only when such a test was collected.
+    reason = _cuda_missing() if gpu_tests else None
+    if reason is not None:
+        for item in gpu_tests:
+            item.add_marker(pytest.mark.skip(reason=reason))
     items.sort(key=_rank_of_module)  # stable: a module's tests keep their order
 
 

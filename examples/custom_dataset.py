@@ -191,7 +191,7 @@ def train(data_url: str, epochs: int, batch_size: int, lr: float,
             loss.backward()
             optimizer.step()
             steps += 1
-            dask_ddp.report({"loss": loss.item(), "epoch": epoch, "sample": "train"},
+            dask_ddp.report({"loss": loss, "epoch": epoch, "sample": "train"},
                             step=steps)
             # The DataLoader's worker processes, children of this rank process.
             loader_processes = max(loader_processes, len(multiprocessing.active_children()))

@@ -110,7 +110,7 @@ def train(table: Any, *, epochs: int, batch_size: int, lr: float) -> dict[str, A
             loss.backward()
             opt.step()
             steps += 1
-        dask_ddp.report({"epoch": epoch, "loss": loss.item()}, step=steps)
+        dask_ddp.report({"epoch": epoch, "loss": loss}, step=steps)
         ckpt.save(epoch)  # collective; rank 0 uploads in the background
     return {"rank": dist.get_rank(), "steps": steps, "loss": loss.item()}
 

@@ -91,7 +91,7 @@ def train(table: Any, *, valid: Any, epochs: int, batch_size: int, lr: float) ->
             loss.backward()
             opt.step()
             steps += 1
-        dask_ddp.report({"epoch": epoch, "loss": loss.item()})
+        dask_ddp.report({"epoch": epoch, "loss": loss})
     # Held-out R²: sums over every row of the held-out table, all-reduced.
     evaluator = dask_ddp.data.Loader(valid, batch_size=4096, shuffle=False,
                                      features=FEATURES, label="y", drop_last=False)

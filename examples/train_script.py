@@ -1,8 +1,9 @@
 """A plain torchrun-style training script: it runs unchanged under torchrun and dask-ddp.
 
-Nothing here imports dask or dask_ddp. The script reads ``RANK``, ``WORLD_SIZE`` and
-``LOCAL_RANK`` from the environment (set by either launcher), calls
-``init_process_group`` (``nccl`` when CUDA is available, else ``gloo``; the rendezvous
+Nothing here imports dask, and dask_ddp only to ask for the rank's GPU where it is
+installed. The script reads ``RANK``, ``WORLD_SIZE`` and ``LOCAL_RANK`` from the
+environment (set by either launcher), picks its device (:func:`rank_device`), calls
+``init_process_group`` (``nccl`` on a GPU, else ``gloo``; the rendezvous
 address comes from ``MASTER_ADDR``/``MASTER_PORT``), trains a small classifier on its
 shard of a synthetic data set (the same on every launch: generated from ``--seed``),
 all-reduces the loss and accuracy every epoch, and on rank 0 logs a summary and writes it
@@ -89,12 +90,24 @@ def single_process_env() -> None:
                       MASTER_PORT=str(port))
 
 
-def train(args: argparse.Namespace) -> dict[str, Any]:
+def rank_device() -> torch.device:
+    """This rank's own device: ``dask_ddp.rank_info().device`` where dask-ddp is installed
+    (``cuda:0`` under dask-ddp, which lists each rank's own GPU first in its
+    ``CUDA_VISIBLE_DEVICES``, so ``cuda:LOCAL_RANK`` would be another rank's GPU;
+    ``cuda:LOCAL_RANK`` under torchrun, which shows every rank every GPU), else
+    ``cuda:LOCAL_RANK``; the CPU without CUDA."""
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    try:
+        import dask_ddp
+    except ImportError:  # torchrun in an environment without dask-ddp
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return dask_ddp.rank_info().device
+
+
+def train(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
     """Train on this rank's shard; return the all-reduced summary (the same on every rank)."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    device = (torch.device("cuda", local_rank) if dist.get_backend() == "nccl"
-              else torch.device("cpu"))
     x, y = make_data(args.seed, args.samples + 1024)
     x_train, y_train = x[:args.samples], y[:args.samples]
     x_eval, y_eval = x[args.samples:], y[args.samples:]
@@ -105,7 +118,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
 
     torch.manual_seed(args.seed)  # DDP broadcasts rank 0's initial weights anyway
     model = DDP(nn.Sequential(nn.Linear(N_FEATURES, 32), nn.ReLU(), nn.Linear(32, 2))
-                .to(device))
+                .to(device), device_ids=[device.index] if device.type == "cuda" else None)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * world, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss(reduction="sum")
     history: list[dict[str, float]] = []
@@ -153,12 +166,13 @@ def main(argv: list[str] | None = None) -> int:
                         format=f"%(asctime)s rank {rank} %(message)s")
     # A tiny model gains nothing from intra-op threads; the ranks would fight over cores.
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    use_cuda = torch.cuda.is_available()
-    if use_cuda:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group("nccl" if use_cuda else "gloo")  # env://: MASTER_ADDR/PORT
+    device = rank_device()
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    # env://: MASTER_ADDR/PORT
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     try:
-        result = train(args)
+        result = train(args, device)
         # The DDP model (its reducer holds the process group) is freed here, while the
         # interpreter is whole: left to the collector at exit, gloo's threads release
         # their tensors during finalization and abort the process.

@@ -48,7 +48,7 @@ from torch.utils.data import DataLoader, Subset
 from torch.utils.data.distributed import DistributedSampler
 from torchvision import models, transforms
 
-from dask_ddp import data, dispatch, results  # the seed: from dask_pytorch_ddp import ...
+from dask_ddp import data, dispatch, rank_info, results  # the seed's: from dask_pytorch_ddp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import digits_data  # noqa: E402
@@ -136,9 +136,10 @@ def run_transfer_learning(data_url: str, train_pct: float, batch_size: int, n_ep
     """The seed's training function: train + eval per epoch, stats through the handler."""
     worker_rank = int(dist.get_rank())
     torch.manual_seed(0)  # DDP broadcasts rank 0's weights anyway; this makes runs repeatable
-    device = torch.device("cpu")  # the seed uses torch.device(0): a GPU per worker
+    # The seed used torch.device(0); the rank's own device (its GPU, or the CPU) is this:
+    device = rank_info().device
     net = make_model(model_name, pretrained, n_classes=10)
-    model = DDP(net.to(device))
+    model = DDP(net.to(device), device_ids=[device.index] if device.type == "cuda" else None)
     criterion = nn.CrossEntropyLoss()
     lr = base_lr * dist.get_world_size()
     optimizer = optim.SGD(model.parameters(), lr=lr, momentum=0.9)
@@ -178,14 +179,16 @@ def run_transfer_learning(data_url: str, train_pct: float, batch_size: int, n_ep
 
         with torch.no_grad():
             model.eval()
-            totals = torch.zeros(2)
+            totals = torch.zeros(2, device=device)  # all-reduced: on the backend's device
             for inputs_t, labels_t in dataloaders["val"]:
                 dt = datetime.datetime.now().isoformat()
-                outputs_t = model(inputs_t.to(device))
+                inputs_t, labels_t = inputs_t.to(device), labels_t.to(device)
+                outputs_t = model(inputs_t)
                 _, pred_t = torch.max(outputs_t, dim=1)
                 loss_t = criterion(outputs_t, labels_t)
                 correct_t = (pred_t == labels_t).sum().item()
-                totals += torch.tensor([correct_t, len(labels_t)], dtype=torch.float32)
+                totals += torch.tensor([correct_t, len(labels_t)], dtype=torch.float32,
+                                       device=device)
                 t_count += 1
                 rh.submit_result(
                     f"worker/{worker_rank}/data-{dt}.json",
@@ -251,8 +254,8 @@ def run_with_loader(data_url: str, train_pct: float, batch_size: int, n_epochs: 
             loss.backward()
             optimizer.step()
             count += 1
-            correct = (outputs.argmax(1) == labels).sum().item()
-            dask_ddp.report({"loss": loss.item(), "correct": correct, "size": len(labels),
+            correct = (outputs.argmax(1) == labels).sum()  # tensors: report() never syncs
+            dask_ddp.report({"loss": loss, "correct": correct, "size": len(labels),
                              "epoch": epoch, "sample": "train",
                              "learning_rate": optimizer.param_groups[0]["lr"]}, step=count)
         eval_acc = evaluate()

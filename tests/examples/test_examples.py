@@ -7,6 +7,7 @@
 - ``examples/train_script.py``: the same unchanged script through the real ``dask-ddp run``
   command (``python -m dask_ddp``) and under ``torchrun``; both launches must write the
   same result (the all-reduced metrics agree).
+- ``examples/resnet_gpu.py``: its CPU path, one rank, 3 steps of 32-pixel images.
 """
 
 from __future__ import annotations
@@ -119,3 +120,19 @@ def test_train_script_same_result_under_torchrun(dask_ddp_result: dict[str, Any]
         assert a["accuracy"] == b["accuracy"]
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-6)
     assert result["eval_accuracy"] == dask_ddp_result["eval_accuracy"]
+
+
+# --- examples/resnet_gpu.py -----------------------------------------------------------------
+
+def test_resnet_example_runs_on_the_cpu(tmp_path: Path) -> None:
+    """The GPU example's CPU path, as small as it goes: one rank, tiny images, 3 steps; its
+    loss tensors reach metrics.jsonl through report() without .item()."""
+    out = tmp_path / "resnet"
+    run([sys.executable, str(EXAMPLES / "resnet_gpu.py"), "--n-workers", "1", "--steps", "3",
+         "--batch-size", "4", "--image-size", "32", "--out", str(out)], cwd=tmp_path)
+    summary = json.loads((out / "summary.json").read_text())
+    [rank] = summary["ranks"]
+    assert (rank["device"], rank["steps"]) == ("cpu", 3)
+    losses = [m["loss"] for m in read_jsonl(out / "metrics.jsonl")]
+    assert len(losses) == 3 and all(isinstance(x, float) and x > 0 for x in losses)
+    assert losses[0] == pytest.approx(rank["first_loss"])

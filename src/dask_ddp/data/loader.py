@@ -31,6 +31,7 @@ import torch
 from torch.utils.data import Subset
 
 from dask_ddp import _core
+from dask_ddp._pending import flush_pending
 from dask_ddp._dashboard.counters import rank_counters
 from dask_ddp.data import transforms as T
 from dask_ddp.data.datasets import ImageList
@@ -442,6 +443,7 @@ class Loader:
                 if core is None:
                     if self._stage is not None:
                         self._stage.drop()  # the epoch's host buffers back to the engine
+                    flush_pending()  # the epoch's metrics reported as CUDA values
                     return
                 self._position = 0  # of this deal (epoch_progress counts the ones before)
                 continue

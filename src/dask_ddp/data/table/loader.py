@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from dask_ddp import _core
+from dask_ddp._pending import flush_pending
 from dask_ddp.data.device import default_threads, stage_for
 from dask_ddp.data.loader import Loader
 from dask_ddp.data.table import plan
@@ -253,6 +254,7 @@ class TableLoader(Loader):
         while (deal := self._deals.next_core(epoch)) is not None:
             self._position = 0
             yield from self._feed(deal.parts, 0, None)
+        flush_pending()  # the epoch's metrics reported as CUDA values
 
     def _feed(self, rank_rows: Callable[[], tuple[np.ndarray, np.ndarray]], start: int,
               ahead: Callable[[], tuple[np.ndarray, np.ndarray]] | None) -> Iterator[Any]:

@@ -29,6 +29,20 @@ Workloads (the issue's, sizes by flag), on a LocalCluster of WORKERS workers x 1
    with ``--resnet``, the same with ResNet-18 at 224 px (random weights: a >= 1.0x b, and
    ahead of c).
 3. the workers' peak RSS (``ru_maxrss``) after the image runs, against the images' bytes.
+4. GPU rows (``--gpu``: only these; by default they follow the CPU rows when CUDA is
+   present): GPU_IMAGES JPEGs (``--photos DIR`` keeps them for the next run), Resize 256 +
+   CenterCrop 224, ResNet-50 in bf16 with channels_last, batch 256, one thread per worker:
+   a. ``dask_ddp.predict(..., precision="bf16", channels_last=True)`` on a LocalCluster of
+      one worker x 1 thread, partitions of 2,048 images, after a warm call over one
+      partition (model built, cuDNN tuned) that is not timed;
+   b. the model alone on a batch already on the GPU (no cluster);
+   c. the engine's Loader into CUDA memory alone (``Loader(device=...)`` where the Loader
+      has it, else pinned batches and ``.to(device, non_blocking=True)``; no cluster);
+   d. a hand-written torchvision ``DataLoader`` (PIL + the same transforms,
+      ``--dataloader-workers`` processes, pinned) feeding the same bf16 model, outputs
+      copied back per batch as such loops do (no cluster);
+   with the ratios a/b, a/min(b, c) and a/d (the goals: a >= 0.9 x min(b, c), a >= 1.5 x d).
+   ``--gpu-rows`` picks rows (``model,dataloader`` need no LocalCluster).
 
 Ray runs in a process of its own, spawned from the environment this benchmark started
 with (:mod:`benchenv`, captured before dask or distributed was imported: a LocalCluster
@@ -42,7 +56,15 @@ Each figure is the best of --repeat runs (samples/s). Run:
 
     python benchmarks/bench_predict.py [--rows 2000000] [--cols 32] [--parts 16]
         [--batch 4096] [--lookup-rows 500000] [--images 4000] [--workers 2] [--repeat 3]
-        [--resnet] [--no-ray]
+        [--resnet] [--no-ray] [--json PATH]
+    python benchmarks/bench_predict.py --gpu [--gpu-images 32768] [--photos DIR]
+        [--gpu-rows predict,model,loader,dataloader] [--json PATH]
+    python benchmarks/bench_predict.py --quick [--gpu]   # a check of the script, any machine
+
+``--quick`` shrinks every workload (a few thousand rows, 64 images, a small CNN at 32 px for
+the GPU rows, on the CPU where CUDA is missing) to prove the script runs; its figures mean
+nothing. ``--json PATH`` writes every figure as ``{"rows": [{"row", "rate", "unit", ...}],
+"machine", "load"}``.
 
 The ways being compared run in turn within each repeat (ours, careful, naive, ours, ...),
 so a change in the machine's load during the run does not favour whichever runs first.
@@ -69,6 +91,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))  # the image writer shared with the tests
 
 logger = logging.getLogger("bench_predict")
+
+#: Every figure of this run, for ``--json``.
+RESULTS: list[dict[str, Any]] = []
+
+
+def record(row: str, rate: float, unit: str, **extra: Any) -> None:
+    """Keep one figure for ``--json``."""
+    RESULTS.append({"row": row, "rate": round(rate, 3), "unit": unit, **extra})
 
 
 def worker_cache() -> dict[str, Any]:
@@ -319,6 +349,9 @@ def bench_table(client: Any, args: argparse.Namespace) -> None:
         return make_mlp(args.cols)
 
     ours, careful, naive, first = three_ways(client, ddf, build, "mlp", batch, args.repeat, n)
+    record("table/predict", ours, "rows/s", first_partition_s=round(first, 3))
+    record("table/careful_map_partitions", careful, "rows/s", ratio=round(ours / careful, 3))
+    record("table/naive_map_partitions", naive, "rows/s", ratio=round(ours / naive, 3))
     logger.info("table %d x %d in %d parts: dask-ddp %.0f rows/s (first partition %.2fs), "
                 "careful map_partitions %.0f (%.2fx), naive %.0f (%.2fx)", n, args.cols,
                 args.parts, ours, first, careful, ours / careful, naive, ours / naive)
@@ -372,6 +405,9 @@ def bench_lookup(client: Any, args: argparse.Namespace) -> None:
         warnings.filterwarnings("ignore", "(Large object|Sending large graph)")
         ours, careful, naive, first = three_ways(client, ddf, build, "lookup", args.batch,
                                                  args.repeat, n)
+    record("lookup/predict", ours, "rows/s")
+    record("lookup/careful_map_partitions", careful, "rows/s", ratio=round(ours / careful, 3))
+    record("lookup/naive_map_partitions", naive, "rows/s", ratio=round(ours / naive, 3))
     logger.info("lookup model (16.8 M parameters, 64 MiB), %d x %d in %d parts: dask-ddp "
                 "%.0f rows/s (first partition %.2fs), careful map_partitions %.0f (%.2fx), "
                 "naive %.0f (%.2fx)", n, args.cols, args.parts, ours, first, careful,
@@ -401,6 +437,9 @@ def bench_images(client: Any, args: argparse.Namespace, folder: str, resnet: boo
         "hand": paths.map_partitions(pil_partition, build, size, 64, meta=meta)},
         args.repeat, n)
     (ours, first), hand = got["ours"], got["hand"][0]
+    name = "resnet18" if resnet else "cnn"
+    record(f"images_{name}/predict", ours, "images/s")
+    record(f"images_{name}/pil_map_partitions", hand, "images/s", ratio=round(ours / hand, 3))
     logger.info("images (%d, %s): dask-ddp %.0f images/s (first partition %.2fs), "
                 "PIL + torchvision map_partitions %.0f (%.2fx)", n, what, ours, first, hand,
                 ours / hand)
@@ -417,7 +456,216 @@ def bench_images(client: Any, args: argparse.Namespace, folder: str, resnet: boo
                 [round(v / 2**20) for v in rss.values()], size_on_disk / 2**20)
 
 
-def main() -> None:
+# ---- GPU rows ---------------------------------------------------------------------------------
+#: The GPU rows, in the order they run.
+GPU_ROWS = ("model", "loader", "dataloader", "predict")
+
+
+class GpuModel:
+    """Builds the GPU rows' model: ResNet-50 (random weights), ResNet-18 or the small CNN."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __call__(self) -> Any:
+        import torchvision
+
+        if self.name == "cnn":
+            return make_cnn()
+        return getattr(torchvision.models, self.name)(weights=None)
+
+
+def gpu_sizes(args: argparse.Namespace) -> tuple[int, int]:
+    """The GPU rows' Resize and CenterCrop sides (the issue's 256 and 224; 36 and 32 quick)."""
+    return (36, 32) if args.quick else (256, 224)
+
+
+def gpu_photos(args: argparse.Namespace, tmp: str) -> str:
+    """A folder of ``--gpu-images`` JPEGs (320 x 240) in 16 classes: ``--photos`` when it
+    holds enough already, else written there (or in ``tmp``), one process per core."""
+    from multiprocessing import Pool
+
+    folder = args.photos or os.path.join(tmp, "photos")
+    have = sum(len(files) for _, _, files in os.walk(folder)) if os.path.isdir(folder) else 0
+    if have >= args.gpu_images:
+        return folder
+    per_class = -(-args.gpu_images // 16)
+    t0 = time.perf_counter()
+    with Pool(os.cpu_count() or 1) as pool:
+        pool.starmap(_write_class, [(folder, c, per_class) for c in range(16)])
+    logger.info("wrote %d JPEGs into %s in %.0f s", 16 * per_class, folder,
+                time.perf_counter() - t0)
+    return folder
+
+
+def _write_class(folder: str, c: int, per_class: int) -> None:
+    from images import file_putter, write_folder
+
+    write_folder(file_putter(folder), [f"c{c:02d}"], per_class, sizes=((320, 240),),
+                 seed=c * per_class)
+
+
+def _synced(device: Any) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _fast_model(args: argparse.Namespace, device: Any) -> Any:
+    import torch
+
+    model = GpuModel(args.gpu_model)().eval().to(device)
+    return model.to(memory_format=torch.channels_last)
+
+
+def gpu_model_alone(args: argparse.Namespace, device: Any) -> float:
+    """Images/s of the bf16 channels_last model on one batch already on the device."""
+    import torch
+
+    side = gpu_sizes(args)[1]
+    model = _fast_model(args, device)
+    x = torch.rand(args.gpu_batch, 3, side, side, device=device)
+    x = x.contiguous(memory_format=torch.channels_last)
+    steps = max(2, args.gpu_images // args.gpu_batch)
+    with torch.inference_mode(), torch.autocast(device.type, dtype=torch.bfloat16):
+        for _ in range(3):
+            model(x)
+        _synced(device)
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            model(x)
+        _synced(device)
+    return steps * args.gpu_batch / (time.perf_counter() - t0)
+
+
+def gpu_loader_alone(args: argparse.Namespace, folder: str, device: Any) -> tuple[float, str]:
+    """Images/s of the engine's Loader into the device's memory, and how it got there."""
+    import inspect
+
+    from dask_ddp.data import ImageFolder, Loader
+    from dask_ddp.data import transforms as T
+
+    resize, crop = gpu_sizes(args)
+    tf = T.Compose([T.Resize(resize), T.CenterCrop(crop), T.ToTensor()])
+    staged = "device" in inspect.signature(Loader).parameters
+    options: dict[str, Any] = ({"device": str(device), "channels_last": True} if staged
+                               else {"pin_memory": device.type == "cuda"})
+    loader = Loader(ImageFolder(folder), args.gpu_batch, transform=tf, shuffle=False, rank=0,
+                    world_size=1, **options)
+    n = 0
+    try:
+        t0 = time.perf_counter()
+        for x, _ in loader:
+            if x.device != device:
+                x = x.to(device, non_blocking=True)
+            n += len(x)
+        _synced(device)
+        rate = n / (time.perf_counter() - t0)
+    finally:
+        loader.close()
+    return rate, "Loader(device=)" if staged else "pinned + .to(non_blocking)"
+
+
+def gpu_dataloader(args: argparse.Namespace, folder: str, device: Any) -> float:
+    """Images/s of the hand-written loop: torchvision ``ImageFolder`` (PIL) in a
+    ``DataLoader``, the bf16 channels_last model, each batch's outputs copied back."""
+    import torch
+    import torchvision
+    from torch.utils.data import DataLoader, Subset
+    from torchvision import transforms as tv
+
+    resize, crop = gpu_sizes(args)
+    tf = tv.Compose([tv.Resize(resize), tv.CenterCrop(crop), tv.ToTensor()])
+    ds = torchvision.datasets.ImageFolder(folder, transform=tf)
+    model = _fast_model(args, device)
+
+    def loop(data: Any) -> int:
+        loader = DataLoader(data, batch_size=args.gpu_batch, shuffle=False,
+                            num_workers=args.dataloader_workers,
+                            pin_memory=device.type == "cuda")
+        n = 0
+        with torch.inference_mode(), torch.autocast(device.type, dtype=torch.bfloat16):
+            for x, _ in loader:
+                x = x.to(device, non_blocking=True).contiguous(memory_format=torch.channels_last)
+                n += len(model(x).float().cpu())
+        return n
+
+    loop(Subset(ds, range(min(len(ds), 2 * args.gpu_batch))))  # warm: cuDNN's choice
+    t0 = time.perf_counter()
+    n = loop(ds)
+    return n / (time.perf_counter() - t0)
+
+
+def gpu_predict(args: argparse.Namespace, folder: str, device: Any) -> float:
+    """Images/s of ``dask_ddp.predict`` in bf16 + channels_last on a LocalCluster of one
+    worker x 1 thread, after an untimed warm call over one partition."""
+    from distributed import Client, LocalCluster, wait
+    from torch.utils.data import Subset
+
+    import dask_ddp
+    from dask_ddp.data import ImageFolder
+    from dask_ddp.data import transforms as T
+
+    resize, crop = gpu_sizes(args)
+    tf = T.Compose([T.Resize(resize), T.CenterCrop(crop), T.ToTensor()])
+    ds = ImageFolder(folder)
+    options = {"transform": tf, "batch_size": args.gpu_batch, "precision": "bf16",
+               "channels_last": True, "partition_size": args.gpu_partition,
+               "device": str(device)}
+    build = GpuModel(args.gpu_model)
+    with LocalCluster(n_workers=1, threads_per_worker=1, dashboard_address=":0") as cluster, \
+            Client(cluster) as client:
+        warm = Subset(ds, range(min(len(ds), args.gpu_partition)))
+        wait(client.persist(dask_ddp.predict(build, warm, **options)))
+        t0 = time.perf_counter()
+        # Persisted on the worker, as the CPU rows are: the client's gather is not predict's.
+        done = client.persist(dask_ddp.predict(build, ds, **options))
+        wait(done)
+        rate = len(ds) / (time.perf_counter() - t0)
+        del done
+        return rate
+
+
+def bench_gpu(args: argparse.Namespace) -> None:
+    """The GPU rows (a-d of the module's notes) and their ratios."""
+    import torch
+
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    rows = [r for r in GPU_ROWS if r in args.gpu_rows]
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    common = {"device": where, "model": args.gpu_model, "batch": args.gpu_batch,
+              "images": args.gpu_images}
+    got: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = gpu_photos(args, tmp) if set(rows) - {"model"} else ""
+        for row in rows:
+            if row == "model":
+                got[row] = gpu_model_alone(args, device)
+                extra = {}
+            elif row == "loader":
+                got[row], how = gpu_loader_alone(args, folder, device)
+                extra = {"how": how}
+            elif row == "dataloader":
+                got[row] = gpu_dataloader(args, folder, device)
+                extra = {"workers": args.dataloader_workers}
+            else:
+                got[row] = gpu_predict(args, folder, device)
+                extra = {"partition": args.gpu_partition}
+            logger.info("gpu %s (%s, %s, bf16 + channels_last, batch %d): %.0f images/s", row,
+                        where, args.gpu_model, args.gpu_batch, got[row])
+            record(f"gpu/{row}", got[row], "images/s", **common, **extra)
+    if "predict" in got:
+        ours = got["predict"]
+        parts = [got[r] for r in ("model", "loader") if r in got]
+        for name, base in (("model", got.get("model")), ("slower_part", min(parts or [0])),
+                           ("dataloader", got.get("dataloader"))):
+            if base:
+                logger.info("gpu: predict / %s = %.2fx", name, ours / base)
+                record(f"gpu/predict_over_{name}", ours / base, "ratio", **common)
+
+
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--rows", type=int, default=2_000_000)
     p.add_argument("--cols", type=int, default=32)
@@ -430,24 +678,70 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--resnet", action="store_true")
     p.add_argument("--no-ray", dest="ray", action="store_false")
+    p.add_argument("--quick", action="store_true",
+                   help="tiny workloads: proves the script runs (figures mean nothing)")
+    p.add_argument("--json", metavar="PATH", help="write every figure here as JSON")
+    gpu = p.add_argument_group("GPU rows")
+    gpu.add_argument("--gpu", dest="gpu", action="store_true", default=None,
+                     help="run only the GPU rows (default: after the CPU rows if CUDA is here, "
+                     "or with --quick)")
+    gpu.add_argument("--no-gpu", dest="gpu", action="store_false", help="skip the GPU rows")
+    gpu.add_argument("--gpu-rows", default=",".join(GPU_ROWS),
+                     help=f"comma-separated, of {','.join(GPU_ROWS)}")
+    gpu.add_argument("--gpu-images", type=int, default=32_768)
+    gpu.add_argument("--gpu-batch", type=int, default=256)
+    gpu.add_argument("--gpu-partition", type=int, default=2048)
+    gpu.add_argument("--gpu-model", default="resnet50", choices=("resnet50", "resnet18", "cnn"))
+    gpu.add_argument("--dataloader-workers", type=int, default=max(1, (os.cpu_count() or 2) - 1))
+    gpu.add_argument("--photos", metavar="DIR", help="keep the GPU rows' JPEGs here")
+    gpu.add_argument("--device", help="the GPU rows' device (default: cuda if present, else cpu)")
     args = p.parse_args()
+    unknown = set(args.gpu_rows.split(",")) - set(GPU_ROWS)
+    if unknown:
+        p.error(f"--gpu-rows: unknown {sorted(unknown)}; choose from {list(GPU_ROWS)}")
+    args.gpu_rows = args.gpu_rows.split(",")
+    if args.quick:
+        args.rows, args.parts, args.batch, args.images = 20_000, 4, 1024, 40
+        args.lookup_rows, args.repeat, args.ray, args.resnet = 0, 1, False, False
+        args.gpu_images, args.gpu_batch, args.gpu_partition = 64, 16, 32
+        args.gpu_model, args.dataloader_workers = "cnn", 1
+    return args
+
+
+def main() -> None:
+    args = parse_args()
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+    import torch
     from distributed import Client, LocalCluster
 
     from images import file_putter, write_folder
 
     benchenv.log_load_around_run(logger)
-    with tempfile.TemporaryDirectory() as tmp, \
-            LocalCluster(n_workers=args.workers, threads_per_worker=1,
-                         dashboard_address=":0") as cluster, Client(cluster) as client:
-        bench_table(client, args)
-        write_folder(file_putter(tmp), [f"c{i}" for i in range(10)], args.images // 10,
-                     sizes=((160, 120),))
-        bench_images(client, args, tmp, resnet=False)
-        if args.resnet:
-            bench_images(client, args, tmp, resnet=True)
-        if args.lookup_rows:  # last: the naive map's copies of it would count in the RSS
-            bench_lookup(client, args)
+    load_at_start = benchenv.load_average()
+    # --quick proves every row runs: the GPU rows too, on the CPU where CUDA is missing.
+    gpu = (args.quick or torch.cuda.is_available()) if args.gpu is None else args.gpu
+    if args.gpu is not True:
+        with tempfile.TemporaryDirectory() as tmp, \
+                LocalCluster(n_workers=args.workers, threads_per_worker=1,
+                             dashboard_address=":0") as cluster, Client(cluster) as client:
+            bench_table(client, args)
+            write_folder(file_putter(tmp), [f"c{i}" for i in range(10)], args.images // 10,
+                         sizes=((160, 120),))
+            bench_images(client, args, tmp, resnet=False)
+            if args.resnet:
+                bench_images(client, args, tmp, resnet=True)
+            if args.lookup_rows:  # last: the naive map's copies of it would count in the RSS
+                bench_lookup(client, args)
+    if gpu:
+        bench_gpu(args)
+    if args.json:
+        import platform
+
+        with open(args.json, "w") as f:
+            json.dump({"rows": RESULTS, "machine": f"{platform.node()} {platform.machine()}, "
+                       f"{os.cpu_count()} CPUs", "load_at_start": load_at_start,
+                       "load_at_end": benchenv.load_average(), "args": vars(args)}, f, indent=1)
+        logger.info("figures written to %s", args.json)
 
 
 if __name__ == "__main__":

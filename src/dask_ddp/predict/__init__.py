@@ -9,10 +9,13 @@
   the scores arrive as the job's ``eval/...`` metrics (``evaluate``).
 
 The rooms: ``api`` (the public function), ``graphs`` (the collections), ``model`` (the
-per-worker model cache, device and threads), ``weights`` (checkpoints), ``tables`` (the
-DataFrame and Array path), ``images`` (the engine's image path), ``outputs`` (output
-shapes and the batched forward), ``heap`` (glibc's heap kept for reuse while a model
-runs in a Dask worker), ``skips`` (skip counts), ``evaluate``.
+per-worker model cache, keyed by model and device, and threads), ``devices`` (a task's
+GPU among the worker's visible ones), ``precision`` (autocast and TF32 per task),
+``weights`` (checkpoints), ``tables`` (the DataFrame and Array path), ``images`` (the
+engine's image path), ``outputs`` (output layouts), ``shapes`` (the output's shape on the
+meta device or from a probe task), ``forward`` (the batched forward, GPU outputs copied
+back through pinned buffers and events), ``heap`` (glibc's heap kept for reuse while a
+model runs in a Dask worker), ``skips`` (skip counts), ``evaluate``.
 
 The package is callable: ``dask_ddp.predict(model, data, ...)`` is
 :func:`dask_ddp.predict.api.predict`, whichever of the package or the function a

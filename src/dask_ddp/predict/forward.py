@@ -53,7 +53,7 @@ class HostCopies:
         view = self._buffer(y)
         view.copy_(y, non_blocking=True)
         done = torch.cuda.Event()
-        done.record()
+        done.record(torch.cuda.current_stream(y.device))  # y's GPU, not the current one
         previous, self._pending = self._pending, (start, view, done)
         if previous is not None:
             self._collect(*previous)

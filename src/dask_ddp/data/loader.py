@@ -31,8 +31,8 @@ import torch
 from torch.utils.data import Subset
 
 from dask_ddp import _core
-from dask_ddp._pending import flush_pending
 from dask_ddp._dashboard.counters import rank_counters
+from dask_ddp._pending import flush_pending
 from dask_ddp.data import transforms as T
 from dask_ddp.data.datasets import ImageList
 from dask_ddp.data.device import default_threads, split_tail, stage_for

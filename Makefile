@@ -25,7 +25,8 @@ SETUP_INPUTS := tools/setup_apt.sh tools/setup_venv.sh pyproject.toml
 SETUP_STAMP := $(BUILD)/.setup-stamp
 
 .PHONY: help setup apt venv build develop test test-quick test-cpp test-py asan lint stubs demo \
-	bench bench-deps fuzz clean sdist wheel check-wheel stress docs
+	bench bench-deps fuzz clean sdist wheel check-wheel stress docs gpu-bundle gpu-check \
+	gpu-check-sim
 
 help:
 	@echo "make demo       - set up, then train on a local Dask cluster (the embedded default)"
@@ -40,6 +41,9 @@ help:
 	@echo "make bench      - run the benchmarks (see BENCHMARKS.md)"
 	@echo "make wheel      - dist/: the sdist and a self-contained manylinux wheel built from it"
 	@echo "make check-wheel - install the wheel in a fresh venv and run it with the system libraries hidden"
+	@echo "make gpu-bundle  - build/gpu-bundle: wheels, headers, libraries for the GPU check (docs/gpu-check.md)"
+	@echo "make gpu-check   - on a CUDA machine with the bundle: build, gpu tests, bench_gpu.py into GPU_CHECK_OUT"
+	@echo "make gpu-check-sim - the GPU check rehearsed here on the CPU, system libraries hidden"
 
 setup:
 	@if [ ! -x .venv/bin/python ] || [ ! -f $(SETUP_STAMP) ] || \
@@ -163,6 +167,19 @@ wheel: venv
 
 check-wheel: wheel
 	@bash tools/check_wheel.sh
+
+# The GPU check (docs/gpu-check.md): the bundle is made here (it needs the project
+# environment and the apt packages); the check runs on the GPU machine, from the checkout
+# and the bundle, with nothing of this Makefile's environment (no .venv there).
+GPU_CHECK_OUT ?= build/gpu-check
+gpu-bundle: | $(PY)
+	@bash tools/gpu/bundle.sh
+
+gpu-check:
+	@bash tools/gpu/check.sh $(GPU_CHECK_OUT)
+
+gpu-check-sim: | $(PY)
+	@bash tools/gpu/simulate.sh
 
 clean:
 	rm -rf build dist src/dask_ddp/_core*.so

@@ -41,6 +41,7 @@ import inspect
 import json
 import logging
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -75,17 +76,24 @@ def _write_photo(job: tuple[str, int, int]) -> None:
 
 
 def make_photos(root: str, n: int, classes: int = 16) -> float:
-    """Write ``n`` JPEGs into ``classes`` folders under ``root`` (kept when already there);
-    returns the seconds it took."""
+    """Write ``n`` JPEGs into ``classes`` folders under ``root``; returns the seconds it took.
+
+    A folder this function made with the same ``n`` and ``classes`` is kept as it is; any
+    other content of ``root`` is replaced.
+    """
     t0 = time.perf_counter()
-    have = sum(len(files) for _, _, files in os.walk(root)) if os.path.isdir(root) else 0
-    if have >= n:
-        logger.info("%s already holds %d photos", root, have)
+    stamp = os.path.join(root, ".bench_gpu_photos")
+    wanted = f"{n} {classes}\n"
+    if os.path.exists(stamp) and Path(stamp).read_text() == wanted:
+        logger.info("%s already holds the %d photos in %d classes", root, n, classes)
         return 0.0
+    if os.path.isdir(root):
+        shutil.rmtree(root)
     for c in range(classes):
         os.makedirs(os.path.join(root, f"class_{c:02d}"), exist_ok=True)
     with Pool(os.cpu_count()) as pool:
         pool.map(_write_photo, [(root, i, classes) for i in range(n)], chunksize=64)
+    Path(stamp).write_text(wanted)
     dt = time.perf_counter() - t0
     logger.info("wrote %d photos to %s in %.1f s", n, root, dt)
     return dt
@@ -465,7 +473,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         args.threads, args.loader_threads, args.workers = [1, 2], 2, 2
         args.batch, args.size, args.models, args.amp = 8, 32, ["resnet18"], "none"
         args.rounds, args.steps, args.warmup, args.loader_batches = 2, 2, 1, 4
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
+    if not args.make_photos and args.device.startswith("cuda") and not torch.cuda.is_available():
         p.error("--device cuda, but torch.cuda.is_available() is False (use --device cpu)")
     return args
 
@@ -479,7 +487,7 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit("--data names the photo folder (or use --quick)")
         tmp = tempfile.TemporaryDirectory(prefix="bench_gpu_")
         args.data = tmp.name
-    if args.make_photos or args.quick:
+    if args.make_photos or tmp is not None:
         make_photos(args.data, args.images, args.classes)
         if args.make_photos:
             return

@@ -78,9 +78,26 @@ def engine_sources(root: Path) -> list[Path]:
                   if not re.search(r"(_test|_fuzz|_testutil)\.cc$", p.name))
 
 
+def python_include(sysroot: Path) -> str:
+    """This Python's header folder, or the bundle's copy of the same version's where this
+    Python has none (installed without its development package)."""
+    own = Path(sysconfig.get_paths()["include"])
+    if (own / "Python.h").exists():
+        return str(own)
+    carried = sysroot / "python-include"
+    version = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    patchlevel = carried / "patchlevel.h"
+    if patchlevel.exists() and re.search(rf'PY_VERSION\s+"{re.escape(version)}\.',
+                                         patchlevel.read_text()):
+        logger.warning("%s has no Python.h: using the bundle's CPython %s headers", own, version)
+        return str(carried)
+    raise SystemExit(f"build_core: {own}/Python.h is missing (this Python has no development "
+                     f"headers) and the bundle holds none of CPython {version}")
+
+
 def plan(root: Path, sysroot: Path, nb_dir: Path, build: Path) -> dict[str, list[Unit]]:
     """The translation units of the engine, the bindings and nanobind, by group."""
-    py_inc = sysconfig.get_paths()["include"]
+    py_inc = python_include(sysroot)
     deps_inc = ["-I", str(sysroot / "include"), "-I", str(sysroot / "include" / "x86_64-linux-gnu")]
     engine_inc = ["-I", str(root / "cpp" / "include"), "-I", str(root / "cpp" / "src")]
     # nanobind_add_module: hidden visibility and the size-optimised build of the module.
@@ -167,9 +184,6 @@ def main() -> None:
         logger.warning("nanobind %s, not the %s the bindings are written for",
                        nanobind.__version__, NANOBIND_VERSION)
     nb_dir = Path(nanobind.__file__).parent
-    py_h = Path(sysconfig.get_paths()["include"]) / "Python.h"
-    if not py_h.exists():
-        raise SystemExit(f"build_core: {py_h} is missing: this Python has no development headers")
     t0 = time.perf_counter()
     groups = plan(ROOT, args.sysroot.resolve(), nb_dir, args.build.resolve())
     compile_all([u for g in groups.values() for u in g], args.cxx, max(1, args.jobs))

@@ -7,7 +7,9 @@
 #   build/gpu-bundle/sysroot/  include/ and lib/: the headers and shared libraries of
 #                              libcurl, OpenSSL's libcrypto, pugixml, libjpeg-turbo
 #                              (turbojpeg and libjpeg) and libspng from this machine's
-#                              Debian packages, with every library they load but glibc's
+#                              Debian packages, with every library they load but glibc's;
+#                              python-include/: CPython's headers of that version, for a
+#                              target whose Python has none
 #   build/gpu-bundle/tools/    pip's wheel, which installs the others there
 #   build/gpu-bundle/photos/   the seven scikit-image photos tests/images.py crops from
 #                              (served by tools/gpu/shim/ where scikit-image is missing)
@@ -101,6 +103,20 @@ strip --strip-unneeded "$out"/sysroot/lib/*.so.* 2>/dev/null || true
 glibc_need=$(objdump -T "$out"/sysroot/lib/*.so.* 2>/dev/null | grep -oE 'GLIBC_[0-9]+\.[0-9]+' \
   | sort -t. -k2,2n -u | tail -1)
 
+# Python's own headers, for a target whose Python has none (a Python without its -dev
+# package): those of a CPython of the same minor version here (pyenv's), used by the build
+# only where the target's are missing (a release's patch versions share one ABI).
+py_inc=""
+for d in "${PYENV_ROOT:-$HOME/.pyenv}"/versions/"$pyver".*/include/python"$pyver" \
+  /usr/include/python"$pyver"; do
+  [ -f "$d/Python.h" ] && { py_inc=$d; break; }
+done
+if [ -n "$py_inc" ]; then
+  cp -r "$py_inc" "$out/sysroot/python-include"
+else
+  say "no CPython $pyver headers here: a target without its own cannot build"
+fi
+
 # ---- photos ----------------------------------------------------------------------------
 skdata=$("$PY" -c 'import os, skimage; print(os.path.join(os.path.dirname(skimage.__file__), "data"))')
 for f in astronaut.png coffee.png chelsea.png rocket.jpg ihc.png hubble_deep_field.jpg retina.jpg; do
@@ -112,6 +128,7 @@ done
   echo "dask-ddp GPU check bundle, made $(date -u +%Y-%m-%dT%H:%MZ) from $(git rev-parse --short HEAD)"
   echo "python: cp${pyver/./}"
   echo "glibc_needed: ${glibc_need#GLIBC_}"
+  echo "python_headers: ${py_inc:-none}"
   echo "made_on: $(. /etc/os-release && echo "$PRETTY_NAME"), glibc $(ldd --version | head -1 | awk '{print $NF}')"
   echo "wheels:"; ls "$out/wheels" | sed 's/^/  /'
   echo "libraries:"; ls "$out/sysroot/lib" | sed 's/^/  /'

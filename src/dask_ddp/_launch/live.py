@@ -381,6 +381,8 @@ class LiveGroup:
         while not self.store.check([key]):
             if self.store.check([DONE_KEY]):
                 self._quit("the group finished before a step boundary admitted this rank")
+            if self.leaving:  # its worker is closing
+                self._quit("it was asked to leave before a step boundary admitted it")
             if time.monotonic() > deadline:
                 self._quit(f"no step boundary admitted this rank within {wait:g} s")
             time.sleep(10 * POLL_S)
@@ -458,11 +460,17 @@ class LiveGroup:
     def leave_now(self) -> None:
         """At a step boundary: record this rank as gone and end the process. The others'
         next all-reduce fails at once; they complete that step without this rank, whose
-        steps so far all counted, and read its unread samples."""
+        steps so far all counted, and read its unread samples.
+
+        Recorded first (the others then account for it without waiting), its connections
+        dropped next (a peer already blocked on it wakes now, not once the exit handlers
+        ran, which takes seconds on a loaded host)."""
         import sys
 
         self.store.set(LEFT_KEY.format(uid=self.uid), str(self.committed))
         mark_dead(self.store, self.uid)
+        with contextlib.suppress(Exception):  # it exits either way
+            self._leave()
         logger.warning("rank %d leaves the group after step %d", self.uid, self.committed)
         sys.stdout.flush()
         sys.stderr.flush()
@@ -509,7 +517,7 @@ class LiveGroup:
             # The batches read of the epoch: the own shard's, then (a Loader's) those of
             # the samples dealt to it, counted on (what a member lost now had not read).
             epoch = int(loader.epoch)
-            batch = int(loader.epoch_progress if hasattr(loader, "epoch_progress")
+            batch = int(att.redeal.epoch_progress if att is not None and att.redeal is not None
                         else loader.state_dict()["batch"])
         base = att.base_step if att is not None else 0
         agreed_t = torch.tensor([self.committed, epoch, batch, base], dtype=torch.int64)

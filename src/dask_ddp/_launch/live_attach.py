@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dask_ddp._launch.live import LiveGroup, LiveRecoveryError, _is_peer_error, current
+from dask_ddp.data.redeal import Redealable, redealable
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +40,9 @@ class Attached:
         self.ddp = ddp
         self.optimizer = optimizer
         self.loader = loader
+        #: The loader as live recovery's Loader (a dask-ddp Loader), or None: a loader of
+        #: another kind (a torch DataLoader) is checkpointed but its samples not redealt.
+        self.redeal: Redealable | None = redealable(loader)
         self.scheduler = scheduler
         self.failed: str | None = None
         self.skip_step = False
@@ -64,12 +68,16 @@ class Attached:
         #: Each member's rank in the layout the loader reads the current epoch with (a
         #: joining rank's own shard is no part of it), and the next epochs' layout once
         #: the group changed (see ``_layout``).
-        self.layout: dict[int, int] = {} if loader is None or group.joining else {
-            u: u for u in range(int(getattr(loader, "world_size", 0)))}
+        self.layout: dict[int, int] = {} if self.redeal is None or group.joining else {
+            u: u for u in range(int(self.redeal.world_size))}
         self._next_layout: dict[int, int] | None = None
         #: The lost members' unread samples as rank 0 named them at the last regroup
         #: (epoch, samples), dealt once the regroup is done (see ``_deal_unread``).
         self._lost_deal: tuple[int, Any] | None = None
+        #: This rank regroups from inside a step (a failed ``backward()``): the step's
+        #: batch is taken and not counted. At a step's top (an admission) or after the
+        #: loop (the finish barrier), every batch taken was counted.
+        self.in_step = False
 
     def tensors(self) -> list[Any]:
         module = self.ddp.module
@@ -202,7 +210,11 @@ class Attached:
         group = self.group
         while True:
             mine = group.committed
-            agreed = group.regroup(cause)
+            self.in_step = True
+            try:
+                agreed = group.regroup(cause)
+            finally:
+                self.in_step = False
             self._deal_unread()
             if agreed == mine + 1:
                 # The failed step completed on the most advanced survivor: its state is
@@ -222,19 +234,23 @@ class Attached:
                 cause = f"{type(exc).__name__}: {str(exc)[:300]}"
 
     def _lost_samples(self, lost: list[int]) -> tuple[int, Any] | None:
-        """Rank 0: the ``lost`` members' unread samples of the epoch, (epoch, samples);
-        rank 0 (the most advanced) had yielded the batch of the step being completed, so
-        the lost ones trained on one batch fewer. Named by rank 0 alone and handed to
-        every member: a member that joined this epoch counts its batches otherwise."""
-        loader, group = self.loader, self.group
-        if loader is None or not lost or not hasattr(loader, "lost_samples"):
+        """Rank 0: the ``lost`` members' unread samples of the epoch, (epoch, samples).
+        The group's state counts the batches rank 0 (the most advanced) had taken, less
+        the one of a step being completed when it regroups from inside that step (a
+        failed ``backward()``); at a step's top (an admission that lost a member who left
+        at that boundary) or after its loop, it counts every one. Named by rank 0 alone
+        and handed to every member: a member that joined this epoch counts its batches
+        otherwise."""
+        loader, group = self.redeal, self.group
+        if loader is None or not lost:
             return None
-        epoch, batch = group.data_position
+        epoch, taken = group.data_position
+        batch = max(taken - 1, 0) if self.in_step else taken
         layout = self._layout()
         try:
             # Their own shards by their ranks in the epoch's layout, the samples dealt
             # to them this epoch by their ids.
-            return epoch, loader.lost_samples(epoch, max(batch - 1, 0),
+            return epoch, loader.lost_samples(epoch, batch,
                                               [layout[u] for u in lost if u in layout],
                                               uids=lost)
         except (NotImplementedError, AttributeError, TypeError) as exc:
@@ -247,12 +263,12 @@ class Attached:
         own, dealt over the group's members (by id, so that a member lost later has its
         share dealt again)."""
         deal, self._lost_deal = self._lost_deal, None
-        if deal is None or self.loader is None:
+        if deal is None or self.redeal is None:
             return
         epoch, samples = deal
         group = self.group
         try:
-            self.loader.deal_unread(epoch, samples, group.rank, len(group.members),
+            self.redeal.deal_unread(epoch, samples, group.rank, len(group.members),
                                     members=list(group.members))
         except (NotImplementedError, AttributeError, TypeError) as exc:
             logger.warning("live recovery: the unread samples of lost ranks %s are not "
@@ -288,7 +304,14 @@ class Attached:
         the model's forward with gradients): after a step whose all-reduce carried rank
         0's join word, the group re-forms here with the waiting ranks, after what the
         loop did since the optimizer's step (an LR scheduler's step, a checkpoint): a
-        joining rank, which runs the loop from its top, finds the state its loop expects."""
+        joining rank, which runs the loop from its top, finds the state its loop expects.
+
+        A rank asked to leave leaves here, not inside ``optimizer.step()``: its loop has
+        finished the last step the group counts (what it does after the optimizer's step,
+        a collective among them, ran with the others) and it has taken no batch of the
+        next one, so its unread samples start right after that step."""
+        if self.group.leaving:
+            self.group.leave_now()
         if self.admit:
             self.admit = False
             self._admit()
@@ -314,21 +337,20 @@ class Attached:
         """Rank 0: whether the epoch's unread samples can be dealt again over a bigger
         group now (the loader names every member's unread samples, its own shard's and
         those dealt to it, and can stop reading them)."""
-        loader = self.loader
-        return loader is None or (hasattr(loader, "lost_samples")
-                                  and hasattr(loader, "end_reads"))
+        return self.loader is None or self.redeal is not None
 
     def _layout(self) -> dict[int, int]:
         """Each member's rank in the layout its loader reads the current epoch with."""
-        if self._next_layout is not None and getattr(self.loader, "_next_layout", 0) is None:
+        if (self._next_layout is not None and self.redeal is not None
+                and not self.redeal.layout_pending):
             self.layout, self._next_layout = self._next_layout, None  # the loader took it
         return self.layout
 
     def _relayout(self, rank: int, world: int) -> None:
         """After a regroup: the loader reads the next epochs as rank ``rank`` of the new
         group (each member's shard), not with the layout of the job's start."""
-        loader = self.loader
-        if loader is None or not hasattr(loader, "reshard"):
+        loader = self.redeal
+        if loader is None:
             return
         self._layout()
         try:
@@ -346,8 +368,8 @@ class Attached:
             "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
             "rng": torch.get_rng_state(), "deal": None, "lost_deal": None}
-        loader = self.loader
-        if joined and loader is not None and hasattr(loader, "lost_samples"):
+        loader = self.redeal
+        if joined and loader is not None:
             layout = self._layout()
             old = [u for u in self.group.members if u not in joined]
             epoch, batch = self.group.data_position  # the batches read of the epoch
@@ -380,7 +402,7 @@ class Attached:
 
         self.in_order = True
         self.ddp._update_process_group(dist.group.WORLD)
-        loader = self.loader
+        loader = self.redeal
         if deal is None or loader is None:
             return
         epoch, positions = deal
@@ -398,8 +420,6 @@ class Attached:
                 return None
             out = step(*args, **kwargs)
             self.group.committed += 1
-            if self.group.leaving:
-                self.group.leave_now()
             return out
 
         live_step.__wrapped__ = step  # type: ignore[attr-defined]
@@ -428,8 +448,8 @@ def attach(model: Any, optimizer: Any = None, scheduler: Any = None,
     # DDP checks a hook's annotations against its own types: a lambda has none.
     model.register_comm_hook(None, lambda state, bucket: att.hook(state, bucket))
     model.register_forward_pre_hook(att._forward_boundary)
-    if loader is not None and hasattr(type(loader), "_before_batch"):
-        loader._before_batch = att.boundary
+    if att.redeal is not None:
+        att.redeal.before_batch = att.boundary
     if optimizer is not None:
         optimizer.step = att.wrap_step(optimizer.step)
     group.attached = att

@@ -35,7 +35,7 @@ from dask_ddp._dashboard.counters import rank_counters
 from dask_ddp._pending import flush_pending
 from dask_ddp.data import transforms as T
 from dask_ddp.data.datasets import ImageList
-from dask_ddp.data.device import default_threads, split_tail, stage_for
+from dask_ddp.data.device import DeviceStage, default_threads, split_tail, stage_for
 from dask_ddp.data.shards import TarShards
 from dask_ddp.data.unread import (
     Samples,
@@ -233,12 +233,17 @@ class Loader:
     """
 
     __signature__ = _InitSignature()
-    #: Called before each batch is fetched: the top of a training step (live recovery
-    #: re-forms a group there, after what the loop did since the optimizer's step).
-    _before_batch: Callable[[], None] | None = None
+    #: Called before each batch is taken: the top of a training step (live recovery
+    #: re-forms a group there, after what the loop did since the optimizer's step; see
+    #: :mod:`dask_ddp.data.redeal`).
+    before_batch: Callable[[], None] | None = None
     #: An engine loader of this dataset read as rank ``r`` of ``w`` (see :meth:`reshard`).
     _make_core: Callable[[int, int], Any] | None = None
+    #: The (rank, world size) of a :meth:`reshard`, taken at the next epoch.
     _next_layout: tuple[int, int] | None = None
+    #: The samples dealt to this rank after its own share (live recovery).
+    _unread: UnreadDeals | None = None
+    _stage: DeviceStage | None = None
 
     def __new__(cls, dataset: Any = None, *args: Any, **kwargs: Any) -> Loader:
         """A Loader of the subclass that reads ``dataset``, as ``pathlib.Path(...)``
@@ -305,34 +310,19 @@ class Loader:
         ops = [] if chosen is None else T.to_ops(chosen)
         if on_error not in _ON_ERROR:
             raise ValueError(f"on_error must be one of {_ON_ERROR}, got {on_error!r}")
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        if prefetch < 1:
-            raise ValueError(f"prefetch must be >= 1, got {prefetch}")
-        if num_threads is not None and num_threads < 1:
-            raise ValueError(f"num_threads must be >= 1, got {num_threads}")
-        rank, world_size = rank_and_world(rank, world_size)
-        self._stage = stage_for(device, channels_last, pin_memory)
+        self._init_reading(batch_size, shuffle=bool(shuffle), seed=seed, rank=rank,
+                           world_size=world_size, drop_last=drop_last,
+                           num_threads=num_threads, prefetch=prefetch,
+                           stage=stage_for(device, channels_last, pin_memory))
         if self._stage is not None and self._stage.pins:
             # uint8 crosses the bus; the float tail runs on the GPU.
             ops, self._stage.tail = split_tail(ops)
         self.dataset = dataset
-        self.batch_size = int(batch_size)
         self.transform = chosen
-        # bool here; a TableLoader's may also be "local".
-        self.shuffle: bool | str = bool(shuffle)
-        self.seed = int(seed)
-        self.rank = int(rank)
-        self.world_size = int(world_size)
-        self.drop_last = bool(drop_last)
-        self.num_threads = int(num_threads or default_threads(self._stage))
-        self.prefetch = int(prefetch)
         self.on_error = on_error
         self.pin_memory = (torch.cuda.is_available() and self._stage is None
                            if pin_memory is None else bool(pin_memory))
-        self.epoch = 0
         self._start_batch = 0
-        self._position = 0
         self._shards = shards
         # The restored epoch's (shard, begin, end) sample runs, when not every shard whole.
         self._epoch_segments: list[tuple[int, int, int]] | None = None
@@ -387,6 +377,30 @@ class Loader:
             **{**engine_options, "shuffle": False, "rank": r, "world_size": w},
             skip_missing=skip_missing), self.batch_size, self.drop_last)
 
+    def _init_reading(self, batch_size: int, *, shuffle: bool | str, seed: int,
+                      rank: int | None, world_size: int | None, drop_last: bool,
+                      num_threads: int | None, prefetch: int,
+                      stage: DeviceStage | None) -> None:
+        """The options and position every Loader has (images, tar shards, tables)."""
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if prefetch < 1:
+            raise ValueError(f"prefetch must be >= 1, got {prefetch}")
+        if num_threads is not None and num_threads < 1:
+            raise ValueError(f"num_threads must be >= 1, got {num_threads}")
+        rank, world_size = rank_and_world(rank, world_size)
+        self._stage = stage
+        self.batch_size = int(batch_size)
+        self.shuffle = shuffle  # bool for images; a TableLoader's may also be "local"
+        self.seed = int(seed)
+        self.rank = int(rank)
+        self.world_size = int(world_size)
+        self.drop_last = bool(drop_last)
+        self.num_threads = int(num_threads or default_threads(stage))
+        self.prefetch = int(prefetch)
+        self.epoch = 0
+        self._position = 0  # batches handed out in the current epoch (of a deal: of it)
+
     def __len__(self) -> int:
         """Batches per epoch for this rank (for tar shards: in the current epoch)."""
         if self._shards is not None:
@@ -434,8 +448,8 @@ class Loader:
         # The job page's step rate and data wait (a no-op outside a launched rank).
         counters, clock = rank_counters(), time.perf_counter_ns
         while True:
-            if self._before_batch is not None:
-                self._before_batch()
+            if self.before_batch is not None:
+                self.before_batch()
             t0 = clock()
             item: Any = core.next()  # releases the GIL while it waits
             if item is None:
@@ -623,11 +637,19 @@ class Loader:
         """Read the epochs after the current one as rank ``rank`` of ``world_size``, from
         the next :meth:`set_epoch` to another epoch on (live recovery: the group's
         members changed)."""
-        if self._make_core is None:
+        if not self._can_reshard():
             raise NotImplementedError(f"{type(self).__name__} cannot change its ranks")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
         self._next_layout = (int(rank), int(world_size))
+
+    @property
+    def layout_pending(self) -> bool:
+        """Whether a :meth:`reshard` waits for the next epoch to take effect."""
+        return self._next_layout is not None
+
+    def _can_reshard(self) -> bool:
+        return self._make_core is not None
 
     def end_reads(self) -> None:
         """Read nothing more of what this rank had left of the current epoch (its own
@@ -635,18 +657,31 @@ class Loader:
         goes on with the samples :meth:`deal_unread` deals after this call (live
         recovery: a rank that joins mid-epoch has the epoch's unread samples, named by
         :meth:`lost_samples`, dealt again over the bigger group)."""
+        self._stop_reads()
+        if self._stage is not None:
+            self._stage.drop()
         if self.reading_unread:
             assert self._unread is not None
-            cut = self._unread.cut(self.epoch, self._position)
-            if cut is not None:
-                core, batches = cut
-                core.start_epoch(self.epoch, batches)
+            self._stop_deal(self._unread.cut(self.epoch, self._position))
             return
-        end = len(self)
-        self._core.start_epoch(self.epoch, end)
-        self._position = end
+        self._end_own()
+        self._position = len(self)
         if self._unread is not None:
             self._unread.cut(self.epoch, 0)
+
+    def _stop_reads(self) -> None:
+        """What :meth:`end_reads` does first (a TableLoader stops its feeding thread)."""
+
+    def _stop_deal(self, cut: tuple[Any, int] | None) -> None:
+        """Stop the deal being read after its batches read so far (from
+        :meth:`UnreadDeals.cut`)."""
+        if cut is not None:
+            core, batches = cut
+            core.start_epoch(self.epoch, batches)
+
+    def _end_own(self) -> None:
+        """Stop reading the own share of the current epoch."""
+        self._core.start_epoch(self.epoch, len(self))
 
     def close(self) -> None:
         """Stop the engine's threads (batches already handed out stay valid).

@@ -26,7 +26,7 @@ import torch
 
 from dask_ddp import _core
 from dask_ddp._pending import flush_pending
-from dask_ddp.data.device import default_threads, stage_for
+from dask_ddp.data.device import stage_for
 from dask_ddp.data.loader import Loader
 from dask_ddp.data.table import plan
 from dask_ddp.data.table.batches import POLL_S, EpochBatches
@@ -34,7 +34,6 @@ from dask_ddp.data.table.epoch import EpochRows
 from dask_ddp.data.table.layout import BatchLayout
 from dask_ddp.data.table.reads import WindowReads, cache_wanted
 from dask_ddp.data.unread import Samples, UnreadDeals
-from dask_ddp.data.world import rank_and_world
 
 if TYPE_CHECKING:
     from dask_ddp.data.table.table import Table
@@ -124,6 +123,9 @@ class TableLoader(Loader):
         ``features`` or ``label`` names no column of the table.
     """
 
+    #: The rows dealt to this rank after its own (live recovery): always there.
+    _unread: UnreadDeals
+
     def __init__(self, table: Table, batch_size: int, *, shuffle: bool | str = True,
                  seed: int = 0, features: Sequence[str] | None = None,
                  label: str | None = None, drop_last: bool = False, rank: int | None = None,
@@ -131,28 +133,19 @@ class TableLoader(Loader):
                  prefetch: int = 4, window: int = 4, cache: bool | None = None,
                  device: str | torch.device | None = None,
                  channels_last: bool = False) -> None:
-        # Loader.__init__ (images and tar shards) is not called: nothing of it applies.
+        # The options every Loader has; Loader.__init__'s own (images, tar shards) do not
+        # apply to a table.
         if shuffle not in _SHUFFLES or isinstance(shuffle, int) and not isinstance(shuffle, bool):
             raise ValueError(f"shuffle must be True, False or 'local', got {shuffle!r}")
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        if prefetch < 1 or window < 1:
-            raise ValueError(f"prefetch and window must be >= 1, got {prefetch}, {window}")
-        rank, world_size = rank_and_world(rank, world_size)
-        self._stage = stage_for(device, channels_last, None)
+        if window < 1:
+            raise ValueError(f"window must be >= 1, got {window}")
+        self._init_reading(batch_size, shuffle=shuffle, seed=seed, rank=rank,
+                           world_size=world_size, drop_last=drop_last,
+                           num_threads=num_threads, prefetch=prefetch,
+                           stage=stage_for(device, channels_last, None))
         self.table = table
-        self.batch_size = int(batch_size)
-        self.shuffle = shuffle
-        self.seed = int(seed)
-        self.rank = int(rank)
-        self.world_size = int(world_size)
-        self.drop_last = bool(drop_last)
-        self.prefetch = int(prefetch)
         self.window = int(window)
-        self.num_threads = int(num_threads or default_threads(self._stage))
-        self.epoch = 0
         self._start = 0  # batch to start the next iteration at
-        self._position = 0  # batches handed out in the current epoch
         self._resume: dict[str, Any] | None = None  # a state saved on another world size
         layout = BatchLayout(table, features, label)
         offsets = np.concatenate([[0], np.cumsum(np.asarray(table.partition_rows, np.int64))])
@@ -173,11 +166,10 @@ class TableLoader(Loader):
         self._stop: threading.Event | None = None
         self._stream: Any = None  # the engine's stream of the current iteration
         # Rows a lost rank left unread, read after this rank's own (live recovery).
-        self._deals = UnreadDeals(lambda _, rows, r, w: _Deal(*self._deal_share(rows, r, w)),
+        self._unread = UnreadDeals(lambda _, rows, r, w: _Deal(*self._deal_share(rows, r, w)),
                                    self.batch_size, self.drop_last,
                                    share_order=lambda _, rows, r, w: self._deal_share(
                                        rows, r, w)[0])
-        self._unread = self._deals  # the Loader's deal_unread, reading_unread, epoch_progress
         self._own_end = False  # end_reads(): the own rows of this epoch are done
         self._cuts = 0  # end_reads() calls: the rows being fed stop at the next batch
 
@@ -251,7 +243,7 @@ class TableLoader(Loader):
             nxt = epoch + 1
             ahead = (lambda: self._plan.rows(nxt, None)) if self._resume is None else None
             yield from self._feed(self._rank_rows, start, ahead)
-        while (deal := self._deals.next_core(epoch)) is not None:
+        while (deal := self._unread.next_core(epoch)) is not None:
             self._position = 0
             yield from self._feed(deal.parts, 0, None)
         flush_pending()  # the epoch's metrics reported as CUDA values
@@ -275,8 +267,8 @@ class TableLoader(Loader):
         cuts = self._cuts
         try:
             while True:
-                if self._before_batch is not None:
-                    self._before_batch()
+                if self.before_batch is not None:
+                    self.before_batch()
                 if self._cuts != cuts:
                     return
                 while True:
@@ -328,29 +320,21 @@ class TableLoader(Loader):
         bs = self.batch_size
         parts = [self._plan.rows_of(epoch, self._resume, r)[0][batch * bs:]
                  for r in sorted(ranks)]
-        parts.append(np.asarray(self._deals.lost_share(
+        parts.append(np.asarray(self._unread.lost_share(
             epoch, max(batch - len(self), 0), ranks if uids is None else uids), np.int64))
         return np.concatenate(parts).astype(np.int64, copy=False)
 
-    def reshard(self, rank: int, world_size: int) -> None:
-        """Read the epochs after the current one as rank ``rank`` of ``world_size``, from
-        the next :meth:`set_epoch` to another epoch on (live recovery: the group's
-        members changed)."""
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
-        self._next_layout = (int(rank), int(world_size))
+    def _can_reshard(self) -> bool:
+        return True
 
-    def end_reads(self) -> None:
-        """Read nothing more of what this rank had left of the current epoch (its own
-        rows and the rows dealt to it so far), also while a loop iterates them: the loop
-        goes on with the rows :meth:`deal_unread` deals after this call."""
-        self._cuts += 1
-        if self.reading_unread:
-            self._deals.cut(self.epoch, self._position)
-            return
+    def _stop_reads(self) -> None:
+        self._cuts += 1  # the rows being fed stop at the next batch
+
+    def _stop_deal(self, cut: tuple[Any, int] | None) -> None:
+        """Nothing more to stop: the feeding loop ends at the cut (``_cuts``)."""
+
+    def _end_own(self) -> None:
         self._own_end = True
-        self._position = len(self)
-        self._deals.cut(self.epoch, 0)
 
     # -- resume ---------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

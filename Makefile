@@ -104,7 +104,8 @@ STRESS_TESTS ?= tests/launch/test_defects.py tests/launch/test_faults.py \
 	tests/launch/test_stall.py tests/launch/test_stall_ddp.py tests/launch/test_waits.py \
 	tests/launch/test_restarts.py tests/launch/test_command.py tests/results/test_results.py \
 	tests/results/test_lifecycle.py tests/results/test_results_e2e.py \
-	tests/launch/test_chaos.py tests/launch/test_chaos_live.py
+	tests/launch/test_chaos.py tests/launch/test_chaos_live.py \
+	tests/launch/test_live_audit.py
 stress: build
 	@mkdir -p $(BUILD)/stress; hogs=""; \
 	for i in $$(seq $(JOBS)); do $(PY) -c 'while True: pass' & hogs="$$hogs $$!"; done; \

@@ -19,7 +19,7 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from dask_ddp._dashboard import events as dashboard
-from dask_ddp._launch import live_store
+from dask_ddp._launch import live_leave, live_store
 from dask_ddp._launch.live import MAX_ENV, Generation
 from dask_ddp._launch.placement import _GONE, choose_workers
 from dask_ddp._launch.stall import Stall, activity
@@ -62,6 +62,7 @@ class LiveWatch:
         self.max_size = max_size
         self.job_id = job_id
         self.address = live_store.open_store(client, job_id, list(workers), bound)
+        live_leave.install(client)  # a closing worker lets its live ranks leave first
         #: How many times a worker had left at each rank's address when the rank was
         #: placed there: a worker restarted at its address (a fixed port) is a new worker,
         #: which may host a joining rank; the one whose rank process was killed may not.

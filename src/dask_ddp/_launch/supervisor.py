@@ -27,7 +27,7 @@ from typing import Any
 from dask_ddp._channel.rank_writer import Forwarder
 from dask_ddp._channel.wire import metrics_topic
 from dask_ddp._dashboard.sampler import RankSampler
-from dask_ddp._launch import collective_dump, live_store, probe
+from dask_ddp._launch import collective_dump, live_leave, live_store, probe
 from dask_ddp._launch.live import JOIN_ENV, mark_dead
 from dask_ddp._launch.live_job import LiveLeft
 from dask_ddp._launch.names import failure_topic, output_topic, progress_topic
@@ -198,6 +198,8 @@ class _Supervisor:
         fwd.start()
         sampler.start(rank.pid)
         rank.start_pumps(self._on_output)
+        if spec.options.env.get(live_store.STORE_ENV) is not None:
+            live_leave.register(rank)  # a closing worker lets it leave first
         left = False
         try:
             try:
@@ -208,6 +210,7 @@ class _Supervisor:
             # the rank's output and records are wound up.
             self._live_left(-1, workdir)
         finally:
+            live_leave.unregister(rank)
             rank.stop(self.waits.term_grace)
             self._on_output("eof", "")
             self._close_forwarder(fwd)

@@ -26,6 +26,7 @@ import sys
 import tarfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,7 +59,9 @@ def audit_train(kind: str, data: Any, folder: str) -> dict[str, Any]:
     in the Checkpointer. Before each step ``b <epoch> <step> <ids>`` and after it ``s
     <step> <world size> <time>`` go to ``folder/audit-<uid>-<pid>``. The victim holds
     after its strike step until ``folder/struck``; in ``kill-join``, the survivors hold a
-    few steps after the loss until ``folder/go`` (the joining rank is about to ask)."""
+    few steps after the loss until ``folder/go`` (the joining rank is about to ask); in
+    ``retire``, the victim holds until it is asked to leave (however late the retirement
+    comes on a loaded host, it lands mid-run)."""
     import torch
     import torch.distributed as dist
     from torch import nn
@@ -93,7 +96,8 @@ def audit_train(kind: str, data: Any, folder: str) -> dict[str, Any]:
     ckpt = dask_ddp.Checkpointer(model, opt, loader=loader,  # a joiner joins here
                                  storage=Path(folder, "ckpt").as_uri())
     step = ckpt.restore().get("step", 0)
-    victim, hold_at, hold_after = (int(v) for v in Path(folder, "plan").read_text().split())
+    victim, hold_at, hold_after, retire = (int(v) for v in
+                                           Path(folder, "plan").read_text().split())
     smaller = 0
     with Path(folder, f"audit-{uid}-{os.getpid()}").open("a") as audit:
         while loader.epoch < EPOCHS:
@@ -112,16 +116,18 @@ def audit_train(kind: str, data: Any, folder: str) -> dict[str, Any]:
                 Path(folder, f"step{uid}").write_text(str(step))
                 time.sleep(PAUSE)
                 smaller += world < WORLD
-                if (uid == victim and step == hold_at) or (hold_after and smaller == hold_after):
-                    _hold(Path(folder, "struck" if uid == victim else "go"))
+                if uid == victim and step == hold_at:
+                    _hold(lambda: group.leaving if retire else Path(folder, "struck").exists())
+                elif hold_after and smaller == hold_after:
+                    _hold(Path(folder, "go").exists)
             loader.set_epoch(loader.epoch + 1)
     return {"uid": uid, "world": dist.get_world_size(), "rank": dist.get_rank(),
             "step": step, "hash": _state_hash(model, opt)}
 
 
-def _hold(until: Path) -> None:
+def _hold(until: Callable[[], bool]) -> None:
     deadline = time.monotonic() + 120
-    while not until.exists() and time.monotonic() < deadline:
+    while not until() and time.monotonic() < deadline:
         time.sleep(0.01)
 
 
@@ -235,9 +241,10 @@ def _step(out: Path, uid: int) -> int:
 
 def _strike(client: Client, run: Run, data: Any, out: Path) -> tuple[Any, float]:
     """Start the job, strike when the victim reached ``run.at_step`` (it holds two steps
-    later until the strike was made, so that a late strike still lands mid-run); the
-    strike's time (``time.time()``)."""
-    (out / "plan").write_text(f"{run.victim} {run.at_step + 2} {run.hold_after}")
+    later until the strike was made, or it was asked to leave, so that a late strike
+    still lands mid-run); the strike's time (``time.time()``)."""
+    (out / "plan").write_text(
+        f"{run.victim} {run.at_step + 2} {run.hold_after} {int(run.scenario == 'retire')}")
     job = dask_ddp.submit(client, audit_train, run.kind, data, str(out), recovery="live",
                           min_workers=2, max_workers=WORLD, name=f"audit-{run.scenario}",
                           progress=False)
@@ -264,10 +271,8 @@ def _strike(client: Client, run: Run, data: Any, out: Path) -> tuple[Any, float]
             os.kill(worker_pid, signal.SIGKILL)
         else:
             # As adapt() scales down: retire the worker, then drop it from the cluster's
-            # spec (_full_size makes a new one for the next run). The victim steps on
-            # meanwhile: the graceful leave happens at its step boundary.
+            # spec (_full_size makes a new one for the next run).
             name = cluster_info(client)["workers"][worker]["name"]
-            (out / "struck").write_text("")
             client.retire_workers([worker], close_workers=True)
             cluster: Any = client.cluster
             cluster.sync(cluster.scale_down, [name])

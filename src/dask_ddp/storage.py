@@ -196,6 +196,12 @@ class Store:
         """The root URL, normalised and without credentials."""
         return str(self._core.url)
 
+    @property
+    def engine(self) -> Any:
+        """The C++ engine's handle of this store (``dask_ddp._core.Store``), which the
+        engine's loaders read through."""
+        return self._core
+
     def list(self, prefix: str = "") -> list[ObjectInfo]:
         """Every object whose key starts with ``prefix`` (all pages), sorted by key.
 

@@ -332,6 +332,24 @@ class ImageList(Dataset[tuple[Any, Any]]):
     def _get_store(self) -> storage.Store:
         return process_store(self)
 
+    @property
+    def store(self) -> storage.Store:
+        """The store the keys are under, opened in this process (a forked or unpickled
+        copy opens its own)."""
+        return process_store(self)
+
+    @property
+    def keys(self) -> list[str]:
+        """The images' keys, relative to the root, in the dataset's order."""
+        return self._keys
+
+    @property
+    def skips_missing(self) -> bool:
+        """Whether the Loader's ``on_error="skip"`` also skips a key naming no object (a
+        manifest naming removed files); an ``ImageFolder`` listed its objects, so one
+        missing there is a storage error."""
+        return self._skip_missing
+
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_store"] = None  # a C++ handle: reopen after unpickling

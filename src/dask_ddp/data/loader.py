@@ -30,12 +30,12 @@ from typing import Any
 import torch
 from torch.utils.data import Subset
 
-from dask_ddp import _core
 from dask_ddp._dashboard.counters import rank_counters
 from dask_ddp._pending import flush_pending
 from dask_ddp.data import transforms as T
 from dask_ddp.data.datasets import ImageList
 from dask_ddp.data.device import DeviceStage, default_threads, split_tail, stage_for
+from dask_ddp.data.engine import ImageSource, resolve_dataset
 from dask_ddp.data.shards import TarShards
 from dask_ddp.data.unread import (
     Samples,
@@ -52,29 +52,6 @@ __all__ = ["Loader"]
 logger = logging.getLogger(__name__)
 
 _ON_ERROR = ("raise", "skip")
-
-
-def _resolve_dataset(dataset: object) -> tuple[ImageList, list[int] | None]:
-    """The image list behind ``dataset`` and the indices of it to read (None: all).
-
-    An :class:`ImageList` (an ``ImageFolder`` is one), or a ``torch.utils.data.Subset``
-    of one (a train/eval split), which reads just its indices; nested subsets compose.
-    """
-    if isinstance(dataset, ImageList):
-        return dataset, None
-    if isinstance(dataset, Subset):
-        folder, inner = _resolve_dataset(dataset.dataset)
-        n = len(folder) if inner is None else len(inner)
-        picked = [int(i) for i in dataset.indices]
-        bad = [i for i in picked if not -n <= i < n]
-        if bad:
-            raise IndexError(f"Subset index {bad[0]} out of range for a dataset of {n} samples")
-        picked = [i % n for i in picked]
-        return folder, picked if inner is None else [inner[i] for i in picked]
-    raise TypeError(
-        f"Loader reads an ImageList, ImageFolder or S3ImageFolder (or a torch Subset of one), "
-        f"not {type(dataset).__name__}; for other datasets use a torch DataLoader"
-    )
 
 
 def _not_a_dataset(dataset: object) -> str | None:
@@ -298,7 +275,7 @@ class Loader:
     ) -> None:
         shards = dataset if isinstance(dataset, TarShards) else None
         if shards is None:
-            folder, indices = _resolve_dataset(dataset)
+            folder, _ = resolve_dataset(dataset)
         own = shards.transform if shards is not None else folder.transform
         chosen: object = own if transform is None else transform
         imageless = shards is not None and shards.image_field is None
@@ -343,39 +320,26 @@ class Loader:
             "region_decode": bool(region_decode),
         }
         if shards is not None:
-            self._core = shards._make_loader(ops, **engine_options)
-            self._make_core = lambda r, w: shards._make_loader(
+            self._core = shards.engine_loader(ops, **engine_options)
+            self._make_core = lambda r, w: shards.engine_loader(
                 ops, **{**engine_options, "rank": r, "world_size": w})
             self._unread = UnreadDeals(lambda epoch, ids, r, w: shard_deal(
-                shards, epoch, ids, shards._make_loader(
+                shards, epoch, ids, shards.engine_loader(
                     ops, **{**engine_options, "rank": r, "world_size": w}),
                 engine_options["skip_errors"]), self.batch_size, self.drop_last,
                 share_order=lambda epoch, ids, r, w: shard_share(
                     shards, epoch, ids, r, w, shuffle=bool(self.shuffle), seed=self.seed,
                     drop_last=self.drop_last, skip_errors=engine_options["skip_errors"]))
             return
-        keys, targets = folder._keys, folder.targets
-        if indices is not None:
-            keys = [keys[i] for i in indices]
-            targets = [targets[i] for i in indices]
         # The dataset's own store (its URL, credentials and options: endpoint, region,
         # CA bundle, retries), opened in this process.
-        self._core = _core.ImageLoader(
-            folder._get_store()._core,
-            keys,
-            targets,
-            ops,
-            **engine_options,
-            skip_missing=on_error == "skip" and folder._skip_missing,
-        )
-        store, skip_missing = folder._get_store()._core, on_error == "skip" and folder._skip_missing
-        self._make_core = lambda r, w: _core.ImageLoader(
-            store, keys, targets, ops, **{**engine_options, "rank": r, "world_size": w},
-            skip_missing=skip_missing)
-        self._unread = UnreadDeals(lambda _, pos, r, w: _core.ImageLoader(
-            store, [keys[i] for i in pos], [targets[i] for i in pos], ops,
-            **{**engine_options, "shuffle": False, "rank": r, "world_size": w},
-            skip_missing=skip_missing), self.batch_size, self.drop_last)
+        source = ImageSource.of(dataset)
+        self._core = source.loader(ops, **engine_options)
+        self._make_core = lambda r, w: source.loader(
+            ops, **{**engine_options, "rank": r, "world_size": w})
+        self._unread = UnreadDeals(lambda _, pos, r, w: source.subset(pos).loader(
+            ops, **{**engine_options, "shuffle": False, "rank": r, "world_size": w}),
+            self.batch_size, self.drop_last)
 
     def _init_reading(self, batch_size: int, *, shuffle: bool | str, seed: int,
                       rank: int | None, world_size: int | None, drop_last: bool,

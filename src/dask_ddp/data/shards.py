@@ -236,7 +236,7 @@ class TarShards:
         if skip_errors not in self._counts:
             t0 = time.monotonic()
             counts, skipped = _core.tar_shard_counts(
-                self._get_store()._core,
+                self._get_store().engine,
                 self.keys,
                 skip_errors,
                 self.label_field,
@@ -298,9 +298,11 @@ class TarShards:
             )
         ]
 
-    def _make_loader(self, ops: list[Any], *, skip_errors: bool, **kwargs: Any) -> Any:
+    def engine_loader(self, ops: list[Any], *, skip_errors: bool, **kwargs: Any) -> Any:
+        """An engine loader (``dask_ddp._core.TarShardLoader``) over these shards, with the
+        engine options ``kwargs`` (``batch_size``, ``rank``, ``world_size``, ...)."""
         return _core.TarShardLoader(
-            self._get_store()._core,
+            self._get_store().engine,
             self.keys,
             self.shard_counts(skip_errors),
             ops,

@@ -24,10 +24,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from dask_ddp import _core, storage
+from dask_ddp import storage
 from dask_ddp.data import transforms as T
 from dask_ddp.data.datasets import ImageList
-from dask_ddp.data.loader import Loader, _resolve_dataset
+from dask_ddp.data.device import DeviceStage, split_tail
+from dask_ddp.data.engine import ImageSource, resolve_dataset, sample_layout
+from dask_ddp.data.loader import Loader
 from dask_ddp.data.shards import TarShards
 from dask_ddp.predict import model as cache
 from dask_ddp.predict.forward import forward
@@ -82,36 +84,29 @@ def image_parts(dataset: Any, partition_size: int) -> list[ListPart | ShardPart]
         starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(int).tolist()
         return [ShardPart(_one_shard(dataset, url, c), s)
                 for url, c, s in zip(urls, counts, starts, strict=True)]
-    folder, indices = _resolve_dataset(dataset)
-    keys, targets = folder._keys, folder.targets
-    if indices is not None:
-        keys, targets = [keys[i] for i in indices], [targets[i] for i in indices]
+    folder, _ = resolve_dataset(dataset)
+    source = ImageSource.of(dataset)
+    keys, targets = source.keys, source.labels
     sample0 = folder.samples[0][0]
-    prefix = sample0[: len(sample0) - len(folder._keys[0])]
+    prefix = sample0[: len(sample0) - len(folder.keys[0])]
     options = tuple(sorted(folder.storage_options.items()))
     return [ListPart(folder.url, folder.anon, options, prefix,
                      tuple(keys[s:s + partition_size]), tuple(targets[s:s + partition_size]),
-                     s, folder._skip_missing)
+                     s, source.skip_missing)
             for s in range(0, len(keys), partition_size)]
 
 
 def _one_shard(dataset: TarShards, url: str, count: int) -> TarShards:
-    one = TarShards([url], transform=dataset.transform, label_field=dataset.label_field or None,
-                    fields=dataset.fields, counts=[count], shuffle_buffer=0,
-                    range_bytes=dataset.range_bytes, anon=dataset.anon,
-                    storage_options=dataset.storage_options)
-    one._store = None  # reopened in the worker's process
-    return one
+    # Its store is reopened in the worker's process (a TarShards pickles without it).
+    return TarShards([url], transform=dataset.transform,
+                     label_field=dataset.label_field or None, fields=dataset.fields,
+                     counts=[count], shuffle_buffer=0, range_bytes=dataset.range_bytes,
+                     anon=dataset.anon, storage_options=dataset.storage_options)
 
 
 def sample_input(ops: Sequence[Any]) -> tuple[tuple[int, ...], torch.dtype]:
     """The shape and dtype of one sample the engine makes with ``ops``."""
-    probe = _core.ImageLoader(storage.open("memory://dask-ddp-predict-probe")._core, ["x"],
-                              [0], list(ops), batch_size=1, shuffle=False)
-    shape = tuple(int(d) for d in probe.sample_shape)
-    dtype = torch.float32 if probe.float_output else torch.uint8
-    probe.close()
-    return shape, dtype
+    return sample_layout(list(ops))
 
 
 _stores_lock = threading.Lock()
@@ -129,38 +124,49 @@ def _store(part: ListPart) -> storage.Store:
         return store
 
 
-def _list_batches(part: ListPart, opts: ImageOptions, threads: int,
-                  taken: list[np.ndarray]) -> Iterator[tuple[int, torch.Tensor]]:
+def _list_batches(part: ListPart, opts: ImageOptions, threads: int, device: torch.device,
+                  taken: list[torch.Tensor]) -> Iterator[tuple[int, torch.Tensor]]:
+    """A list part's image batches, on ``device`` (a GPU's through the device stage:
+    uint8 over the bus, the float tail there, the copy on a stream of its own)."""
     n = len(part.keys)
-    engine = _core.ImageLoader(
-        _store(part)._core, list(part.keys), list(range(n)), list(opts.ops),
-        batch_size=opts.batch_size, shuffle=False, rank=0, world_size=1, drop_last=False,
-        num_threads=threads, prefetch=opts.prefetch, skip_errors=opts.on_error == "skip",
-        skip_missing=opts.on_error == "skip" and part.skip_missing, max_side=opts.max_side)
+    ops, stage = list(opts.ops), None
+    if device.type == "cuda":
+        stage = DeviceStage(device)
+        ops, stage.tail = split_tail(ops)
+    source = ImageSource(_store(part), part.keys, range(n), part.skip_missing)
+    engine = source.loader(ops, batch_size=opts.batch_size, shuffle=False, rank=0,
+                           world_size=1, drop_last=False, num_threads=threads,
+                           prefetch=opts.prefetch, skip_errors=opts.on_error == "skip",
+                           max_side=opts.max_side)
     try:
         engine.start_epoch(0, 0)
         done = 0
         while (item := engine.next()) is not None:
             images, positions = item[0], item[1]
-            taken.append(positions.numpy().copy())
+            taken.append(positions.clone())
+            if stage is not None:
+                images = stage.move([images])[0]
             yield done, images
             done += len(images)
     finally:
         engine.close()
+        if stage is not None:
+            stage.drop()
 
 
-def _shard_batches(part: ShardPart, opts: ImageOptions, threads: int,
-                   taken: list[np.ndarray]) -> Iterator[tuple[int, torch.Tensor]]:
+def _shard_batches(part: ShardPart, opts: ImageOptions, threads: int, device: torch.device,
+                   taken: list[torch.Tensor]) -> Iterator[tuple[int, torch.Tensor]]:
     loader = Loader(part.shards, opts.batch_size, shuffle=False, rank=0, world_size=1,
                     num_threads=threads, prefetch=opts.prefetch, on_error=opts.on_error,
-                    pin_memory=False, max_side=opts.max_side)
+                    pin_memory=False, max_side=opts.max_side,
+                    device=device if device.type == "cuda" else None)
     image_at = part.shards.image_field or 0
     try:
         done = 0
         for batch in loader:
             images = batch[image_at]
             labels = batch[1] if part.shards.fields is None else torch.full((len(images),), -1)
-            taken.append(labels.numpy().copy())
+            taken.append(labels.clone())  # on the GPU with the batch: read at the end
             yield done, images
             done += len(images)
     finally:
@@ -175,17 +181,19 @@ def predict_images(part: ListPart | ShardPart, spec: cache.ModelSpec, opts: Imag
 
     model, device = cache.model_for(spec)
     threads = cache.thread_share(spec)
-    taken: list[np.ndarray] = []
+    taken: list[torch.Tensor] = []
     if isinstance(part, ListPart):
         n, first = len(part.keys), part.prefix + part.keys[0]
-        batches = _list_batches(part, opts, threads, taken)
+        batches = _list_batches(part, opts, threads, device, taken)
     else:
         n, first = part.shards.counts[0], part.shards.urls[0]
-        batches = _shard_batches(part, opts, threads, taken)
+        batches = _shard_batches(part, opts, threads, device, taken)
     with cache.torch_threads(threads), warm_heap():
         out = forward(model, device, batches, n, opts.layout,
                       lambda s: f"partition {number} ({first}, batch at sample {s})", spec)
-    got = np.concatenate(taken) if taken else np.empty(0, np.int64)
+    # One read of the batches' ids, after the forward's last output came back (no wait per
+    # batch for ids that stayed on the GPU with their batch).
+    got = torch.cat(taken).cpu().numpy() if taken else np.empty(0, np.int64)
     out = out[:len(got)]
     if isinstance(part, ListPart):
         keys = [part.prefix + part.keys[i] for i in got]

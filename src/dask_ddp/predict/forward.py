@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from dask_ddp.data.device import DeviceStage
 from dask_ddp.predict.model import ModelSpec
 from dask_ddp.predict.outputs import Layout
 from dask_ddp.predict.precision import as_output, compute_mode
@@ -79,10 +80,13 @@ def forward(model: nn.Module, device: torch.device, batches: Iterable[tuple[int,
     """
     out = layout.empty(n)
     copies = HostCopies(out) if device.type == "cuda" else None
+    # Host batches reach a GPU through the device stage (its own stream, an event for the
+    # model's stream); the image paths hand over batches already there.
+    stage = DeviceStage(device) if device.type == "cuda" else None
     with compute_mode(device, spec.precision, spec.tf32):
         for start, x in batches:
             if x.device != device:
-                x = x.to(device, non_blocking=True)
+                x = stage.move([x], image_at=None)[0] if stage is not None else x.to(device)
             if spec.channels_last and x.ndim == 4:
                 x = x.contiguous(memory_format=torch.channels_last)
             y = model(x)
@@ -94,6 +98,8 @@ def forward(model: nn.Module, device: torch.device, batches: Iterable[tuple[int,
                 out[start:start + len(x)] = y.detach().cpu().numpy()
         if copies is not None:
             copies.finish()
+    if stage is not None:
+        stage.drop()
     return out
 
 

@@ -198,16 +198,16 @@ def loader_rate(stream: Iterator[Batch], device: torch.device, batches: int,
 
 def our_loader(root: str, args: argparse.Namespace, threads: int, *, pin: bool,
                device: torch.device | None) -> Any:
+    """The Loader of the workload; with ``device``, its device stage (which pins its own
+    buffers: ``pin`` is then not passed)."""
     from dask_ddp.data import ImageFolder, Loader
     from dask_ddp.data import transforms as T
 
-    kw: dict[str, Any] = {}
-    if device is not None:
-        kw["device"] = device
+    kw: dict[str, Any] = {"pin_memory": pin} if device is None else {"device": device}
     transform = T.Compose([T.RandomResizedCrop(args.size), T.RandomHorizontalFlip(),
                            T.PILToTensor()])
     return Loader(ImageFolder(root), args.batch, transform=transform, num_threads=threads,
-                  pin_memory=pin, drop_last=True, seed=threads, **kw)
+                  drop_last=True, seed=threads, **kw)
 
 
 def loader_has_device() -> bool:
@@ -364,7 +364,7 @@ def run(args: argparse.Namespace) -> tuple[Results, dict[str, Any]]:
         feeds[f"engine_t{lt}_pinned"] = (epochs(loader, True), loader.prefetch + 2)
     # 2. the Loader into the device's memory.
     if loader_has_device():
-        loader = our_loader(root, args, lt, pin=device.type == "cuda", device=device)
+        loader = our_loader(root, args, lt, pin=False, device=device)
         ours = epochs(loader, True)
         what = f"dask-ddp Loader(device={args.device!r}), {lt} threads"
     else:
@@ -375,7 +375,8 @@ def run(args: argparse.Namespace) -> tuple[Results, dict[str, Any]]:
     closers.append(loader)
     ours_name = f"ours_{device.type}_t{lt}"
     res.add(ours_name, what, baseline=f"engine_t{lt}" if lt in threads else None)
-    feeds[ours_name] = (ours, loader.prefetch + 2)
+    # The engine's queue and the device stage's both hold batches ready.
+    feeds[ours_name] = (ours, 2 * loader.prefetch + 4)
     # 3. the peers, in DataLoaders with their own workers and pinning thread.
     peers = {"tv_io": (DecodeJpegFolder(root, args.size),
                        f"torchvision io.decode_jpeg + v2, DataLoader({args.workers})"),

@@ -25,7 +25,8 @@ PyObject* ExceptionFor(Code code) {
     case Code::kUnimplemented: return PyExc_NotImplementedError;
     case Code::kCancelled: return PyExc_InterruptedError;
     case Code::kOk:
-    case Code::kInternal: break;
+    case Code::kInternal:
+    case Code::kOtherProcess: break;  // a fork()ed child using its parent's object
   }
   return PyExc_RuntimeError;
 }

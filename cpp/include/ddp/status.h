@@ -30,6 +30,9 @@ enum class Code : int {
   kUnavailable,
   kDataLoss,
   kUnauthenticated,
+  // An object made in another process was used here: a fork()ed child using what its
+  // parent made (common/process.h).
+  kOtherProcess,
 };
 
 // Name of a code, e.g. "NOT_FOUND".
@@ -77,6 +80,7 @@ inline Status OutOfRangeError(std::string m) { return {Code::kOutOfRange, std::m
 inline Status FailedPreconditionError(std::string m) { return {Code::kFailedPrecondition, std::move(m)}; }
 inline Status DeadlineExceededError(std::string m) { return {Code::kDeadlineExceeded, std::move(m)}; }
 inline Status UnauthenticatedError(std::string m) { return {Code::kUnauthenticated, std::move(m)}; }
+inline Status OtherProcessError(std::string m) { return {Code::kOtherProcess, std::move(m)}; }
 
 // The error of a failed system call on a file: "<path>: <what>: <strerror(err)>", its code
 // from errno (ENOENT/ENOTDIR not found, EACCES/EPERM/EROFS permission denied, ENOSPC,

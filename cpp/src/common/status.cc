@@ -22,6 +22,7 @@ std::string_view CodeName(Code code) {
     case Code::kUnavailable: return "UNAVAILABLE";
     case Code::kDataLoss: return "DATA_LOSS";
     case Code::kUnauthenticated: return "UNAUTHENTICATED";
+    case Code::kOtherProcess: return "OTHER_PROCESS";
   }
   return "UNKNOWN";
 }

@@ -57,6 +57,9 @@ class BufferPool {
   }
 
   void Return(std::unique_ptr<BatchBuffer> b) {
+    // A batch of the parent's freed in a fork()ed child: its buffer goes (this process's
+    // copy) without mu_, which a parent's thread that does not exist here may hold.
+    if (!owner_.here()) return;
     std::lock_guard<std::mutex> g(mu_);
     --outstanding_;
     if (free_.size() < max_free_) free_.push_back(std::move(b));
@@ -69,6 +72,7 @@ class BufferPool {
   }
 
  private:
+  ProcessOwner owner_;
   std::mutex mu_;
   size_t image_bytes_, batch_size_, max_free_;
   size_t outstanding_ = 0;
@@ -144,9 +148,26 @@ Loader::Loader(std::shared_ptr<Store> store, std::vector<std::string> keys, std:
   if (opt_.batched_fetch) threads_.emplace_back([this] { FetchLoop(); });
 }
 
-Loader::~Loader() { Shutdown(); }
+Loader::~Loader() {
+  if (owner_.here()) {
+    Shutdown();
+    return;
+  }
+  // A fork()ed child frees the parent's Loader (its garbage collector, a DataLoader
+  // worker's): the threads are the parent's, so they are leaked rather than joined (a join
+  // reads a thread descriptor glibc reclaimed at the fork, and crashes), and the condition
+  // variables forget the parent's waiters (destroying one they count blocks). The rest
+  // (buffers, the store, the source) frees only this process's copies, or guards itself.
+  Leak(std::move(threads_));
+  ForgetWaiters(work_cv_);
+  ForgetWaiters(fetch_cv_);
+  ForgetWaiters(done_cv_);
+}
 
 void Loader::Shutdown() {
+  // In a fork()ed child there is nothing of ours to stop (see ~Loader); mu_ may even be
+  // held by a parent's thread that does not exist here.
+  if (!owner_.here()) return;
   std::lock_guard<std::mutex> once(shutdown_mu_);
   {
     std::unique_lock<std::mutex> lock(mu_);
@@ -166,6 +187,11 @@ void Loader::Shutdown() {
 namespace {
 Status ClosedError() { return FailedPreconditionError("the loader is closed"); }
 }  // namespace
+
+Status Loader::CheckProcess() const {
+  return owner_.Check("this Loader", "build a new Loader in this process (e.g. in the DataLoader "
+                                     "worker or Pool task that reads it)");
+}
 
 int64_t Loader::num_batches() const { return BatchesOf(num_samples()); }
 
@@ -189,6 +215,7 @@ void Loader::CancelLocked(std::unique_lock<std::mutex>& lock) {
 }
 
 Status Loader::StartEpoch(uint64_t epoch, int64_t start_batch) {
+  DDP_RETURN_IF_ERROR(CheckProcess());
   std::unique_lock<std::mutex> lock(mu_);
   if (stop_) return ClosedError();
   const int64_t nb = source_ ? BatchesOf(source_->NumSamples(epoch)) : num_batches();
@@ -445,6 +472,7 @@ bool Loader::Skippable(const Status& s) const {
 }
 
 Result<std::optional<Batch>> Loader::Next() {
+  DDP_RETURN_IF_ERROR(CheckProcess());
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
     if (stop_) return ClosedError();

@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/process.h"
 #include "ddp/status.h"
 #include "ddp/store.h"
 #include "image/decode.h"
@@ -121,7 +122,9 @@ class Loader {
   int64_t decode_buffer_bytes() const { return decode_buffer_bytes_.load(); }
 
   // Starts (or restarts) iteration over `epoch` at batch `start_batch`; cancels work
-  // in flight for the previous epoch.
+  // in flight for the previous epoch. In a fork()ed child of the process that made the
+  // loader, StartEpoch and Next fail with kOtherProcess; Shutdown and the destructor free
+  // nothing of the parent's there (common/process.h); the counts above still answer.
   Status StartEpoch(uint64_t epoch, int64_t start_batch = 0);
   // The next batch in order; nullopt at the end of the epoch. Blocks. One consumer at a
   // time (the Python side serialises calls); a concurrent StartEpoch makes it kCancelled,
@@ -151,6 +154,9 @@ class Loader {
   void FinishSample(BatchState& b, size_t slot, Status st);
   void CancelLocked(std::unique_lock<std::mutex>& lock);
   bool Skippable(const Status& s) const;  // on_error="skip" leaves this sample out
+  Status CheckProcess() const;             // kOtherProcess in a fork()ed child
+
+  ProcessOwner owner_;
 
   std::shared_ptr<Store> store_;
   std::vector<std::string> keys_;

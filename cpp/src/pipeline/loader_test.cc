@@ -2,11 +2,13 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <set>
 #include <thread>
 
+#include "common/process_testutil.h"
 #include "image/image_testutil.h"
 
 namespace ddp::pipeline {
@@ -324,6 +326,45 @@ TEST(Loader, DecodeBufferOfALargeImageIsNotKept) {
   // one thread can take every sample and drop its buffer after the large image.
   EXPECT_LE(l->decode_buffer_bytes(), 2 * (4 << 20));
   EXPECT_LT(l->decode_buffer_bytes(), 2048 * 1536 * 3);
+}
+
+TEST(Loader, AForkedChildGetsAnErrorAndFreesNothingOfTheParents) {
+  Fixture f = MakeImages(24);
+  LoaderOptions o;
+  o.batch_size = 4;
+  o.num_threads = 2;
+  o.prefetch = 3;
+  o.batched_fetch = true;  // worker threads and the fetch thread
+  auto l = Loader::Create(f.store, f.keys, f.labels, TrainPipeline(), o).value();
+  ASSERT_TRUE(l->StartEpoch(0).ok());
+  auto first = l->Next();
+  ASSERT_TRUE(first.ok() && first->has_value());
+  std::vector<int64_t> labels((*first)->labels, (*first)->labels + (*first)->size);
+  first = std::optional<Batch>();  // its lease goes back to the pool
+  // The child, as a DataLoader worker whose garbage collector frees the parent's Loader
+  // mid-epoch: reads fail naming fork(), counts still answer, destruction returns.
+  const ForkedChildEnd end = RunInForkedChild([&] {
+    auto next = l->Next();
+    if (next.ok() || next.status().code() != Code::kOtherProcess) return 1;
+    if (next.status().message().find("fork()") == std::string::npos) return 2;
+    if (l->StartEpoch(1).code() != Code::kOtherProcess) return 3;
+    if (l->num_batches() != 6 || l->num_samples() != 24) return 4;
+    l->Shutdown();
+    l.reset();
+    return 0;
+  });
+  EXPECT_FALSE(end.hung);
+  EXPECT_EQ(end.signal, 0);
+  EXPECT_EQ(end.exit_code, 0);
+  // The parent's epoch goes on, every sample once.
+  for (;;) {
+    auto b = l->Next();
+    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    if (!b->has_value()) break;
+    labels.insert(labels.end(), (*b)->labels, (*b)->labels + (*b)->size);
+  }
+  EXPECT_EQ(labels.size(), 24u);
+  EXPECT_EQ(std::count(labels.begin(), labels.end(), 0), 8);
 }
 
 }  // namespace

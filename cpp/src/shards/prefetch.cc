@@ -16,6 +16,12 @@ ChunkPrefetcher::ChunkPrefetcher(std::shared_ptr<Store> store, std::vector<std::
 }
 
 ChunkPrefetcher::~ChunkPrefetcher() {
+  if (!owner_.here()) {
+    // A fork()ed child: the readers are the parent's threads (common/process.h).
+    Leak(std::move(threads_));
+    ForgetWaiters(cv_);
+    return;
+  }
   {
     std::lock_guard<std::mutex> g(mu_);
     stop_ = true;

@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/process.h"
 #include "ddp/store.h"
 
 namespace ddp::shards {
@@ -30,7 +31,9 @@ class ChunkPrefetcher {
  public:
   // Reads `keys` of `store` in that order (a key may repeat).
   ChunkPrefetcher(std::shared_ptr<Store> store, std::vector<std::string> keys, const PrefetchOptions& options);
-  ~ChunkPrefetcher();  // stops the readers (a GET in progress completes first)
+  // Stops the readers (a GET in progress completes first); in a fork()ed child, leaves
+  // them to the parent (common/process.h).
+  ~ChunkPrefetcher();
   ChunkPrefetcher(const ChunkPrefetcher&) = delete;
   ChunkPrefetcher& operator=(const ChunkPrefetcher&) = delete;
 
@@ -54,6 +57,7 @@ class ChunkPrefetcher {
   void ReaderLoop();
   void ReadObject(size_t k);
 
+  ProcessOwner owner_;
   std::shared_ptr<Store> store_;
   std::vector<std::string> keys_;
   PrefetchOptions opt_;

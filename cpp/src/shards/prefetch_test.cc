@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include "common/process_testutil.h"
+
 namespace ddp::shards {
 namespace {
 
@@ -56,6 +58,23 @@ TEST(ChunkPrefetcherTest, ReleaseStopsReadingAndErrorsNameTheObject) {
   ChunkPrefetcher q(store, {"a"}, {.chunk_bytes = 1024, .objects_ahead = 1, .chunks_ahead = 1});
   q.Release(0);
   EXPECT_EQ(q.Next(0, cancel).status().code(), Code::kCancelled);
+}
+
+TEST(ChunkPrefetcherTest, AForkedChildLeavesTheReadersToTheParent) {
+  auto store = Objects("prefetch-fork");
+  // The readers have filled their chunks and wait on the condition variable.
+  auto* p = new ChunkPrefetcher(store, {"a", "a", "a"}, {.chunk_bytes = 1024, .objects_ahead = 3, .chunks_ahead = 1});
+  const std::atomic<bool> never{false};
+  ASSERT_TRUE(p->Next(0, never).ok());
+  const ForkedChildEnd end = RunInForkedChild([&] {
+    delete p;
+    return 0;
+  });
+  EXPECT_FALSE(end.hung);
+  EXPECT_EQ(end.signal, 0);
+  EXPECT_EQ(end.exit_code, 0);
+  EXPECT_EQ(ReadAll(*p, 0).size(), 10000u - 1024u);
+  delete p;
 }
 
 }  // namespace

@@ -90,11 +90,16 @@ Status ShardSource::SetEpochSegments(uint64_t epoch, std::vector<Segment> segmen
 }
 
 Result<RankOrder> ShardSource::Plan(uint64_t epoch) const {
-  std::unique_lock<std::mutex> g(epoch_mu_);
-  const auto it = epoch_segments_.find(epoch);
+  // epoch_mu_ is held for the look-up only: a fork()ed child still counts an epoch
+  // (len(), state_dict()), and finds it free unless the fork fell inside these lines.
+  std::optional<std::vector<Segment>> set;
+  {
+    std::lock_guard<std::mutex> g(epoch_mu_);
+    const auto it = epoch_segments_.find(epoch);
+    if (it != epoch_segments_.end()) set = it->second;
+  }
   const std::vector<Segment> segments =
-      it != epoch_segments_.end() ? it->second : EpochSegments(counts_, opt_.order.shuffle, opt_.order.seed, epoch);
-  g.unlock();
+      set ? std::move(*set) : EpochSegments(counts_, opt_.order.shuffle, opt_.order.seed, epoch);
   return RankSamples(counts_, segments, epoch, opt_.order);
 }
 

@@ -18,7 +18,20 @@ BatchStream::BatchStream(std::vector<size_t> output_row_bytes, size_t batch_size
   if (ahead_) worker_ = std::thread([this] { Run(); });
 }
 
-BatchStream::~BatchStream() { Close(); }
+BatchStream::~BatchStream() {
+  if (owner_.here()) {
+    Close();
+    return;
+  }
+  // A fork()ed child: the thread is the parent's, and mu_ may be held by it
+  // (common/process.h).
+  Leak(std::move(worker_));
+  ForgetWaiters(changed_);
+}
+
+Status BatchStream::CheckProcess() const {
+  return owner_.Check("the table's batch stream", "build a new Loader in this process");
+}
 
 Status BatchStream::Push(BatchJob job) {
   if (job.layout == nullptr) {
@@ -35,6 +48,7 @@ Status BatchStream::Push(BatchJob job) {
                                 " segment indices for " + std::to_string(job.row.size()) +
                                 " rows");
   }
+  DDP_RETURN_IF_ERROR(CheckProcess());
   std::unique_lock<std::mutex> lock(mu_);
   changed_.wait(lock, [&] { return closed_ || worker_done_ || unfinished_ < max_jobs_; });
   if (closed_) return CancelledError("table batches: the stream is closed");
@@ -49,6 +63,7 @@ Status BatchStream::Push(BatchJob job) {
 }
 
 void BatchStream::Finish() {
+  if (!owner_.here()) return;  // a fork()ed child: Push and Next fail there anyway
   std::lock_guard<std::mutex> lock(mu_);
   finished_ = true;
   changed_.notify_all();
@@ -56,6 +71,7 @@ void BatchStream::Finish() {
 
 Status BatchStream::Next(Batch* batch, bool* end, double timeout_s) {
   *end = false;
+  DDP_RETURN_IF_ERROR(CheckProcess());
   if (!ahead_) return NextInline(batch, end, timeout_s);
   std::unique_lock<std::mutex> lock(mu_);
   auto ready = [&] { return closed_ || worker_done_ || !ready_.empty(); };
@@ -77,6 +93,7 @@ Status BatchStream::Next(Batch* batch, bool* end, double timeout_s) {
 }
 
 void BatchStream::Close() {
+  if (!owner_.here()) return;  // nothing of ours to stop in a fork()ed child (~BatchStream)
   {
     std::lock_guard<std::mutex> lock(mu_);
     closed_ = true;
@@ -87,6 +104,7 @@ void BatchStream::Close() {
 }
 
 uint64_t BatchStream::jobs_done() const {
+  if (!owner_.here()) return done_;  // a fork()ed child's copy, which no thread changes
   std::lock_guard<std::mutex> lock(mu_);
   return done_;
 }

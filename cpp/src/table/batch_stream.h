@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/process.h"
 #include "ddp/status.h"
 #include "table/gather.h"
 
@@ -65,6 +66,9 @@ class BatchStream {
   // Stops the thread (a batch being gathered is completed, then dropped); Push and Next
   // return at once from then on. Idempotent.
   void Close();
+  // In a fork()ed child of the process that made the stream, Push and Next fail with
+  // kOtherProcess; Finish, Close and the destructor leave the thread to the parent
+  // (common/process.h).
 
   uint64_t jobs_done() const;
   size_t batch_size() const { return batch_size_; }
@@ -77,7 +81,9 @@ class BatchStream {
   Status Gather(const BatchJob& job, size_t begin, size_t rows, Batch* batch) const;
   // A job whose batches are all gathered: its buffers released, counted done (mu_ held).
   void JobDone(std::unique_lock<std::mutex>& lock, BatchJob job);
+  Status CheckProcess() const;
 
+  ProcessOwner owner_;
   const std::vector<size_t> output_row_bytes_;
   const size_t batch_size_;
   const size_t prefetch_;

@@ -9,6 +9,8 @@
 #include <thread>
 #include <chrono>
 
+#include "common/process_testutil.h"
+
 namespace ddp::table {
 namespace {
 
@@ -229,6 +231,44 @@ INSTANTIATE_TEST_SUITE_P(AheadAndInline, BatchStreamTest, testing::Bool(),
                          [](const testing::TestParamInfo<bool>& param) {
                            return param.param ? "Ahead" : "Inline";
                          });
+
+TEST(BatchStreamFork, AForkedChildGetsAnErrorAndLeavesTheThreadsToTheParent) {
+  Records t({40, 30});
+  auto* pool = new GatherPool(3);
+  auto* stream = new BatchStream({8, 4}, 7, 2, 2, pool, /*ahead=*/true);
+  ASSERT_TRUE(stream->Push(ShuffledJob(t, {40, 30}, 1)).ok());
+  stream->Finish();
+  Batch first;
+  bool end = false;
+  ASSERT_TRUE(stream->Next(&first, &end).ok());
+  const ForkedChildEnd child = RunInForkedChild([&] {
+    Batch b;
+    bool e = false;
+    if (stream->Next(&b, &e).code() != Code::kOtherProcess) return 1;
+    if (stream->Push(ShuffledJob(t, {40, 30}, 2)).code() != Code::kOtherProcess) return 2;
+    const BatchJob job = ShuffledJob(t, {40, 30}, 3);
+    std::vector<uint8_t> x(8 * job.row.size()), y(4 * job.row.size());
+    std::vector<uint8_t*> outs{x.data(), y.data()};
+    if (GatherRows(*job.layout, job.segment, job.row, outs, pool).code() != Code::kOtherProcess) return 3;
+    stream->Close();
+    delete stream;
+    delete pool;
+    return 0;
+  });
+  EXPECT_FALSE(child.hung);
+  EXPECT_EQ(child.signal, 0);
+  EXPECT_EQ(child.exit_code, 0);
+  size_t rows = first.rows;
+  for (;;) {
+    Batch b;
+    ASSERT_TRUE(stream->Next(&b, &end).ok());
+    if (end) break;
+    rows += b.rows;
+  }
+  EXPECT_EQ(rows, 70u);
+  delete stream;
+  delete pool;
+}
 
 }  // namespace
 }  // namespace ddp::table

@@ -159,6 +159,7 @@ Status GatherRows(const GatherLayout& layout, std::span<const int32_t> segment,
     const size_t end = std::min(n, begin + kRowsPerTask);
     CopyRows(outputs[c.output], layout.output_row_bytes[c.output], c, segment, row, begin, end);
   };
+  if (pool != nullptr) DDP_RETURN_IF_ERROR(pool->CheckProcess());
   if (pool == nullptr || tasks == 1) {
     for (size_t t = 0; t < tasks; ++t) run(t);
   } else {
@@ -172,6 +173,13 @@ GatherPool::GatherPool(int threads) {
 }
 
 GatherPool::~GatherPool() {
+  if (!owner_.here()) {
+    // A fork()ed child: the workers are the parent's threads (common/process.h).
+    Leak(std::move(workers_));
+    ForgetWaiters(wake_);
+    ForgetWaiters(done_);
+    return;
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
@@ -200,6 +208,10 @@ void GatherPool::Work() {
     while (RunOne(lock)) {
     }
   }
+}
+
+Status GatherPool::CheckProcess() const {
+  return owner_.Check("the table's gather pool", "build a new Loader in this process");
 }
 
 void GatherPool::ParallelFor(size_t n, const std::function<void(size_t)>& fn) {

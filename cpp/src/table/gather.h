@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/process.h"
 #include "ddp/status.h"
 
 namespace ddp::table {
@@ -46,7 +47,9 @@ struct GatherLayout {
 // column.
 Status ValidateLayout(const GatherLayout& layout);
 
-// A fixed set of threads running a parallel loop; the calling thread takes part.
+// A fixed set of threads running a parallel loop; the calling thread takes part. In a
+// fork()ed child of the process that made it, CheckProcess fails (kOtherProcess) and the
+// destructor leaves the threads to the parent (common/process.h).
 class GatherPool {
  public:
   explicit GatherPool(int threads);
@@ -55,13 +58,16 @@ class GatherPool {
   GatherPool& operator=(const GatherPool&) = delete;
 
   int threads() const { return static_cast<int>(workers_.size()) + 1; }
-  // Runs fn(0) ... fn(n - 1) on the pool's threads and returns when all have run.
+  // Runs fn(0) ... fn(n - 1) on the pool's threads and returns when all have run. Only
+  // in the process that made the pool (CheckProcess).
   void ParallelFor(size_t n, const std::function<void(size_t)>& fn);
+  Status CheckProcess() const;
 
  private:
   void Work();
   bool RunOne(std::unique_lock<std::mutex>& lock);
 
+  ProcessOwner owner_;
   std::mutex mu_;
   std::condition_variable wake_;
   std::condition_variable done_;
@@ -76,7 +82,8 @@ class GatherPool {
 // Copies row row[i] of segment segment[i] of every column into row i of its output, for
 // i in [0, n). outputs[o] must hold n * layout.output_row_bytes[o] bytes. Checks every
 // index first (the error names the batch position, the segment and its row count) and
-// copies nothing when one is out of range. pool may be null (the calling thread copies).
+// copies nothing when one is out of range. pool may be null (the calling thread copies);
+// a pool made in another process (a fork()'s parent) is kOtherProcess.
 Status GatherRows(const GatherLayout& layout, std::span<const int32_t> segment,
                   std::span<const int64_t> row, std::span<uint8_t* const> outputs,
                   GatherPool* pool);

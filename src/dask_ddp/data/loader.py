@@ -23,6 +23,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import logging
+import os
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -36,6 +37,7 @@ from dask_ddp.data import transforms as T
 from dask_ddp.data.datasets import ImageList
 from dask_ddp.data.device import DeviceStage, default_threads, split_tail, stage_for
 from dask_ddp.data.engine import ImageSource, resolve_dataset
+from dask_ddp.data.process import check_made_here
 from dask_ddp.data.shards import TarShards
 from dask_ddp.data.unread import (
     Samples,
@@ -364,6 +366,7 @@ class Loader:
         self.prefetch = int(prefetch)
         self.epoch = 0
         self._position = 0  # batches handed out in the current epoch (of a deal: of it)
+        self._made_in = os.getpid()  # a fork()ed child reads none of its parent's Loaders
 
     def __len__(self) -> int:
         """Batches per epoch for this rank (for tar shards: in the current epoch)."""
@@ -390,6 +393,7 @@ class Loader:
         After :meth:`load_state_dict`, setting the restored epoch keeps the restored
         position (so a training loop calling ``set_epoch`` every epoch resumes mid-epoch).
         """
+        check_made_here(self._made_in)
         if epoch < 0:
             raise ValueError(f"epoch must be >= 0, got {epoch}")
         if int(epoch) != self.epoch:
@@ -405,6 +409,7 @@ class Loader:
     def __iter__(self) -> Iterator[tuple[Any, ...]]:
         """Batches of ``(images, labels)``; for a :class:`TarShards` with ``fields``, a
         tuple in the order of its fields."""
+        check_made_here(self._made_in)
         start, self._start_batch = self._start_batch, 0
         core = self._core
         core.start_epoch(self.epoch, start)

@@ -1,6 +1,7 @@
 #include "store/http/curl_client.h"
 
 #include <curl/curl.h>
+#include <pthread.h>
 
 #include <algorithm>
 #include <array>
@@ -21,11 +22,29 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// curl_global_init is not thread-safe; a function-local static runs it exactly once.
+// curl_global_init is not thread-safe: it runs once, under g_init_mu. fork() takes
+// g_init_mu first (the handlers below, registered as the library loads, before any
+// thread can start an init), so a child never finds an init half done; a function-local
+// static would leave its guard taken in a child forked during the first init, and the
+// child's first store would wait for it for ever.
+std::mutex g_init_mu;
+bool g_init_done = false;
+CURLcode g_init_rc = CURLE_OK;
+const int g_atfork_rc = pthread_atfork([] { g_init_mu.lock(); }, [] { g_init_mu.unlock(); },
+                                       [] { g_init_mu.unlock(); });
+
 Status GlobalInit() {
-  static const CURLcode rc = curl_global_init(CURL_GLOBAL_DEFAULT);
-  if (rc != CURLE_OK) {
-    return InternalError(std::string("curl_global_init failed: ") + curl_easy_strerror(rc));
+  if (g_atfork_rc != 0) {
+    return InternalError(std::string("pthread_atfork for libcurl's init failed: ") +
+                         std::strerror(g_atfork_rc));
+  }
+  std::lock_guard<std::mutex> lock(g_init_mu);
+  if (!g_init_done) {
+    g_init_rc = curl_global_init(CURL_GLOBAL_DEFAULT);
+    g_init_done = true;
+  }
+  if (g_init_rc != CURLE_OK) {
+    return InternalError(std::string("curl_global_init failed: ") + curl_easy_strerror(g_init_rc));
   }
   return Status::Ok();
 }
@@ -281,7 +300,18 @@ struct CurlClient::Impl {
 CurlClient::CurlClient(ClientConfig config)
     : config_(std::move(config)), impl_(std::make_unique<Impl>()) {}
 
-CurlClient::~CurlClient() = default;
+CurlClient::~CurlClient() {
+  if (owner_.here()) return;  // impl_ frees the handles
+  // A fork()ed child: the handles' connections are the parent's sockets, and closing them
+  // would end the parent's TLS sessions (a close_notify on the shared socket); the share's
+  // locks may be held by a parent's thread. Leaked (common/process.h).
+  Leak(std::move(impl_));
+}
+
+Status CurlClient::CheckProcess(const std::string& what) const {
+  return owner_.Check("the store", "open it again in this process (dask_ddp.storage.open)")
+      .WithContext(what);
+}
 
 Result<std::unique_ptr<CurlClient>> CurlClient::Create(ClientConfig config) {
   DDP_RETURN_IF_ERROR(GlobalInit());
@@ -455,6 +485,7 @@ std::chrono::duration<double> Backoff(int retry, const RetryOptions& o) {
 }  // namespace
 
 Result<HttpResponse> CurlClient::Perform(const HttpRequest& request) {
+  DDP_RETURN_IF_ERROR(CheckProcess(request.what));
   CURL* e = impl_->TakeEasy();
   if (e == nullptr) return ResourceExhaustedError(request.what + ": curl_easy_init failed");
   Status last;
@@ -487,6 +518,10 @@ Result<HttpResponse> CurlClient::Perform(const HttpRequest& request) {
 Status CurlClient::PerformMany(std::span<const HttpRequest> requests, int max_in_flight,
                                const DoneCallback& done, const std::atomic<bool>* cancel) {
   if (requests.empty()) return Status::Ok();
+  if (Status st = CheckProcess(requests[0].what); !st.ok()) {
+    for (size_t i = 0; i < requests.size(); ++i) done(i, CheckProcess(requests[i].what));
+    return st;
+  }
   max_in_flight = std::max(1, max_in_flight);
   Impl::MultiContext ctx = impl_->TakeMulti();
   if (ctx.multi == nullptr) return ResourceExhaustedError("curl_multi_init failed");

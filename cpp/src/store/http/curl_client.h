@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/process.h"
 #include "ddp/store.h"
 
 namespace ddp::store_internal {
@@ -98,6 +99,10 @@ class CurlClient {
   CurlClient(const CurlClient&) = delete;
   CurlClient& operator=(const CurlClient&) = delete;
 
+  // In a fork()ed child of the process that made the client, requests fail with
+  // kOtherProcess (the pooled handles hold the parent's connections), and the destructor
+  // leaks the handles (common/process.h).
+
   // One request, retried as described above. An error means a transport failure or a
   // retryable answer that persisted; any other answer is returned, whatever its status.
   Result<HttpResponse> Perform(const HttpRequest& request);
@@ -118,6 +123,8 @@ class CurlClient {
  private:
   struct Impl;
   explicit CurlClient(ClientConfig config);
+  Status CheckProcess(const std::string& what) const;  // kOtherProcess naming `what`
+  ProcessOwner owner_;
   ClientConfig config_;
   std::unique_ptr<Impl> impl_;
 };

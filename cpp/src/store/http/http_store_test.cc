@@ -11,6 +11,7 @@
 #include <cstring>
 #include <thread>
 
+#include "common/process_testutil.h"
 #include "ddp/store.h"
 #include "store/conformance_testutil.h"
 #include "store/http/curl_client.h"
@@ -251,6 +252,36 @@ TEST(CurlClientTest, UriEncodeAndRedact) {
   EXPECT_EQ(UriEncode("\xc3\xa9", true), "%C3%A9");
   EXPECT_EQ(RedactUrl("https://u:p@host:1/x@y"), "https://host:1/x@y");
   EXPECT_EQ(RedactUrl("https://host/x@y"), "https://host/x@y");
+}
+
+TEST(CurlClientTest, AForkedChildGetsAnErrorNamingTheRequestAndLeaksTheHandles) {
+  using store_internal::CurlClient;
+  using store_internal::HttpRequest;
+  using store_internal::HttpResponse;
+  auto* client = CurlClient::Create(store_internal::ClientConfig{}).value().release();
+  const ForkedChildEnd end = RunInForkedChild([&] {
+    HttpRequest r;
+    r.url = "http://127.0.0.1:9/x";
+    r.what = "http://127.0.0.1:9/x";
+    Result<HttpResponse> one = client->Perform(r);
+    if (one.ok() || one.status().code() != Code::kOtherProcess) return 1;
+    if (one.status().message().find(r.what) == std::string::npos ||
+        one.status().message().find("fork()") == std::string::npos) {
+      return 2;
+    }
+    std::vector<HttpRequest> many(3, r);
+    int called = 0;
+    const Status st = client->PerformMany(many, 2, [&](size_t, Result<HttpResponse> got) {
+      if (!got.ok() && got.status().code() == Code::kOtherProcess) ++called;
+    });
+    if (st.code() != Code::kOtherProcess || called != 3) return 3;
+    delete client;
+    return 0;
+  });
+  EXPECT_FALSE(end.hung);
+  EXPECT_EQ(end.signal, 0);
+  EXPECT_EQ(end.exit_code, 0);
+  delete client;
 }
 
 }  // namespace

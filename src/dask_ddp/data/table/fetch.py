@@ -47,6 +47,21 @@ FETCH_TIMEOUT_S = 600.0
 
 _clients: dict[str, Any] = {}
 _clients_lock = threading.Lock()
+#: The clients a fork()ed child inherited: kept, never used nor closed there.
+_inherited: list[Any] = []
+
+
+def _forget_clients() -> None:
+    """In a fork()ed child: no client of the parent's (its connections and event loop
+    thread are the parent's; closing one here would close the parent's connection), and a
+    lock no parent's thread can hold."""
+    global _clients_lock
+    _inherited.extend(_clients.values())
+    _clients.clear()
+    _clients_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_clients)
 
 
 def _client(address: str) -> Any:

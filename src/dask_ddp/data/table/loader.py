@@ -28,6 +28,7 @@ from dask_ddp import _core
 from dask_ddp._pending import flush_pending
 from dask_ddp.data.device import stage_for
 from dask_ddp.data.loader import Loader
+from dask_ddp.data.process import check_made_here
 from dask_ddp.data.table import plan
 from dask_ddp.data.table.batches import POLL_S, EpochBatches
 from dask_ddp.data.table.epoch import EpochRows
@@ -196,6 +197,7 @@ class TableLoader(Loader):
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch's order (as ``DistributedSampler.set_epoch``); after
         :meth:`load_state_dict`, setting the restored epoch keeps the restored position."""
+        check_made_here(self._made_in)
         if epoch < 0:
             raise ValueError(f"epoch must be >= 0, got {epoch}")
         if int(epoch) != self.epoch:
@@ -233,6 +235,7 @@ class TableLoader(Loader):
     def __iter__(self) -> Iterator[Any]:
         """Batches: a dict of column tensors, or ``x`` or ``(x, y)`` with ``features``
         and ``label``."""
+        check_made_here(self._made_in)
         start, self._start = self._start, 0
         self._position = start
         self._hint_persist()

@@ -1,0 +1,85 @@
+"""A live rank's hooks, without a process group: what a regroup counts of a lost member's
+epoch, and where a rank asked to leave leaves."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from dask_ddp._launch.live_attach import Attached
+from dask_ddp.data import ImageList, Loader
+from dask_ddp.data import transforms as T
+from dask_ddp.data.unread import rank_indices
+from images import file_putter, write_folder
+
+N = 30
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory: pytest.TempPathFactory) -> ImageList:
+    root = tmp_path_factory.mktemp("attach-imgs")
+    keys = [k for k, _ in write_folder(file_putter(str(root)), ["a"], N, sizes=((6, 6),))]
+    return ImageList(str(root), keys, list(range(N)))
+
+
+def _attached(images: ImageList, taken: int) -> tuple[Attached, Loader]:
+    """Rank 0 of 3 (members 0 and 1 left after a loss of 2) that took ``taken`` batches."""
+    loader = Loader(images, 2, transform=T.Compose([T.Resize((4, 4)), T.ToTensor()]),
+                    seed=5, rank=0, world_size=3, num_threads=1)
+    group: Any = SimpleNamespace(joining=False, data_position=(0, taken), members=[0, 1],
+                                 lost=[2], leaving=False)
+    return Attached(group, None, None, loader), loader
+
+
+def test_a_regroup_inside_a_step_leaves_out_only_the_batch_in_hand(images: ImageList) -> None:
+    """From a failed backward(), rank 0 holds the step's batch, which no lost member
+    trained on: their unread samples start one batch before rank 0's count; at a step's
+    top (an admission that found a member gone, having left at that boundary) every batch
+    rank 0 took was counted, so they start at its count (before, that member's last
+    counted batch was read a second time)."""
+    att, loader = _attached(images, 3)
+    shard = rank_indices(N, 0, 2, 3, seed=5)
+    try:
+        att.in_step = True
+        assert att._lost_samples([2]) == (0, shard[2 * 2:])
+        att.in_step = False
+        assert att._lost_samples([2]) == (0, shard[3 * 2:])
+    finally:
+        loader.close()
+
+
+def test_a_rank_asked_to_leave_leaves_at_the_top_of_a_step(images: ImageList) -> None:
+    """Not inside optimizer.step(): the loop finishes the step the group counts (what it
+    does after the optimizer's step runs), and leaves when it asks for the next batch."""
+    att, loader = _attached(images, 0)
+    left: list[str] = []
+    group: Any = att.group
+    group.leave_now = lambda: left.append("left")
+    try:
+        step = att.wrap_step(lambda: "stepped")
+        group.committed = 0
+        group.leaving = True
+        assert step() == "stepped" and not left  # the step returns to the loop
+        att.boundary()  # the registered loader's next batch, or the forward
+        assert left == ["left"]
+    finally:
+        loader.close()
+
+
+def test_leaving_happens_before_an_admission(images: ImageList) -> None:
+    """A rank asked to leave at the boundary where the group admits a joiner leaves there
+    instead of taking part: the others' admission then finds it gone (an ordinary regroup,
+    counted at the step's top)."""
+    att, loader = _attached(images, 0)
+    calls: list[str] = []
+    group: Any = att.group
+    group.leave_now = lambda: calls.append("left")
+    att._admit = lambda: calls.append("admitted")  # type: ignore[method-assign]
+    try:
+        group.leaving, att.admit = True, True
+        att.boundary()
+        assert calls[0] == "left", calls
+    finally:
+        loader.close()

@@ -136,6 +136,32 @@ void PyLoader::Close() {
   loader.reset();
 }
 
+namespace {
+
+// A lent buffer: one-dimensional uint8 host memory (a pinned torch tensor's numpy view).
+using LentArray = nb::ndarray<uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+
+// The engine keeps each lent array referenced while its pool may write or read it; the
+// last reference can go on an engine thread, so it is dropped under the GIL (and left
+// alone once the interpreter is gone).
+std::shared_ptr<void> KeepAlive(const LentArray& array) {
+  return std::shared_ptr<void>(new LentArray(array), [](void* p) {
+    if (!nb::is_alive()) return;
+    nb::gil_scoped_acquire gil;
+    delete static_cast<LentArray*>(p);
+  });
+}
+
+void AdoptBuffers(PyLoader& self, const std::vector<LentArray>& arrays) {
+  std::shared_ptr<pipeline::Loader> loader = self.checked();
+  std::vector<pipeline::ExternalBuffer> lent;
+  lent.reserve(arrays.size());
+  for (const LentArray& a : arrays) lent.push_back({a.data(), a.size(), KeepAlive(a)});
+  ThrowIfError(loader->AdoptBuffers(std::move(lent)));
+}
+
+}  // namespace
+
 std::shared_ptr<pipeline::Loader> PyLoader::checked() const {
   if (!loader_) throw nb::value_error("the loader is closed");
   return loader_;
@@ -187,7 +213,13 @@ void init_loader(nb::module_& m) {
           },
           "(3, H, W) of each sample.")
       .def_prop_ro("float_output", [](PyLoader& l) { return l.checked()->pipeline().float_output(); },
-                   "Whether images are float32 (else uint8).");
+                   "Whether images are float32 (else uint8).")
+      .def_prop_ro("batch_image_bytes", [](PyLoader& l) { return l.checked()->batch_image_bytes(); },
+                   "Bytes of one batch's images: what each lent buffer must hold.")
+      .def("adopt_buffers", &AdoptBuffers, "buffers"_a,
+           "Lend the loader memory for batch images (1-D uint8 CPU arrays of at least "
+           "batch_image_bytes each, e.g. pinned torch tensors' numpy views): used before "
+           "its own buffers and kept referenced while a batch may use them.");
 }
 
 }  // namespace ddp::py

@@ -158,6 +158,15 @@ class ImageLoader:
     def float_output(self) -> bool:
         """Whether images are float32 (else uint8)."""
 
+    @property
+    def batch_image_bytes(self) -> int:
+        """Bytes of one batch's images: what each lent buffer must hold."""
+
+    def adopt_buffers(self, buffers: Sequence[Annotated[NDArray[numpy.uint8], dict(shape=(None,), order='C', device='cpu')]]) -> None:
+        """
+        Lend the loader memory for batch images (1-D uint8 CPU arrays of at least batch_image_bytes each, e.g. pinned torch tensors' numpy views): used before its own buffers and kept referenced while a batch may use them.
+        """
+
 class TarShardLoader(ImageLoader):
     """The C++ batch loader over tar shards (use dask_ddp.data.Loader)."""
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import tarfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -269,3 +270,40 @@ def test_a_compiled_model_compiles_once_over_an_epoch(folder: Path) -> None:
         for x, _ in loader:
             fn(x)
     assert compiles == 1
+
+
+def test_the_engine_decodes_into_lent_buffers(folder: Path) -> None:
+    """The engine writes batches into memory the caller lends (on a GPU: pinned memory
+    torch allocated), and keeps it referenced while a batch uses it."""
+    from dask_ddp.data.engine import ImageSource
+
+    source = ImageSource.of(ImageFolder(str(folder)))
+    ops = T.to_ops(NORM)
+
+    def engine() -> Any:
+        return source.loader(ops, batch_size=4, shuffle=True, seed=2, num_threads=2,
+                             prefetch=2)
+
+    want = []
+    core = engine()
+    core.start_epoch(0, 0)
+    while (item := core.next()) is not None:
+        want.append(item[0].clone())
+    core.close()
+
+    core = engine()
+    assert core.batch_image_bytes == 4 * 3 * 32 * 32 * 4
+    with pytest.raises(ValueError, match="lent buffer 0 holds 10 bytes"):
+        core.adopt_buffers([np.zeros(10, np.uint8)])
+    lent = [np.zeros(core.batch_image_bytes, np.uint8) for _ in range(4)]
+    core.adopt_buffers(lent)
+    starts = {a.ctypes.data for a in lent}
+    core.start_epoch(0, 0)
+    got, inside = [], 0
+    while (item := core.next()) is not None:
+        inside += item[0].data_ptr() in starts
+        got.append(item[0].clone())
+    core.close()
+    assert inside == len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        assert torch.equal(g, w)

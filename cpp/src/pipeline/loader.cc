@@ -44,16 +44,39 @@ class BufferPool {
     {
       std::lock_guard<std::mutex> g(mu_);
       ++outstanding_;
-      if (!free_.empty()) {
-        auto b = std::move(free_.back());
-        free_.pop_back();
-        return b;
+      // Lent buffers first: a GPU copies from them without staging.
+      for (auto* list : {&lent_, &free_}) {
+        if (!list->empty()) {
+          auto b = std::move(list->back());
+          list->pop_back();
+          return b;
+        }
       }
     }
     auto b = std::make_unique<BatchBuffer>();
-    b->images.resize(image_bytes_);
+    b->owned.resize(image_bytes_);
     b->labels.resize(batch_size_);
     return b;
+  }
+
+  size_t image_bytes() const { return image_bytes_; }
+
+  Status Adopt(std::vector<ExternalBuffer> buffers) {
+    for (size_t i = 0; i < buffers.size(); ++i) {
+      if (buffers[i].data == nullptr || buffers[i].size < image_bytes_) {
+        return InvalidArgumentError("Loader: lent buffer " + std::to_string(i) + " holds " +
+                                    std::to_string(buffers[i].size) + " bytes; a batch's images need " +
+                                    std::to_string(image_bytes_));
+      }
+    }
+    std::lock_guard<std::mutex> g(mu_);
+    for (auto& e : buffers) {
+      auto b = std::make_unique<BatchBuffer>();
+      b->external = std::move(e);
+      b->labels.resize(batch_size_);
+      lent_.push_back(std::move(b));
+    }
+    return Status::Ok();
   }
 
   void Return(std::unique_ptr<BatchBuffer> b) {
@@ -62,7 +85,11 @@ class BufferPool {
     if (!owner_.here()) return;
     std::lock_guard<std::mutex> g(mu_);
     --outstanding_;
-    if (free_.size() < max_free_) free_.push_back(std::move(b));
+    if (b->external.data != nullptr) {
+      lent_.push_back(std::move(b));  // kept whatever the count: the caller sized them
+    } else if (free_.size() < max_free_) {
+      free_.push_back(std::move(b));
+    }
   }
 
   // Buffers taken and not yet returned (in flight or held by the caller).
@@ -77,6 +104,7 @@ class BufferPool {
   size_t image_bytes_, batch_size_, max_free_;
   size_t outstanding_ = 0;
   std::vector<std::unique_ptr<BatchBuffer>> free_;
+  std::vector<std::unique_ptr<BatchBuffer>> lent_;  // buffers the caller lent, free
 };
 
 BufferLease::BufferLease(std::shared_ptr<BufferPool> pool, std::unique_ptr<BatchBuffer> buf)
@@ -146,6 +174,13 @@ Loader::Loader(std::shared_ptr<Store> store, std::vector<std::string> keys, std:
   n = std::max(n, 1);
   for (int i = 0; i < n; ++i) threads_.emplace_back([this] { WorkerLoop(); });
   if (opt_.batched_fetch) threads_.emplace_back([this] { FetchLoop(); });
+}
+
+size_t Loader::batch_image_bytes() const { return pool_->image_bytes(); }
+
+Status Loader::AdoptBuffers(std::vector<ExternalBuffer> buffers) {
+  if (Status st = CheckProcess(); !st.ok()) return st;
+  return pool_->Adopt(std::move(buffers));
 }
 
 Loader::~Loader() {
@@ -350,7 +385,7 @@ void Loader::RunTask(Task& t, image::Image& img) {
   Status st = image::DecodeImage(bytes, url, opt_.decode, plan.scale_denom, img,
                                  plan.region ? &*plan.region : nullptr);
   if (st.ok()) {
-    uint8_t* dst = b.lease->buffer().images.data() + t.slot * pipeline_.sample_bytes();
+    uint8_t* dst = b.lease->buffer().images() + t.slot * pipeline_.sample_bytes();
     st = pipeline_.Apply(img, plan, dst);
     if (!st.ok()) st = st.WithContext(url);
   }
@@ -501,7 +536,7 @@ Result<std::optional<Batch>> Loader::Next() {
       }
       good.push_back(s);
       if (static_cast<int64_t>(s) != kept) {
-        std::memmove(buf.images.data() + kept * sb, buf.images.data() + s * sb, sb);
+        std::memmove(buf.images() + kept * sb, buf.images() + s * sb, sb);
       }
       buf.labels[static_cast<size_t>(kept)] = source_ ? b->labels[s] : labels_[static_cast<size_t>(b->samples[s])];
       ++kept;
@@ -518,7 +553,7 @@ Result<std::optional<Batch>> Loader::Next() {
       out.fields = std::move(fields).value();
     }
     out.lease = b->lease;
-    out.images = buf.images.data();
+    out.images = buf.images();
     out.labels = buf.labels.data();
     out.size = kept;
     out.index = b->index;

@@ -56,10 +56,23 @@ struct LoaderOptions {
 
 class BufferPool;
 
+// Memory the caller lends the loader for batch images, e.g. page-locked host memory a GPU
+// copies from without staging (the loader links no CUDA: Python allocates it). `keep`
+// holds whatever keeps `data` valid; the loader drops it only when no batch can use the
+// memory any more (its pool is gone: the loader and every batch leased from it).
+struct ExternalBuffer {
+  uint8_t* data = nullptr;
+  size_t size = 0;
+  std::shared_ptr<void> keep;
+};
+
 // One batch buffer: images (3 x H x W per sample, float32 or uint8) and int64 labels.
+// The images live in the pool's own memory or in a buffer the caller lent.
 struct BatchBuffer {
-  std::vector<uint8_t> images;
+  std::vector<uint8_t> owned;
+  ExternalBuffer external;
   std::vector<int64_t> labels;
+  uint8_t* images() { return external.data != nullptr ? external.data : owned.data(); }
 };
 
 // Owns a buffer while the caller uses it; returns it to the pool when destroyed.
@@ -130,6 +143,13 @@ class Loader {
   // time (the Python side serialises calls); a concurrent StartEpoch makes it kCancelled,
   // a concurrent Shutdown kFailedPrecondition ("closed").
   Result<std::optional<Batch>> Next();
+
+  // Bytes of one batch's images: what each lent buffer must hold at least.
+  size_t batch_image_bytes() const;
+  // Lends the loader memory for batch images (see ExternalBuffer): the buffers are used
+  // before the loader allocates its own, and kept (never freed for a smaller pool) for
+  // the loader's life. InvalidArgument naming the buffer if one is too small or null.
+  Status AdoptBuffers(std::vector<ExternalBuffer> buffers);
 
   // Stops the threads and wakes every waiter (Next, StartEpoch then fail as closed).
   // Safe from any thread, at any time, any number of times; the destructor calls it.

@@ -153,6 +153,43 @@ TEST(Loader, KeptBatchIsNeverOverwritten) {
   }
 }
 
+TEST(Loader, LentBuffersHoldTheBatchesAndOutliveTheLoaderWhileBatchesDo) {
+  Fixture f = MakeImages(23);
+  LoaderOptions o;
+  o.batch_size = 5;
+  o.prefetch = 2;
+  o.num_threads = 2;
+  o.sampler.seed = 4;
+  Epoch want = RunEpoch(*Loader::Create(f.store, f.keys, f.labels, TrainPipeline(), o).value(), 1);
+  auto l = Loader::Create(f.store, f.keys, f.labels, TrainPipeline(), o).value();
+  const size_t bytes = l->batch_image_bytes();
+  EXPECT_EQ(bytes, size_t{5} * 3 * 16 * 16 * sizeof(float));
+  auto memory = std::make_shared<std::vector<std::vector<uint8_t>>>(2, std::vector<uint8_t>(bytes));
+  std::vector<ExternalBuffer> lent;
+  for (auto& m : *memory) lent.push_back({m.data(), m.size(), memory});
+  std::vector<ExternalBuffer> small = {{(*memory)[0].data(), bytes - 1, memory}};
+  Status st = l->AdoptBuffers(small);
+  EXPECT_EQ(st.code(), Code::kInvalidArgument);
+  EXPECT_NE(st.message().find("lent buffer 0 holds"), std::string::npos) << st.ToString();
+  small.clear();
+  ASSERT_TRUE(l->AdoptBuffers(std::move(lent)).ok());
+  // The same batches; the ones the loop holds one at a time come from the lent memory.
+  EXPECT_EQ(RunEpoch(*l, 1), want);
+  ASSERT_TRUE(l->StartEpoch(1).ok());
+  auto b = l->Next();
+  ASSERT_TRUE(b.ok() && b->has_value());
+  const auto* p = static_cast<const uint8_t*>((*b)->images);
+  bool inside = false;
+  for (auto& m : *memory) inside = inside || (p >= m.data() && p < m.data() + m.size());
+  EXPECT_TRUE(inside);
+  // The lent memory stays referenced while a batch may read it, after the loader too.
+  Batch kept = std::move(**b);
+  l.reset();
+  EXPECT_GT(memory.use_count(), 1);
+  kept = Batch{};
+  EXPECT_EQ(memory.use_count(), 1);
+}
+
 TEST(Loader, ErrorsRaiseOrSkip) {
   Fixture f = MakeImages(12, {4, 7});
   LoaderOptions o;

@@ -243,7 +243,9 @@ class DeviceStage:
         self._stream: Any = torch.cuda.Stream(device) if self._cuda else None
         # (copy event, host tensors) of copies that may still read their host buffers.
         self._held: collections.deque[tuple[Any, tuple[Any, ...]]] = collections.deque()
-        self._reservation: _Reservation | None = None
+        # The pinned bytes of the buffers lent to this stage's engines, given back to the
+        # host's budget with the stage.
+        self._reservations: list[_Reservation] = []
 
     @property
     def stream(self) -> Any:
@@ -262,7 +264,7 @@ class DeviceStage:
             return None
         if not PinnedBudget.take(count * nbytes):
             return None
-        self._reservation = _Reservation(count * nbytes)
+        self._reservations.append(_Reservation(count * nbytes))
         return [torch.empty(nbytes, dtype=torch.uint8, pin_memory=True) for _ in range(count)]
 
     @property

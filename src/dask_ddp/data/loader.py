@@ -322,13 +322,15 @@ class Loader:
             "region_decode": bool(region_decode),
         }
         if shards is not None:
-            self._core = shards.engine_loader(ops, **engine_options)
-            self._make_core = lambda r, w: shards.engine_loader(
-                ops, **{**engine_options, "rank": r, "world_size": w})
+            def shard_engine(r: int, w: int) -> Any:
+                return self._lend(shards.engine_loader(
+                    ops, **{**engine_options, "rank": r, "world_size": w}))
+
+            self._core = shard_engine(self.rank, self.world_size)
+            self._make_core = shard_engine
             self._unread = UnreadDeals(lambda epoch, ids, r, w: shard_deal(
-                shards, epoch, ids, shards.engine_loader(
-                    ops, **{**engine_options, "rank": r, "world_size": w}),
-                engine_options["skip_errors"]), self.batch_size, self.drop_last,
+                shards, epoch, ids, shard_engine(r, w), engine_options["skip_errors"]),
+                self.batch_size, self.drop_last,
                 share_order=lambda epoch, ids, r, w: shard_share(
                     shards, epoch, ids, r, w, shuffle=bool(self.shuffle), seed=self.seed,
                     drop_last=self.drop_last, skip_errors=engine_options["skip_errors"]))
@@ -336,12 +338,26 @@ class Loader:
         # The dataset's own store (its URL, credentials and options: endpoint, region,
         # CA bundle, retries), opened in this process.
         source = ImageSource.of(dataset)
-        self._core = source.loader(ops, **engine_options)
-        self._make_core = lambda r, w: source.loader(
-            ops, **{**engine_options, "rank": r, "world_size": w})
-        self._unread = UnreadDeals(lambda _, pos, r, w: source.subset(pos).loader(
-            ops, **{**engine_options, "shuffle": False, "rank": r, "world_size": w}),
+
+        def image_engine(r: int, w: int) -> Any:
+            return self._lend(source.loader(
+                ops, **{**engine_options, "rank": r, "world_size": w}))
+
+        self._core = image_engine(self.rank, self.world_size)
+        self._make_core = image_engine
+        self._unread = UnreadDeals(lambda _, pos, r, w: self._lend(source.subset(pos).loader(
+            ops, **{**engine_options, "shuffle": False, "rank": r, "world_size": w})),
             self.batch_size, self.drop_last)
+
+    def _lend(self, core: Any) -> Any:
+        """``core`` with page-locked buffers lent to it when batches go to a GPU (at most
+        ``prefetch + 2``, within the host's budget): the engine decodes into them and the
+        copy to the GPU needs no staging."""
+        if self._stage is not None and self._stage.pins:
+            buffers = self._stage.pinned_buffers(self.prefetch + 2, int(core.batch_image_bytes))
+            if buffers is not None:
+                core.adopt_buffers([b.numpy() for b in buffers])
+        return core
 
     def _init_reading(self, batch_size: int, *, shuffle: bool | str, seed: int,
                       rank: int | None, world_size: int | None, drop_last: bool,

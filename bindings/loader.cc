@@ -14,6 +14,7 @@
 
 #include "ddp/store.h"
 #include "errors.h"
+#include "pipeline/sampler.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -160,6 +161,18 @@ void AdoptBuffers(PyLoader& self, const std::vector<LentArray>& arrays) {
   ThrowIfError(loader->AdoptBuffers(std::move(lent)));
 }
 
+// The dataset indices rank `rank` of `world_size` reads in `epoch`: the engine's sampler,
+// the one order every Loader and live recovery's bookkeeping use.
+nb::ndarray<nb::numpy, int64_t, nb::ndim<1>> SamplerIndices(int64_t n, uint64_t epoch, int rank, int world_size,
+                                                            bool shuffle, uint64_t seed, bool drop_last) {
+  pipeline::SamplerOptions o{shuffle, seed, rank, world_size, drop_last};
+  pipeline::DistributedSampler sampler = ValueOrThrow(pipeline::DistributedSampler::Create(n, o));
+  auto* v = new std::vector<int64_t>(sampler.Indices(epoch));
+  nb::capsule owner(v, [](void* p) noexcept { delete static_cast<std::vector<int64_t>*>(p); });
+  size_t shape[1] = {v->size()};
+  return nb::ndarray<nb::numpy, int64_t, nb::ndim<1>>(v->data(), 1, shape, owner);
+}
+
 }  // namespace
 
 std::shared_ptr<pipeline::Loader> PyLoader::checked() const {
@@ -169,6 +182,11 @@ std::shared_ptr<pipeline::Loader> PyLoader::checked() const {
 
 void init_loader(nb::module_& m) {
   const PyLoaderArgs defaults;
+  m.def("sampler_indices", &SamplerIndices, "n"_a, "epoch"_a, "rank"_a, "world_size"_a, nb::kw_only(),
+        "shuffle"_a = true, "seed"_a = 0, "drop_last"_a = false,
+        "The dataset indices (int64 array) rank `rank` of `world_size` reads in `epoch`, in "
+        "order: the engine's DistributedSampler (shuffle by (seed, epoch), padding by the "
+        "order's head or dropping the tail, rank r at r, r + world_size, ...).");
   nb::class_<PyLoader>(m, "ImageLoader", "The C++ batch loader (use dask_ddp.data.Loader).")
       .def("__init__", &InitImageLoader, "store"_a, "keys"_a, "labels"_a, "ops"_a, nb::kw_only(),
            "batch_size"_a = defaults.batch_size, "shuffle"_a = defaults.shuffle, "seed"_a = defaults.seed,

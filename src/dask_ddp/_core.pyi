@@ -111,6 +111,11 @@ def rrc_box(width: int, height: int, scale: Sequence[float], ratio: Sequence[flo
     RandomResizedCrop's (top, left, height, width) for an image, using `draws` (uniform [0, 1) values) where torchvision draws random numbers; also returns how many were used.
     """
 
+def sampler_indices(n: int, epoch: int, rank: int, world_size: int, *, shuffle: bool = True, seed: int = 0, drop_last: bool = False) -> Annotated[NDArray[numpy.int64], dict(shape=(None,))]:
+    """
+    The dataset indices (int64 array) rank `rank` of `world_size` reads in `epoch`, in order: the engine's DistributedSampler (shuffle by (seed, epoch), padding by the order's head or dropping the tail, rank r at r, r + world_size, ...).
+    """
+
 class ImageLoader:
     """The C++ batch loader (use dask_ddp.data.Loader)."""
 

@@ -3,10 +3,9 @@
 When a rank leaves a job mid-epoch (``recovery="live"``), the samples of its shard it
 had not trained on are read by the survivors after their own shard of the epoch, so that
 every sample of the epoch is trained on exactly once (plus at most ``world_size - 1``
-padding repeats per deal, as ``DistributedSampler`` pads). :func:`rank_indices` is the
-engine's sampler (``cpp/src/pipeline/sampler.cc``: a SplitMix64 Fisher-Yates shuffle by
-(seed, epoch), padding by the order's head, rank ``r`` at positions ``r, r + world, ...``)
-written again in Python: it names the lost rank's samples without reading them.
+padding repeats per deal, as ``DistributedSampler`` pads). :func:`rank_indices` asks the
+engine's sampler (``cpp/src/pipeline/sampler.cc``) for a rank's order: it names the lost
+rank's samples without reading them.
 """
 
 from __future__ import annotations
@@ -22,52 +21,16 @@ if TYPE_CHECKING:
 #: or a table's global row ids (an int64 array).
 Samples = Union[Sequence[int], "np.ndarray"]
 
-_MASK = (1 << 64) - 1
-_GOLDEN = 0x9E3779B97F4A7C15
-
-
-class _Rng:
-    """The engine's ``image::Rng`` (SplitMix64)."""
-
-    def __init__(self, seed: int, epoch: int, index: int) -> None:
-        self.s = (seed ^ _GOLDEN) & _MASK
-        self.s = self.next() ^ ((epoch * 0xD1B54A32D192ED03) & _MASK)
-        self.s = self.next() ^ ((index * 0x8CB92BA72F3D8DD7) & _MASK)
-        self.next()
-
-    def next(self) -> int:
-        self.s = (self.s + _GOLDEN) & _MASK
-        z = self.s
-        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
-        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
-        return z ^ (z >> 31)
-
-    def below(self, n: int) -> int:
-        v = int(float(self.next() >> 11) * 2.0 ** -53 * float(n))
-        return v if v < n else n - 1
-
-
 def rank_indices(n: int, epoch: int, rank: int, world_size: int, *, shuffle: bool = True,
                  seed: int = 0, drop_last: bool = False) -> list[int]:
     """The dataset indices rank ``rank`` of ``world_size`` reads in ``epoch``, in order:
-    the engine's ``DistributedSampler`` (see the module)."""
-    if drop_last and n % world_size:
-        per_rank = max((n - world_size + world_size - 1) // world_size, 0)
-    else:
-        per_rank = (n + world_size - 1) // world_size
-    order = list(range(n))
-    if shuffle and n > 1:
-        rng = _Rng(seed, epoch, _MASK)
-        for i in range(n - 1, 0, -1):
-            j = rng.below(i + 1)
-            order[i], order[j] = order[j], order[i]
-    total = per_rank * world_size
-    k = 0
-    while len(order) < total and n > 0:
-        order.append(order[k % n])
-        k += 1
-    del order[total:]
-    return order[rank:total:world_size]
+    the engine's ``DistributedSampler`` itself (``_core.sampler_indices``), the order the
+    Loader reads."""
+    from dask_ddp import _core
+
+    return [int(i) for i in _core.sampler_indices(n, epoch, rank, world_size,
+                                                  shuffle=shuffle, seed=seed,
+                                                  drop_last=drop_last)]
 
 
 class UnreadDeals:

@@ -87,7 +87,7 @@ def cancelled_by_interrupt(job: Any) -> KeyboardInterrupt:
         job.cancel()
         # The supervisors see the abort within a poll and give each rank term_grace.
         bound = waits.abort_poll + waits.term_grace + 5.0
-        job._done.wait(bound)
+        job.watcher.done.wait(bound)
         stopped = wait_ranks_gone(job.client, job.id, job.workers, bound)
     except Exception as exc:
         logger.debug("cancelling job %r after Ctrl-C: %s", job.name, exc)
@@ -122,7 +122,7 @@ def release_at_exit(job: Any) -> None:
 
 def _release_returned() -> None:
     for job in list(_returned):
-        futures = [f for f in job._futures if f.status == "finished"]
+        futures = [f for f in job.watcher.futures if f.status == "finished"]
         if not futures or job.client.status not in ("running", "connecting"):
             continue
         keys = [f.key for f in futures]

@@ -8,6 +8,7 @@ job and every rank's supervisor read the same object.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -17,8 +18,19 @@ import cloudpickle
 from dask_ddp import _compat
 
 BACKENDS = ("auto", "gloo", "nccl", "mpi")
-#: ``"restart"``: a lost rank restarts the whole group; ``"live"``: the survivors go on.
-RECOVERIES = ("restart", "live")
+
+
+class RecoveryMode(enum.Enum):
+    """How a job meets the loss of a rank (``recovery=``); its value is the option's word.
+
+    The job's :mod:`~dask_ddp._launch.recovery` object is chosen once from it.
+    """
+
+    RESTART = "restart"  # a lost rank ends the attempt; ``max_restarts`` may start another
+    LIVE = "live"  # the survivors go on in a smaller group, and new workers join it
+
+
+RECOVERIES = tuple(m.value for m in RecoveryMode)
 #: ``stall_timeout`` not given: read ``dask-ddp.launch.stall-timeout``.
 FROM_CONFIG = "config"
 
@@ -117,6 +129,11 @@ class LaunchOptions:
         return (f"LaunchOptions(name={self.name!r}, {what}, n_workers={self.n_workers}, "
                 f"backend={self.backend!r}, env={sorted(self.env)}, storage={storage!r}, "
                 f"output_dir={self.output_dir!r}, max_restarts={self.max_restarts})")
+
+    @property
+    def recovery_mode(self) -> RecoveryMode:
+        """The job's :class:`RecoveryMode` (``recovery`` is checked when built)."""
+        return RecoveryMode(self.recovery)
 
     def __post_init__(self) -> None:
         if (self.payload is None) == (self.command is None):

@@ -58,3 +58,39 @@ def job_of(futures: Any) -> Any:
         if job is not None:
             return job
     return None
+
+
+class Handed:
+    """The futures a job hands out (its ``futures``): one per rank, each carrying the job
+    (:func:`attach`), held weakly by the job so that they, not the job, decide how long it
+    lives; the same objects while anyone holds them."""
+
+    def __init__(self) -> None:
+        self._refs: list[weakref.ref[Any] | None] = []
+        self._lock = threading.Lock()
+
+    def futures(self, own: list[Any], client: Any, job: Any) -> list[Any]:
+        """A future per future of ``own`` (the job's own, in rank order), for ``job``."""
+        from distributed import Future
+
+        with self._lock:
+            # A live job's joining ranks add futures as it runs.
+            self._refs.extend([None] * (len(own) - len(self._refs)))
+            handed = []
+            for rank, mine in enumerate(own):
+                ref = self._refs[rank]
+                fut = ref() if ref is not None else None
+                if fut is None and mine.key in client.futures:
+                    # Shares the state of the job's own future of the key (its status,
+                    # value or error): a second reference to the same task.
+                    fut = Future(mine.key, client)
+                    if fut.status != mine.status:  # cancelled in between: see below
+                        fut = None
+                    else:
+                        attach(fut, job)
+                        self._refs[rank] = weakref.ref(fut)
+                # Dask forgets a cancelled key's state (a new future of it would read
+                # pending for good): the job's own future stands in, cancelled, holding
+                # nothing on the scheduler.
+                handed.append(fut if fut is not None else mine)
+            return handed

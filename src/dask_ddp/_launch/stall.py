@@ -31,7 +31,7 @@ recorded), none of them frozen, or its latest collective completed: never a stal
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from dask_ddp._states import RankActivity
@@ -224,6 +224,17 @@ def stacks_text(stacks: Mapping[int, str], workers: list[str]) -> str:
     return "\n".join(blocks)
 
 
+def stacks_note(read: Callable[[], Mapping[int, str]], workers: list[str]) -> str:
+    """The running ranks' stacks (``read()``) for an error message ("" when none)."""
+    try:
+        stacks = read()
+    except Exception as exc:  # the error it goes into matters more
+        return f"\n(the ranks' stacks could not be read: {exc})"
+    if not stacks:
+        return ""
+    return "\n\nPython stacks of the ranks:\n" + stacks_text(stacks, workers)
+
+
 def stall_error(stall: Stall, job_name: str, workers: list[str], stall_timeout: float,
                 stacks: Mapping[int, str], now: float) -> StallError:
     """The error ending a stalled job: who is stuck where, each rank's latest c10d
@@ -253,3 +264,25 @@ def stall_record(err: StallError) -> dict[str, Any]:
             "message": str(err), "traceback": "", "ranks": list(err.ranks),
             "collective": err.collective,
             "stacks": {str(r): t for r, t in err.stacks.items()}}
+
+
+def rank_table(recorded: Mapping[int, Mapping[str, Any]], statuses: Sequence[str],
+               workers: Sequence[str], start_time: float) -> dict[int, dict[str, Any]]:
+    """Every rank's state as :meth:`Job.rank_states <dask_ddp.Job.rank_states>` shows it,
+    from the ranks' ``recorded`` states (:func:`latest_states`) and their tasks'
+    ``statuses``: a running rank's record (or "working" since ``start_time`` before its
+    first), else its task's end; with the rank's worker and its latest c10d collective."""
+    states: dict[int, dict[str, Any]] = {}
+    for rank, status in enumerate(statuses):
+        record = recorded.get(rank)
+        if record is not None and (status == "pending" or record.get("state")
+                                   == RankActivity.RETURNED):
+            entry = {k: record[k] for k in ("state", "collective", "since") if k in record}
+        elif status == "pending":
+            entry = {"state": RankActivity.WORKING.value, "collective": "", "since": start_time}
+        else:
+            entry = {"state": status, "collective": "", "since": None}
+        if record is not None and record.get("c10d"):
+            entry["c10d"] = record["c10d"]  # its latest c10d collective the watcher saw
+        states[rank] = {**entry, "worker": workers[rank]}
+    return states

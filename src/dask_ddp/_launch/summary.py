@@ -14,6 +14,14 @@ _STATE_COLOURS = {"running": "#2c7be5", "stalled": "#e5a02c", "done": "#2ca02c",
                   "failed": "#d62728", "cancelled": "#7f7f7f"}
 
 
+def page_link(client: Any, job_id: str) -> str | None:
+    """The URL of job ``job_id``'s page on the Dask dashboard (``None`` without one)."""
+    link = getattr(client, "dashboard_link", None)
+    if not link:
+        return None
+    return f"{link.rsplit('/', 1)[0]}/dask-ddp/job/{job_id}"
+
+
 def job_html(job: Any, ranks_finished: int, page_link: str | None) -> str:
     """The HTML of ``job`` (a :class:`~dask_ddp.Job`) for Jupyter's rich display."""
     state = str(job.state)

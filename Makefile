@@ -15,6 +15,17 @@ CMAKE_FLAGS ?=
 export PYTHONPATH := $(ROOT)/src$(if $(PYTHONPATH),:$(PYTHONPATH))
 # The environment's tools first (cmake, ninja and ctest come from PyPI into it).
 export PATH := $(ROOT)/.venv/bin:$(PATH)
+# The compiler cache (ccache, from tools/setup_apt.sh), kept outside the clone as the Python
+# environment is: a fresh clone, CI's clean clone and CI's four builds (dev, ASan, fuzz,
+# wheel) compile only what changed since they last ran on this machine. Paths under the clone
+# are hashed relative to it (CCACHE_BASEDIR) and the build directory is left out of the hash
+# (CCACHE_NOHASHDIR: debug info may name another clone's build directory), so any clone hits.
+# CMake reads the launcher variables when it first configures a build directory. Given to
+# the build recipes only (not to the GPU check, which rehearses a bare machine).
+CCACHE_DIR ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/dask-ddp/ccache
+WITH_CCACHE := $(if $(shell command -v ccache 2>/dev/null),CCACHE_DIR=$(CCACHE_DIR) \
+	CCACHE_BASEDIR=$(ROOT) CCACHE_NOHASHDIR=1 CCACHE_MAXSIZE=5G \
+	CMAKE_C_COMPILER_LAUNCHER=ccache CMAKE_CXX_COMPILER_LAUNCHER=ccache)
 
 # What `make test-quick` leaves out: tests that start a LocalCluster, a server or are slow
 # (the markers are applied from the fixtures a test uses: tests/conftest.py).
@@ -35,6 +46,7 @@ help:
 	@echo "make setup      - apt packages, the Python environment, the C++ build (what changed)"
 	@echo "make asan       - build and run the C++ tests under ASan+UBSan"
 	@echo "make stress     - the launch, results and chaos tests 20 times beside a CPU hog (not CI)"
+	@echo "make fuzz       - build the libFuzzer targets and run each a share of FUZZ_SECONDS (60)"
 	@echo "make lint       - ruff, mypy and the import layers (import-linter)"
 	@echo "make stubs      - regenerate src/dask_ddp/_core.pyi after changing bindings/"
 	@echo "make docs       - the documentation site in build/docs/html (warnings are errors)"
@@ -67,9 +79,10 @@ $(PY):
 build: | $(PY)
 	@flags="-DCMAKE_BUILD_TYPE=RelWithDebInfo -DPython_EXECUTABLE=$(PY) -DDDP_BUILD_TESTS=ON $(CMAKE_FLAGS)"; \
 	if [ ! -f $(BUILD)/build.ninja ] || [ "$$(cat $(BUILD)/.configure-flags 2>/dev/null)" != "$$flags" ]; then \
-	  $(CMAKE) -S . -B $(BUILD) -G Ninja $$flags >/dev/null && echo "$$flags" > $(BUILD)/.configure-flags; \
+	  $(WITH_CCACHE) $(CMAKE) -S . -B $(BUILD) -G Ninja $$flags >/dev/null && \
+	  echo "$$flags" > $(BUILD)/.configure-flags; \
 	fi
-	@$(CMAKE) --build $(BUILD) -j $(JOBS)
+	@$(WITH_CCACHE) $(CMAKE) --build $(BUILD) -j $(JOBS)
 
 # Make this checkout the package the environment imports (a .pth to src/) and install the
 # `dask-ddp` command, as `pip install -e .` would; the last checkout set up wins.
@@ -98,8 +111,10 @@ test-py:
 
 # The launch, results and chaos tests STRESS_RUNS times beside a CPU hog (one busy process
 # per core), their modules side by side as CI runs them: timing faults show up as flakes
-# here. Not in CI; prints the count of failures.
+# here. Not in CI; prints the count of failures. The chaos tests run STRESS_CHAOS_RUNS faults
+# each here (DASK_DDP_CHAOS_RUNS; `make test` runs each kind of fault once or twice).
 STRESS_RUNS ?= 20
+STRESS_CHAOS_RUNS ?= 12
 STRESS_TESTS ?= tests/launch/test_defects.py tests/launch/test_faults.py \
 	tests/launch/test_stall.py tests/launch/test_stall_ddp.py tests/launch/test_waits.py \
 	tests/launch/test_restarts.py tests/launch/test_command.py tests/results/test_results.py \
@@ -111,7 +126,8 @@ stress: build
 	for i in $$(seq $(JOBS)); do $(PY) -c 'while True: pass' & hogs="$$hogs $$!"; done; \
 	trap 'kill $$hogs 2>/dev/null' EXIT; fails=0; \
 	for i in $$(seq $(STRESS_RUNS)); do t0=$$(date +%s); \
-	  if $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadscope -q -p no:cacheprovider \
+	  if DASK_DDP_CHAOS_RUNS=$(STRESS_CHAOS_RUNS) $(PY) -m pytest -n $(PYTEST_WORKERS) \
+	    --dist loadscope -q -p no:cacheprovider \
 	    $(STRESS_TESTS) > $(BUILD)/stress/run-$$i.log 2>&1; \
 	  then echo "stress run $$i/$(STRESS_RUNS): ok in $$(( $$(date +%s) - t0 )) s, load $$(cut -d' ' -f1-3 /proc/loadavg)"; \
 	  else fails=$$((fails + 1)); echo "stress run $$i/$(STRESS_RUNS): FAILED ($(BUILD)/stress/run-$$i.log)"; \
@@ -119,11 +135,16 @@ stress: build
 	done; echo "stress: $$fails of $(STRESS_RUNS) runs failed"; test $$fails -eq 0
 
 asan: apt venv
-	@$(CMAKE) -S . -B $(ASAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DDDP_SANITIZE=ON \
-	  -DDDP_WERROR=ON -DDDP_BUILD_PYTHON=OFF -DDDP_BUILD_TESTS=ON >/dev/null
-	@$(CMAKE) --build $(ASAN_BUILD) -j $(JOBS)
+	@$(WITH_CCACHE) $(CMAKE) -S . -B $(ASAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Debug \
+	  -DDDP_SANITIZE=ON -DDDP_WERROR=ON -DDDP_BUILD_PYTHON=OFF -DDDP_BUILD_TESTS=ON >/dev/null
+	@$(WITH_CCACHE) $(CMAKE) --build $(ASAN_BUILD) -j $(JOBS)
 	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  $(ROOT)/.venv/bin/ctest --output-on-failure -j $(JOBS)
+
+# The libFuzzer targets' smoke run (clang, its own build directory, the compiler cache above).
+FUZZ_SECONDS ?= 60
+fuzz: | $(PY)
+	@$(WITH_CCACHE) bash tools/fuzz_smoke.sh $(FUZZ_SECONDS)
 
 lint: | $(PY)
 	$(ROOT)/.venv/bin/ruff check src tests benchmarks examples
@@ -164,7 +185,7 @@ sdist: venv
 	@bash tools/build_wheel.sh sdist
 
 wheel: venv
-	@bash tools/build_wheel.sh
+	@$(WITH_CCACHE) bash tools/build_wheel.sh
 
 check-wheel: wheel
 	@bash tools/check_wheel.sh

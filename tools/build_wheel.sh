@@ -19,12 +19,16 @@ sdist=$("$PY" -c 'import sys; from scikit_build_core.build import build_sdist; p
 echo "build_wheel: dist/$sdist ($(du -k "dist/$sdist" | cut -f1) kB)"
 [ "${1:-}" = sdist ] && exit 0
 
-# Unpack the sdist over the last one, keeping its CMake build directory (build/ inside)
-# so that a rebuild is incremental; files gone from the sdist are gone here too.
+# Unpack the sdist over the last one, keeping its CMake build directory (build/ inside);
+# files gone from the sdist are gone here too. The sdist's files all carry one fixed,
+# reproducible time, so they are unpacked with the current time (--touch): with the times of
+# the archive, an edited source would look older than its object and not be compiled again.
+# Every object is compiled again, from the compiler cache (the Makefile's CCACHE_* settings:
+# any clone's earlier wheel build hits it), so a rebuild costs little more than the links.
 src=build/wheel/src
 mkdir -p "$src"
 find "$src" -mindepth 1 -maxdepth 1 ! -name build -exec rm -rf {} +
-tar -xzf "dist/$sdist" -C "$src" --strip-components=1
+tar -xzf "dist/$sdist" -C "$src" --strip-components=1 --touch
 rm -rf build/wheel/raw
 "$PY" -m pip wheel --no-deps --no-build-isolation --no-cache-dir -q -w build/wheel/raw "$src"
 raw=$(ls build/wheel/raw/dask_ddp-*.whl)

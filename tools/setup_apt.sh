@@ -13,6 +13,7 @@ packages=(
   clang libclang-rt-14-dev                      # libFuzzer targets
   nginx-light wrk                               # HTTP throughput benchmark
   iproute2 procps
+  ccache                                        # compiler cache outside the clone (Makefile)
   chromium                                      # tests only: the job page in a real browser
 )
 

@@ -44,9 +44,11 @@ pytestmark = [pytest.mark.dask, pytest.mark.slow, pytest.mark.timeout(600)]
 
 logger = logging.getLogger(__name__)
 
-RUNS = 12
 STEPS = 40          # ~2 s of collectives per attempt
 FAULTS = ("worker", "rank", "raise", "stop", "client")
+#: Every fault once without and once with a restart (``make test``);
+#: ``DASK_DDP_CHAOS_RUNS=N`` runs N, the pairs repeated (``make stress`` runs more).
+RUNS = int(os.environ.get("DASK_DDP_CHAOS_RUNS", str(2 * len(FAULTS))))
 STALL_S = 8.0       # the jobs' stall_timeout: a frozen rank ends the job within it
 CLEAN_S = 20.0      # "within seconds": the budget for everything to be gone
 
@@ -80,12 +82,12 @@ class Run:
 
 def plan(seed: int) -> list[Run]:
     rng = random.Random(seed)
-    # Every kind of fault at least twice, with and without restarts, in random order.
-    kinds = [FAULTS[i % len(FAULTS)] for i in range(RUNS)]
-    rng.shuffle(kinds)
+    # Every kind of fault without and with a restart (from 2 * len(FAULTS) runs on), in
+    # random order.
+    pairs = [(FAULTS[i // 2 % len(FAULTS)], i % 2) for i in range(RUNS)]
+    rng.shuffle(pairs)
     runs = []
-    for i, fault in enumerate(kinds):
-        restarts = i % 2
+    for i, (fault, restarts) in enumerate(pairs):
         runs.append(Run(i, fault, restarts, rng.randrange(2), rng.uniform(0.2, 1.5),
                         seed_api=not restarts and rng.random() < 0.5))
     return runs

@@ -283,14 +283,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--api", choices=["seed", "loader", "both"], default="both",
                    help="seed: the tutorial as written; loader: dask-ddp's Loader/report")
     p.add_argument("--world-sizes", default="1,2", help="comma-separated, e.g. 1,2,4")
-    p.add_argument("--epochs", type=int, default=6)
+    p.add_argument("--epochs", type=int, help="epochs to train (default 6, 4 with --quick)")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--base-lr", type=float, default=0.01)
     p.add_argument("--train-pct", type=float, default=0.8)
     p.add_argument("--model", default="cnn", help="cnn (fast) or a torchvision resnet name")
     p.add_argument("--pretrained", action="store_true",
                    help="load the ResNet's pretrained weights (must be on the machine)")
-    p.add_argument("--quick", action="store_true", help="4 epochs (CI)")
+    p.add_argument("--quick", action="store_true",
+                   help="4 epochs unless --epochs, no DataLoader workers (CI)")
     p.add_argument("--resume", action="store_true",
                    help="keep the previous run's outputs: the Loader variant continues from "
                         "its latest checkpoint (the default starts afresh)")
@@ -328,7 +329,8 @@ def train_world_size(args: argparse.Namespace, api: str, world_size: int, data_u
     import dask_ddp
 
     kwargs = dict(data_url=data_url, train_pct=args.train_pct, batch_size=args.batch_size,
-                  n_epochs=4 if args.quick else args.epochs, base_lr=args.base_lr,
+                  n_epochs=args.epochs if args.epochs is not None else 4 if args.quick else 6,
+                  base_lr=args.base_lr,
                   model_name=args.model, pretrained=args.pretrained,
                   num_workers=0 if args.quick else 2)
     cluster = None

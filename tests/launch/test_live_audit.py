@@ -62,7 +62,7 @@ def audit_train(kind: str, data: Any, folder: str) -> dict[str, Any]:
     after its strike step until ``folder/struck``; in ``kill-join``, the survivors hold a
     few steps after the loss until ``folder/go`` (the joining rank is about to ask); in
     ``retire``, the victim holds until it is asked to leave (however late the retirement
-    comes on a loaded host, it lands mid-run)."""
+    comes on a loaded host, it lands mid-run), in ``kill-join`` until it dies."""
     import torch
     import torch.distributed as dist
     from torch import nn
@@ -97,8 +97,8 @@ def audit_train(kind: str, data: Any, folder: str) -> dict[str, Any]:
     ckpt = dask_ddp.Checkpointer(model, opt, loader=loader,  # a joiner joins here
                                  storage=Path(folder, "ckpt").as_uri())
     step = ckpt.restore().get("step", 0)
-    victim, hold_at, hold_after, retire = (int(v) for v in
-                                           Path(folder, "plan").read_text().split())
+    victim, hold_at, hold_after, mode = (int(v) for v in
+                                         Path(folder, "plan").read_text().split())
     smaller = 0
     with Path(folder, f"audit-{uid}-{os.getpid()}").open("a") as audit:
         while loader.epoch < EPOCHS:
@@ -118,12 +118,23 @@ def audit_train(kind: str, data: Any, folder: str) -> dict[str, Any]:
                 time.sleep(PAUSE)
                 smaller += world < WORLD
                 if uid == victim and step == hold_at:
-                    _hold(lambda: group.leaving if retire else Path(folder, "struck").exists())
+                    _hold(_struck(mode, group, Path(folder, "struck")))
                 elif hold_after and smaller == hold_after:
                     _hold(Path(folder, "go").exists)
             loader.set_epoch(loader.epoch + 1)
     return {"uid": uid, "world": dist.get_world_size(), "rank": dist.get_rank(),
             "step": step, "hash": _state_hash(model, opt)}
+
+
+def _struck(mode: int, group: Any, struck: Path) -> Callable[[], bool]:
+    """When the holding victim goes on: kill (0), at the strike (it is dead by then);
+    retire (1), once asked to leave; kill-join (2), never: its worker's SIGKILL ends it
+    a moment later, with the worker's template, and it must not step meanwhile."""
+    if mode == 1:
+        return lambda: bool(group.leaving)
+    if mode == 2:
+        return lambda: False
+    return struck.exists
 
 
 def _hold(until: Callable[[], bool]) -> None:
@@ -244,8 +255,8 @@ def _strike(client: Client, run: Run, data: Any, out: Path) -> tuple[Any, float]
     """Start the job, strike when the victim reached ``run.at_step`` (it holds two steps
     later until the strike was made, or it was asked to leave, so that a late strike
     still lands mid-run); the strike's time (``time.time()``)."""
-    (out / "plan").write_text(
-        f"{run.victim} {run.at_step + 2} {run.hold_after} {int(run.scenario == 'retire')}")
+    mode = ("kill", "retire", "kill-join").index(run.scenario)
+    (out / "plan").write_text(f"{run.victim} {run.at_step + 2} {run.hold_after} {mode}")
     job = dask_ddp.submit(client, audit_train, run.kind, data, str(out), recovery="live",
                           min_workers=2, max_workers=WORLD, name=f"audit-{run.scenario}",
                           progress=False)

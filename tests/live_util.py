@@ -52,7 +52,8 @@ def rank_main(port: int, uid: int, world: int, steps: int, out: str,
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from dask_ddp._launch import live, live_attach
+    from dask_ddp._launch.live import attach as live_attach
+    from dask_ddp._launch.live import group as live
 
     torch.set_num_threads(1)
     store = dist.PrefixStore(prefix, dist.TCPStore("127.0.0.1", port, None, False,
@@ -97,7 +98,7 @@ def zygote_main(port: int, world: int, trials: int, steps: int, out: str) -> Non
     import torch  # noqa: F401 - imported once, before the forks
     import torch.distributed as dist
 
-    from dask_ddp._launch import live  # noqa: F401
+    from dask_ddp._launch.live import group as live  # noqa: F401
 
     store = dist.TCPStore("127.0.0.1", port, None, False, timedelta(seconds=30))
     for t in range(trials):
@@ -144,7 +145,7 @@ class Trials:
         optimizer, a recovery)."""
         from torch.distributed import PrefixStore
 
-        from dask_ddp._launch import live
+        from dask_ddp._launch.live import group as live
 
         t, self.trial = self.trial, self.trial + 1
         os.makedirs(self.out / str(t), exist_ok=True)

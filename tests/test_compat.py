@@ -72,4 +72,4 @@ def test_a_rank_with_an_older_torch_refuses_live_before_its_group(
     monkeypatch.setattr(_compat, "installed_torch", lambda: "2.4.1+cu121")
     record = SimpleNamespace(backend="gloo", rendezvous_timeout=1.0, worker="w")
     with pytest.raises(RuntimeError, match=r"installed torch is 2\.4\.1\+cu121"):
-        rank._start_live("127.0.0.1:1", 0, 1, record, {})  # no store is reached
+        rank.start_live("127.0.0.1:1", 0, 1, record, {})  # no store is reached

@@ -68,7 +68,7 @@ def audit_train(kind: str, data: Any, folder: str) -> dict[str, Any]:
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from dask_ddp._launch import live
+    from dask_ddp._launch.live import group as live
     from dask_ddp.data import ImageList, Loader, TableLoader, TarShards
     from dask_ddp.data import transforms as T
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 import live_util
-from dask_ddp._launch.live import Generation
+from dask_ddp._launch.live.keys import member_key
+from dask_ddp._launch.live.records import Generation
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
@@ -64,14 +65,14 @@ def test_a_change_is_recorded_by_every_member_of_the_new_group() -> None:
 
     from torch.distributed import TCPStore
 
-    from dask_ddp._launch import live
+    from dask_ddp._launch.live import group as live
 
     store = TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=10),
                      wait_for_workers=False)
     member = live.LiveGroup(store, 1, 3)
 
     def formed(g: int, old: list[int], members: list[int], record: bool) -> None:
-        store.compare_set(live._key(g - 1, "members", 0), "", json.dumps(members))
+        store.compare_set(member_key(g - 1, "members", 0), "", json.dumps(members))
         member.members, member.generation = members, g
         if record:  # a change, as regroup() counts it
             member.changes += 1

@@ -33,7 +33,7 @@ from dask_ddp._launch import (
     stall,
     workdir,
 )
-from dask_ddp._launch.live import Generation
+from dask_ddp._launch.live.records import Generation
 from dask_ddp._launch.names import output_topic, progress_topic
 from dask_ddp._launch.options import LaunchOptions
 from dask_ddp._launch.output import RankOutput

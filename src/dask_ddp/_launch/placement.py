@@ -16,7 +16,7 @@ from dask_ddp._launch.options import LaunchOptions
 from dask_ddp.errors import GangStartError
 
 #: Worker states of workers that cannot take a new rank.
-_GONE = ("closing", "closing_gracefully", "closed", "failed")
+GONE = ("closing", "closing_gracefully", "closed", "failed")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,7 +151,7 @@ def available_workers(client: Any, resources: Mapping[str, float] | None,
     """Running workers that can take a rank now, those in ``preferred`` first."""
     info = cluster_info(client)
     info["workers"] = {a: w for a, w in info.get("workers", {}).items()
-                       if w.get("status", "running") not in _GONE}
+                       if w.get("status", "running") not in GONE}
     try:
         fit = choose_workers(info, None, None, resources)
     except GangStartError:

@@ -21,6 +21,8 @@ import traceback
 from datetime import timedelta
 from typing import Any
 
+from dask_ddp._launch.live.keys import JOIN_ENV, MAX_ENV, MIN_ENV, STORE_ENV
+
 PARENT_POLL_S = 0.5
 
 
@@ -108,38 +110,40 @@ def _finish_barrier(store: Any, world: int) -> None:
                 raise
 
 
-def _start_live(address: str, rank: int, world: int, record: Any,
+def start_live(address: str, rank: int, world: int, record: Any,
                 init_kwargs: dict[str, Any]) -> Any:
     """``recovery="live"``: the default group, reconfigurable, on the job's store on the
     scheduler; every Checkpointer made then hooks its model and optimizer into it."""
     from dask_ddp import _compat
-    from dask_ddp._launch import live, live_attach, live_store
+    from dask_ddp._launch.live import attach as live_attach
+    from dask_ddp._launch.live import group as live
+    from dask_ddp._launch.live import store as live_store
     from dask_ddp.checkpoint import resume
 
     _compat.require_torch("recovery='live'")  # this worker's torch, which may be older
     store = live_store.connect(address, record.rendezvous_timeout)
     backend = _resolve_backend(record.backend, store, rank, world, record.worker)
     timeout = init_kwargs.get("timeout", timedelta(seconds=60))
-    cap = os.environ.get(live.MAX_ENV)
+    cap = os.environ.get(MAX_ENV)
     group = live.LiveGroup(store, rank, world, backend=backend,
                            timeout=timeout.total_seconds(),
-                           min_size=int(os.environ.get("DASK_DDP_LIVE_MIN", "1")),
+                           min_size=int(os.environ.get(MIN_ENV, "1")),
                            max_size=int(cap) if cap else None)
     live.install(group)
     resume.on_checkpointer(live_attach.attach)
     # A worker that closes (retire_workers, a spot notice) SIGTERMs its rank: it leaves
     # at its next step boundary instead of dying inside a step.
     signal.signal(signal.SIGTERM, lambda *_: group.request_leave())
-    if os.environ.get(live.JOIN_ENV):
+    if os.environ.get(JOIN_ENV):
         group.start_joining()  # a group of one until its Checkpointer joins the job's
     else:
         group.start()
     return store
 
 
-def _live_finish() -> None:
+def finish_live() -> None:
     """The finish barrier of a live job: its current members (see ``finish_barrier``)."""
-    from dask_ddp._launch import live
+    from dask_ddp._launch.live import group as live
 
     group = live.current()
     assert group is not None
@@ -181,11 +185,11 @@ def main(workdir: str) -> None:
 
         timeout = timedelta(seconds=record.rendezvous_timeout)
         # A peer frozen before the function starts leaves this rank waiting here: a stall.
-        live_address = os.environ.get("DASK_DDP_LIVE_STORE")
+        live_address = os.environ.get(STORE_ENV)
         with probe.waiting_for_peers("rendezvous"):
             if live_address is not None:
                 phase = "init_process_group"
-                store = _start_live(live_address, rank, world, record, init_kwargs)
+                store = start_live(live_address, rank, world, record, init_kwargs)
             else:
                 store = dist.TCPStore(os.environ["MASTER_ADDR"],
                                       int(os.environ["MASTER_PORT"]), world, False, timeout)
@@ -200,7 +204,7 @@ def main(workdir: str) -> None:
         phase = "teardown"
         probe.mark_returned()
         if live_address is not None:
-            _live_finish()
+            finish_live()
         else:
             _finish_barrier(store, world)
         if dist.is_initialized():

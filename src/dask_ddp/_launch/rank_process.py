@@ -255,6 +255,15 @@ def running_ranks() -> list[RankProcess]:
         return list(_RUNNING.values())
 
 
+def kill_rank(job_id: str, rank: int) -> bool:
+    """On a worker: SIGKILL rank ``rank`` of job ``job_id`` if it runs here."""
+    for proc in running_ranks():
+        if proc.job_id == job_id and proc.rank == rank:
+            proc.kill(0.0)
+            return True
+    return False
+
+
 def _pump(stream: IO[bytes], name: str, on_line: Callable[[str, str], None]) -> None:
     with stream:
         for raw in iter(stream.readline, b""):

@@ -17,7 +17,7 @@ fixed points of its loop, the same for both, instead of branching on the mode:
 
 :class:`Restart` is the seed's behaviour: any rank that fails ends the attempt, and
 :func:`dask_ddp._launch.policy.decide` (pure) says whether another attempt starts.
-:class:`Live` keeps the survivors going (see :mod:`dask_ddp._launch.live_job`).
+:class:`Live` keeps the survivors going (see :mod:`dask_ddp._launch.live.watch`).
 """
 
 from __future__ import annotations
@@ -27,10 +27,12 @@ import logging
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Protocol
 
-from dask_ddp._launch.live import JOIN_ENV, Generation
-from dask_ddp._launch.live_job import LiveWatch
+from dask_ddp._launch.live.keys import JOIN_ENV
+from dask_ddp._launch.live.records import Generation
+from dask_ddp._launch.live.watch import LiveWatch
 from dask_ddp._launch.options import LaunchOptions, RecoveryMode
 from dask_ddp._launch.placement import RankSpec
+from dask_ddp._launch.rank_process import kill_rank
 from dask_ddp._launch.stall import Stall
 
 logger = logging.getLogger(__name__)
@@ -130,7 +132,7 @@ class Live:
     end the job, its peers go on in a smaller group; a worker new to the job gets a rank
     that joins it (below ``max_workers``); a frozen rank is killed rather than stalling the
     job. A rank that *raised* still ends it. The store and generations are
-    :class:`~dask_ddp._launch.live_job.LiveWatch`'s.
+    :class:`~dask_ddp._launch.live.watch.LiveWatch`'s.
     """
 
     mode = RecoveryMode.LIVE
@@ -166,7 +168,7 @@ class Live:
     async def grow(self, statuses: Sequence[str], left: Mapping[str, int],
                    ranks: Ranks) -> None:
         """Below ``max_workers``: a rank on each worker new to the job, which joins the
-        running group at a step boundary (see :mod:`dask_ddp._launch.live_job`)."""
+        running group at a step boundary (see :mod:`dask_ddp._launch.live.watch`)."""
         if self.options.nprocs_per_worker != 1:
             return
         busy = [ranks.workers[r] for r, s in enumerate(statuses)
@@ -207,5 +209,6 @@ def for_job(client: Any, options: LaunchOptions, job_id: str, name: str,
     if options.recovery_mode is RecoveryMode.LIVE:
         return Live(LiveWatch(client, job_id, workers, options.waits.scheduler_call,
                               min_size=options.min_workers or 1,
-                              max_size=options.max_workers), options, name)
+                              max_size=options.max_workers, kill_rank=kill_rank),
+                    options, name)
     return Restart()

@@ -8,7 +8,7 @@ Installs the rank's probe (its collective state and live stacks, see
 
 A job with ``recovery="live"`` (``dask-ddp run --recovery live``): the script's own
 ``init_process_group`` call makes the live group (reconfigurable, on the job's store on
-the scheduler; :mod:`dask_ddp._launch.live`) instead of torchrun's, with the script's
+the scheduler; :mod:`dask_ddp._launch.live.group`) instead of torchrun's, with the script's
 backend and timeout, and its ``destroy_process_group`` (or its exit) first waits until
 the group's current members have all finished, as a function's ranks do. The script makes
 its ``dask_ddp.Checkpointer(model, optimizer, loader=...)`` as a function would; a lost
@@ -27,6 +27,8 @@ from datetime import timedelta
 from types import SimpleNamespace
 from typing import Any
 
+from dask_ddp._launch.live.keys import STORE_ENV
+
 logger = logging.getLogger(__name__)
 
 
@@ -43,7 +45,7 @@ def main(argv: list[str]) -> None:
             probe.install(workdir)
         except Exception as exc:  # the script runs anyway, unwatched
             sys.stderr.write(f"dask-ddp: the rank's probe is not installed: {exc}\n")
-    live_address = os.environ.get("DASK_DDP_LIVE_STORE")
+    live_address = os.environ.get(STORE_ENV)
     if live_address:
         _live_group_for_the_script(live_address)
     script = os.path.abspath(argv[0])
@@ -80,8 +82,8 @@ def _live_group_for_the_script(address: str) -> None:
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
 
-    from dask_ddp._launch import live
-    from dask_ddp._launch.rank import _live_finish, _start_live
+    from dask_ddp._launch.live import group as live
+    from dask_ddp._launch.rank import finish_live, start_live
 
     my_rank, my_world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     real_init, real_destroy = c10d.init_process_group, c10d.destroy_process_group
@@ -92,7 +94,7 @@ def _live_group_for_the_script(address: str) -> None:
         nonlocal finished
         if not finished and live.current() is not None and dist.is_initialized():
             finished = True
-            _live_finish()
+            finish_live()
 
     def init_process_group(backend: Any = None, init_method: Any = None,
                            timeout: timedelta | None = None, world_size: int = -1,
@@ -111,7 +113,7 @@ def _live_group_for_the_script(address: str) -> None:
         record = SimpleNamespace(backend=str(backend) if backend else "auto",
                                  rendezvous_timeout=wait.total_seconds(),
                                  worker=socket.gethostname())
-        _start_live(address, my_rank, my_world, record, {"timeout": wait})
+        start_live(address, my_rank, my_world, record, {"timeout": wait})
         atexit.register(finish)  # a script that never destroys its group
 
     def destroy_process_group(group: Any = None) -> None:

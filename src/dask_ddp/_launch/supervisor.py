@@ -27,9 +27,12 @@ from typing import Any
 from dask_ddp._channel.rank_writer import Forwarder
 from dask_ddp._channel.wire import metrics_topic
 from dask_ddp._dashboard.sampler import RankSampler
-from dask_ddp._launch import collective_dump, live_leave, live_store, probe
-from dask_ddp._launch.live import JOIN_ENV, mark_dead
-from dask_ddp._launch.live_job import LiveLeft
+from dask_ddp._launch import collective_dump, probe
+from dask_ddp._launch.live import leave as live_leave
+from dask_ddp._launch.live import store as live_store
+from dask_ddp._launch.live.group import mark_dead
+from dask_ddp._launch.live.keys import JOIN_ENV, STORE_ENV
+from dask_ddp._launch.live.records import LiveLeft
 from dask_ddp._launch.names import failure_topic, output_topic, progress_topic
 from dask_ddp._launch.placement import RankSpec
 from dask_ddp._launch.rank_process import (
@@ -147,7 +150,7 @@ class _Supervisor:
         if spec.options.recovery == "live":
             with contextlib.suppress(Exception):  # connected again when a loss is recorded
                 self._live_store = live_store.connect(
-                    spec.options.env[live_store.STORE_ENV], self.waits.scheduler_call)
+                    spec.options.env[STORE_ENV], self.waits.scheduler_call)
 
     # -- the task -----------------------------------------------------------------------
     def run(self) -> Any:
@@ -198,7 +201,7 @@ class _Supervisor:
         fwd.start()
         sampler.start(rank.pid)
         rank.start_pumps(self._on_output)
-        if spec.options.env.get(live_store.STORE_ENV) is not None:
+        if spec.options.env.get(STORE_ENV) is not None:
             live_leave.register(rank)  # a closing worker lets it leave first
         left = False
         try:
@@ -323,7 +326,7 @@ class _Supervisor:
     def _live_left(self, returncode: int, workdir: str) -> bool:
         """In a live job, a rank process that died (not raised) is recorded as lost on the
         job's store, so the survivors re-form at once; whether it was."""
-        address = self.spec.options.env.get(live_store.STORE_ENV)
+        address = self.spec.options.env.get(STORE_ENV)
         if address is None or returncode == 0 \
                 or os.path.exists(os.path.join(workdir, "result.pkl")):
             return False

@@ -5,7 +5,7 @@ A :class:`~dask_ddp._launch.job.Job` launched with ``recovery="live"`` holds a
 a rank that *left* (its process died: its supervisor returns :class:`LiveLeft`; its
 worker left: the watcher cancels its task) does not, while the others go on in a smaller
 group; a rank that *raised* (the training function's own error, or the survivors' failed
-regroup, :class:`~dask_ddp._launch.live.LiveRecoveryError`) does, and the job falls back
+regroup, :class:`~dask_ddp._launch.live.errors.LiveRecoveryError`) does, and the job falls back
 to its ``max_restarts``. While the group has fewer ranks than ``max_workers``, a worker
 new to the job (a nanny's restart, ``scale()``, ``adapt()``) gets a rank that joins the
 running group at a step boundary (:meth:`LiveWatch.new_workers`).
@@ -15,27 +15,20 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from dask_ddp._dashboard import events as dashboard
-from dask_ddp._launch import live_leave, live_store
-from dask_ddp._launch.live import MAX_ENV, Generation
-from dask_ddp._launch.placement import _GONE, choose_workers
+from dask_ddp._launch.live import leave as live_leave
+from dask_ddp._launch.live import store as live_store
+from dask_ddp._launch.live.keys import MAX_ENV, MIN_ENV, STORE_ENV
+from dask_ddp._launch.live.records import Generation, LiveLeft
+from dask_ddp._launch.placement import GONE, choose_workers
 from dask_ddp._launch.stall import Stall, activity
 from dask_ddp._states import RankActivity
 from dask_ddp.errors import GangStartError
 
 logger = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass(frozen=True)
-class LiveLeft:
-    """What the supervisor of a rank that left a live job returns (not the function's
-    value: the job's result leaves it out)."""
-
-    rank: int
-    reason: str
 
 
 class LiveWatch:
@@ -53,11 +46,17 @@ class LiveWatch:
         Seconds a call to the scheduler may take.
     min_size, max_size
         ``min_workers``, ``max_workers`` (``None``: the group never grows).
+    kill_rank
+        ``kill_rank(job_id, rank)``, run on a worker: SIGKILL that rank if it runs there
+        (a frozen rank is ended so its peers go on).
     """
 
     def __init__(self, client: Any, job_id: str, workers: Sequence[str],
-                 bound: float, min_size: int = 1, max_size: int | None = None) -> None:
+                 bound: float, min_size: int = 1, max_size: int | None = None, *,
+                 kill_rank: Callable[[str, int], bool]) -> None:
         self.client = client
+        #: Run on a worker: SIGKILL a rank of the job there (see ``rank_process``).
+        self.kill_rank = kill_rank
         self.min_size = min_size
         self.max_size = max_size
         self.job_id = job_id
@@ -74,7 +73,7 @@ class LiveWatch:
 
     def env(self) -> dict[str, str]:
         """The ranks' and supervisors' environment entries of the live store."""
-        env = {live_store.STORE_ENV: self.address, "DASK_DDP_LIVE_MIN": str(self.min_size)}
+        env = {STORE_ENV: self.address, MIN_ENV: str(self.min_size)}
         if self.max_size is not None:
             env[MAX_ENV] = str(self.max_size)
         return env
@@ -100,7 +99,7 @@ class LiveWatch:
         info["workers"] = {
             a: w for a, w in info.get("workers", {}).items()
             if a not in busy and (a not in placed or left.get(a, 0) > placed[a])
-            and w.get("status", "running") not in _GONE}
+            and w.get("status", "running") not in GONE}
         if not info["workers"]:
             return []
         try:
@@ -151,7 +150,7 @@ class LiveWatch:
             self.ended.add(rank)
             logger.warning("live job %s: rank %d is frozen; killing it so the others go "
                            "on without it", self.job_id, rank)
-            await self.client.run(_kill_rank, self.job_id, rank, workers=[workers[rank]],
+            await self.client.run(self.kill_rank, self.job_id, rank, workers=[workers[rank]],
                                   on_error="return")
         return True
 
@@ -178,14 +177,3 @@ class LiveWatch:
         """The generations so far (while the job runs)."""
         texts = await live_store.read_generations(self.client, self.job_id)
         return [Generation.from_json(t) for t in texts]
-
-
-def _kill_rank(job_id: str, rank: int) -> bool:
-    """On a worker: SIGKILL rank ``rank`` of job ``job_id`` if it runs here."""
-    from dask_ddp._launch.rank_process import running_ranks
-
-    for proc in running_ranks():
-        if proc.job_id == job_id and proc.rank == rank:
-            proc.kill(0.0)
-            return True
-    return False

@@ -2,13 +2,13 @@
 
 A job submitted with ``recovery="live"`` keeps its surviving rank processes when a rank
 is lost. The default process group is made with ``enable_reconfigure=True`` on a store
-that no rank hosts (the scheduler's, :mod:`~dask_ddp._launch.live_store`), so that
+that no rank hosts (the scheduler's, :mod:`~dask_ddp._launch.live.store`), so that
 ``torch.distributed._reconfigure`` can give the same group object (the one the user's
 ``DistributedDataParallel`` holds) a new set of peers, generation after generation.
 
 How the library regains control without a change to the user's loop: the
 :class:`~dask_ddp.Checkpointer` a training function makes calls
-:func:`~dask_ddp._launch.live_attach.attach`, which hooks the DDP model, optimizer and
+:func:`~dask_ddp._launch.live.attach.attach`, which hooks the DDP model, optimizer and
 loader into this rank's :class:`LiveGroup`. The group's protocol, here:
 
 - a failed step re-forms the group (:meth:`LiveGroup.regroup`): every survivor reports
@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import dataclasses
+import enum
 import json
 import logging
 import os
@@ -38,92 +38,46 @@ import time
 from datetime import timedelta
 from typing import Any
 
+from dask_ddp._launch.live.errors import LiveRecoveryError, MemberLost, is_peer_error
+from dask_ddp._launch.live.keys import (
+    ADMITTED_KEY,
+    DEAD_KEY,
+    DONE_KEY,
+    GEN_KEY,
+    GENERATION_ENV,
+    JOIN_COUNT,
+    JOIN_KEY,
+    LEFT_KEY,
+    PG_PREFIX,
+    member_key,
+)
+from dask_ddp._launch.live.records import Admission, Generation
+
 logger = logging.getLogger(__name__)
 
-#: The store's key prefix of the process group itself (its reconfigure rendezvous).
-PG_PREFIX = "dask_ddp/live/pg"
-#: A member's loss, set by its supervisor or the scheduler: ``dead/<uid>``.
-DEAD_KEY = "dask_ddp/live/dead/{uid}"
-#: A member that left at a step boundary (not lost): ``left/<uid>``, its last step.
-LEFT_KEY = "dask_ddp/live/left/{uid}"
 #: The exit code of a rank process that left its live group.
 LEAVE_EXIT = 75
-#: The record of the group formed as generation ``g`` (see :class:`Generation`), JSON:
-#: ``gen/<g>``. Every member of the new group writes it (the first write stays), so that
-#: a member lost just after the change (two ranks dying 0.1 s apart) does not take the
-#: record with it.
-GEN_KEY = "dask_ddp/live/gen/{g}"
 #: How often a survivor reads the store while the generation is being accounted for.
 POLL_S = 0.005
 #: The communicator ids of the one-rank groups a rank leaves a broken generation with.
 _SOLO_UUID = 1 << 40
-#: A rank waiting to join the group: ``join/<n>`` holds its uid (``joins`` counts them).
-JOIN_COUNT = "dask_ddp/live/joins"
-JOIN_KEY = "dask_ddp/live/join/{n}"
-#: The generation a joining rank was admitted to, and the group's count of membership
-#: changes with its admission: ``admitted/<uid>``, JSON ``{"generation", "changes"}``.
-ADMITTED_KEY = "dask_ddp/live/admitted/{uid}"
-#: Set once every member returned: a rank still waiting to join leaves.
-DONE_KEY = "dask_ddp/live/done"
 #: Join requests read per look, at most (the store is shared with the job's ranks).
 MAX_JOINS = 1000
 #: How often rank 0 looks for a waiting joiner (one store read, no collective).
 JOIN_CHECK_S = 0.25
-#: The environment entries of a rank started to join a running group, and of the cap.
-JOIN_ENV = "DASK_DDP_LIVE_JOIN"
-MAX_ENV = "DASK_DDP_LIVE_MAX"
 
 
-class LiveRecoveryError(RuntimeError):
-    """The group could not re-form (too few survivors, no agreement in time): the job
-    falls back to a whole-group restart."""
+class MemberState(enum.Enum):
+    """Where this rank stands in its live group (one name for it in every module)."""
 
+    MEMBER = "member"  # in the group, stepping with it
+    JOINING = "joining"  # started while the group runs; a group of itself until admitted
+    LEAVING = "leaving"  # asked to leave (SIGTERM): at the next step boundary
+    LEFT = "left"  # recorded gone; the process ends
 
-@dataclasses.dataclass(frozen=True)
-class Generation:
-    """One membership change of a live job.
-
-    Attributes
-    ----------
-    generation : int
-        1 for the first change; the group of the job's start is generation 0 (the group's
-        ranks see it as ``rank_info().generation``).
-    time : float
-        When the change was decided (Unix time).
-    cause : str
-    lost, joined : tuple of int
-        The members (original ranks) that left or came.
-    world_size : int
-        The new group's size.
-    step : int
-        The committed step the new group continued from.
-    recovery_s : float
-        From the first survivor noticing the loss to the state agreed on rank 0.
-    """
-
-    generation: int
-    time: float
-    cause: str
-    lost: tuple[int, ...]
-    joined: tuple[int, ...]
-    world_size: int
-    step: int
-    recovery_s: float
-
-    def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self))
-
-    @classmethod
-    def from_json(cls, text: str | bytes) -> Generation:
-        """Checked: the store is shared with the job's ranks."""
-        raw = json.loads(text)
-        if not isinstance(raw, dict):
-            raise ValueError(f"a generation record must be a JSON object, got {text!r:.80}")
-        return cls(generation=int(raw["generation"]), time=float(raw["time"]),
-                   cause=str(raw["cause"])[:500], lost=tuple(int(x) for x in raw["lost"]),
-                   joined=tuple(int(x) for x in raw["joined"]),
-                   world_size=int(raw["world_size"]), step=int(raw["step"]),
-                   recovery_s=float(raw["recovery_s"]))
+    @property
+    def is_terminal(self) -> bool:
+        return self is MemberState.LEFT
 
 
 def generation_texts(store: Any, limit: int = 10_000) -> list[str]:
@@ -136,7 +90,7 @@ def generation_texts(store: Any, limit: int = 10_000) -> list[str]:
     """
     out: list[str] = []
     for g in range(4 * limit):
-        if len(out) >= limit or not store.check([_key(g, "members", 0)]):
+        if len(out) >= limit or not store.check([member_key(g, "members", 0)]):
             break
         key = GEN_KEY.format(g=g + 1)
         if store.check([key]):
@@ -147,10 +101,6 @@ def generation_texts(store: Any, limit: int = 10_000) -> list[str]:
 def read_generations(store: Any, limit: int = 10_000) -> list[Generation]:
     """The generation records on ``store``, oldest first (bounded by ``limit``)."""
     return [Generation.from_json(t) for t in generation_texts(store, limit)]
-
-
-def _key(gen: int, what: str, uid: int) -> str:
-    return f"dask_ddp/live/g{gen}/{what}/{uid}"
 
 
 class LiveGroup:
@@ -189,22 +139,30 @@ class LiveGroup:
         self.min_size = min_size
         #: Optimizer steps applied (the same on every member after each regroup).
         self.committed = 0
-        #: The model, optimizer and loader hooked in (``live_attach.Attached``).
+        #: The model, optimizer and loader hooked in (``live.attach.Attached``).
         self.attached: Any = None
         #: Rank 0's loader (epoch, batches yielded) at the last regroup.
         self.data_position = (0, 0)
         #: The members the last regroup lost.
         self.lost: list[int] = []
-        #: Asked to leave (SIGTERM): at the next step boundary.
-        self.leaving = False
         self.max_size = max_size
-        #: Started to join a running group (see :meth:`start_joining`), not yet admitted.
-        self.joining = False
+        #: Where this rank stands in the group (joining, leaving; see :class:`MemberState`).
+        self.state = MemberState.MEMBER
         #: Join requests this rank saw handled (admitted or dead), by their number.
         self._joins_done: set[int] = set()
         self._next_join_check = 0.0
 
     # -- the group ----------------------------------------------------------------------
+    @property
+    def joining(self) -> bool:
+        """Started to join a running group (see :meth:`start_joining`), not yet admitted."""
+        return self.state is MemberState.JOINING
+
+    @property
+    def leaving(self) -> bool:
+        """Asked to leave (SIGTERM): at the next step boundary."""
+        return self.state is MemberState.LEAVING
+
     @property
     def rank(self) -> int:
         return self.members.index(self.uid)
@@ -224,15 +182,15 @@ class LiveGroup:
                 f"{self.backend!r} in torch {_torch_version()} cannot (use gloo, or "
                 "recovery='restart')")
         self._reconfigure()
-        os.environ["DASK_DDP_GENERATION"] = "0"
+        os.environ[GENERATION_ENV] = "0"
 
     def _reconfigure(self) -> None:
         """Give the default group this generation's members (a collective over them)."""
         import torch.distributed as dist
 
         g = self.generation
-        self.store.set(_key(g, "handle", self.uid), dist._get_reconfigure_handle())
-        keys = [_key(g, "handle", u) for u in self.members]
+        self.store.set(member_key(g, "handle", self.uid), dist._get_reconfigure_handle())
+        keys = [member_key(g, "handle", u) for u in self.members]
         self._wait_keys(keys, f"generation {g}'s members to be ready")
         handles = [self.store.get(k).decode() for k in keys]
         dist._reconfigure(uuid=g + 1, handles=handles,
@@ -247,7 +205,7 @@ class LiveGroup:
         while not self.store.check(keys):
             dead = [u for u in self.members if self.store.check([DEAD_KEY.format(uid=u)])]
             if dead:
-                raise _MemberLost(dead)
+                raise MemberLost(dead)
             if time.monotonic() > deadline:
                 raise LiveRecoveryError(f"waited {self.timeout:g} s for {what}")
             time.sleep(POLL_S)
@@ -261,7 +219,7 @@ class LiveGroup:
             reports: dict[int, int] = {}
             pending = []
             for u in self.members:
-                key = _key(g, "report", u)
+                key = member_key(g, "report", u)
                 if self.store.check([key]):
                     reports[u] = int(self.store.get(key))
                 elif not self.store.check([DEAD_KEY.format(uid=u)]):
@@ -288,14 +246,14 @@ class LiveGroup:
             self._leave()
         for _ in range(len(old) + 2):  # each round loses at least one member
             g = self.generation
-            self.store.set(_key(g, "report", self.uid), str(self.committed))
+            self.store.set(member_key(g, "report", self.uid), str(self.committed))
             reports = self._account()
             proposal = sorted(reports, key=lambda u: (-reports[u], self.members.index(u)))
             if admit and len(reports) == len(self.members) and len(set(reports.values())) == 1:
                 room = (self.max_size or len(proposal)) - len(proposal)
                 proposal += self._waiting_joiners(room)
             decided = json.loads(self.store.compare_set(
-                _key(g, "members", 0), "", json.dumps(proposal)))
+                member_key(g, "members", 0), "", json.dumps(proposal)))
             if self.uid not in decided:
                 raise LiveRecoveryError(f"generation {g + 1} was formed without this rank")
             if len(decided) < self.min_size:
@@ -303,17 +261,17 @@ class LiveGroup:
                     f"{len(decided)} ranks survived, fewer than min_workers={self.min_size}")
             joined = [int(u) for u in decided if u not in self.members]
             for u in joined:  # every member writes it: one of them survives to
-                self.store.set(ADMITTED_KEY.format(uid=u), json.dumps(
-                    {"generation": g + 1, "changes": self.changes + 1}))
+                self.store.set(ADMITTED_KEY.format(uid=u), Admission(
+                    generation=g + 1, changes=self.changes + 1).to_json())
             self.members = [int(u) for u in decided]
             self.generation = g + 1
             try:
                 self._reconfigure()
                 step = self._sync_state(joined, [u for u in old if u not in self.members])
-            except _MemberLost:
+            except MemberLost:
                 continue
             except Exception as exc:  # a collective of the new group broke: next round
-                if not _is_peer_error(exc):
+                if not is_peer_error(exc):
                     raise
                 logger.warning("generation %d broke while forming (%s); again",
                                self.generation, exc)
@@ -322,7 +280,7 @@ class LiveGroup:
             if self.members != old:
                 self.changes += 1
                 self._record(cause, old, step, time.monotonic() - t0)
-            os.environ["DASK_DDP_GENERATION"] = str(self.changes)
+            os.environ[GENERATION_ENV] = str(self.changes)
             return step
         raise LiveRecoveryError(f"the group did not re-form after {len(old) + 1} rounds")
 
@@ -334,15 +292,15 @@ class LiveGroup:
         wait = max(self.timeout, 300.0)
         while True:
             g, members = self.generation, list(self.members)
-            self.store.set(_key(g, "finished", self.uid), "1")
+            self.store.set(member_key(g, "finished", self.uid), "1")
             deadline = time.monotonic() + wait
             while True:
                 # A member lost after its last step is done: every step counted it.
-                if all(self.store.check([_key(g, "finished", u)])
+                if all(self.store.check([member_key(g, "finished", u)])
                        or self.store.check([DEAD_KEY.format(uid=u)]) for u in members):
                     self.store.set(DONE_KEY, "1")  # a rank waiting to join leaves
                     return
-                if any(self.store.check([_key(g, "report", u)]) for u in members
+                if any(self.store.check([member_key(g, "report", u)]) for u in members
                        if u != self.uid):
                     self.regroup("a peer failed after this rank returned")
                     break
@@ -362,7 +320,7 @@ class LiveGroup:
 
         self.members = [self.uid]
         self.generation = -1
-        self.joining = True
+        self.state = MemberState.JOINING
         dist.init_process_group(self.backend,
                                 store=PrefixStore(PG_PREFIX, self.store),
                                 rank=0, world_size=1, timeout=timedelta(seconds=self.timeout),
@@ -386,20 +344,20 @@ class LiveGroup:
             if time.monotonic() > deadline:
                 self._quit(f"no step boundary admitted this rank within {wait:g} s")
             time.sleep(10 * POLL_S)
-        admitted = json.loads(self.store.get(key))
-        g, self.changes = int(admitted["generation"]), int(admitted["changes"])
-        decided = json.loads(self.store.get(_key(g - 1, "members", 0)))
+        admitted = Admission.from_json(self.store.get(key))
+        g, self.changes = admitted.generation, admitted.changes
+        decided = json.loads(self.store.get(member_key(g - 1, "members", 0)))
         self.members = [int(u) for u in decided]
         self.generation = g
-        self.joining = False
+        self.state = MemberState.MEMBER
         try:
             self._reconfigure()
             self.committed = self._sync_state([self.uid], [])
         except Exception as exc:  # a member lost while this rank joined: it leaves
-            if not (isinstance(exc, _MemberLost) or _is_peer_error(exc)):
+            if not (isinstance(exc, MemberLost) or is_peer_error(exc)):
                 raise
             self._quit(f"the group broke while this rank joined it ({exc})")
-        os.environ["DASK_DDP_GENERATION"] = str(self.changes)
+        os.environ[GENERATION_ENV] = str(self.changes)
         if self.attached is not None:  # the user's step counter, for its restore()
             self.attached.joined_step = self.attached.base_step + self.committed
         logger.warning("rank %d joined the group as rank %d of %d at step %d", self.uid,
@@ -447,6 +405,7 @@ class LiveGroup:
         import sys
 
         mark_dead(self.store, self.uid)
+        self.state = MemberState.LEFT
         logger.warning("rank %d leaves without joining: %s", self.uid, why)
         sys.stdout.flush()
         sys.stderr.flush()
@@ -455,7 +414,7 @@ class LiveGroup:
 
     def request_leave(self) -> None:
         """Leave the group at the next step boundary (a signal handler calls this)."""
-        self.leaving = True
+        self.state = MemberState.LEAVING
 
     def leave_now(self) -> None:
         """At a step boundary: record this rank as gone and end the process. The others'
@@ -469,6 +428,7 @@ class LiveGroup:
 
         self.store.set(LEFT_KEY.format(uid=self.uid), str(self.committed))
         mark_dead(self.store, self.uid)
+        self.state = MemberState.LEFT
         with contextlib.suppress(Exception):  # it exits either way
             self._leave()
         logger.warning("rank %d leaves the group after step %d", self.uid, self.committed)
@@ -539,17 +499,6 @@ def _torch_version() -> str:
     import torch
 
     return str(torch.__version__)
-
-
-class _MemberLost(Exception):
-    def __init__(self, uids: list[int]) -> None:
-        super().__init__(f"members {uids} were lost")
-
-
-def _is_peer_error(exc: BaseException) -> bool:
-    text = str(exc).lower()
-    return any(s in text for s in ("connection", "closed", "reset", "timed out", "timeout",
-                                   "broken pipe", "peer", "gloo"))
 
 
 # -- this rank's objects ------------------------------------------------------------------

@@ -29,7 +29,6 @@ CLOSE_HANDLER = "dask_ddp_live_close"
 GENERATIONS_HANDLER = "dask_ddp_live_generations"
 LEFT_HANDLER = "dask_ddp_live_left"
 #: The ranks' and supervisors' environment variable with the store's ``host:port``.
-STORE_ENV = "DASK_DDP_LIVE_STORE"
 #: Generation records read back per call, at most (a store answers what ranks wrote).
 MAX_GENERATIONS = 10_000
 
@@ -87,7 +86,7 @@ class LiveStores(SchedulerPlugin):
 
     def generations(self, job_id: str) -> list[str]:
         """Job ``job_id``'s generation records (JSON texts), oldest first."""
-        from dask_ddp._launch.live import generation_texts
+        from dask_ddp._launch.live.group import generation_texts
 
         entry = self._stores.get(job_id)
         if entry is None:
@@ -95,7 +94,7 @@ class LiveStores(SchedulerPlugin):
         return generation_texts(entry[0], MAX_GENERATIONS)
 
     def remove_worker(self, scheduler: Any, worker: str, **kwargs: Any) -> None:
-        from dask_ddp._launch.live import mark_dead
+        from dask_ddp._launch.live.group import mark_dead
 
         for job_id, (store, workers) in self._stores.items():
             if worker in workers:

@@ -1,7 +1,7 @@
 """A live rank's model, optimizer and loader, hooked into its group (internal).
 
 The :class:`~dask_ddp.Checkpointer` a training function makes calls :func:`attach`
-(see :mod:`dask_ddp._launch.live` for the group's protocol), which registers a DDP
+(see :mod:`dask_ddp._launch.live.group` for the group's protocol), which registers a DDP
 communication hook, wraps ``optimizer.step`` and marks the top of each step:
 
 - the hook all-reduces each gradient bucket as DDP's default does; a failed all-reduce
@@ -25,7 +25,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from dask_ddp._launch.live import LiveGroup, LiveRecoveryError, _is_peer_error, current
+from dask_ddp._launch.live.errors import LiveRecoveryError, is_peer_error
+from dask_ddp._launch.live.group import LiveGroup, current
 from dask_ddp.data.redeal import Redealable, redealable
 
 logger = logging.getLogger(__name__)
@@ -229,7 +230,7 @@ class Attached:
                 self._reduce_again(saved)
                 return
             except Exception as exc:  # another member lost during the redo: again
-                if not _is_peer_error(exc):
+                if not is_peer_error(exc):
                     raise
                 cause = f"{type(exc).__name__}: {str(exc)[:300]}"
 

@@ -3,7 +3,7 @@
 A worker that closes (``client.retire_workers``, an adaptive scale-down, a spot notice)
 asks its live ranks to leave (SIGTERM): each finishes the step it is in and leaves the
 group at the top of the next one, so every step it took counts and the others go on
-without it (:mod:`dask_ddp._launch.live`). A rank dies with its worker's process, though
+without it (:mod:`dask_ddp._launch.live.group`). A rank dies with its worker's process, though
 (its warm template and its parent watch end it), and a retired worker's process ends
 soon after the scheduler removed it: the nanny closing with it (``scale_down``) gives the
 worker a few seconds before killing it. Asked only by its supervisor, which looks every

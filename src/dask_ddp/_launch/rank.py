@@ -155,7 +155,7 @@ def _exit(code: int) -> None:
     # user left running: a finished rank must end.
     sys.stdout.flush()
     sys.stderr.flush()
-    atexit._run_exitfuncs()
+    atexit._run_exitfuncs()  # noqa: SLF001 (the exit handlers must run before os._exit, which skips them)
     os._exit(code)
 
 

@@ -71,7 +71,7 @@ def _exit(code: int) -> None:
     left running."""
     sys.stdout.flush()
     sys.stderr.flush()
-    atexit._run_exitfuncs()
+    atexit._run_exitfuncs()  # noqa: SLF001 (the exit handlers must run before os._exit, which skips them)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

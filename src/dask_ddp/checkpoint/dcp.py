@@ -301,7 +301,7 @@ def _item_size(item: WriteItem) -> int:
     n = 1
     for s in item.tensor_data.size:
         n *= s
-    return n * torch._utils._element_size(item.tensor_data.properties.dtype)
+    return n * torch._utils._element_size(item.tensor_data.properties.dtype)  # noqa: SLF001 (torch's DCP metadata gives a dtype, and only this sizes it)
 
 
 def _split(items: list[WriteItem], object_size: int) -> list[list[WriteItem]]:

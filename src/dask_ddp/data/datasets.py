@@ -45,10 +45,10 @@ def process_store(owner: Any) -> storage.Store:
     A forked DataLoader worker inherits the parent's handle but not its threads and
     connections, and a C++ handle does not survive pickling.
     """
-    if owner._store is None or owner._store_pid != os.getpid():
-        owner._store = storage.open(owner.url, anon=owner.anon, **owner.storage_options)
-        owner._store_pid = os.getpid()
-    store: storage.Store = owner._store
+    if owner._store is None or owner._store_pid != os.getpid():  # noqa: SLF001 (ours, data layer: a dataset's per-process store, to become an object of its own)
+        owner._store = storage.open(owner.url, anon=owner.anon, **owner.storage_options)  # noqa: SLF001 (ours, data layer: a dataset's per-process store, to become an object of its own)
+        owner._store_pid = os.getpid()  # noqa: SLF001 (ours, data layer: a dataset's per-process store, to become an object of its own)
+    store: storage.Store = owner._store  # noqa: SLF001 (ours, data layer: a dataset's per-process store, to become an object of its own)
     return store
 
 
@@ -222,8 +222,8 @@ class ImageList(Dataset[tuple[Any, Any]]):
             storage_options=storage_options,
         )
         ds = ImageList.__new__(ImageList)
-        ds._open_root(m.root, transform, target_transform, anon, storage_options, store=m.store)
-        ds._set_samples(m.keys, m.targets, m.classes, checked=True)  # per line, by read_csv
+        ds._open_root(m.root, transform, target_transform, anon, storage_options, store=m.store)  # noqa: SLF001 (ours, data layer: ImageList's second constructor, in its module)
+        ds._set_samples(m.keys, m.targets, m.classes, checked=True)  # per line, by read_csv  # noqa: SLF001 (ours, data layer: ImageList's second constructor, in its module)
         ds.manifest_url = m.url
         logger.debug(
             "%s: %d images in %d classes", storage.redact_url(m.url), len(ds), len(ds.classes)

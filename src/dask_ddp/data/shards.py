@@ -416,8 +416,8 @@ def write_one_shard(
     if not isinstance(source, ImageList):
         out.put(key, _tar_bytes(_sample_members(source, first, stop)))
         return out_url, stop - first, True
-    store = source._get_store()
-    keys = source._keys[first:stop]
+    store = source._get_store()  # noqa: SLF001 (ours, data layer: ImageList's store and keys read by the shard writer)
+    keys = source._keys[first:stop]  # noqa: SLF001 (ours, data layer: ImageList's store and keys read by the shard writer)
     data = dict(store.get_many(keys))
     members: list[tuple[str, bytes]] = []
     for i, k in enumerate(keys):

@@ -92,12 +92,12 @@ class Compose(Transform):
         self.transforms = list(transforms)
 
     def _ops(self) -> list[Op]:
-        return [op for t in self.transforms for op in t._ops()]
+        return [op for t in self.transforms for op in t._ops()]  # noqa: SLF001 (ours: a Compose asks its transforms, one class family)
 
     def _torchvision(self) -> Any:
         from torchvision import transforms as tv
 
-        return tv.Compose([t._torchvision() for t in self.transforms])
+        return tv.Compose([t._torchvision() for t in self.transforms])  # noqa: SLF001 (ours: a Compose asks its transforms, one class family)
 
 
 class Resize(Transform):
@@ -240,7 +240,7 @@ class Normalize(Transform):
 def to_ops(transform: object) -> list[Op]:
     """The engine ops of a transform; ``TypeError`` for anything the engine cannot run."""
     if isinstance(transform, Transform):
-        return transform._ops()
+        return transform._ops()  # noqa: SLF001 (ours: the transforms' engine ops, one class family in its module)
     module = type(transform).__module__ or ""
     what = f"{module}.{type(transform).__qualname__}" if module else type(transform).__qualname__
     raise TypeError(

@@ -57,7 +57,7 @@ def predict_frame(spec: ModelSpec, ddf: Any, columns: Sequence[Any] | None, batc
     from dask_ddp.predict.tables import TableOptions
     from dask_ddp.predict.tables import predict_frame as run
 
-    meta = ddf._meta
+    meta = ddf._meta  # noqa: SLF001 (dask.dataframe's empty frame of the schema (its documented meta))
     features = meta.to_frame() if isinstance(meta, pd.Series) else meta
     if columns is not None:
         missing = [c for c in columns if c not in features.columns]
@@ -71,7 +71,7 @@ def predict_frame(spec: ModelSpec, ddf: Any, columns: Sequence[Any] | None, batc
         raise TypeError(f"predict: columns {', '.join(bad)} are not numeric; pick the "
                         "features with columns=[...]")
     layout = layout_of((features.shape[1],), torch.float32)
-    call = _call(spec, ddf._name, columns, batch_size, on_error, layout)
+    call = _call(spec, ddf._name, columns, batch_size, on_error, layout)  # noqa: SLF001 (a dask collection's key name: dask's own token of its graph)
     opts = TableOptions(call, None if columns is None else tuple(columns), batch_size, on_error,
                         layout)
     empty = layout.empty(0)

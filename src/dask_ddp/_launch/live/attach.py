@@ -93,7 +93,7 @@ class Attached:
         first = not self.queued
         if first:
             self.queued = True
-            torch.autograd.Variable._execution_engine.queue_callback(self._after_finalize)
+            torch.autograd.Variable._execution_engine.queue_callback(self._after_finalize)  # noqa: SLF001 (torch autograd's only way to run a callback at the end of backward())
         # The bucket's local gradients, for a redo of the step in a re-formed group: a
         # copy only where DDP reduces the parameters' own .grad in place (else .grad keeps
         # them until DDP's final callback, and a failed step takes them from there).
@@ -154,7 +154,7 @@ class Attached:
                 fut.wait()
             if self.failed is not None:
                 self._keep_local()
-        torch.autograd.Variable._execution_engine.queue_callback(self.end_of_backward)
+        torch.autograd.Variable._execution_engine.queue_callback(self.end_of_backward)  # noqa: SLF001 (torch autograd's only way to run a callback at the end of backward())
 
     def _keep_local(self) -> None:
         """A failed step: each bucket's local gradients, from the parameters' .grad (DDP
@@ -317,7 +317,7 @@ class Attached:
             self.admit = False
             self._admit()
 
-    def _forward_boundary(self, *_: Any) -> None:
+    def forward_boundary(self, *_: Any) -> None:
         import torch
 
         if self.loader is None and torch.is_grad_enabled():
@@ -402,7 +402,7 @@ class Attached:
         import torch.distributed as dist
 
         self.in_order = True
-        self.ddp._update_process_group(dist.group.WORLD)
+        self.ddp._update_process_group(dist.group.WORLD)  # noqa: SLF001 (DDP's only way to take a reconfigured group in place)
         loader = self.redeal
         if deal is None or loader is None:
             return
@@ -426,7 +426,7 @@ class Attached:
         live_step.__wrapped__ = step  # type: ignore[attr-defined]
         if getattr(step, "_wrapped_by_lr_sched", False):
             # An LR scheduler made before checks that its own wrapper is still there.
-            live_step._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
+            live_step._wrapped_by_lr_sched = True  # type: ignore[attr-defined]  # noqa: SLF001 (torch's LR scheduler checks its own mark on optimizer.step)
         return live_step
 
 
@@ -448,7 +448,7 @@ def attach(model: Any, optimizer: Any = None, scheduler: Any = None,
     att = Attached(group, model, optimizer, loader, scheduler)
     # DDP checks a hook's annotations against its own types: a lambda has none.
     model.register_comm_hook(None, lambda state, bucket: att.hook(state, bucket))
-    model.register_forward_pre_hook(att._forward_boundary)
+    model.register_forward_pre_hook(att.forward_boundary)
     if att.redeal is not None:
         att.redeal.before_batch = att.boundary
     if optimizer is not None:

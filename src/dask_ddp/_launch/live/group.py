@@ -176,7 +176,7 @@ class LiveGroup:
                                 rank=self.rank, world_size=len(self.members),
                                 timeout=timedelta(seconds=self.timeout),
                                 enable_reconfigure=True)
-        if not dist._supports_reconfigure():
+        if not dist._supports_reconfigure():  # noqa: SLF001 (torch's in-place reconfigure has no public name)
             raise LiveRecoveryError(
                 f"recovery='live' needs a backend that can reconfigure its group in place; "
                 f"{self.backend!r} in torch {_torch_version()} cannot (use gloo, or "
@@ -189,11 +189,11 @@ class LiveGroup:
         import torch.distributed as dist
 
         g = self.generation
-        self.store.set(member_key(g, "handle", self.uid), dist._get_reconfigure_handle())
+        self.store.set(member_key(g, "handle", self.uid), dist._get_reconfigure_handle())  # noqa: SLF001 (torch's in-place reconfigure has no public name)
         keys = [member_key(g, "handle", u) for u in self.members]
         self._wait_keys(keys, f"generation {g}'s members to be ready")
         handles = [self.store.get(k).decode() for k in keys]
-        dist._reconfigure(uuid=g + 1, handles=handles,
+        dist._reconfigure(uuid=g + 1, handles=handles,  # noqa: SLF001 (torch's in-place reconfigure has no public name)
                           timeout=timedelta(seconds=self.timeout)).wait()
         os.environ["RANK"] = str(self.rank)
         os.environ["WORLD_SIZE"] = str(len(self.members))
@@ -409,7 +409,7 @@ class LiveGroup:
         logger.warning("rank %d leaves without joining: %s", self.uid, why)
         sys.stdout.flush()
         sys.stderr.flush()
-        atexit._run_exitfuncs()
+        atexit._run_exitfuncs()  # noqa: SLF001 (the exit handlers must run before os._exit, which skips them)
         os._exit(LEAVE_EXIT)
 
     def request_leave(self) -> None:
@@ -434,7 +434,7 @@ class LiveGroup:
         logger.warning("rank %d leaves the group after step %d", self.uid, self.committed)
         sys.stdout.flush()
         sys.stderr.flush()
-        atexit._run_exitfuncs()
+        atexit._run_exitfuncs()  # noqa: SLF001 (the exit handlers must run before os._exit, which skips them)
         os._exit(LEAVE_EXIT)
 
     def _leave(self) -> None:
@@ -443,8 +443,8 @@ class LiveGroup:
         the group's timeout (a group of this rank alone replaces the communicator)."""
         import torch.distributed as dist
 
-        dist._reconfigure(uuid=_SOLO_UUID + self.generation * 100_000 + self.uid,
-                          handles=[dist._get_reconfigure_handle()],
+        dist._reconfigure(uuid=_SOLO_UUID + self.generation * 100_000 + self.uid,  # noqa: SLF001 (torch's in-place reconfigure has no public name)
+                          handles=[dist._get_reconfigure_handle()],  # noqa: SLF001 (torch's in-place reconfigure has no public name)
                           timeout=timedelta(seconds=self.timeout)).wait()
 
     def _record(self, cause: str, old: list[int], step: int, took: float) -> None:

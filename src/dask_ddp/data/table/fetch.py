@@ -128,7 +128,7 @@ def _column_values(part: Any, c: Column, rows: Any, partition: int) -> np.ndarra
         import pyarrow as pa
 
         arr = pa.array(s.array) if not hasattr(s.array, "_pa_array") else \
-            s.array._pa_array.combine_chunks()
+            s.array._pa_array.combine_chunks()  # noqa: SLF001 (pandas' ArrowExtensionArray hands its pyarrow array no other way)
         values = arr.flatten().to_numpy(zero_copy_only=False)
         if arr.null_count or len(values) != len(arr) * int(np.prod(c.shape)):
             raise TableColumnError(f"column {c.name!r}{where} has lists that are null or "
@@ -237,7 +237,7 @@ class DaskReader:
 
     def __init__(self, table: Any, columns: Sequence[Column] | None = None) -> None:
         self.table = table
-        self.columns = list(table._columns if columns is None else columns)
+        self.columns = list(table._columns if columns is None else columns)  # noqa: SLF001 (ours, data layer: a Table's columns read by its readers)
         self.client = _client(table.scheduler)
         self._collection: Any = None
         self._lock = threading.Lock()

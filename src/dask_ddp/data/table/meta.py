@@ -96,7 +96,7 @@ def _describe_array(arr: Any, columns: Sequence[str] | None, client: Any
 def _describe_frame(ddf: Any, columns: Sequence[str] | None, client: Any) -> list[Column]:
     import pandas as pd
 
-    meta = ddf._meta
+    meta = ddf._meta  # noqa: SLF001 (dask.dataframe's empty frame of the schema (its documented meta))
     names = list(meta.columns) if columns is None else list(columns)
     missing = [c for c in names if c not in meta.columns]
     if missing:

@@ -107,7 +107,7 @@ class Table:
         from dask_ddp.data.table import parquet
 
         table = cls._from_fields(**parquet.describe(url_or_urls, columns, storage_options))
-        logger.info("%s", table._summary())
+        logger.info("%s", table._summary())  # noqa: SLF001 (ours: Table's own method, called in its classmethod)
         return table
 
     #: The Loader subclass that reads a Table: ``Loader(table, ...)`` makes one (named,
@@ -172,7 +172,7 @@ class Table:
 
 
 def _rebuild(fields: Mapping[str, Any]) -> Table:
-    return Table._from_fields(**fields)
+    return Table._from_fields(**fields)  # noqa: SLF001 (ours: Table's unpickler, in its module)
 
 
 def _is_collection(value: Any) -> bool:

@@ -214,7 +214,7 @@ class Loader:
     __signature__ = _InitSignature()
     #: Called before each batch is taken: the top of a training step (live recovery
     #: re-forms a group there, after what the loop did since the optimizer's step; see
-    #: :mod:`dask_ddp.data.redeal`).
+    #: ``dask_ddp.data.redeal``).
     before_batch: Callable[[], None] | None = None
     #: An engine loader of this dataset read as rank ``r`` of ``w`` (see :meth:`reshard`).
     _make_core: Callable[[int, int], Any] | None = None

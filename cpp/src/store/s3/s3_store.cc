@@ -1,6 +1,6 @@
 // s3://bucket[/prefix]: Amazon S3 and compatible servers over libcurl, configured by the
 // AWS conventions (see s3_config.h). Requests are signed by sigv4.h, not by libcurl's
-// CURLOPT_AWS_SIGV4: a reviewed exception to ARCHITECTURE's "libcurl signs", because
+// CURLOPT_AWS_SIGV4: a reviewed exception to the architecture page's "libcurl signs", because
 // libcurl derives the signing key again for every request (see sigv4.h).
 //
 // Query strings are written already in canonical form (parameters sorted, values

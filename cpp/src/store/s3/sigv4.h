@@ -1,6 +1,6 @@
 // AWS Signature Version 4 for the s3:// back-end, computed here rather than by libcurl.
 //
-// A reviewed exception to ARCHITECTURE's "libcurl signs": libcurl's CURLOPT_AWS_SIGV4
+// A reviewed exception to the architecture page's "libcurl signs": libcurl's CURLOPT_AWS_SIGV4
 // derives the signing key (four chained HMAC-SHA256s over date, region, service and
 // "aws4_request") again for every request and parses the request's headers to build the
 // canonical request; with many small GETs that was about a third of the client's CPU per

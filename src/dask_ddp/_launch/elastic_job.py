@@ -114,6 +114,10 @@ class ElasticJob:
         """True once the job finished, failed for good or was cancelled."""
         return self._done.is_set()
 
+    def wait_done(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for :meth:`done`; whether it is."""
+        return self._done.wait(timeout)
+
     def result(self, timeout: float | None = None) -> list[Any]:
         """Wait for the job; each rank's return value of the last attempt, in rank order.
 

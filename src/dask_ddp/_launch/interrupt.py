@@ -87,7 +87,7 @@ def cancelled_by_interrupt(job: Any) -> KeyboardInterrupt:
         job.cancel()
         # The supervisors see the abort within a poll and give each rank term_grace.
         bound = waits.abort_poll + waits.term_grace + 5.0
-        job.watcher.done.wait(bound)
+        job.wait_done(bound)
         stopped = wait_ranks_gone(job.client, job.id, job.workers, bound)
     except Exception as exc:
         logger.debug("cancelling job %r after Ctrl-C: %s", job.name, exc)

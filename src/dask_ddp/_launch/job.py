@@ -155,6 +155,10 @@ class Job:
         """True once every rank has ended (finished, failed or cancelled)."""
         return self.watcher.done.is_set()
 
+    def wait_done(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for :meth:`done`; whether it is."""
+        return self.watcher.done.wait(timeout)
+
     def result(self, timeout: float | None = None) -> list[Any]:
         """Wait for the job and return each rank's return value, in rank order.
 

@@ -257,6 +257,24 @@ class DeviceStage:
         """Whether the engine should write batches into pinned buffers (CUDA only)."""
         return self._cuda
 
+    def engine_ops(self, ops: Sequence[Op]) -> list[Op]:
+        """The engine's ops for a pipeline whose batches this stage moves: on a GPU, up to
+        ``PILToTensor`` with the float tail kept here to run on the device
+        (:func:`split_tail`); on the CPU, ``ops`` as they are."""
+        if not self._cuda:
+            return list(ops)
+        engine, self.tail = split_tail(ops)
+        return engine
+
+    def lend(self, core: Any, count: int) -> Any:
+        """``core`` (an engine image loader) with ``count`` page-locked buffers lent to it
+        on a GPU, within the host's budget: the engine decodes into them and the copy to
+        the GPU needs no staging. Past the budget (or on the CPU) ``core`` keeps its own."""
+        buffers = self.pinned_buffers(count, int(core.batch_image_bytes))
+        if buffers is not None:
+            core.adopt_buffers([b.numpy() for b in buffers])
+        return core
+
     def pinned_buffers(self, count: int, nbytes: int) -> list[torch.Tensor] | None:
         """``count`` page-locked uint8 buffers of ``nbytes`` for the engine's pool, or
         None (not CUDA, or past the host's budget: the engine allocates pageable ones)."""

@@ -35,7 +35,7 @@ from dask_ddp._dashboard.counters import rank_counters
 from dask_ddp._pending import flush_pending
 from dask_ddp.data import transforms as T
 from dask_ddp.data.datasets import ImageList
-from dask_ddp.data.device import DeviceStage, default_threads, split_tail, stage_for
+from dask_ddp.data.device import DeviceStage, default_threads, stage_for
 from dask_ddp.data.engine import ImageSource, resolve_dataset
 from dask_ddp.data.process import check_made_here
 from dask_ddp.data.shards import TarShards
@@ -293,9 +293,8 @@ class Loader:
                            world_size=world_size, drop_last=drop_last,
                            num_threads=num_threads, prefetch=prefetch,
                            stage=stage_for(device, channels_last, pin_memory))
-        if self._stage is not None and self._stage.pins:
-            # uint8 crosses the bus; the float tail runs on the GPU.
-            ops, self._stage.tail = split_tail(ops)
+        if self._stage is not None:
+            ops = self._stage.engine_ops(ops)  # on a GPU: uint8 over the bus, floats there
         self.dataset = dataset
         self.transform = chosen
         self.on_error = on_error
@@ -353,11 +352,7 @@ class Loader:
         """``core`` with page-locked buffers lent to it when batches go to a GPU (at most
         ``prefetch + 2``, within the host's budget): the engine decodes into them and the
         copy to the GPU needs no staging."""
-        if self._stage is not None and self._stage.pins:
-            buffers = self._stage.pinned_buffers(self.prefetch + 2, int(core.batch_image_bytes))
-            if buffers is not None:
-                core.adopt_buffers([b.numpy() for b in buffers])
-        return core
+        return core if self._stage is None else self._stage.lend(core, self.prefetch + 2)
 
     def _init_reading(self, batch_size: int, *, shuffle: bool | str, seed: int,
                       rank: int | None, world_size: int | None, drop_last: bool,

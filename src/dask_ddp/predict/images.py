@@ -27,7 +27,7 @@ import torch
 from dask_ddp import storage
 from dask_ddp.data import transforms as T
 from dask_ddp.data.datasets import ImageList
-from dask_ddp.data.device import DeviceStage, split_tail
+from dask_ddp.data.device import DeviceStage
 from dask_ddp.data.engine import ImageSource, resolve_dataset, sample_layout
 from dask_ddp.data.loader import Loader
 from dask_ddp.data.shards import TarShards
@@ -129,15 +129,15 @@ def _list_batches(part: ListPart, opts: ImageOptions, threads: int, device: torc
     """A list part's image batches, on ``device`` (a GPU's through the device stage:
     uint8 over the bus, the float tail there, the copy on a stream of its own)."""
     n = len(part.keys)
-    ops, stage = list(opts.ops), None
-    if device.type == "cuda":
-        stage = DeviceStage(device)
-        ops, stage.tail = split_tail(ops)
+    stage = DeviceStage(device) if device.type == "cuda" else None
+    ops = list(opts.ops) if stage is None else stage.engine_ops(opts.ops)
     source = ImageSource(_store(part), part.keys, range(n), part.skip_missing)
     engine = source.loader(ops, batch_size=opts.batch_size, shuffle=False, rank=0,
                            world_size=1, drop_last=False, num_threads=threads,
                            prefetch=opts.prefetch, skip_errors=opts.on_error == "skip",
                            max_side=opts.max_side)
+    if stage is not None:
+        engine = stage.lend(engine, opts.prefetch + 2)
     try:
         engine.start_epoch(0, 0)
         done = 0

@@ -112,21 +112,25 @@ test-py:
 # The launch, results and chaos tests STRESS_RUNS times beside a CPU hog (one busy process
 # per core), their modules side by side as CI runs them: timing faults show up as flakes
 # here. Not in CI; prints the count of failures. The chaos tests run STRESS_CHAOS_RUNS faults
-# each here (DASK_DDP_CHAOS_RUNS; `make test` runs each kind of fault once or twice).
+# each here (DASK_DDP_CHAOS_RUNS; `make test` runs each kind of fault once or twice), the
+# live regroup test STRESS_LIVE_TRIALS trials of two kills (DASK_DDP_LIVE_TRIALS; 4 in
+# `make test`).
 STRESS_RUNS ?= 20
 STRESS_CHAOS_RUNS ?= 12
+STRESS_LIVE_TRIALS ?= 16
 STRESS_TESTS ?= tests/launch/test_defects.py tests/launch/test_faults.py \
 	tests/launch/test_stall.py tests/launch/test_stall_ddp.py tests/launch/test_waits.py \
 	tests/launch/test_restarts.py tests/launch/test_command.py tests/results/test_results.py \
 	tests/results/test_lifecycle.py tests/results/test_results_e2e.py \
 	tests/launch/test_chaos.py tests/launch/test_chaos_live.py \
-	tests/launch/test_live_audit.py
+	tests/launch/test_live_audit.py tests/launch/test_live_regroup.py
 stress: build
 	@mkdir -p $(BUILD)/stress; hogs=""; \
 	for i in $$(seq $(JOBS)); do $(PY) -c 'while True: pass' & hogs="$$hogs $$!"; done; \
 	trap 'kill $$hogs 2>/dev/null' EXIT; fails=0; \
 	for i in $$(seq $(STRESS_RUNS)); do t0=$$(date +%s); \
-	  if DASK_DDP_CHAOS_RUNS=$(STRESS_CHAOS_RUNS) $(PY) -m pytest -n $(PYTEST_WORKERS) \
+	  if DASK_DDP_CHAOS_RUNS=$(STRESS_CHAOS_RUNS) DASK_DDP_LIVE_TRIALS=$(STRESS_LIVE_TRIALS) \
+	    $(PY) -m pytest -n $(PYTEST_WORKERS) \
 	    --dist loadscope -q -p no:cacheprovider \
 	    $(STRESS_TESTS) > $(BUILD)/stress/run-$$i.log 2>&1; \
 	  then echo "stress run $$i/$(STRESS_RUNS): ok in $$(( $$(date +%s) - t0 )) s, load $$(cut -d' ' -f1-3 /proc/loadavg)"; \

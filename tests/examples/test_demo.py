@@ -40,20 +40,24 @@ class TestDemoLoaderApi:
 
 def check_demo_quick_reaches_accuracy_and_writes_outputs(tmp_path: Path, api: str) -> None:
     out = tmp_path / "demo"
-    run_demo(out, "--api", api, "--world-sizes", "1,2")
+    # The seed's tutorial at two ranks; the Loader variant at one and two (the world sizes
+    # compared once: the launch is the same for both APIs).
+    sizes = [2] if api == "seed" else [1, 2]
+    run_demo(out, "--api", api, "--world-sizes", ",".join(map(str, sizes)))
     rows = json.loads((out / "summary.json").read_text())
-    assert [r["world_size"] for r in rows] == [1, 2]
+    assert [r["world_size"] for r in rows] == sizes
     for r in rows:
         assert r["eval_accuracy"] >= 0.90, r
-    # Twice the ranks, half the iterations per rank for the same epochs.
-    assert rows[1]["iterations"] < rows[0]["iterations"]
+    if api == "loader":
+        # Twice the ranks, half the iterations per rank for the same epochs.
+        assert rows[1]["iterations"] < rows[0]["iterations"]
     png = out / f"{api}.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     if api == "seed":
         # The seed's per-iteration JSON files from both ranks, written by process_results.
         stats = list((out / "seed-ws2" / "worker").glob("*/*.json"))
         assert {p.parent.name for p in stats} == {"0", "1"}
-        assert len(stats) >= 2 * rows[1]["iterations"]
+        assert len(stats) >= 2 * rows[0]["iterations"]
     else:
         metrics = (out / "loader-ws2" / "metrics.jsonl").read_text().splitlines()
         assert len(metrics) >= 2 * rows[1]["iterations"]

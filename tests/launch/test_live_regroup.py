@@ -5,6 +5,7 @@ every survivor ends bit-identical (parameters, buffers, optimizer state)."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,10 @@ from dask_ddp._launch.live.records import Generation
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
-TRIALS = 16  # x 2 kills: 32 random kills
+#: Trials of two kills each. ``make test`` runs 4 (seeds 0-3: rank 0 among the victims,
+#: kills inside backward(), at a random moment and in the last steps); ``make stress`` sets
+#: ``DASK_DDP_LIVE_TRIALS=16`` (32 kills).
+TRIALS = int(os.environ.get("DASK_DDP_LIVE_TRIALS", "4"))
 
 
 def test_survivors_identical_over_random_kills(tmp_path: Path) -> None:
@@ -50,8 +54,9 @@ def test_survivors_identical_over_random_kills(tmp_path: Path) -> None:
     # of the kills landed inside backward(), the others at random moments of a step, a
     # few in the last steps (some survivors returned already).
     assert any(0 in killed for killed, _ in seen)
-    assert modes.count("backward") >= 8 and modes.count("signal") >= 6, modes
-    assert modes.count("late") >= 3, modes
+    assert modes.count("backward") >= max(1, TRIALS // 2), modes
+    assert modes.count("signal") >= max(1, 3 * TRIALS // 8), modes
+    assert modes.count("late") >= max(1, 3 * TRIALS // 16), modes
 
 
 @pytest.mark.timeout(60)

@@ -23,6 +23,7 @@ extensions = [
     "sphinx.ext.autosummary",
     "numpydoc",
     "reexports",  # docs/_ext: dask_ddp.submit is dask_ddp.dispatch.submit
+    "private_params",  # docs/_ext: a signature's parameters named _... are not shown
 ]
 
 source_suffix = {".md": "markdown", ".rst": "restructuredtext"}

@@ -222,7 +222,7 @@ def test_http_and_s3_stores(http_server: tuple[str, Path], s3_bucket: str) -> No
         range_bytes=limit // 3,
     )
     with pytest.raises(OSError, match="max_body_bytes"):
-        capped._get_store().get("shard-000000.tar")
+        capped.store.get("shard-000000.tar")
     assert capped.counts == [5, 5]
     loader = Loader(capped, 3, transform=EXACT, shuffle=False)
     assert check_exact(loader, blobs) == list(range(10))

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import io
 import logging
-import operator
 import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
@@ -28,6 +27,7 @@ from torch.utils.data import Dataset
 
 from dask_ddp import storage
 from dask_ddp.data import manifest
+from dask_ddp.data.process_store import ProcessStore
 
 __all__ = ["IMG_EXTENSIONS", "ImageFolder", "ImageList", "S3ImageFolder"]
 
@@ -36,20 +36,6 @@ logger = logging.getLogger(__name__)
 #: The extensions torchvision's ImageFolder accepts (case-insensitive). The map-style
 #: path decodes all of them with PIL; the Loader's engine decodes JPEG and PNG.
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
-
-
-def process_store(owner: Any) -> storage.Store:
-    """The store of a dataset (its ``url``, ``anon``, ``storage_options``), opened afresh
-    in each process and kept in its ``_store`` and ``_store_pid``.
-
-    A forked DataLoader worker inherits the parent's handle but not its threads and
-    connections, and a C++ handle does not survive pickling.
-    """
-    if owner._store is None or owner._store_pid != os.getpid():  # noqa: SLF001 (ours, data layer: a dataset's per-process store, to become an object of its own)
-        owner._store = storage.open(owner.url, anon=owner.anon, **owner.storage_options)  # noqa: SLF001 (ours, data layer: a dataset's per-process store, to become an object of its own)
-        owner._store_pid = os.getpid()  # noqa: SLF001 (ours, data layer: a dataset's per-process store, to become an object of its own)
-    store: storage.Store = owner._store  # noqa: SLF001 (ours, data layer: a dataset's per-process store, to become an object of its own)
-    return store
 
 
 class ImageList(Dataset[tuple[Any, Any]]):
@@ -125,6 +111,7 @@ class ImageList(Dataset[tuple[Any, Any]]):
 
     #: With the Loader's ``on_error="skip"``, a key naming no object is skipped too.
     _skip_missing: ClassVar[bool] = True
+    manifest_url: str | None
 
     def __init__(
         self,
@@ -137,9 +124,16 @@ class ImageList(Dataset[tuple[Any, Any]]):
         classes: Sequence[str] | None = None,
         anon: bool = False,
         storage_options: Mapping[str, Any] | None = None,
+        _manifest: manifest.Manifest | None = None,
     ) -> None:
-        self._open_root(root, transform, target_transform, anon, storage_options)
-        self._set_samples(keys, targets, classes, checked=False)
+        # _manifest (internal, passed by from_csv only): the manifest root, keys, targets
+        # and classes were read from; its reader opened the store and checked each line.
+        m = _manifest
+        self._open_root(root, transform, target_transform, anon, storage_options,
+                        store=None if m is None else m.store)
+        self._set_samples(keys, targets, classes, checked=m is not None)
+        if m is not None:
+            self.manifest_url = m.url
 
     @classmethod
     def from_csv(
@@ -221,10 +215,9 @@ class ImageList(Dataset[tuple[Any, Any]]):
             encoding=encoding,
             storage_options=storage_options,
         )
-        ds = ImageList.__new__(ImageList)
-        ds._open_root(m.root, transform, target_transform, anon, storage_options, store=m.store)  # noqa: SLF001 (ours, data layer: ImageList's second constructor, in its module)
-        ds._set_samples(m.keys, m.targets, m.classes, checked=True)  # per line, by read_csv  # noqa: SLF001 (ours, data layer: ImageList's second constructor, in its module)
-        ds.manifest_url = m.url
+        ds = ImageList(m.root, m.keys, m.targets, transform, target_transform,
+                       classes=m.classes, anon=anon, storage_options=storage_options,
+                       _manifest=m)
         logger.debug(
             "%s: %d images in %d classes", storage.redact_url(m.url), len(ds), len(ds.classes)
         )
@@ -240,82 +233,28 @@ class ImageList(Dataset[tuple[Any, Any]]):
         storage_options: Mapping[str, Any] | None,
         store: storage.Store | None = None,
     ) -> None:
-        self.url = os.fspath(root)
-        self.root = self.url
+        self._opened = ProcessStore(os.fspath(root), anon=anon,
+                                    storage_options=storage_options, store=store)
+        self.url = self.root = self._opened.url
         self.transform = transform
         self.target_transform = target_transform
         self.anon = anon
-        self.storage_options = dict(storage_options or {})
-        self.manifest_url: str | None = None
-        self._store: storage.Store | None = store
-        self._store_pid = os.getpid() if store is not None else 0
-        self._get_store()  # a malformed URL fails here, not in a DataLoader worker
+        self.storage_options = self._opened.storage_options
+        self.manifest_url = None
+        self._opened.get()  # a malformed URL fails here, not in a DataLoader worker
         parsed = storage.parse_url(self.url)
         self._local_root: str | None = parsed.location if parsed.local else None
 
-    def _set_samples(
-        self,
-        keys: Sequence[str],
-        targets: Sequence[int],
-        classes: Sequence[str] | None,
-        *,
-        checked: bool,
-    ) -> None:
+    def _set_samples(self, keys: Sequence[str], targets: Sequence[int],
+                     classes: Sequence[str] | None, *, checked: bool) -> None:
         # checked: the keys are relative and the targets ints >= 0 (listed or parsed)
         name = f"{type(self).__name__}({storage.redact_url(self.url)!r})"
-        if len(keys) != len(targets):
-            raise ValueError(f"{name}: {len(keys)} keys but {len(targets)} targets")
-        if not keys:
-            raise ValueError(f"{name}: no keys, an empty dataset")
-        if checked:
-            key_list, labels = list(keys), list(targets)
-        else:
-            key_list, labels = self._checked(name, keys, targets)
-        if classes is None:
-            names = [str(c) for c in range(max(labels) + 1)]
-        else:
-            names = [str(c) for c in classes]
-            if len(set(names)) != len(names):
-                raise ValueError(f"{name}: classes has duplicate names: {names}")
-            top = max(labels)
-            if top >= len(names):
-                i = labels.index(top)
-                raise ValueError(
-                    f"{name}: target {i} is {top} (key {key_list[i]!r}) but there are "
-                    f"{len(names)} classes"
-                )
-        self.classes = names
-        self.class_to_idx = {c: i for i, c in enumerate(names)}
-        self._keys = key_list
-        self.targets = labels
+        root = None if checked else manifest.Root(self.url, self.store.url)
+        self._keys, self.targets, self.classes = manifest.checked_samples(
+            name, root, keys, targets, classes
+        )
+        self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
         self._make_samples()
-
-    def _checked(
-        self, name: str, keys: Sequence[str], targets: Sequence[int]
-    ) -> tuple[list[str], list[int]]:
-        """Keys made relative to the root and targets as ints, or an error naming one."""
-        root = manifest.Root(self.url, self._get_store().url)
-        key_list = []
-        for i, key in enumerate(keys):
-            try:
-                key_list.append(root.relative(os.fspath(key)))
-            except ValueError as e:
-                raise ValueError(f"{name}: key {i}: {e}") from None
-        labels = []
-        for i, t in enumerate(targets):
-            try:
-                label = operator.index(t)
-            except TypeError:
-                raise TypeError(
-                    f"{name}: target {i} ({t!r}, key {key_list[i]!r}) is not an integer"
-                ) from None
-            if label < 0:
-                raise ValueError(
-                    f"{name}: target {i} is {label} (key {key_list[i]!r}); labels are "
-                    "integers >= 0"
-                )
-            labels.append(label)
-        return key_list, labels
 
     def _make_samples(self) -> None:
         # Derived from the keys: not pickled (under half the size for a large manifest).
@@ -324,19 +263,16 @@ class ImageList(Dataset[tuple[Any, Any]]):
             root = os.path.join(self._local_root, "")  # os.path.join(root, key), hoisted
             self.samples = [(root + k, t) for k, t in pairs]
         else:
-            base = self._get_store().url.rstrip("/") + "/"
+            base = self.store.url.rstrip("/") + "/"
             self.samples = [(base + k, t) for k, t in pairs]
         self.imgs = self.samples
 
     # -- the store, reopened lazily in each process --------------------------------------
-    def _get_store(self) -> storage.Store:
-        return process_store(self)
-
     @property
     def store(self) -> storage.Store:
         """The store the keys are under, opened in this process (a forked or unpickled
         copy opens its own)."""
-        return process_store(self)
+        return self._opened.get()
 
     @property
     def keys(self) -> list[str]:
@@ -351,8 +287,7 @@ class ImageList(Dataset[tuple[Any, Any]]):
         return self._skip_missing
 
     def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_store"] = None  # a C++ handle: reopen after unpickling
+        state = self.__dict__.copy()  # its ProcessStore pickles without the handle
         state.pop("samples", None)  # rebuilt from the keys
         state.pop("imgs", None)
         return state
@@ -378,7 +313,7 @@ class ImageList(Dataset[tuple[Any, Any]]):
         from PIL import Image
 
         key = self._keys[index]
-        data = self._get_store().get(key)
+        data = self.store.get(key)
         try:
             with Image.open(io.BytesIO(data)) as img:
                 return img.convert("RGB")
@@ -455,7 +390,7 @@ class ImageFolder(ImageList):
         self._open_root(url, transform, target_transform, anon, storage_options)
         keys: list[str] = []
         class_of: list[str] = []
-        listed = self._get_store().list("")
+        listed = self.store.list("")
         shown = storage.redact_url(self.url)  # for messages and logs: no credentials
         if not listed:
             raise FileNotFoundError(

@@ -2,13 +2,15 @@
 
 :meth:`dask_ddp.data.ImageList.from_csv` is the public face; this module parses the
 file and checks each key stays under the dataset root, with errors naming the manifest
-URL and the line.
+URL and the line. :func:`checked_samples` checks the keys and labels an ``ImageList`` is
+given directly the same way.
 """
 
 from __future__ import annotations
 
 import csv
 import io
+import operator
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -17,7 +19,7 @@ from typing import Any
 
 from dask_ddp import storage
 
-__all__ = ["Manifest", "Root", "read_csv", "split_url"]
+__all__ = ["Manifest", "Root", "checked_samples", "read_csv", "split_url"]
 
 _INT = re.compile(r"[+-]?[0-9]+")
 
@@ -263,3 +265,67 @@ def _labels(
     names = sorted(set(labels))
     index = {c: i for i, c in enumerate(names)}
     return [index[c] for c in labels], names
+
+
+def checked_samples(
+    name: str,
+    root: Root | None,
+    keys: Sequence[str],
+    targets: Sequence[int],
+    classes: Sequence[str] | None,
+) -> tuple[list[str], list[int], list[str]]:
+    """The keys (relative to ``root``), integer labels and class names of the image list
+    ``name``, or an error naming it and the key or label.
+
+    ``root`` None: the keys are relative and the targets integers ``>= 0`` already (listed
+    from the store, or read by :func:`read_csv`). ``classes`` None: ``"0"``, ``"1"``, ...
+    up to the largest label.
+    """
+    if len(keys) != len(targets):
+        raise ValueError(f"{name}: {len(keys)} keys but {len(targets)} targets")
+    if not keys:
+        raise ValueError(f"{name}: no keys, an empty dataset")
+    if root is None:
+        key_list, labels = list(keys), list(targets)
+    else:
+        key_list, labels = _checked(name, root, keys, targets)
+    if classes is None:
+        return key_list, labels, [str(c) for c in range(max(labels) + 1)]
+    names = [str(c) for c in classes]
+    if len(set(names)) != len(names):
+        raise ValueError(f"{name}: classes has duplicate names: {names}")
+    top = max(labels)
+    if top >= len(names):
+        i = labels.index(top)
+        raise ValueError(
+            f"{name}: target {i} is {top} (key {key_list[i]!r}) but there are "
+            f"{len(names)} classes"
+        )
+    return key_list, labels, names
+
+
+def _checked(
+    name: str, root: Root, keys: Sequence[str], targets: Sequence[int]
+) -> tuple[list[str], list[int]]:
+    """Keys made relative to ``root`` and targets as ints, or an error naming one."""
+    key_list = []
+    for i, key in enumerate(keys):
+        try:
+            key_list.append(root.relative(os.fspath(key)))
+        except ValueError as e:
+            raise ValueError(f"{name}: key {i}: {e}") from None
+    labels = []
+    for i, t in enumerate(targets):
+        try:
+            label = operator.index(t)
+        except TypeError:
+            raise TypeError(
+                f"{name}: target {i} ({t!r}, key {key_list[i]!r}) is not an integer"
+            ) from None
+        if label < 0:
+            raise ValueError(
+                f"{name}: target {i} is {label} (key {key_list[i]!r}); labels are "
+                "integers >= 0"
+            )
+        labels.append(label)
+    return key_list, labels

@@ -32,7 +32,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from dask_ddp import _core, storage
-from dask_ddp.data.datasets import ImageList, process_store
+from dask_ddp.data.datasets import ImageList
+from dask_ddp.data.process_store import ProcessStore
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -181,9 +182,10 @@ class TarShards:
         if not listed:
             raise ValueError(f"TarShards: no shards in {urls!r}")
         self.url, self.keys = _split_root(listed)
-        self._store: storage.Store | None = None
-        self._store_pid = 0
-        self._get_store()  # a malformed URL fails here
+        self._opened = ProcessStore(self.url, anon=self.anon,
+                                    storage_options=self.storage_options)
+        self.storage_options = self._opened.storage_options  # one dict: what it opens with
+        self._opened.get()  # a malformed URL fails here
         self._counts: dict[bool, list[int]] = {}
         #: Samples left out when counting with ``skip_errors`` (the Loader's ``on_error="skip"``).
         self.skipped = 0
@@ -203,13 +205,11 @@ class TarShards:
             raise ValueError(f"TarShards: no *.tar objects under {storage.redact_url(prefix)!r}")
         return [f"{base}/{k}" for k in found]
 
-    def _get_store(self) -> storage.Store:
-        return process_store(self)
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_store"] = None
-        return state
+    @property
+    def store(self) -> storage.Store:
+        """The store the shards are under, opened in this process (a forked or unpickled
+        copy opens its own)."""
+        return self._opened.get()
 
     @property
     def image_field(self) -> int | None:
@@ -225,7 +225,7 @@ class TarShards:
     @property
     def urls(self) -> list[str]:
         """The shards' URLs, in dataset order."""
-        base = self._get_store().url.rstrip("/")
+        base = self.store.url.rstrip("/")
         return [f"{base}/{k}" for k in self.keys]
 
     def shard_counts(self, skip_errors: bool = False) -> list[int]:
@@ -236,22 +236,13 @@ class TarShards:
         if skip_errors not in self._counts:
             t0 = time.monotonic()
             counts, skipped = _core.tar_shard_counts(
-                self._get_store().engine,
-                self.keys,
-                skip_errors,
-                self.label_field,
-                range_bytes=self.range_bytes,
-                fields=list(self.fields or ()),
-            )
+                self.store.engine, self.keys, skip_errors, self.label_field,
+                range_bytes=self.range_bytes, fields=list(self.fields or ()))
             self._counts[skip_errors] = list(counts)
             self.skipped = int(skipped)
             logger.info(
                 "%s: counted %d samples in %d shards in %.1fs (pass counts= to skip this)",
-                storage.redact_url(self.url),
-                sum(counts),
-                len(counts),
-                time.monotonic() - t0,
-            )
+                storage.redact_url(self.url), sum(counts), len(counts), time.monotonic() - t0)
         return self._counts[skip_errors]
 
     @property
@@ -278,11 +269,8 @@ class TarShards:
         """The samples of the epoch no rank had yielded once each rank yielded ``position``
         samples (world size ``world_size``), as ``(shard, begin, end)`` runs in the epoch's
         order."""
-        segments = (
-            None
-            if epoch_segments is None
-            else [(int(a), int(b), int(c)) for a, b, c in epoch_segments]
-        )
+        segments = None if epoch_segments is None else [
+            (int(a), int(b), int(c)) for a, b, c in epoch_segments]
         return [
             (int(a), int(b), int(c))
             for a, b, c in _core.shard_unread_segments(
@@ -302,7 +290,7 @@ class TarShards:
         """An engine loader (``dask_ddp._core.TarShardLoader``) over these shards, with the
         engine options ``kwargs`` (``batch_size``, ``rank``, ``world_size``, ...)."""
         return _core.TarShardLoader(
-            self._get_store().engine,
+            self.store.engine,
             self.keys,
             self.shard_counts(skip_errors),
             ops,
@@ -416,8 +404,8 @@ def write_one_shard(
     if not isinstance(source, ImageList):
         out.put(key, _tar_bytes(_sample_members(source, first, stop)))
         return out_url, stop - first, True
-    store = source._get_store()  # noqa: SLF001 (ours, data layer: ImageList's store and keys read by the shard writer)
-    keys = source._keys[first:stop]  # noqa: SLF001 (ours, data layer: ImageList's store and keys read by the shard writer)
+    store = source.store
+    keys = source.keys[first:stop]
     data = dict(store.get_many(keys))
     members: list[tuple[str, bytes]] = []
     for i, k in enumerate(keys):

@@ -63,6 +63,16 @@ def _size_pair(size: int | Sequence[int], name: str) -> tuple[int, int]:
 class Transform:
     """Base class: a step of the engine's pipeline."""
 
+    def engine_ops(self) -> list[Op]:
+        """The ops the engine runs for this step, as the Loader hands them to it (internal:
+        what :func:`to_ops` reads; a subclass defines ``_ops``)."""
+        return self._ops()
+
+    def as_torchvision(self) -> Any:
+        """The torchvision transform this step runs on a PIL image (what calling it
+        applies; a subclass defines ``_torchvision``)."""
+        return self._torchvision()
+
     def _ops(self) -> list[Op]:
         raise NotImplementedError
 
@@ -92,12 +102,12 @@ class Compose(Transform):
         self.transforms = list(transforms)
 
     def _ops(self) -> list[Op]:
-        return [op for t in self.transforms for op in t._ops()]  # noqa: SLF001 (ours: a Compose asks its transforms, one class family)
+        return [op for t in self.transforms for op in t.engine_ops()]
 
     def _torchvision(self) -> Any:
         from torchvision import transforms as tv
 
-        return tv.Compose([t._torchvision() for t in self.transforms])  # noqa: SLF001 (ours: a Compose asks its transforms, one class family)
+        return tv.Compose([t.as_torchvision() for t in self.transforms])
 
 
 class Resize(Transform):
@@ -240,7 +250,7 @@ class Normalize(Transform):
 def to_ops(transform: object) -> list[Op]:
     """The engine ops of a transform; ``TypeError`` for anything the engine cannot run."""
     if isinstance(transform, Transform):
-        return transform._ops()  # noqa: SLF001 (ours: the transforms' engine ops, one class family in its module)
+        return transform.engine_ops()
     module = type(transform).__module__ or ""
     what = f"{module}.{type(transform).__qualname__}" if module else type(transform).__qualname__
     raise TypeError(

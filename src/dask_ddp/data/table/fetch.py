@@ -237,7 +237,7 @@ class DaskReader:
 
     def __init__(self, table: Any, columns: Sequence[Column] | None = None) -> None:
         self.table = table
-        self.columns = list(table._columns if columns is None else columns)  # noqa: SLF001 (ours, data layer: a Table's columns read by its readers)
+        self.columns = list(table.column_specs if columns is None else columns)
         self.client = _client(table.scheduler)
         self._collection: Any = None
         self._lock = threading.Lock()

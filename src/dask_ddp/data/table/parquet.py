@@ -133,7 +133,7 @@ class ParquetReader:
 
     def __init__(self, table: Any, columns: Sequence[Column] | None = None) -> None:
         self.table = table
-        self.columns = list(table._columns if columns is None else columns)  # noqa: SLF001 (ours, data layer: a Table's columns read by its readers)
+        self.columns = list(table.column_specs if columns is None else columns)
         self._stores: dict[str, Any] = {}
         self._files: dict[tuple[int, int], Any] = {}  # (file, thread) -> handle
         self._lock = threading.Lock()

@@ -73,14 +73,12 @@ class Table:
 
         fields = meta.describe(data, columns, client)
         self.__dict__.update(fields)
-        logger.info("%s", self._summary())
+        logger.info("%s", _summary(self))
 
     # -- construction from fields (unpickling, Parquet) --------------------------------------
     @classmethod
     def _from_fields(cls, **fields: Any) -> Table:
-        table = cls.__new__(cls)
-        table.__dict__.update(fields)
-        return table
+        return _rebuild(fields, cls)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_rebuild, (dict(self.__dict__),))
@@ -107,7 +105,7 @@ class Table:
         from dask_ddp.data.table import parquet
 
         table = cls._from_fields(**parquet.describe(url_or_urls, columns, storage_options))
-        logger.info("%s", table._summary())  # noqa: SLF001 (ours: Table's own method, called in its classmethod)
+        logger.info("%s", _summary(table))
         return table
 
     #: The Loader subclass that reads a Table: ``Loader(table, ...)`` makes one (named,
@@ -123,6 +121,12 @@ class Table:
     @property
     def columns(self) -> list[str]:
         return [c.name for c in self._columns]
+
+    # Each column's description (name, dtype, row shape, storage), in order: what the
+    # table's readers read (internal, as column(): not on the API page).
+    @property
+    def column_specs(self) -> list[Column]:
+        return list(self._columns)
 
     @property
     def dtypes(self) -> dict[str, np.dtype]:
@@ -154,25 +158,31 @@ class Table:
     def row_bytes(self) -> int:
         return sum(c.row_bytes for c in self._columns)
 
-    def _summary(self) -> str:
-        held: dict[str, int] = {}
-        for w in self.workers:
-            held[w or "-"] = held.get(w or "-", 0) + 1
-        where = ", ".join(f"{w}: {k}" for w, k in sorted(held.items()))
-        kind = ("persisted" if self.persisted else "computed as read") \
-            if self.source == "dask" else "Parquet"
-        return (f"table: {len(self):,} rows x {len(self._columns)} columns "
-                f"({len(self) * self.row_bytes / 1e6:.1f} MB), {self.npartitions} partitions, "
-                f"{kind}; partitions per worker: {where}")
-
     def __repr__(self) -> str:
         cols = ", ".join(f"{c.name}: {np.dtype(c.dtype).name}{list(c.shape) if c.shape else ''}"
                          for c in self._columns)
         return f"Table({len(self)} rows, {self.npartitions} partitions, {{{cols}}})"
 
 
-def _rebuild(fields: Mapping[str, Any]) -> Table:
-    return Table._from_fields(**fields)  # noqa: SLF001 (ours: Table's unpickler, in its module)
+def _rebuild(fields: Mapping[str, Any], cls: type[Table] = Table) -> Table:
+    """A ``cls`` holding ``fields``, nothing described: Table's unpickler (its
+    ``__reduce__``) and its constructor from fields (``Table._from_fields``)."""
+    table = cls.__new__(cls)
+    table.__dict__.update(fields)
+    return table
+
+
+def _summary(table: Table) -> str:
+    """A line of the table's size, partitions and where they are, for the log."""
+    held: dict[str, int] = {}
+    for w in table.workers:
+        held[w or "-"] = held.get(w or "-", 0) + 1
+    where = ", ".join(f"{w}: {k}" for w, k in sorted(held.items()))
+    kind = ("persisted" if table.persisted else "computed as read") \
+        if table.source == "dask" else "Parquet"
+    return (f"table: {len(table):,} rows x {len(table.columns)} columns "
+            f"({len(table) * table.row_bytes / 1e6:.1f} MB), {table.npartitions} partitions, "
+            f"{kind}; partitions per worker: {where}")
 
 
 def _is_collection(value: Any) -> bool:

@@ -145,7 +145,7 @@ class Trials:
         optimizer, a recovery)."""
         from torch.distributed import PrefixStore
 
-        from dask_ddp._launch.live import group as live
+        from dask_ddp._launch.live import generations
 
         t, self.trial = self.trial, self.trial + 1
         os.makedirs(self.out / str(t), exist_ok=True)
@@ -176,7 +176,7 @@ class Trials:
                 modes.append("late" if late else "signal")
                 time.sleep(rng.random() * 0.015)
                 os.kill(pids[victim], signal.SIGKILL)
-            live.mark_dead(store, victim)  # what its supervisor does
+            generations.mark_dead(store, victim)  # what its supervisor does
             alive.remove(victim)
             killed.append(victim)
         results: dict[int, Any] = {}
@@ -188,7 +188,7 @@ class Trials:
             time.sleep(0.01)
             results[u] = json.loads(path.read_text())
         return {"killed": killed, "modes": modes, "results": results,
-                "generations": live.read_generations(store)}
+                "generations": generations.read_generations(store)}
 
     def _check(self, deadline: float, what: str) -> None:
         if time.monotonic() > deadline or self.zygote.poll() is not None:

@@ -43,9 +43,9 @@ def test_a_regroup_inside_a_step_leaves_out_only_the_batch_in_hand(images: Image
     shard = rank_indices(N, 0, 2, 3, seed=5)
     try:
         att.in_step = True
-        assert att._lost_samples([2]) == (0, shard[2 * 2:])
+        assert att.shared_state([], [2], att.group.data_position)["lost_deal"] == (0, shard[2 * 2:])
         att.in_step = False
-        assert att._lost_samples([2]) == (0, shard[3 * 2:])
+        assert att.shared_state([], [2], att.group.data_position)["lost_deal"] == (0, shard[3 * 2:])
     finally:
         loader.close()
 
@@ -78,7 +78,7 @@ def test_leaving_happens_before_an_admission(images: ImageList) -> None:
     group.leave_now = lambda: calls.append("left")
     att._admit = lambda: calls.append("admitted")  # type: ignore[method-assign]
     try:
-        group.leaving, att.admit = True, True
+        group.leaving, att.grads.admit = True, True
         att.boundary()
         assert calls[0] == "left", calls
     finally:

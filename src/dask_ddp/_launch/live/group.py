@@ -24,83 +24,42 @@ loader into this rank's :class:`LiveGroup`. The group's protocol, here:
   member re-forms the group with it (joiners last, :meth:`LiveGroup.regroup` with
   ``admit``), it takes the state as above, and the epoch's unread samples are dealt
   again over the bigger group.
+
+Its collaborators: :mod:`.generations` (the protocol's keys on the store),
+:mod:`.reconfigure` (torch's in-place reconfigure, and a rank alone: the solo fallback),
+:mod:`.membership` (the member's state, the join queue, the way out) and
+:mod:`.handoff` (rank 0's state on every member, through the
+:class:`~.handoff.Participant` the Checkpointer attached).
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import enum
-import json
 import logging
 import os
 import time
-from datetime import timedelta
-from typing import Any
+from typing import Any, NoReturn
 
+from dask_ddp._launch.live import reconfigure
 from dask_ddp._launch.live.errors import LiveRecoveryError, MemberLost, is_peer_error
-from dask_ddp._launch.live.keys import (
-    ADMITTED_KEY,
-    DEAD_KEY,
-    DONE_KEY,
-    GEN_KEY,
-    GENERATION_ENV,
-    JOIN_COUNT,
-    JOIN_KEY,
-    LEFT_KEY,
-    PG_PREFIX,
-    member_key,
+from dask_ddp._launch.live.generations import GenerationStore, mark_dead
+from dask_ddp._launch.live.handoff import Participant, hand_on
+from dask_ddp._launch.live.keys import GENERATION_ENV
+from dask_ddp._launch.live.membership import (
+    JoinQueue,
+    MemberState,
+    NotAdmitted,
+    end_process,
 )
-from dask_ddp._launch.live.records import Admission, Generation
+from dask_ddp._launch.live.records import Admission
+
+# ``mark_dead`` is read from here by the supervisor (its home is :mod:`.generations`).
+__all__ = ["LiveGroup", "current", "install", "mark_dead"]
 
 logger = logging.getLogger(__name__)
 
-#: The exit code of a rank process that left its live group.
-LEAVE_EXIT = 75
-#: How often a survivor reads the store while the generation is being accounted for.
-POLL_S = 0.005
-#: The communicator ids of the one-rank groups a rank leaves a broken generation with.
-_SOLO_UUID = 1 << 40
-#: Join requests read per look, at most (the store is shared with the job's ranks).
-MAX_JOINS = 1000
-#: How often rank 0 looks for a waiting joiner (one store read, no collective).
-JOIN_CHECK_S = 0.25
-
-
-class MemberState(enum.Enum):
-    """Where this rank stands in its live group (one name for it in every module)."""
-
-    MEMBER = "member"  # in the group, stepping with it
-    JOINING = "joining"  # started while the group runs; a group of itself until admitted
-    LEAVING = "leaving"  # asked to leave (SIGTERM): at the next step boundary
-    LEFT = "left"  # recorded gone; the process ends
-
-    @property
-    def is_terminal(self) -> bool:
-        return self is MemberState.LEFT
-
-
-def generation_texts(store: Any, limit: int = 10_000) -> list[str]:
-    """The generation records on ``store`` (JSON), oldest first.
-
-    Generation ``g + 1`` was tried once generation ``g``'s members were decided (its
-    ``members`` key): the group's own generations, some of which broke while forming or
-    changed nobody (no record), are read up to the first never tried; at most ``limit``
-    records and ``4 * limit`` generations.
-    """
-    out: list[str] = []
-    for g in range(4 * limit):
-        if len(out) >= limit or not store.check([member_key(g, "members", 0)]):
-            break
-        key = GEN_KEY.format(g=g + 1)
-        if store.check([key]):
-            out.append(store.get(key).decode())
-    return out
-
-
-def read_generations(store: Any, limit: int = 10_000) -> list[Generation]:
-    """The generation records on ``store``, oldest first (bounded by ``limit``)."""
-    return [Generation.from_json(t) for t in generation_texts(store, limit)]
+#: How often a member that returned looks whether the others did.
+FINISH_POLL_S = 0.05
 
 
 class LiveGroup:
@@ -140,7 +99,7 @@ class LiveGroup:
         #: Optimizer steps applied (the same on every member after each regroup).
         self.committed = 0
         #: The model, optimizer and loader hooked in (``live.attach.Attached``).
-        self.attached: Any = None
+        self.attached: Participant | None = None
         #: Rank 0's loader (epoch, batches yielded) at the last regroup.
         self.data_position = (0, 0)
         #: The members the last regroup lost.
@@ -148,9 +107,9 @@ class LiveGroup:
         self.max_size = max_size
         #: Where this rank stands in the group (joining, leaving; see :class:`MemberState`).
         self.state = MemberState.MEMBER
-        #: Join requests this rank saw handled (admitted or dead), by their number.
-        self._joins_done: set[int] = set()
-        self._next_join_check = 0.0
+        #: The protocol's keys on the store, and the join requests there.
+        self.gens = GenerationStore(store, uid, timeout)
+        self.joins = JoinQueue(store, uid)
 
     # -- the group ----------------------------------------------------------------------
     @property
@@ -169,68 +128,23 @@ class LiveGroup:
 
     def start(self) -> None:
         """Make the default process group (reconfigurable) with the first members."""
-        import torch.distributed as dist
-        from torch.distributed import PrefixStore
-
-        dist.init_process_group(self.backend, store=PrefixStore(PG_PREFIX, self.store),
-                                rank=self.rank, world_size=len(self.members),
-                                timeout=timedelta(seconds=self.timeout),
-                                enable_reconfigure=True)
-        if not dist._supports_reconfigure():  # noqa: SLF001 (torch's in-place reconfigure has no public name)
+        reconfigure.init_group(self.backend, self.store, self.rank, len(self.members),
+                               self.timeout)
+        if not reconfigure.supported():
             raise LiveRecoveryError(
                 f"recovery='live' needs a backend that can reconfigure its group in place; "
-                f"{self.backend!r} in torch {_torch_version()} cannot (use gloo, or "
-                "recovery='restart')")
+                f"{self.backend!r} in torch {reconfigure.torch_version()} cannot (use gloo, "
+                "or recovery='restart')")
         self._reconfigure()
         os.environ[GENERATION_ENV] = "0"
 
     def _reconfigure(self) -> None:
         """Give the default group this generation's members (a collective over them)."""
-        import torch.distributed as dist
-
         g = self.generation
-        self.store.set(member_key(g, "handle", self.uid), dist._get_reconfigure_handle())  # noqa: SLF001 (torch's in-place reconfigure has no public name)
-        keys = [member_key(g, "handle", u) for u in self.members]
-        self._wait_keys(keys, f"generation {g}'s members to be ready")
-        handles = [self.store.get(k).decode() for k in keys]
-        dist._reconfigure(uuid=g + 1, handles=handles,  # noqa: SLF001 (torch's in-place reconfigure has no public name)
-                          timeout=timedelta(seconds=self.timeout)).wait()
+        handles = self.gens.exchange_handles(g, self.members, reconfigure.handle())
+        reconfigure.reconfigure(g + 1, handles, self.timeout)
         os.environ["RANK"] = str(self.rank)
         os.environ["WORLD_SIZE"] = str(len(self.members))
-
-    def _wait_keys(self, keys: list[str], what: str) -> None:
-        """Wait until every key is set; a member found dead meanwhile raises (the caller
-        starts the next generation)."""
-        deadline = time.monotonic() + self.timeout
-        while not self.store.check(keys):
-            dead = [u for u in self.members if self.store.check([DEAD_KEY.format(uid=u)])]
-            if dead:
-                raise MemberLost(dead)
-            if time.monotonic() > deadline:
-                raise LiveRecoveryError(f"waited {self.timeout:g} s for {what}")
-            time.sleep(POLL_S)
-
-    def _account(self) -> dict[int, int]:
-        """Wait until every member of this generation has reported or is dead; their
-        committed steps by uid."""
-        deadline = time.monotonic() + self.timeout
-        g = self.generation
-        while True:
-            reports: dict[int, int] = {}
-            pending = []
-            for u in self.members:
-                key = member_key(g, "report", u)
-                if self.store.check([key]):
-                    reports[u] = int(self.store.get(key))
-                elif not self.store.check([DEAD_KEY.format(uid=u)]):
-                    pending.append(u)
-            if not pending:
-                return reports
-            if time.monotonic() > deadline:
-                raise LiveRecoveryError(
-                    f"generation {g}: members {pending} neither reported nor died within "
-                    f"{self.timeout:g} s (frozen? the stall rule ends a frozen rank)")
-            time.sleep(POLL_S)
 
     def regroup(self, cause: str, *, admit: bool = False) -> int:
         """Re-form the group without the lost members and agree on the state; returns
@@ -243,31 +157,28 @@ class LiveGroup:
         t0 = time.monotonic()
         old = list(self.members)
         if not admit:
-            self._leave()
+            self._go_solo()
         for _ in range(len(old) + 2):  # each round loses at least one member
             g = self.generation
-            self.store.set(member_key(g, "report", self.uid), str(self.committed))
-            reports = self._account()
+            self.gens.report(g, self.committed)
+            reports = self.gens.account(g, self.members)
             proposal = sorted(reports, key=lambda u: (-reports[u], self.members.index(u)))
             if admit and len(reports) == len(self.members) and len(set(reports.values())) == 1:
                 room = (self.max_size or len(proposal)) - len(proposal)
-                proposal += self._waiting_joiners(room)
-            decided = json.loads(self.store.compare_set(
-                member_key(g, "members", 0), "", json.dumps(proposal)))
+                proposal += self.joins.waiting(self.members, room)
+            decided = self.gens.decide(g, proposal)
             if self.uid not in decided:
                 raise LiveRecoveryError(f"generation {g + 1} was formed without this rank")
             if len(decided) < self.min_size:
                 raise LiveRecoveryError(
                     f"{len(decided)} ranks survived, fewer than min_workers={self.min_size}")
-            joined = [int(u) for u in decided if u not in self.members]
-            for u in joined:  # every member writes it: one of them survives to
-                self.store.set(ADMITTED_KEY.format(uid=u), Admission(
-                    generation=g + 1, changes=self.changes + 1).to_json())
-            self.members = [int(u) for u in decided]
+            joined = [u for u in decided if u not in self.members]
+            self.gens.admit(joined, Admission(generation=g + 1, changes=self.changes + 1))
+            self.members = decided
             self.generation = g + 1
             try:
                 self._reconfigure()
-                step = self._sync_state(joined, [u for u in old if u not in self.members])
+                step = self._hand_on(joined, [u for u in old if u not in self.members])
             except MemberLost:
                 continue
             except Exception as exc:  # a collective of the new group broke: next round
@@ -292,22 +203,35 @@ class LiveGroup:
         wait = max(self.timeout, 300.0)
         while True:
             g, members = self.generation, list(self.members)
-            self.store.set(member_key(g, "finished", self.uid), "1")
+            self.gens.mark_finished(g)
             deadline = time.monotonic() + wait
             while True:
-                # A member lost after its last step is done: every step counted it.
-                if all(self.store.check([member_key(g, "finished", u)])
-                       or self.store.check([DEAD_KEY.format(uid=u)]) for u in members):
-                    self.store.set(DONE_KEY, "1")  # a rank waiting to join leaves
+                if self.gens.all_finished(g, members):
+                    self.gens.mark_done()  # a rank waiting to join leaves
                     return
-                if any(self.store.check([member_key(g, "report", u)]) for u in members
-                       if u != self.uid):
+                if self.gens.peer_reported(g, members):
                     self.regroup("a peer failed after this rank returned")
                     break
                 if time.monotonic() > deadline:
                     raise LiveRecoveryError(
                         f"the group's other ranks did not return within {wait:g} s")
-                time.sleep(10 * POLL_S)
+                time.sleep(FINISH_POLL_S)
+
+    def _hand_on(self, joined: list[int], lost: list[int]) -> int:
+        """Rank 0's step and state on every member (see :func:`~.handoff.hand_on`)."""
+        agreed, self.data_position = hand_on(
+            self.attached, self.committed, self.rank, len(self.members), joined=joined,
+            lost=lost, joining=self.uid in joined)
+        return agreed
+
+    def _record(self, cause: str, old: list[int], step: int, took: float) -> None:
+        rec = self.gens.record(self.changes, self.generation, cause, old, self.members,
+                               step, took)
+        if self.rank != 0:
+            return
+        logger.warning("live recovery: generation %d of %d ranks (lost %s, joined %s) from "
+                       "step %d in %.3f s", rec.generation, len(self.members),
+                       list(rec.lost), list(rec.joined), step, took)
 
     # -- growing back ------------------------------------------------------------------
     def start_joining(self) -> None:
@@ -315,51 +239,35 @@ class LiveGroup:
         (reconfigurable) until :meth:`join` (its Checkpointer) takes it into the group,
         so the user's DDP constructor, whose collectives the running members would not
         mirror, runs in a group of one."""
-        import torch.distributed as dist
-        from torch.distributed import PrefixStore
-
         self.members = [self.uid]
         self.generation = -1
         self.state = MemberState.JOINING
-        dist.init_process_group(self.backend,
-                                store=PrefixStore(PG_PREFIX, self.store),
-                                rank=0, world_size=1, timeout=timedelta(seconds=self.timeout),
-                                enable_reconfigure=True)
-        self._leave()  # a reconfigurable group has no communicator until reconfigured
+        reconfigure.init_group(self.backend, self.store, 0, 1, self.timeout)
+        self._go_solo()  # a reconfigurable group has no communicator until reconfigured
 
     def join(self) -> None:
         """Ask to join, wait until a step boundary admits this rank, then take the
         group's state from its rank 0 (a rank the group never admits, because the job
         ended first, leaves quietly)."""
-        n = int(self.store.add(JOIN_COUNT, 1))
-        self.store.set(JOIN_KEY.format(n=n), str(self.uid))
-        wait = max(600.0, 10 * self.timeout)
-        deadline = time.monotonic() + wait
-        key = ADMITTED_KEY.format(uid=self.uid)
-        while not self.store.check([key]):
-            if self.store.check([DONE_KEY]):
-                self._quit("the group finished before a step boundary admitted this rank")
-            if self.leaving:  # its worker is closing
-                self._quit("it was asked to leave before a step boundary admitted it")
-            if time.monotonic() > deadline:
-                self._quit(f"no step boundary admitted this rank within {wait:g} s")
-            time.sleep(10 * POLL_S)
-        admitted = Admission.from_json(self.store.get(key))
+        try:
+            admitted = self.joins.ask_and_wait(lambda: self.leaving,
+                                               max(600.0, 10 * self.timeout))
+        except NotAdmitted as exc:
+            self._quit(str(exc))
         g, self.changes = admitted.generation, admitted.changes
-        decided = json.loads(self.store.get(member_key(g - 1, "members", 0)))
-        self.members = [int(u) for u in decided]
+        self.members = self.gens.decided(g - 1)
         self.generation = g
         self.state = MemberState.MEMBER
         try:
             self._reconfigure()
-            self.committed = self._sync_state([self.uid], [])
+            self.committed = self._hand_on([self.uid], [])
         except Exception as exc:  # a member lost while this rank joined: it leaves
             if not (isinstance(exc, MemberLost) or is_peer_error(exc)):
                 raise
             self._quit(f"the group broke while this rank joined it ({exc})")
         os.environ[GENERATION_ENV] = str(self.changes)
         if self.attached is not None:  # the user's step counter, for its restore()
-            self.attached.joined_step = self.attached.base_step + self.committed
+            self.attached.joined(self.committed)
         logger.warning("rank %d joined the group as rank %d of %d at step %d", self.uid,
                        self.rank, len(self.members), self.committed)
 
@@ -372,51 +280,24 @@ class LiveGroup:
     def join_wanted(self) -> bool:
         """Rank 0, at a step's first all-reduce: whether a rank waits to join and the
         group can take it now (the store is read at most every ``JOIN_CHECK_S``)."""
-        if not self.can_grow:
+        if not self.can_grow or not self.joins.due():
             return False
-        now = time.monotonic()
-        if now < self._next_join_check:
-            return False
-        self._next_join_check = now + JOIN_CHECK_S
         att = self.attached
-        return bool(self._waiting_joiners(1)) and (att is None or att.can_redeal())
+        return bool(self.joins.waiting(self.members, 1)) and (att is None or att.can_redeal())
 
-    def _waiting_joiners(self, limit: int) -> list[int]:
-        """Up to ``limit`` ranks waiting to join (neither admitted nor dead), oldest first."""
-        out: list[int] = []
-        count = min(int(self.store.add(JOIN_COUNT, 0)), MAX_JOINS)
-        for n in range(1, count + 1):
-            if len(out) >= limit:
-                break
-            key = JOIN_KEY.format(n=n)
-            if n in self._joins_done or not self.store.check([key]):
-                continue
-            uid = int(self.store.get(key))
-            if uid in self.members or self.store.check(
-                    [ADMITTED_KEY.format(uid=uid)]) or self.store.check(
-                    [DEAD_KEY.format(uid=uid)]):
-                self._joins_done.add(n)
-                continue
-            out.append(uid)
-        return out
-
-    def _quit(self, why: str) -> None:
+    # -- leaving -------------------------------------------------------------------------
+    def _quit(self, why: str) -> NoReturn:
         """A joining rank that cannot join ends its process (not a failure of the job)."""
-        import sys
-
-        mark_dead(self.store, self.uid)
+        self.gens.mark_dead()
         self.state = MemberState.LEFT
         logger.warning("rank %d leaves without joining: %s", self.uid, why)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        atexit._run_exitfuncs()  # noqa: SLF001 (the exit handlers must run before os._exit, which skips them)
-        os._exit(LEAVE_EXIT)
+        end_process()
 
     def request_leave(self) -> None:
         """Leave the group at the next step boundary (a signal handler calls this)."""
         self.state = MemberState.LEAVING
 
-    def leave_now(self) -> None:
+    def leave_now(self) -> NoReturn:
         """At a step boundary: record this rank as gone and end the process. The others'
         next all-reduce fails at once; they complete that step without this rank, whose
         steps so far all counted, and read its unread samples.
@@ -424,81 +305,18 @@ class LiveGroup:
         Recorded first (the others then account for it without waiting), its connections
         dropped next (a peer already blocked on it wakes now, not once the exit handlers
         ran, which takes seconds on a loaded host)."""
-        import sys
-
-        self.store.set(LEFT_KEY.format(uid=self.uid), str(self.committed))
-        mark_dead(self.store, self.uid)
+        self.gens.mark_left(self.committed)
+        self.gens.mark_dead()
         self.state = MemberState.LEFT
         with contextlib.suppress(Exception):  # it exits either way
-            self._leave()
+            self._go_solo()
         logger.warning("rank %d leaves the group after step %d", self.uid, self.committed)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        atexit._run_exitfuncs()  # noqa: SLF001 (the exit handlers must run before os._exit, which skips them)
-        os._exit(LEAVE_EXIT)
+        end_process()
 
-    def _leave(self) -> None:
-        """Drop this rank's connections of the broken generation at once: a survivor
-        blocked in a collective on this (live) rank wakes with an error now instead of at
-        the group's timeout (a group of this rank alone replaces the communicator)."""
-        import torch.distributed as dist
-
-        dist._reconfigure(uuid=_SOLO_UUID + self.generation * 100_000 + self.uid,  # noqa: SLF001 (torch's in-place reconfigure has no public name)
-                          handles=[dist._get_reconfigure_handle()],  # noqa: SLF001 (torch's in-place reconfigure has no public name)
-                          timeout=timedelta(seconds=self.timeout)).wait()
-
-    def _record(self, cause: str, old: list[int], step: int, took: float) -> None:
-        gone = [u for u in old if u not in self.members]
-        if gone and all(self.store.check([LEFT_KEY.format(uid=u)]) for u in gone):
-            cause = "left at a step boundary (its worker is closing)"
-        rec = Generation(generation=self.changes, time=time.time(), cause=cause,
-                         lost=tuple(u for u in old if u not in self.members),
-                         joined=tuple(u for u in self.members if u not in old),
-                         world_size=len(self.members), step=step, recovery_s=took)
-        self.store.compare_set(GEN_KEY.format(g=self.generation), "", rec.to_json())
-        if self.rank != 0:
-            return
-        logger.warning("live recovery: generation %d of %d ranks (lost %s, joined %s) from "
-                       "step %d in %.3f s", rec.generation, len(self.members),
-                       list(rec.lost), list(rec.joined), step, took)
-
-    def _sync_state(self, joined: list[int], lost: list[int]) -> int:
-        """Rank 0's (the most advanced) committed step, parameters, buffers, optimizer
-        and LR scheduler state and torch's CPU generator, on every member; with
-        ``joined`` ranks, the epoch's unread samples dealt again over the new group; with
-        ``lost`` ones, theirs named for the survivors."""
-        import torch
-        import torch.distributed as dist
-
-        att = self.attached
-        loader = att.loader if att is not None else None
-        epoch, batch = 0, 0
-        if loader is not None:
-            # The batches read of the epoch: the own shard's, then (a Loader's) those of
-            # the samples dealt to it, counted on (what a member lost now had not read).
-            epoch = int(loader.epoch)
-            batch = int(att.redeal.epoch_progress if att is not None and att.redeal is not None
-                        else loader.state_dict()["batch"])
-        base = att.base_step if att is not None else 0
-        agreed_t = torch.tensor([self.committed, epoch, batch, base], dtype=torch.int64)
-        dist.broadcast(agreed_t, 0)
-        agreed, self.data_position = int(agreed_t[0]), (int(agreed_t[1]), int(agreed_t[2]))
-        if att is not None:
-            att.base_step = int(agreed_t[3])
-            with torch.no_grad():
-                for t in att.tensors():
-                    dist.broadcast(t, 0)
-            box: list[Any] = [att.shared_state(joined, lost) if self.rank == 0 else None]
-            dist.broadcast_object_list(box, 0)
-            att.take_shared_state(box[0], self.rank, len(self.members), joined=bool(joined),
-                                  joining=self.uid in joined)
-        return agreed
-
-
-def _torch_version() -> str:
-    import torch
-
-    return str(torch.__version__)
+    def _go_solo(self) -> None:
+        """Drop this rank's connections of the broken generation at once (a group of
+        this rank alone: see :func:`~.reconfigure.go_solo`)."""
+        reconfigure.go_solo(self.generation, self.uid, self.timeout)
 
 
 # -- this rank's objects ------------------------------------------------------------------
@@ -513,9 +331,3 @@ def install(group: LiveGroup) -> None:
 
 def current() -> LiveGroup | None:
     return _GROUP
-
-
-def mark_dead(store: Any, uid: int) -> None:
-    """Record member ``uid`` as lost (its supervisor or the scheduler; never raises)."""
-    with contextlib.suppress(Exception):
-        store.set(DEAD_KEY.format(uid=uid), "1")

@@ -86,7 +86,7 @@ class LiveStores(SchedulerPlugin):
 
     def generations(self, job_id: str) -> list[str]:
         """Job ``job_id``'s generation records (JSON texts), oldest first."""
-        from dask_ddp._launch.live.group import generation_texts
+        from dask_ddp._launch.live.generations import generation_texts
 
         entry = self._stores.get(job_id)
         if entry is None:
@@ -94,7 +94,7 @@ class LiveStores(SchedulerPlugin):
         return generation_texts(entry[0], MAX_GENERATIONS)
 
     def remove_worker(self, scheduler: Any, worker: str, **kwargs: Any) -> None:
-        from dask_ddp._launch.live.group import mark_dead
+        from dask_ddp._launch.live.generations import mark_dead
 
         for job_id, (store, workers) in self._stores.items():
             if worker in workers:

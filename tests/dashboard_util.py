@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 import urllib.error
 import urllib.request
@@ -60,17 +61,24 @@ def _brief(job: dict[str, Any]) -> dict[str, Any]:
 
 # -- functions run inside rank processes ----------------------------------------------------
 
-def report_loop(steps: int, pause: float) -> int:
-    """A DDP-like loop: an all_reduce and a ``report()`` of a falling loss each step."""
+def report_loop(steps: int, pause: float, stop: str | None = None) -> int:
+    """A DDP-like loop: an all_reduce and a ``report()`` of a falling loss each step.
+
+    With ``stop`` (a path), the ranks end together at the first step after it exists (the
+    all_reduce carries each rank's view of it), or after ``steps`` steps: a test that has
+    seen what it needs of a running job ends it instead of waiting the steps out.
+    """
     import torch
     import torch.distributed as dist
 
     import dask_ddp
 
     rank = dist.get_rank()
-    t = torch.ones(1)
     for step in range(steps):
+        t = torch.tensor([float(stop is not None and os.path.exists(stop))])
         dist.all_reduce(t)
+        if t.item() > 0:
+            break
         loss = 2.0 * math.exp(-step / 40.0) + 0.05 * rank + 0.02 * math.sin(step)
         dask_ddp.report({"loss": loss, "lr": 0.1}, step=step)
         time.sleep(pause)
@@ -136,9 +144,11 @@ def fail_first_attempt(steps: int) -> int:
     return attempt
 
 
-def loader_loop(root: str, seconds: float, threads: int, compute_s: float) -> int:
+def loader_loop(root: str, seconds: float, threads: int, compute_s: float,
+                stop: str | None = None) -> int:
     """Iterate a dask-ddp Loader over the image folder ``root`` for ``seconds``: with one
-    decode thread, large images and little compute per step, the rank waits for data."""
+    decode thread, large images and little compute per step, the rank waits for data.
+    With ``stop`` (a path), each rank also ends at its first step after it exists."""
     import torch.distributed as dist
 
     import dask_ddp
@@ -159,7 +169,8 @@ def loader_loop(root: str, seconds: float, threads: int, compute_s: float) -> in
                 loss = 1.5 * math.exp(-step / 25.0) + 0.2 * float(images.mean())
                 dask_ddp.report({"loss": loss, "epoch": epoch}, step=step)
                 step += 1
-                if time.monotonic() >= deadline:
+                if time.monotonic() >= deadline or stop is not None and os.path.exists(stop):
+                    deadline = 0.0
                     break
             epoch += 1
     finally:
@@ -168,9 +179,10 @@ def loader_loop(root: str, seconds: float, threads: int, compute_s: float) -> in
     return rank
 
 
-def diverging(steps: int, hold: float) -> int:
+def diverging(steps: int, hold: float, stop: str | None = None) -> int:
     """Each step reports 150 gradient norms and the loss in one record (about 5 KB, more
-    than one pipe frame), the loss NaN on rank 0 and infinite on rank 1 from step 3 on."""
+    than one pipe frame), the loss NaN on rank 0 and infinite on rank 1 from step 3 on.
+    Then the ranks stay for ``hold`` seconds, or until ``stop`` (a path) exists."""
     import torch.distributed as dist
 
     import dask_ddp
@@ -182,7 +194,10 @@ def diverging(steps: int, hold: float) -> int:
         record["loss"] = loss
         dask_ddp.report(record, step=step)
         time.sleep(0.05)
-    time.sleep(hold)  # the page samples every 2 s: stay visible while the test looks
+    # The page samples every 2 s: stay visible while the test looks.
+    deadline = time.monotonic() + hold
+    while time.monotonic() < deadline and not (stop is not None and os.path.exists(stop)):
+        time.sleep(0.05)
     return rank
 
 

@@ -109,17 +109,24 @@ def run_and_render(client: Any, name: str, fn: Callable[..., Any], *args: Any,
     return seen, dom
 
 
-def _finish(job: Any) -> None:
-    job.result(timeout=240)
+def _finish(stop: Path) -> Callable[[Any], None]:
+    """The end of a job that runs until ``stop`` exists (or its own cap): the page was
+    rendered while it ran, so it is told to stop rather than waited out."""
+    def end(job: Any) -> None:
+        stop.touch()
+        job.result(timeout=240)
+    return end
 
 
-def test_healthy_job_page(client: Any) -> None:
+def test_healthy_job_page(client: Any, tmp_path: Path) -> None:
+    stop = tmp_path / "stop"
     seen, dom = run_and_render(
-        client, "healthy", report_loop, 600, 0.05, what="both ranks running with a loss curve",
+        client, "healthy", report_loop, 2400, 0.05, str(stop),
+        what="both ranks running with a loss curve",
         ready=lambda j: j["state"] == "running" and all(
             len(j["curves"].get(str(r["rank"]), {}).get("loss", [])) >= 3
             and r["cpu_percent"] is not None for r in j["ranks"]),
-        end=_finish)
+        end=_finish(stop))
     rows = check_page(dom, "running")
     assert "Healthy" in dom
     listing = render(dashboard_root(client), "dashboard-jobs.png")
@@ -128,18 +135,19 @@ def test_healthy_job_page(client: Any) -> None:
         assert "loss=" in row and "127.0.0.1" in row and "f-healthy" in row
 
 
-def test_input_bound_job_page(client: Any, tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_input_bound_job_page(client: Any, tmp_path: Path) -> None:
     from images import file_putter, write_folder
 
-    folder = tmp_path_factory.mktemp("big-images")
+    folder = tmp_path / "big-images"
     write_folder(file_putter(str(folder)), ("a", "b"), 12, sizes=((1600, 1200),))
+    stop = tmp_path / "stop"
     seen, dom = run_and_render(
-        client, "input-bound", loader_loop, str(folder), 40.0, 1, 0.0,
+        client, "input-bound", loader_loop, str(folder), 120.0, 1, 0.0, str(stop),
         what="both ranks input-bound with a curve",
         ready=lambda j: all("input-bound" in r["flags"] and len(
             j["curves"].get(str(r["rank"]), {}).get("loss", [])) >= 2 for r in j["ranks"])
         and len(j["ranks"]) == 2,
-        end=_finish)
+        end=_finish(stop))
     rows = check_page(dom, "running")
     assert "Input-bound: rank(s) 0, 1" in dom
     for row in rows.values():
@@ -196,19 +204,21 @@ def test_stalled_job_page(client: Any) -> None:
     assert "f-stalled" in rows[1] and "f-stalled" not in rows[0]
 
 
-def test_diverged_loss_job_page(client: Any) -> None:
+def test_diverged_loss_job_page(client: Any, tmp_path: Path) -> None:
     """A NaN loss made the page's JSON unparsable: the page showed no rank and "scheduler
     not answering" for good. Now it renders both ranks and says since when the loss is
     NaN."""
     root = dashboard_root(client)
-    job = dask_ddp.submit(client, diverging, 8, 8.0, name="diverged", progress=False)
+    stop = tmp_path / "stop"
+    job = dask_ddp.submit(client, diverging, 8, 120.0, str(stop), name="diverged",
+                          progress=False)
     try:
         wait_job(root, job.id, "both ranks' loss diverged",
                  lambda j: all((r.get("diverged") or {}).get("step") == 3 for r in j["ranks"])
                  and len(j["ranks"]) == 2, timeout=180)
         dom = chromium(f"{root}job/{job.id}", "--dump-dom")
     finally:
-        _finish(job)
+        _finish(stop)(job)
     assert sorted(rank_rows(dom)) == [0, 1], f"the page did not render both ranks:\n{dom[:3000]}"
     assert "loss is NaN since step 3" in dom, dom[:3000]
     assert "not answering" not in dom

@@ -21,14 +21,17 @@ PREFIX = "ddp-dash"
 
 
 def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
-    for p in reversed(procs):
-        p.terminate()
-    for p in reversed(procs):
-        try:
-            p.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(timeout=30)
+    # The workers first, while their scheduler still answers: a worker whose scheduler
+    # went first spends its close trying to reach it.
+    for group in (procs[1:], procs[:1]):
+        for p in group:
+            p.terminate()
+        for p in group:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout=30)
 
 
 @pytest.fixture(scope="module")
@@ -58,11 +61,12 @@ def cluster() -> Iterator[tuple[str, str]]:
         _stop(procs)
 
 
-def test_pages_on_a_cli_cluster(cluster: tuple[str, str]) -> None:
+def test_pages_on_a_cli_cluster(cluster: tuple[str, str], tmp_path: Path) -> None:
     address, root = cluster
     assert get(root + "api/jobs")[0] == 404, "pages before any job (they come with the first)"
+    stop = tmp_path / "stop"  # the job runs until the running page was checked
     with Client(address, timeout=60) as client:
-        job = dask_ddp.submit(client, report_loop, 200, 0.05, name="cli-train",
+        job = dask_ddp.submit(client, report_loop, 2400, 0.05, str(stop), name="cli-train",
                               progress=False)
         try:
             live = wait_job(root, job.id, "both ranks running with a step rate",
@@ -73,6 +77,7 @@ def test_pages_on_a_cli_cluster(cluster: tuple[str, str]) -> None:
             assert status == 200 and "dashboard.js" in body
             assert get(root)[0] == 200 and get(root + "static/dashboard.css")[0] == 200
         finally:
+            stop.touch()
             assert job.result(timeout=180) == [0, 1]
         wait_job(root, job.id, "done", lambda j: j["state"] == "done")
 

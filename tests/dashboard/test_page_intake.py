@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,9 +19,11 @@ pytestmark = [pytest.mark.timeout(240)]
 client = client_fixture(2)
 
 
-def test_large_and_non_finite_metrics_reach_the_page(client: Any) -> None:
+def test_large_and_non_finite_metrics_reach_the_page(client: Any, tmp_path: Path) -> None:
     root = dashboard_root(client)
-    job = dask_ddp.submit(client, diverging, 8, 8.0, name="diverged", progress=False)
+    stop = tmp_path / "stop"  # the ranks stay until the page was read
+    job = dask_ddp.submit(client, diverging, 8, 120.0, str(stop), name="diverged",
+                          progress=False)
     try:
         seen = wait_job(root, job.id, "both ranks' metrics with the loss",
                         lambda j: len(j["ranks"]) == 2 and all(
@@ -45,4 +48,5 @@ def test_large_and_non_finite_metrics_reach_the_page(client: Any) -> None:
             for x, y in curve.get("loss", []):
                 assert math.isfinite(y) and x < 3, curve["loss"]
     finally:
+        stop.touch()
         assert job.result(timeout=120) == [0, 1]

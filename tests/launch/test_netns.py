@@ -83,14 +83,17 @@ def netns_cluster() -> Iterator[tuple[str, list[str]]]:
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         yield sched_addr, [f"{subnet}.2", f"{subnet}.3"]
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(15)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        # The workers first, while their scheduler still answers: a worker whose
+        # scheduler went first spends its close trying to reach it.
+        for group in (procs[1:], procs[:1]):
+            for p in group:
+                p.terminate()
+            for p in group:
+                try:
+                    p.wait(15)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
         for ns in spaces:
             _ip("netns", "del", ns, check=False)
         _ip("link", "del", bridge, check=False)

@@ -162,12 +162,16 @@ def test_import_environment_keeps_what_imports_read() -> None:
     env = {"PYTHONPATH": "/x", "OMP_NUM_THREADS": "1", "LD_PRELOAD": "l", "MALLOC_ARENA_MAX": "2",
            "TORCH_LOGS": "+dynamo", "KMP_AFFINITY": "c", "DASK_DDP_SCHEDULER": "tcp://s:1",
            "RANK": "3", "MASTER_PORT": "5", "TORCHELASTIC_RUN_ID": "j", "DASK_DDP_JOB_ID": "j",
-           "CUDA_VISIBLE_DEVICES": "1,0", "WANDB_PROJECT": "p"}
+           "CUDA_VISIBLE_DEVICES": "1,0", "WANDB_PROJECT": "p",
+           "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/tmp/dask-ddp-job1-r0/collectives-rank-"}
     assert warm.import_environment(env) == {
         "DASK_DDP_SCHEDULER": "tcp://s:1", "KMP_AFFINITY": "c", "LD_PRELOAD": "l",
         "MALLOC_ARENA_MAX": "2", "OMP_NUM_THREADS": "1", "PYTHONPATH": "/x",
         "TORCH_LOGS": "+dynamo"}
-    other = {**env, "RANK": "4", "WANDB_PROJECT": "q", "CUDA_VISIBLE_DEVICES": "0,1"}
+    # Each job points torch's collectives dump into its own work directory: not in the key,
+    # or every job would start its ranks cold.
+    other = {**env, "RANK": "4", "WANDB_PROJECT": "q", "CUDA_VISIBLE_DEVICES": "0,1",
+             "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/tmp/dask-ddp-job2-r0/collectives-rank-"}
     assert warm.template_key(other, "/d") == warm.template_key(env, "/d")
     assert warm.template_key({**env, "OMP_NUM_THREADS": "2"}, "/d") != warm.template_key(env, "/d")
     assert warm.template_key(env, "/e") != warm.template_key(env, "/d")
@@ -411,3 +415,19 @@ def test_killed_worker_leaves_no_template() -> None:
                    "the template or its rank outlived the killed worker")
         job.cancel()
         time.sleep(0.1)
+
+
+@pytest.mark.dask
+@pytest.mark.slow
+@linux_only
+def test_a_later_job_forks_from_the_template_an_earlier_one_started() -> None:
+    """On a real cluster: each job's ranks get their own work directory (and torch's
+    collectives dump in it), yet the next job's rank forks from the same template."""
+    import dask_ddp
+
+    with cluster_util.cluster_client(1) as client:
+        parents = [dask_ddp.submit(client, os.getppid, n_workers=1, progress=False).result()[0]
+                   for _ in range(3)]
+        templates_ = template_processes(client.scheduler.address)
+        assert len(templates_) == 1, templates_
+        assert parents == [templates_[0].pid] * 3

@@ -23,6 +23,9 @@ from typing import Any
 #: The dump's file name in the rank's work directory, before the rank's number (torch
 #: appends the rank).
 DUMP_PREFIX = "collectives-rank-"
+#: Where torch's watchdog writes the dump: a path in the job's own work directory, read when
+#: a process group is made (never on import, so a warm template's key leaves it out).
+DUMP_VARIABLE = "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"
 #: Largest dump read (a 2000-entry ring with stack traces is a few MiB).
 MAX_DUMP_BYTES = 16 << 20
 #: Collectives listed in an error, newest last.
@@ -31,7 +34,7 @@ SHOWN = 8
 
 def dump_environment(workdir: str, env: dict[str, str]) -> None:
     """Point the watchdog's dump into ``workdir`` unless the job or worker set it."""
-    env.setdefault("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", os.path.join(workdir, DUMP_PREFIX))
+    env.setdefault(DUMP_VARIABLE, os.path.join(workdir, DUMP_PREFIX))
 
 
 class _PlainUnpickler(pickle.Unpickler):

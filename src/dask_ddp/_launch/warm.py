@@ -107,11 +107,13 @@ IMPORT_NAMES = frozenset({
 
 
 def _per_rank_names() -> frozenset[str]:
+    from dask_ddp._launch.collective_dump import DUMP_VARIABLE
     from dask_ddp._launch.rank_env import TORCHRUN_VARIABLES
 
     # CUDA_VISIBLE_DEVICES is rotated per rank process and read only when CUDA starts,
-    # which the template never does.
-    return TORCHRUN_VARIABLES | {"CUDA_VISIBLE_DEVICES"}
+    # which the template never does. The collectives' dump file is in the job's own work
+    # directory: were it in the key, no job would find the template an earlier job started.
+    return TORCHRUN_VARIABLES | {"CUDA_VISIBLE_DEVICES", DUMP_VARIABLE}
 
 
 def _import_relevant(name: str, per_rank: frozenset[str]) -> bool:

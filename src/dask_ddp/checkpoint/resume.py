@@ -203,7 +203,7 @@ def restore_training_state(state: dict[str, Any], model: Any, optimizer: Any = N
     if loader is not None and own["loader"] is not None:
         saved = own["loader"]
         unread = [r["loader"].get("unread") for r in ranks if isinstance(r.get("loader"), dict)]
-        if any(u is not None for u in unread) and hasattr(loader, "resume_unread"):
+        if any(u is not None for u in unread) and _is_loader(loader):
             # Saved after a membership change (live recovery): every rank's unread samples
             # of the epoch, together, dealt over this job's ranks; nothing read twice.
             samples = [i for u in unread if u is not None for i in u.tolist()]
@@ -211,6 +211,14 @@ def restore_training_state(state: dict[str, Any], model: Any, optimizer: Any = N
         else:
             loader.load_state_dict(saved if same else _resized_loader_state(saved, loader))
     return dict(state["extra"])
+
+
+def _is_loader(loader: object) -> bool:
+    """Whether ``loader`` is a dask-ddp Loader (which resumes the unread samples of an
+    epoch saved after a membership change), not a torch DataLoader, say."""
+    from dask_ddp.data.loader import Loader
+
+    return isinstance(loader, Loader)
 
 
 def _chosen_by_rank0(choose: Any) -> Any:

@@ -9,9 +9,10 @@ each reads as its new rank (:meth:`~Redealable.reshard`). The group re-forms at 
 training step, which the Loader marks by calling :attr:`~Redealable.before_batch` before it
 takes each batch.
 
-Both Loaders (images and tar shards, and tables) implement it; the launcher types its
-calls with this Protocol and picks a Loader with :func:`redealable`, never by probing
-attributes.
+Both Loaders (images and tar shards, and tables) implement it, by delegating to the
+live-recovery state each owns (:class:`~dask_ddp.data.redealing.Redealing`); the launcher
+types its calls with this Protocol and picks a Loader with :func:`redealable`, never by
+probing attributes.
 """
 
 from __future__ import annotations

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -29,12 +28,14 @@ from dask_ddp._pending import flush_pending
 from dask_ddp.data.device import stage_for
 from dask_ddp.data.loader import Loader
 from dask_ddp.data.process import check_made_here
-from dask_ddp.data.table import plan
-from dask_ddp.data.table.batches import POLL_S, EpochBatches
+from dask_ddp.data.redealing import Redealing
+from dask_ddp.data.resume import check_batch, check_saved
+from dask_ddp.data.table.batches import EpochBatches
+from dask_ddp.data.table.deals import table_deals
 from dask_ddp.data.table.epoch import EpochRows
+from dask_ddp.data.table.feed import Feed
 from dask_ddp.data.table.layout import BatchLayout
 from dask_ddp.data.table.reads import WindowReads, cache_wanted
-from dask_ddp.data.unread import Samples, UnreadDeals
 
 if TYPE_CHECKING:
     from dask_ddp.data.table.table import Table
@@ -49,30 +50,13 @@ _SHUFFLES = (True, False, "local")
 ORDER_VERSION = 2
 
 
-@dataclasses.dataclass(frozen=True)
-class _Deal:
-    """A rank's share of a lost rank's unread rows: the rows and their window ids."""
-
-    rows: np.ndarray
-    wins: np.ndarray
-
-    def start_epoch(self, epoch: int, start: int) -> None:
-        """Nothing to start (the share is fed as the epoch's own rows are)."""
-
-    def parts(self) -> tuple[np.ndarray, np.ndarray]:
-        """The rows and their window ids, as the feeding thread asks for them."""
-        return self.rows, self.wins
-
-
 class TableLoader(Loader):
     """Batches of a :class:`~dask_ddp.data.Table` in a rank: the :class:`Loader` of a table.
 
-    ``Loader(table, ...)`` returns one (as ``pathlib.Path(...)`` returns a
-    ``PosixPath``): a table's rows are not images, so its loader takes other options
-    and yields other batches, but it is a :class:`~dask_ddp.data.Loader` (``isinstance``
-    holds) with the same protocol: ``len``, :attr:`num_samples`, :meth:`set_epoch`,
-    iteration, :meth:`state_dict`, :meth:`load_state_dict`, :meth:`close`. Making one
-    directly, ``TableLoader(table, ...)``, is the same. See README "Datasets: tables".
+    ``Loader(table, ...)`` returns one, as ``TableLoader(table, ...)`` does: a table's rows
+    are not images, so it takes other options and yields other batches, but it is a
+    :class:`~dask_ddp.data.Loader` (``isinstance`` holds) with the same protocol. See the
+    user guide's "Datasets: tables".
 
     Parameters
     ----------
@@ -124,9 +108,6 @@ class TableLoader(Loader):
         ``features`` or ``label`` names no column of the table.
     """
 
-    #: The rows dealt to this rank after its own (live recovery): always there.
-    _unread: UnreadDeals
-
     def __init__(self, table: Table, batch_size: int, *, shuffle: bool | str = True,
                  seed: int = 0, features: Sequence[str] | None = None,
                  label: str | None = None, drop_last: bool = False, rank: int | None = None,
@@ -146,7 +127,6 @@ class TableLoader(Loader):
                            stage=stage_for(device, channels_last, None))
         self.table = table
         self.window = int(window)
-        self._start = 0  # batch to start the next iteration at
         self._resume: dict[str, Any] | None = None  # a state saved on another world size
         layout = BatchLayout(table, features, label)
         offsets = np.concatenate([[0], np.cumsum(np.asarray(table.partition_rows, np.int64))])
@@ -164,13 +144,10 @@ class TableLoader(Loader):
                                      batch_size=self.batch_size, drop_last=self.drop_last,
                                      rank=self.rank, shuffle=shuffle,
                                      gather_ahead=self.num_threads > 1 or torch.cuda.is_available())
-        self._stop: threading.Event | None = None
-        self._stream: Any = None  # the engine's stream of the current iteration
+        self._feeding: Feed | None = None  # the feeding thread of the current iteration
         # Rows a lost rank left unread, read after this rank's own (live recovery).
-        self._unread = UnreadDeals(lambda _, rows, r, w: _Deal(*self._deal_share(rows, r, w)),
-                                   self.batch_size, self.drop_last,
-                                   share_order=lambda _, rows, r, w: self._deal_share(
-                                       rows, r, w)[0])
+        self._redeal = Redealing(table_deals(table, batch_size=self.batch_size,
+                                             window=self.window, drop_last=self.drop_last))
         self._own_end = False  # end_reads(): the own rows of this epoch are done
         self._cuts = 0  # end_reads() calls: the rows being fed stop at the next batch
 
@@ -201,17 +178,16 @@ class TableLoader(Loader):
         if epoch < 0:
             raise ValueError(f"epoch must be >= 0, got {epoch}")
         if int(epoch) != self.epoch:
-            self._start = 0
+            self._start_batch = 0
             self._resume = None
             self._own_end = False
-            if self._next_layout is not None:
-                self._take_layout(*self._next_layout)
+            if (layout := self._redeal.take_layout()) is not None:
+                self._take_layout(*layout)
         self.epoch = int(epoch)
 
     def _take_layout(self, rank: int, world_size: int) -> None:
         """Read from now on as rank ``rank`` of ``world_size`` (see :meth:`reshard`)."""
         self.rank, self.world_size = rank, world_size
-        self._next_layout = None
         # No collective here (a re-formed group's members reach it at their own pace):
         # shuffle="local" then places rows without regard to the workers holding them.
         self._plan = EpochRows(self.table, rank=rank, world_size=world_size,
@@ -236,7 +212,7 @@ class TableLoader(Loader):
         """Batches: a dict of column tensors, or ``x`` or ``(x, y)`` with ``features``
         and ``label``."""
         check_made_here(self._made_in)
-        start, self._start = self._start, 0
+        start, self._start_batch = self._start_batch, 0
         self._position = start
         self._hint_persist()
         epoch = self.epoch
@@ -246,7 +222,7 @@ class TableLoader(Loader):
             nxt = epoch + 1
             ahead = (lambda: self._plan.rows(nxt, None)) if self._resume is None else None
             yield from self._feed(self._rank_rows, start, ahead)
-        while (deal := self._unread.next_core(epoch)) is not None:
+        while (deal := self._redeal.next_core(epoch)) is not None:
             self._position = 0
             yield from self._feed(deal.parts, 0, None)
         flush_pending()  # the epoch's metrics reported as CUDA values
@@ -255,34 +231,14 @@ class TableLoader(Loader):
               ahead: Callable[[], tuple[np.ndarray, np.ndarray]] | None) -> Iterator[Any]:
         """The batches of ``rank_rows`` from batch ``start`` on, fed by a thread; they
         stop early at :meth:`end_reads`."""
-        stream = self._batches.stream(self.prefetch)
-        errors: list[BaseException] = []
-        stop = threading.Event()
-        self._stop, self._stream = stop, stream
-        thread = threading.Thread(target=self._batches.produce,
-                                  args=(stream, stop, start, self.epoch, rank_rows,
-                                        errors, ahead),
-                                  name=f"dask-ddp-table-{self.rank}", daemon=True)
-        t0 = time.monotonic()
-        thread.start()
-        first = True
-        batch_of = self._batches.layout.batch
-        cuts = self._cuts
+        t0, first, cuts, batch_of = time.monotonic(), True, self._cuts, self._batches.layout.batch
+        feed = self._feeding = Feed(self._batches, self.prefetch, start, self.epoch, rank_rows,
+                                    ahead, name=f"dask-ddp-table-{self.rank}")
         try:
             while True:
                 if self.before_batch is not None:
                     self.before_batch()
-                if self._cuts != cuts:
-                    return
-                while True:
-                    try:
-                        item = stream.next(POLL_S)  # the GIL released while it waits
-                        break
-                    except TimeoutError:
-                        continue  # the reads wait at most FETCH_TIMEOUT_S, then raise
-                if item is None:
-                    if errors:
-                        raise errors[0]
+                if self._cuts != cuts or (item := feed.next()) is None:
                     return
                 if first:
                     first = False
@@ -294,26 +250,9 @@ class TableLoader(Loader):
         finally:
             if self._stage is not None:
                 self._stage.drop()
-            stop.set()
-            stream.close()
-            thread.join(timeout=60)
-            if thread.is_alive():
-                logger.warning("rank %d: the table's feeding thread did not stop within "
-                               "60 s (a read of the table is still waiting)", self.rank)
+            feed.close(self.rank)
 
     # -- live recovery ------------------------------------------------------------------
-    def _deal_share(self, rows: Samples, rank: int, world_size: int
-                    ) -> tuple[np.ndarray, np.ndarray]:
-        """Rank ``rank``'s share of a deal of ``rows`` over ``world_size`` ranks, and its
-        window ids: every ``world_size``-th row, padded as an epoch is."""
-        rows = np.asarray(rows, np.int64)
-        per_window = max(self.batch_size,
-                         self.window * -(-len(self.table) // max(self.table.npartitions, 1)))
-        wins = np.arange(len(rows), dtype=np.int64) // per_window
-        share, share_wins = plan.pad_to(rows, wins, world_size, self.drop_last).for_rank(
-            rank, world_size)
-        return np.ascontiguousarray(share), np.ascontiguousarray(share_wins)
-
     def lost_samples(self, epoch: int, batch: int, ranks: list[int],
                      uids: list[Any] | None = None) -> np.ndarray:
         """The rows of ``epoch`` that ``ranks`` (of this loader's world) had not yielded
@@ -323,21 +262,13 @@ class TableLoader(Loader):
         bs = self.batch_size
         parts = [self._plan.rows_of(epoch, self._resume, r)[0][batch * bs:]
                  for r in sorted(ranks)]
-        parts.append(np.asarray(self._unread.lost_share(
-            epoch, max(batch - len(self), 0), ranks if uids is None else uids), np.int64))
+        parts.append(np.asarray(self._redeal.lost(
+            epoch, batch, len(self), ranks if uids is None else uids), np.int64))
         return np.concatenate(parts).astype(np.int64, copy=False)
 
-    def _can_reshard(self) -> bool:
-        return True
-
-    def _stop_reads(self) -> None:
+    def _stop_reads(self, own: bool) -> None:
         self._cuts += 1  # the rows being fed stop at the next batch
-
-    def _stop_deal(self, cut: tuple[Any, int] | None) -> None:
-        """Nothing more to stop: the feeding loop ends at the cut (``_cuts``)."""
-
-    def _end_own(self) -> None:
-        self._own_end = True
+        self._own_end = self._own_end or own
 
     # -- resume ---------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -355,19 +286,16 @@ class TableLoader(Loader):
             state["resumed_from"] = dict(self._resume)
         if self._plan.pieces is not None:
             state["pieces"] = [list(map(list, ps)) for ps in self._plan.pieces]
-        return self._with_unread(state)
+        return {**state, **self._redeal.saved(self)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from :meth:`state_dict`'s position on the next iteration (a state
         with ``"unread"``: with those rows, :meth:`resume_unread`)."""
-        if self._took_unread(state):
+        if self._redeal.took_unread(self, state):
             return
         own = self.state_dict()
-        for key in ("seed", "shuffle", "batch_size", "drop_last", "window", "rows"):
-            mine = own[key]
-            if key in state and state[key] != mine:
-                raise ValueError(f"state_dict was saved with {key}={state[key]!r} but this "
-                                 f"loader has {mine!r}")
+        check_saved(state, {k: own[k] for k in ("seed", "shuffle", "batch_size", "drop_last",
+                                                "window", "rows")})
         if "resumed_from" in state:
             raise ValueError("a state saved in an epoch that was itself resumed on another "
                              "world size can be loaded only at the next epoch")
@@ -386,27 +314,21 @@ class TableLoader(Loader):
                 pieces is None or state.get("pieces") is None
                 or [list(map(list, ps)) for ps in pieces] == state["pieces"]):
             self._resume = None
-            if not 0 <= batch <= len(self):
-                raise ValueError(f"state_dict batch {batch} is outside [0, {len(self)}]")
-            self._start = batch
-            self._position = batch
+            self._start_batch = self._position = check_batch(batch, len(self))
             return
         consumed = min(batch * self.batch_size, int(state.get("num_batches", batch))
                        * self.batch_size)
         self._resume = {"epoch": self.epoch, "world_size": int(state["world_size"]),
                         "consumed": consumed, "pieces": state.get("pieces")}
-        self._start = 0
-        self._position = 0
+        self._start_batch = self._position = 0
         logger.info("resuming epoch %d on %d ranks (saved on %d after %d batches): %d rows "
                     "for this rank", self.epoch, self.world_size, state["world_size"], batch,
                     self.num_samples)
 
     def close(self) -> None:
         """Stop the gather thread of an iteration in progress and drop the cached rows."""
-        if self._stop is not None:
-            self._stop.set()
-        if self._stream is not None:
-            self._stream.close()
+        if self._feeding is not None:
+            self._feeding.cancel()
         self._reads.close()
         if self._stage is not None:
             self._stage.drop()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import datetime
 import logging
 import os
-import pickle
 import shutil
 import signal
 import subprocess
@@ -30,6 +29,7 @@ from cluster_util import (
 )
 from dask_ddp._launch import warm
 from dask_ddp._launch.launch_record import LaunchRecord
+from dask_ddp._launch.rank_report import RankStatus, read_report
 from waits import wait_until
 
 SCHEDULER = "tcp://warm-test:1"
@@ -78,16 +78,14 @@ class Rank:
         out = self.proc.stdout.read().decode() if self.proc.stdout else ""
         err = self.proc.stderr.read().decode() if self.proc.stderr else ""
         code = self.proc.wait()
-        path = os.path.join(self.workdir, "result.pkl")
-        assert os.path.exists(path), f"no result; exit {code}, stderr:\n{err[-3000:]}"
-        with open(path, "rb") as f:
-            report = pickle.load(f)
-        assert report["status"] == "ok", report.get("traceback")
+        report = read_report(self.workdir)
+        assert report is not None, f"no result; exit {code}, stderr:\n{err[-3000:]}"
+        assert report.status is RankStatus.OK and report.value is not None, report.traceback
         assert code == 0
         channel = b""
         while chunk := os.read(self.channel, 65536):  # EOF: no other holder of its write end
             channel += chunk
-        return {"value": cloudpickle.loads(report["value"]), "stdout": out, "stderr": err,
+        return {"value": cloudpickle.loads(report.value), "stdout": out, "stderr": err,
                 "channel": channel.decode()}
 
     def close(self) -> None:

@@ -37,7 +37,7 @@ from dask_ddp._launch.live.records import Generation
 from dask_ddp._launch.names import output_topic, progress_topic
 from dask_ddp._launch.options import LaunchOptions
 from dask_ddp._launch.output import RankOutput
-from dask_ddp._launch.placement import RankSpec, choose_workers, rank_layout, worker_host
+from dask_ddp._launch.placement import choose_workers, rank_layout, rank_specs
 from dask_ddp._launch.watcher import Watcher, gather_values
 from dask_ddp._states import JobState
 from dask_ddp.errors import JobError, Restart, StallError
@@ -315,14 +315,9 @@ class Job:
             # The ranks' options carry what the job's recovery needs (a live job's store).
             self.options = options = self.watcher.set_recovery(recovery.for_job(
                 self.client, self.options, self.id, self.name, self.workers))
-            scheduler = self.client.scheduler.address
-            specs = [RankSpec(
-                options=options, job_id=self.id, run_id=run_id or self.id, restart=restart,
-                rank=i["rank"], local_rank=i["local_rank"],
-                local_world_size=i["local_world_size"], group_rank=i["group_rank"],
-                group_world_size=i["group_world_size"], proc_index=i["proc_index"],
-                workers=tuple(self.workers), master_addr=worker_host(layout[0]["worker"]),
-                scheduler=scheduler) for i in layout]
+            specs = rank_specs(options, layout, self.workers, job_id=self.id,
+                               run_id=run_id or self.id, restart=restart,
+                               scheduler=self.client.scheduler.address)
             res = options.resources
             if options.stream_output:
                 # Subscribe before submitting, so no early line is missed.

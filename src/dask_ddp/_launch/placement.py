@@ -146,6 +146,19 @@ def rank_layout(workers: Sequence[str], nprocs_per_worker: int) -> list[dict[str
     return layout
 
 
+def rank_specs(options: LaunchOptions, layout: Sequence[Mapping[str, Any]],
+               workers: Sequence[str], *, job_id: str, run_id: str, restart: int,
+               scheduler: str) -> list[RankSpec]:
+    """The spec of every rank of ``layout`` (:func:`rank_layout`) of attempt ``restart``,
+    in rank order; ``workers``: every rank's worker (rank 0's host is the master)."""
+    return [RankSpec(
+        options=options, job_id=job_id, run_id=run_id, restart=restart,
+        rank=i["rank"], local_rank=i["local_rank"], local_world_size=i["local_world_size"],
+        group_rank=i["group_rank"], group_world_size=i["group_world_size"],
+        proc_index=i["proc_index"], workers=tuple(workers),
+        master_addr=worker_host(layout[0]["worker"]), scheduler=scheduler) for i in layout]
+
+
 def available_workers(client: Any, resources: Mapping[str, float] | None,
                       preferred: Sequence[str]) -> list[str]:
     """Running workers that can take a rank now, those in ``preferred`` first."""

@@ -4,24 +4,24 @@ Started by the supervisor task (:mod:`dask_ddp._launch.supervisor`) with the tor
 environment set. It loads the user's function from the launch record in ``WORKDIR`` (a
 :class:`~dask_ddp._launch.launch_record.LaunchRecord`, written by the supervisor), joins
 the job's rendezvous store, agrees on the backend, calls ``init_process_group``, runs the
-function, and writes ``WORKDIR/result.pkl``: the pickled return value, or the failing
-phase, the formatted traceback and the pickled exception.
+function, and leaves its supervisor a
+:class:`~dask_ddp._launch.rank_report.RankReport` in ``WORKDIR``: the pickled return
+value, or the failing phase, the formatted traceback and the pickled exception.
 """
 
 from __future__ import annotations
 
 import atexit
 import os
-import pickle
 import signal
 import sys
 import threading
 import time
-import traceback
 from datetime import timedelta
 from typing import Any
 
 from dask_ddp._launch.live.keys import JOIN_ENV, MAX_ENV, MIN_ENV, STORE_ENV
+from dask_ddp._launch.rank_report import RankReport, write_report
 
 PARENT_POLL_S = 0.5
 
@@ -51,13 +51,6 @@ def _watch_parent() -> None:
                 os.killpg(os.getpgrp(), signal.SIGKILL)
 
     threading.Thread(target=loop, name="dask-ddp-parent-watch", daemon=True).start()
-
-
-def _write(workdir: str, report: dict[str, Any]) -> None:
-    tmp = os.path.join(workdir, "result.pkl.tmp")
-    with open(tmp, "wb") as f:
-        pickle.dump(report, f)
-    os.replace(tmp, os.path.join(workdir, "result.pkl"))
 
 
 def _resolve_backend(requested: str, store: Any, rank: int, world: int, worker: str) -> str:
@@ -209,18 +202,10 @@ def main(workdir: str) -> None:
             _finish_barrier(store, world)
         if dist.is_initialized():
             dist.destroy_process_group()
-        _write(workdir, {"status": "ok", "value": cloudpickle.dumps(value)})
+        write_report(workdir, RankReport.returned(cloudpickle.dumps(value)))
     except BaseException as exc:
         claimed = _claim_root_cause(store, rank)
-        blob: bytes | None
-        try:
-            blob = pickle.dumps(exc)
-            pickle.loads(blob)  # the supervisor must be able to load it
-        except Exception:
-            blob = None
-        _write(workdir, {"status": "error", "phase": phase, "type": type(exc).__name__,
-                         "message": str(exc), "traceback": traceback.format_exc(),
-                         "exception": blob, "claimed": claimed})
+        write_report(workdir, RankReport.raised(phase, exc, claimed))
         _exit(1)
     _exit(0)
 

@@ -5,14 +5,16 @@ A rank that fails records its fault on the job's failure topic on the scheduler
 left. The client's :meth:`Job.result` and each rank's supervisor pick the root cause from
 the same order (:class:`FailureKind`), so the seed's ``client.gather(futures)`` raises the
 same root error as ``submit(...).result()``: a rank whose collective broke because a peer
-died raises the peer's fault, with its own error chained as ``__cause__``.
+died raises the peer's fault, with its own error chained as ``__cause__`` (whether a
+rank's error says a peer was lost is :mod:`dask_ddp._launch.peer_loss`'s test; the
+supervisor's side, a rank's end turned into its task's outcome, is
+:mod:`dask_ddp._launch.outcome`).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import pickle
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -20,19 +22,12 @@ from dask_ddp.errors import (
     FailureKind,
     JobError,
     RankFailedError,
-    RemoteException,
     StallError,
     WorkerLostError,
     kind_order,
 )
 
 logger = logging.getLogger(__name__)
-
-#: Error types and words of a rank's error that say a collective or the store broke: such
-#: a rank is likely the victim of a peer's fault, so its supervisor waits for that fault.
-_COLLECTIVE_TYPES = ("DistError", "DistBackendError", "DistNetworkError", "DistStoreError")
-_COLLECTIVE_WORDS = ("gloo", "nccl", "connection reset", "connection closed", "closed by peer",
-                     "broken pipe", "socket timeout", "connection refused", "timed out")
 
 
 def lost_error(job_name: str, rank: int, worker: str) -> WorkerLostError:
@@ -47,12 +42,6 @@ def record_of(err: JobError) -> dict[str, Any]:
     """What goes on the failure topic about ``err`` (plain data: the scheduler keeps it)."""
     return {"rank": err.rank, "worker": err.worker, "kind": str(err.kind),
             "message": str(err).split("\n\n")[0], "traceback": err.remote_traceback}
-
-
-def looks_collective(type_name: str, message: str) -> bool:
-    """True when a rank's error says its collective or rendezvous broke."""
-    low = message.lower()
-    return type_name in _COLLECTIVE_TYPES or any(w in low for w in _COLLECTIVE_WORDS)
 
 
 def better_record(records: Iterable[Mapping[str, Any]], rank: int,
@@ -133,18 +122,3 @@ def read_error_file(path: str) -> tuple[str, str] | None:
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         logger.warning("cannot read the rank's error file %s: %s", path, exc)
         return None
-
-
-def load_exception(report: Mapping[str, Any]) -> BaseException | None:
-    """The rank's own exception from its report, or a :class:`RemoteException`."""
-    blob = report.get("exception")
-    exc: Any = None
-    if blob is not None:
-        try:
-            exc = pickle.loads(blob)
-        except Exception:
-            exc = None
-    if isinstance(exc, BaseException):
-        return exc
-    tb = report.get("traceback") or ""
-    return RemoteException(tb) if tb else None

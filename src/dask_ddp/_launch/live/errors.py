@@ -1,10 +1,18 @@
 """How a live group tells a lost peer from a failure of its own (internal).
 
 A collective of a group whose member died fails on the survivors; they re-form the group
-instead of failing the job. :func:`is_peer_error` says which errors are such a failure.
+instead of failing the job. :func:`is_peer_error` says which errors are such a failure:
+the launcher's one test of a lost peer (:mod:`dask_ddp._launch.peer_loss`), which a rank's
+supervisor asks too, of the error its rank reported (a rank whose collective broke waits
+for its peer's fault). Its torch error types and its text fallbacks (gloo's transport,
+NCCL untyped) are held there, not here.
 """
 
 from __future__ import annotations
+
+from dask_ddp._launch.peer_loss import is_peer_error
+
+__all__ = ["LiveRecoveryError", "MemberLost", "is_peer_error"]
 
 
 class LiveRecoveryError(RuntimeError):
@@ -18,36 +26,3 @@ class MemberLost(Exception):
     def __init__(self, uids: list[int]) -> None:
         super().__init__(f"members {uids} were lost")
         self.uids = list(uids)
-
-
-#: Words of a collective's error text that mean a peer went away or stopped answering,
-#: where torch gives no type: gloo's transport ("Connection reset by peer", "Connection
-#: closed by peer", a timeout), and an NCCL error of a torch that raised it untyped.
-_PEER_WORDS = ("connection", "closed", "reset", "timed out", "timeout", "broken pipe",
-               "peer", "gloo", "nccl")
-
-
-def is_peer_error(exc: BaseException) -> bool:
-    """Whether ``exc``, raised by a collective of the group, means a peer was lost.
-
-    By type where torch gives one: ``DistBackendError`` (NCCL's errors, a communicator
-    aborted or its watchdog's timeout) and ``DistNetworkError`` (a connection to a peer or
-    the store broke). Gloo's transport errors reach Python as a plain ``RuntimeError``
-    (torch 2.14: "[gloo/transport/tcp/pair.cc] Read error ...: Connection reset by peer"),
-    so where torch gives no type the error's text is matched (:data:`_PEER_WORDS`).
-    """
-    typed = _dist_error_types()
-    if typed and isinstance(exc, typed):
-        return True
-    text = str(exc).lower()
-    return any(s in text for s in _PEER_WORDS)
-
-
-def _dist_error_types() -> tuple[type[BaseException], ...]:
-    """torch's typed errors of a lost peer (none when torch.distributed is absent)."""
-    try:
-        import torch.distributed as dist
-    except ImportError:  # pragma: no cover - a live group runs with torch
-        return ()
-    return tuple(t for t in (getattr(dist, "DistBackendError", None),
-                             getattr(dist, "DistNetworkError", None)) if t is not None)

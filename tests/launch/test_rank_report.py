@@ -1,0 +1,180 @@
+"""The report a rank process leaves its supervisor, and what the supervisor makes of it
+(no cluster, but one test on a LocalCluster): a typed, frozen record written whole or not
+at all, and read back as no report when it is truncated or foreign, so a rank killed while
+it wrote ends as a killed rank."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pickle
+import signal
+from pathlib import Path
+from typing import Any
+
+import cloudpickle
+import pytest
+from distributed import Client
+
+import dask_ddp
+from cluster_util import client_fixture
+from dask_ddp._launch.options import LaunchOptions
+from dask_ddp._launch.outcome import RankOutcome
+from dask_ddp._launch.placement import RankSpec
+from dask_ddp._launch.rank_report import (
+    REPORT_FILE,
+    RankReport,
+    RankStatus,
+    has_report,
+    read_report,
+    write_report,
+)
+from dask_ddp.errors import FailureKind, RankFailedError, RemoteException
+
+pytestmark = [pytest.mark.timeout(120)]
+
+
+def test_a_returned_value_round_trips_and_the_report_is_frozen(tmp_path: Path) -> None:
+    report = RankReport.returned(cloudpickle.dumps({"loss": 0.5}))
+    write_report(str(tmp_path), report)
+    assert has_report(str(tmp_path))
+    assert sorted(os.listdir(tmp_path)) == [REPORT_FILE]  # the temporary file was renamed
+    read = read_report(str(tmp_path))
+    assert read == report and read.status is RankStatus.OK
+    assert read.value is not None and cloudpickle.loads(read.value) == {"loss": 0.5}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        report.status = RankStatus.ERROR  # type: ignore[misc]
+
+
+def test_an_error_keeps_its_phase_traceback_and_exception(tmp_path: Path) -> None:
+    try:
+        raise ValueError("bad shape")
+    except ValueError as exc:
+        report = RankReport.raised("run", exc, claimed=True)
+    write_report(str(tmp_path), report)
+    read = read_report(str(tmp_path))
+    assert read is not None and read.status is RankStatus.ERROR
+    assert (read.phase, read.type_name, read.message, read.claimed) == (
+        "run", "ValueError", "bad shape", True)
+    assert "raise ValueError" in read.traceback and "bad shape" in read.traceback
+    own = read.own_exception()
+    assert isinstance(own, ValueError) and str(own) == "bad shape"
+
+
+class Unloadable(Exception):
+    """An exception that pickles but cannot be loaded back (a required argument)."""
+
+    def __init__(self, a: int, b: int) -> None:
+        super().__init__(f"{a}+{b}")
+
+
+def test_an_exception_that_cannot_cross_leaves_its_text() -> None:
+    try:
+        raise Unloadable(1, 2)
+    except Unloadable as exc:
+        report = RankReport.raised("run", exc, claimed=False)
+    assert report.exception is None and report.own_exception() is None
+    assert report.type_name == "Unloadable" and "Unloadable" in report.traceback
+
+
+def test_no_truncated_or_foreign_file_is_a_report(tmp_path: Path) -> None:
+    workdir = str(tmp_path)
+    assert read_report(workdir) is None and not has_report(workdir)
+    # A rank killed while it wrote: its temporary file is no report.
+    (tmp_path / f"{REPORT_FILE}.tmp").write_bytes(b"\x80\x05\x95")
+    assert read_report(workdir) is None
+    # A whole report cut short, and bytes that are no pickle at all.
+    blob = pickle.dumps(RankReport.returned(b"x" * 1000))
+    for data in (blob[: len(blob) // 2], b"not a pickle", b""):
+        (tmp_path / REPORT_FILE).write_bytes(data)
+        assert read_report(workdir) is None
+    # The string-keyed dict of an older rank.
+    (tmp_path / REPORT_FILE).write_bytes(pickle.dumps({"status": "ok", "value": b"x"}))
+    assert read_report(workdir) is None
+
+
+class FakeRendezvous:
+    def aborted(self) -> bool:
+        return False
+
+    def abort(self) -> None:
+        pass
+
+
+class FakeWorker:
+    def __init__(self) -> None:
+        self.events: list[tuple[str, Any]] = []
+
+    def log_event(self, topic: str, msg: Any) -> None:
+        self.events.append((topic, msg))
+
+
+class FakeClient:
+    def sync(self, *args: Any, **kwargs: Any) -> Any:
+        raise OSError("no scheduler")
+
+
+class FakeRank:
+    def oom_reason(self) -> None:
+        return None
+
+
+def outcome() -> tuple[RankOutcome, FakeWorker]:
+    """The outcome of rank 0 of a job of one rank, on fakes of its worker, its client (no
+    scheduler answers) and its rendezvous."""
+    options = LaunchOptions.build(name="report", payload=b"x")
+    spec = RankSpec(options=options, job_id="0" * 32, run_id="0" * 32, restart=0, rank=0,
+                    local_rank=0, local_world_size=1, group_rank=0, group_world_size=1,
+                    proc_index=0, workers=("tcp://w:1",), master_addr="127.0.0.1",
+                    scheduler="tcp://s:1")
+    worker = FakeWorker()
+    return RankOutcome(spec, worker, FakeClient(), FakeRendezvous()), worker  # type: ignore[arg-type]
+
+
+def test_a_rank_killed_while_writing_its_report_ends_as_killed(tmp_path: Path) -> None:
+    judge, worker = outcome()
+    (tmp_path / REPORT_FILE).write_bytes(pickle.dumps(RankReport.returned(b"x" * 100))[:20])
+    with pytest.raises(RankFailedError, match="the rank process was killed by signal "
+                       "SIGKILL") as info:
+        judge.of_exit(-signal.SIGKILL, str(tmp_path), FakeRank(), ["last line"])  # type: ignore[arg-type]
+    assert info.value.kind is FailureKind.DIED and "last line" in str(info.value)
+    assert [m["kind"] for _, m in worker.events] == [str(FailureKind.DIED)]
+
+
+def test_the_outcome_of_a_report(tmp_path: Path) -> None:
+    judge, _ = outcome()
+    write_report(str(tmp_path), RankReport.returned(cloudpickle.dumps([1, 2])))
+    assert judge.of_exit(0, str(tmp_path), FakeRank(), []) == [1, 2]  # type: ignore[arg-type]
+    try:
+        raise KeyError("missing")
+    except KeyError as exc:
+        write_report(str(tmp_path), RankReport.raised("run", exc, claimed=True))
+    with pytest.raises(RankFailedError, match="KeyError: 'missing'") as info:
+        judge.of_exit(1, str(tmp_path), FakeRank(), [])  # type: ignore[arg-type]
+    assert info.value.kind is FailureKind.RAISED_FIRST
+    assert isinstance(info.value.__cause__, KeyError)
+    # An exception that cannot be loaded back: its traceback stands in.
+    write_report(str(tmp_path), dataclasses.replace(
+        read_report(str(tmp_path)), exception=b"junk"))  # type: ignore[type-var]
+    with pytest.raises(RankFailedError) as info:
+        judge.of_exit(1, str(tmp_path), FakeRank(), [])  # type: ignore[arg-type]
+    assert isinstance(info.value.__cause__, RemoteException)
+
+
+def truncate_report_then_die() -> None:
+    """In a rank: leave a report cut short (as a write killed midway would, were it not
+    renamed into place), then be killed."""
+    workdir = os.path.dirname(os.environ["TORCHELASTIC_ERROR_FILE"])
+    blob = pickle.dumps(RankReport.returned(cloudpickle.dumps("never")))
+    with open(os.path.join(workdir, REPORT_FILE), "wb") as f:
+        f.write(blob[: len(blob) // 2])
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+client = client_fixture(1)
+
+
+def test_a_killed_rank_with_a_truncated_report_fails_as_killed(client: Client) -> None:
+    job = dask_ddp.submit(client, truncate_report_then_die, n_workers=1, progress=False)
+    with pytest.raises(dask_ddp.RankFailedError, match="killed by signal SIGKILL"):
+        job.result(timeout=90)

@@ -2,10 +2,11 @@
 
 What it shows
 -------------
-- ``dask_ddp.rank_info().device``: the rank's own device. With ``nprocs_per_worker > 1``
-  dask-ddp lists each rank's own GPU first in its ``CUDA_VISIBLE_DEVICES``, so the rank's
-  GPU is ``cuda:0``: ``cuda:<local_rank>`` would be another rank's. Without CUDA it is the
-  CPU, and the job runs there on gloo (``backend="auto"``).
+- ``dask_ddp.rank_info().device``: the rank's own device. dask-ddp gives the ranks of a
+  machine distinct GPUs where it has enough (across workers too) and selects it; use this
+  device, not ``cuda:<local_rank>``. Where a machine has more ranks than GPUs they share
+  one and ``backend="auto"`` trains on gloo, with a warning naming the GPU. Without CUDA
+  it is the CPU, and the job runs there on gloo.
 - On a GPU: ``DistributedDataParallel(device_ids=[device.index])``, bf16 autocast,
   channels_last weights and batches, batches copied from pinned memory without blocking.
 - ``dask_ddp.report({"loss": loss})`` with the loss tensor itself: no ``.item()``, so the
@@ -17,8 +18,12 @@ How to run
 ----------
 $ python examples/resnet_gpu.py                                   # 2 ranks, small, CPU or GPU
 $ python examples/resnet_gpu.py --nprocs-per-worker 4 --image-size 224 --batch-size 256 \\
-      --steps 200                                                 # 4 GPUs of one machine
+      --steps 200                       # 4 GPUs of one machine: 1 worker, 4 ranks
 $ python examples/resnet_gpu.py --scheduler tcp://10.0.0.5:8786 --n-workers 8 ...
+
+Without ``--scheduler`` the LocalCluster has 2 workers of one rank each, or, with
+``--nprocs-per-worker N`` above 1, one worker of N ranks (N ranks on the machine: one per
+GPU where it has N).
 """
 
 from __future__ import annotations
@@ -54,10 +59,9 @@ def train(steps: int, batch_size: int, image_size: int, classes: int,
           lr: float) -> dict[str, Any]:
     """One rank's training: runs in each rank process, the process group already up."""
     info = dask_ddp.rank_info()
-    device = info.device  # its own GPU (cuda:0 under dask-ddp), or the CPU
+    device = info.device  # its own GPU (the launcher selected it), or the CPU
     on_gpu = device.type == "cuda"
     if on_gpu:
-        torch.cuda.set_device(device)
         from torch.backends import cudnn  # imported here: the function travels pickled
 
         cudnn.benchmark = True  # fixed shapes: pick the fastest kernels once
@@ -97,10 +101,13 @@ def train(steps: int, batch_size: int, image_size: int, classes: int,
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     p.add_argument("--scheduler", help="a Dask scheduler's address (default: a LocalCluster)")
-    p.add_argument("--n-workers", type=int, default=2, help="workers (ranks per worker: "
-                   "--nprocs-per-worker)")
+    p.add_argument("--n-workers", type=int, default=None,
+                   help="workers (ranks per worker: --nprocs-per-worker); default: every "
+                        "worker of --scheduler, else a LocalCluster of 2 workers, or of 1 "
+                        "with --nprocs-per-worker above 1")
     p.add_argument("--nprocs-per-worker", type=int, default=1,
-                   help="ranks per worker, e.g. one per GPU of a machine")
+                   help="ranks per worker, e.g. 4 for one worker on a 4-GPU machine (ranks "
+                        "on one machine beyond its GPUs share one, on gloo)")
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--batch-size", type=int, default=8, help="per rank")
     p.add_argument("--image-size", type=int, default=32)
@@ -122,9 +129,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                   output_dir=args.out)
             ranks = job.result()
     else:
-        with LocalCluster(n_workers=args.n_workers, threads_per_worker=1,
+        # One machine: several ranks per worker means one worker, so the machine runs
+        # nprocs_per_worker ranks (one per GPU), not a multiple of them.
+        n_workers = args.n_workers or (2 if args.nprocs_per_worker == 1 else 1)
+        with LocalCluster(n_workers=n_workers, threads_per_worker=1,
                           dashboard_address=":0") as cluster, Client(cluster) as client:
-            job = dask_ddp.submit(client, train, *call, n_workers=args.n_workers,
+            job = dask_ddp.submit(client, train, *call, n_workers=n_workers,
                                   nprocs_per_worker=args.nprocs_per_worker,
                                   output_dir=args.out)
             ranks = job.result()

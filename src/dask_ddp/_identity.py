@@ -30,7 +30,7 @@ class RankInfo:
     restart: int
     #: A ``recovery="live"`` job's current group: 0 at the start, +1 per membership change.
     generation: int = 0
-    #: This rank's own device: its GPU (``cuda:0`` in a dask-ddp rank, see
+    #: This rank's own device: its GPU (the one dask-ddp's launcher placed it on, see
     #: :func:`device_index`), or ``cpu`` where torch sees no CUDA device.
     device: torch.device = dataclasses.field(default_factory=_cpu)
 
@@ -42,11 +42,12 @@ def rank_info() -> RankInfo:
     :func:`dask_ddp.run_command`, and under torchrun (job name and id are then empty).
 
     ``device`` is the rank's own ``torch.device``: put the model and the batches there,
-    and give DDP ``device_ids=[device.index]`` on a GPU. In a dask-ddp rank it is
-    ``cuda:0``: with ``nprocs_per_worker > 1`` each rank's ``CUDA_VISIBLE_DEVICES`` lists
-    its own GPU first, so ``cuda:<local_rank>`` would be another rank's GPU. Under
-    torchrun (every rank sees every GPU) it is ``cuda:<local_rank>``. Without CUDA it is
-    ``cpu``. Asking for it does not initialize CUDA.
+    and give DDP ``device_ids=[device.index]`` on a GPU. In a dask-ddp rank it is the GPU
+    the launcher placed the rank on and selected (``torch.cuda.set_device``): the ranks of
+    one host get distinct GPUs where it has enough, across workers (see the GPU page of
+    the user guide). Under torchrun or Lightning (every rank sees every GPU) it is
+    ``cuda:<LOCAL_RANK>``. Without CUDA it is ``cpu``. ``Loader(device="cuda")`` means
+    the same GPU. Asking for it does not initialize CUDA.
 
     Raises
     ------
@@ -83,21 +84,57 @@ def rank_info() -> RankInfo:
     )
 
 
+#: Set by dask-ddp's rank process to the index of the GPU its launcher placed it on
+#: (:mod:`dask_ddp._launch.gpu_placement`), after ``torch.cuda.set_device`` selected it.
+DEVICE_ENV = "DASK_DDP_CUDA_DEVICE"
+
+
 def device_index(env: Mapping[str, str], cuda_devices: int) -> int | None:
     """The index, among the CUDA devices this process sees, of the rank's own GPU; None
     without one.
 
-    A rank of dask-ddp (``DASK_DDP_JOB_ID`` set) sees its own GPU first: with
-    ``nprocs_per_worker > 1`` the launcher rotates ``CUDA_VISIBLE_DEVICES`` per process
-    (:func:`dask_ddp._launch.rank_env.rotated_devices`), and a worker with one rank uses
-    its first GPU, as a dask-cuda worker's first visible GPU is its own. Any other
-    launcher (torchrun) shows every rank every GPU: ``LOCAL_RANK`` picks one.
+    A function's rank under dask-ddp's launcher has a recorded GPU (:data:`DEVICE_ENV`):
+    the launcher gave the ranks of a host distinct GPUs where it has enough, across its
+    workers. Another rank of dask-ddp (a ``run_command`` process) sees its own GPU first:
+    with ``nprocs_per_worker > 1`` the launcher rotates ``CUDA_VISIBLE_DEVICES`` per
+    process, and a dask-cuda worker's first visible GPU is its own. Any other launcher
+    (torchrun, Lightning) shows every rank every GPU: ``LOCAL_RANK`` picks one.
+
+    Examples
+    --------
+    >>> device_index({"RANK": "1", "LOCAL_RANK": "1"}, 2)  # torchrun
+    1
+    >>> device_index({"DASK_DDP_JOB_ID": "j", "DASK_DDP_CUDA_DEVICE": "3"}, 4)
+    3
+    >>> device_index({"LOCAL_RANK": "1"}, 0) is None
+    True
     """
     if cuda_devices <= 0:
         return None
+    placed = env.get(DEVICE_ENV)
+    if placed is not None and placed.isdigit() and int(placed) < cuda_devices:
+        return int(placed)
     if env.get("DASK_DDP_JOB_ID"):
         return 0
     return int(env.get("LOCAL_RANK", "0")) % cuda_devices
+
+
+def own_cuda_index(env: Mapping[str, str], cuda_devices: int) -> int | None:
+    """The GPU ``"cuda"`` without an index means in this process (``Loader(device="cuda")``):
+    the rank's own (:func:`device_index`, as ``rank_info().device``) in a rank process of
+    dask-ddp or torchrun (``LOCAL_RANK`` set); ``None`` elsewhere (then the current CUDA
+    device: a single process, or a launcher that selected it with ``set_device``).
+
+    Examples
+    --------
+    >>> own_cuda_index({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"}, 2)
+    1
+    >>> own_cuda_index({}, 2) is None
+    True
+    """
+    if DEVICE_ENV in env or "DASK_DDP_JOB_ID" in env or "LOCAL_RANK" in env:
+        return device_index(env, cuda_devices)
+    return None
 
 
 def _rank_device(env: Mapping[str, str]) -> torch.device:

@@ -109,11 +109,14 @@ def submit(
     workers : sequence of str, optional
         Use exactly these workers, in rank order.
     nprocs_per_worker : int
-        Rank processes per worker; ``CUDA_VISIBLE_DEVICES`` is rotated per process.
+        Rank processes per worker; ``CUDA_VISIBLE_DEVICES`` is rotated per process, and
+        the ranks of a host get distinct GPUs where it has enough (across workers).
     resources : mapping, optional
         Dask worker resources each worker must have, e.g. ``{"GPU": 1}``.
     backend : {"auto", "gloo", "nccl", "mpi"}
-        "auto" is nccl when every rank sees CUDA, else gloo.
+        "auto" is ``"cpu:gloo,cuda:nccl"`` when every rank has a GPU of its own, else
+        gloo (with a warning when ranks would share a GPU). "nccl" raises where a rank
+        has no GPU or two ranks would share one, naming them.
     init_kwargs : mapping, optional
         Passed to ``torch.distributed.init_process_group`` (e.g. ``timeout``).
     env : mapping, optional
@@ -221,7 +224,8 @@ def run(client: Any, pytorch_function: Callable[..., Any], *args: Any, backend: 
     *args, **kwargs
         Passed to ``pytorch_function``.
     backend : {"auto", "gloo", "nccl", "mpi"}
-        "auto": nccl when every rank sees CUDA, else gloo. "nccl" without CUDA raises.
+        "auto": ``"cpu:gloo,cuda:nccl"`` when every rank has a GPU of its own, else gloo.
+        "nccl" raises where a rank has no GPU or two ranks would share one.
     pass_local_rank : bool
         Pass ``local_rank=`` to the function.
     stall_timeout : float, str, timedelta or None

@@ -17,9 +17,11 @@ import signal
 import sys
 import threading
 import time
+import warnings
 from datetime import timedelta
 from typing import Any
 
+from dask_ddp._launch import gpu_placement
 from dask_ddp._launch.live.keys import JOIN_ENV, MAX_ENV, MIN_ENV, STORE_ENV
 from dask_ddp._launch.rank_report import RankReport, write_report
 
@@ -53,20 +55,35 @@ def _watch_parent() -> None:
     threading.Thread(target=loop, name="dask-ddp-parent-watch", daemon=True).start()
 
 
-def _resolve_backend(requested: str, store: Any, rank: int, world: int, worker: str) -> str:
+def _join_devices(requested: str, store: Any, rank: int, world: int,
+                  init_kwargs: dict[str, Any]) -> str:
+    """Place this rank on its GPU and agree on the job's backend, through the job's store.
+
+    Every rank publishes its host and visible GPUs and computes the same placement and
+    backend (:mod:`~dask_ddp._launch.gpu_placement`); rank 0 gives the one warning when
+    ``auto`` falls back to gloo. A rank with a GPU selects it (``torch.cuda.set_device``,
+    and :data:`~dask_ddp._launch.gpu_placement.DEVICE_ENV` for ``rank_info().device``);
+    where CUDA tensors go through NCCL, ``init_kwargs`` gets ``device_id=`` (unless the
+    user gave one), which binds the group to that GPU and forms the NCCL communicator at
+    once. A gloo-only group never gets it (it would move the group's barrier onto the GPU).
+
+    Returns the backend for ``init_process_group``. Raises :class:`RuntimeError` for an
+    NCCL backend that cannot work (a rank without a GPU, two ranks on one GPU).
+    """
     import torch
 
-    has_cuda = torch.cuda.is_available()
-    if requested == "nccl" and not has_cuda:
-        raise RuntimeError(
-            f"backend='nccl' needs CUDA, but rank {rank} on worker {worker} sees no CUDA "
-            "device (torch.cuda.is_available() is False); use backend='gloo' or 'auto'")
-    if requested != "auto":
-        return requested
-    store.set(f"dask_ddp/cuda/{rank}", "1" if has_cuda else "0")
-    keys = [f"dask_ddp/cuda/{r}" for r in range(world)]
-    store.wait(keys)
-    return "nccl" if all(store.get(k) == b"1" for k in keys) else "gloo"
+    seen = gpu_placement.gather(store, rank, world)
+    placement = gpu_placement.place(seen)
+    choice = gpu_placement.choose_backend(requested, seen, placement)
+    if choice.warning is not None and rank == 0:
+        warnings.warn(choice.warning, RuntimeWarning, stacklevel=1)
+    index = placement.devices[rank]
+    if index is not None:
+        os.environ[gpu_placement.DEVICE_ENV] = str(index)
+        torch.cuda.set_device(index)
+        if choice.uses_nccl:
+            init_kwargs.setdefault("device_id", torch.device("cuda", index))
+    return choice.backend
 
 
 def _claim_root_cause(store: Any, rank: int) -> bool:
@@ -115,7 +132,7 @@ def start_live(address: str, rank: int, world: int, record: Any,
 
     _compat.require_torch("recovery='live'")  # this worker's torch, which may be older
     store = live_store.connect(address, record.rendezvous_timeout)
-    backend = _resolve_backend(record.backend, store, rank, world, record.worker)
+    backend = _join_devices(record.backend, store, rank, world, {})
     timeout = init_kwargs.get("timeout", timedelta(seconds=60))
     cap = os.environ.get(MAX_ENV)
     group = live.LiveGroup(store, rank, world, backend=backend,
@@ -187,7 +204,7 @@ def main(workdir: str) -> None:
                 store = dist.TCPStore(os.environ["MASTER_ADDR"],
                                       int(os.environ["MASTER_PORT"]), world, False, timeout)
                 phase = "init_process_group"
-                backend = _resolve_backend(record.backend, store, rank, world, record.worker)
+                backend = _join_devices(record.backend, store, rank, world, init_kwargs)
                 dist.init_process_group(backend=backend, store=store, rank=rank,
                                         world_size=world, **init_kwargs)
         phase = "run"

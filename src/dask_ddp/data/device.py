@@ -43,7 +43,7 @@ from typing import Any
 import torch
 
 from dask_ddp import _config
-from dask_ddp._identity import cores_per_rank
+from dask_ddp._identity import cores_per_rank, own_cuda_index
 
 __all__ = [
     "DeviceStage", "DeviceTail", "PinnedBudget", "check_device_name", "default_threads",
@@ -55,9 +55,10 @@ logger = logging.getLogger(__name__)
 def resolve_device(device: str | torch.device | None) -> torch.device | None:
     """The torch device a Loader's ``device=`` names (``None``: host tensors, as before).
 
-    ``"cuda"`` (no index) is the rank's own GPU: under dask-ddp's launcher each rank sees
-    its GPU as the current one (``CUDA_VISIBLE_DEVICES`` is rotated per rank), elsewhere
-    the current CUDA device. ``"cpu"`` runs the stage on the host.
+    ``"cuda"`` (no index) is the rank's own GPU, the one ``rank_info().device`` names
+    (:func:`dask_ddp._identity.own_cuda_index`: the GPU dask-ddp's launcher placed the rank
+    on, ``cuda:<LOCAL_RANK>`` under torchrun or Lightning); outside a rank, the current
+    CUDA device. ``"cpu"`` runs the stage on the host.
 
     Raises
     ------
@@ -74,7 +75,11 @@ def resolve_device(device: str | torch.device | None) -> torch.device | None:
         raise ValueError(f"Loader device {device!r}: CUDA is not available in this process "
                          "(no GPU visible, or torch was built without CUDA); use device=None "
                          "or 'cpu'")
-    index = torch.cuda.current_device() if dev.index is None else dev.index
+    index = dev.index
+    if index is None:  # the rank's own GPU, as rank_info().device names it
+        index = own_cuda_index(os.environ, torch.cuda.device_count())
+    if index is None:
+        index = torch.cuda.current_device()
     if not 0 <= index < torch.cuda.device_count():
         raise ValueError(f"Loader device {device!r}: this process sees "
                          f"{torch.cuda.device_count()} GPU(s)")

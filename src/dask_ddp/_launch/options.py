@@ -162,6 +162,12 @@ class LaunchOptions:
             raise ValueError(f"recovery must be one of {RECOVERIES}, got {self.recovery!r}")
         if self.recovery == "live":
             _compat.require_torch("recovery='live'")
+        if self.recovery == "live" and self.backend not in ("auto", "gloo"):
+            # torch's ProcessGroupNCCL refuses enable_reconfigure, which the live group needs
+            raise ValueError(
+                f"recovery='live' runs on gloo (CUDA tensors included), got "
+                f"backend={self.backend!r}: torch's NCCL process group cannot be "
+                "reconfigured; use backend='auto' or 'gloo', or recovery='restart' for NCCL")
         if self.recovery == "live" and self.command is not None and not (
                 self.command[0] in ("python", "python3") and len(self.command) > 1
                 and self.command[1].endswith(".py")):

@@ -1,0 +1,23 @@
+"""A launch's options refuse what cannot work before any rank starts, naming the fix."""
+
+from __future__ import annotations
+
+import cloudpickle
+import pytest
+
+from dask_ddp._launch.options import LaunchOptions
+
+PAYLOAD = cloudpickle.dumps((print, (), {}))
+
+
+@pytest.mark.parametrize("backend", ["nccl", "mpi"])
+def test_live_recovery_refuses_a_backend_it_cannot_reconfigure(backend: str) -> None:
+    with pytest.raises(ValueError, match=rf"recovery='live' runs on gloo.*'{backend}'.*"
+                                         r"recovery='restart'"):
+        LaunchOptions(name="t", payload=PAYLOAD, backend=backend, recovery="live")
+
+
+@pytest.mark.parametrize("backend", ["auto", "gloo"])
+def test_live_recovery_takes_auto_and_gloo(backend: str) -> None:
+    opts = LaunchOptions(name="t", payload=PAYLOAD, backend=backend, recovery="live")
+    assert opts.backend == backend

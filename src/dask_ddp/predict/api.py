@@ -173,9 +173,11 @@ def predict(
         :func:`torch.autocast` of the task's device type at that dtype (the CPU supports
         both too). The outputs are float32 whatever the precision.
     tf32
-        TF32 for matmuls and cuDNN convolutions on the GPU
-        (``torch.backends.cuda.matmul.allow_tf32``, ``torch.backends.cudnn.allow_tf32``)
-        while the task runs, the process's values restored after; None: left as they are.
+        TF32 for matmuls and cuDNN convolutions and RNNs on the GPU while the task runs
+        (``"tf32"`` or ``"ieee"`` in ``torch.backends.cuda.matmul.fp32_precision``,
+        ``torch.backends.cudnn.conv.fp32_precision`` and ``...cudnn.rnn.fp32_precision``;
+        the legacy ``allow_tf32`` flags are not touched), the process's values restored
+        after; None: left as they are.
     channels_last
         The model and its 4-d inputs (images) in ``torch.channels_last`` memory format,
         which convolutions run faster in on GPUs with tensor cores (with ``bf16``/``fp16``).

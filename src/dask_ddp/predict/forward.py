@@ -83,23 +83,25 @@ def forward(model: nn.Module, device: torch.device, batches: Iterable[tuple[int,
     # Host batches reach a GPU through the device stage (its own stream, an event for the
     # model's stream); the image paths hand over batches already there.
     stage = DeviceStage(device) if device.type == "cuda" else None
-    with compute_mode(device, spec.precision, spec.tf32):
-        for start, x in batches:
-            if x.device != device:
-                x = stage.move([x], image_at=None)[0] if stage is not None else x.to(device)
-            if spec.channels_last and x.ndim == 4:
-                x = x.contiguous(memory_format=torch.channels_last)
-            y = model(x)
-            _check(y, len(x), layout, where, start)
-            y = as_output(y)
+    try:
+        with compute_mode(device, spec.precision, spec.tf32):
+            for start, x in batches:
+                if x.device != device:
+                    x = stage.move([x], image_at=None)[0] if stage is not None else x.to(device)
+                if spec.channels_last and x.ndim == 4:
+                    x = x.contiguous(memory_format=torch.channels_last)
+                y = model(x)
+                _check(y, len(x), layout, where, start)
+                y = as_output(y)
+                if copies is not None:
+                    copies.put(start, y)
+                else:
+                    out[start:start + len(x)] = y.detach().cpu().numpy()
             if copies is not None:
-                copies.put(start, y)
-            else:
-                out[start:start + len(x)] = y.detach().cpu().numpy()
-        if copies is not None:
-            copies.finish()
-    if stage is not None:
-        stage.drop()
+                copies.finish()
+    finally:
+        if stage is not None:  # its host batches released on a raise too
+            stage.drop()
     return out
 
 

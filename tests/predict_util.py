@@ -58,8 +58,11 @@ def mlp() -> torch.nn.Sequential:
 
 def assert_gpu_input(x: torch.Tensor, channels_last: bool) -> None:
     """What a predict task must hand a model on a GPU: a CUDA tensor, in ``channels_last``
-    when asked (so a GPU test cannot pass on host tensors)."""
+    when asked (so a GPU test cannot pass on host tensors), with its GPU as the thread's
+    current device."""
     assert x.is_cuda, f"predict fed the model a {x.device} tensor, not a CUDA one"
+    assert torch.cuda.current_device() == x.device.index, (
+        f"the model runs on {x.device} with cuda:{torch.cuda.current_device()} current")
     if channels_last:
         assert x.is_contiguous(memory_format=torch.channels_last), (
             f"predict fed the model a batch of strides {x.stride()}, not channels_last")

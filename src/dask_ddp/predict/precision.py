@@ -117,9 +117,13 @@ def tf32_mode(enabled: bool | None) -> Iterator[None]:
 @contextlib.contextmanager
 def compute_mode(device: torch.device, precision: str, tf32: bool | None) -> Iterator[None]:
     """Inference mode, autocast of ``device``'s type at ``precision`` (none for ``"fp32"``)
-    and ``tf32`` (:func:`tf32_mode`), for one task's forward calls."""
+    and ``tf32`` (:func:`tf32_mode`), for one task's forward calls; a GPU ``device`` is the
+    thread's current device meanwhile (a model that allocates on ``"cuda"`` or calls
+    ``.cuda()`` gets the task's GPU, not GPU 0)."""
     dtype = PRECISIONS[check_precision(precision)]
     with contextlib.ExitStack() as stack:
+        if device.type == "cuda":
+            stack.enter_context(torch.cuda.device(device))
         stack.enter_context(tf32_mode(tf32))
         stack.enter_context(torch.inference_mode())
         if dtype is not None:

@@ -25,6 +25,7 @@ chunks). Unless ``output_shape`` and ``output_dtype`` are given it is found so:
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 from collections.abc import Callable, Sequence
@@ -103,9 +104,10 @@ def in_client(model: nn.Module | Callable[[], nn.Module], sample: Sequence[int],
 def predict_output_probe(spec: ModelSpec, sample: tuple[int, ...], dtype: torch.dtype,
                          name: str, output: str) -> Layout:
     """The probe task (step 2): ``spec``'s model as the worker caches it, on one zero sample
-    on its device."""
+    on its device (the thread's current one meanwhile, as in the partitions' tasks)."""
     model, device = model_for(spec)
-    with torch_threads(thread_share(spec)):
+    gpu = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+    with torch_threads(thread_share(spec)), gpu:
         return probe(model, sample, dtype, name=name, output=output, device=device)
 
 

@@ -1,7 +1,8 @@
 """Helpers of the predict tests, in an importable module so worker and rank processes can
 unpickle them by reference: a small regression job whose checkpoints are scored while it
 trains; a small CNN, its transform and its outputs over the engine's Loader in the test's
-process (what a predict over images must equal); tar shards written in memory."""
+process (what a predict over images must equal); the GPU tests' models, which fail on an
+input that is not on CUDA (and channels_last where asked); tar shards written in memory."""
 
 from __future__ import annotations
 
@@ -47,6 +48,52 @@ class TinyCnn(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.conv(x).mean(dim=(2, 3)))
+
+
+def mlp() -> torch.nn.Sequential:
+    """A small MLP with fixed weights: 8 features in, 4 outputs."""
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+
+
+def assert_gpu_input(x: torch.Tensor, channels_last: bool) -> None:
+    """What a predict task must hand a model on a GPU: a CUDA tensor, in ``channels_last``
+    when asked (so a GPU test cannot pass on host tensors), with its GPU as the thread's
+    current device."""
+    assert x.is_cuda, f"predict fed the model a {x.device} tensor, not a CUDA one"
+    assert torch.cuda.current_device() == x.device.index, (
+        f"the model runs on {x.device} with cuda:{torch.cuda.current_device()} current")
+    if channels_last:
+        assert x.is_contiguous(memory_format=torch.channels_last), (
+            f"predict fed the model a batch of strides {x.stride()}, not channels_last")
+
+
+class CudaMlp(torch.nn.Module):
+    """:func:`mlp` that fails on an input not on CUDA."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = mlp()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        assert_gpu_input(x, channels_last=False)
+        return self.net(x)
+
+
+class CudaCnn(TinyCnn):
+    """:class:`TinyCnn` that fails on an input not on CUDA."""
+
+    channels_last = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        assert_gpu_input(x, self.channels_last)
+        return super().forward(x)
+
+
+class CudaChannelsLastCnn(CudaCnn):
+    """:class:`TinyCnn` that fails on an input not on CUDA in ``channels_last``."""
+
+    channels_last = True
 
 
 def engine_outputs(dataset: ImageList | TarShards) -> tuple[np.ndarray, np.ndarray]:

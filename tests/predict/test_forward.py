@@ -1,5 +1,6 @@
 """The batched forward of a task: channels_last inputs, outputs in float32, batches of any
-size collected in order; on a GPU, outputs copied back through pinned buffers and events."""
+size collected in order; on a GPU, outputs copied back through pinned buffers and events,
+the model's inputs on CUDA (in channels_last where asked)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,14 @@ import torch
 from dask_ddp.predict.forward import forward
 from dask_ddp.predict.model import ModelSpec
 from dask_ddp.predict.outputs import Layout
-from predict_util import TinyCnn, assert_close_bf16, assert_close_f32
+from predict_util import (
+    CudaChannelsLastCnn,
+    CudaCnn,
+    CudaMlp,
+    TinyCnn,
+    assert_close_bf16,
+    assert_close_f32,
+)
 
 
 def spec(**options: object) -> ModelSpec:
@@ -37,8 +45,9 @@ def reference(x: torch.Tensor) -> np.ndarray:
 LAYOUT = Layout((5,), np.dtype(np.float32))
 
 
-def run(device: torch.device, x: torch.Tensor, size: int, **options: object) -> np.ndarray:
-    model = TinyCnn().eval().to(device)
+def run(device: torch.device, x: torch.Tensor, size: int, model_type: type[TinyCnn] = TinyCnn,
+        **options: object) -> np.ndarray:
+    model = model_type().eval().to(device)
     if options.get("channels_last"):
         model = model.to(memory_format=torch.channels_last)
     return forward(model, device, in_batches(x, size), len(x), LAYOUT, lambda s: f"at {s}",
@@ -60,13 +69,24 @@ def test_a_batch_of_another_shape_is_named() -> None:
                 lambda s: f"at {s}", spec())
 
 
+def test_the_gpu_tests_models_refuse_host_tensors() -> None:
+    """The gpu tests' models fail where a forward hands them host tensors, so those tests
+    cannot pass on a CPU."""
+    with pytest.raises(AssertionError, match="cpu tensor, not a CUDA one"):
+        run(torch.device("cpu"), images(), 7, CudaChannelsLastCnn, channels_last=True)
+    with pytest.raises(AssertionError, match="cpu tensor, not a CUDA one"):
+        forward(CudaMlp().eval(), torch.device("cpu"), in_batches(torch.zeros(9, 8), 4), 9,
+                Layout((4,), np.dtype(np.float32)), lambda s: f"at {s}", spec())
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("size", [1, 7, 50, 64])
 def test_outputs_copied_back_from_the_gpu_in_order(size: int) -> None:
     x = images(50)
-    got = run(torch.device("cuda"), x, size, tf32=False)
+    got = run(torch.device("cuda"), x, size, CudaCnn, tf32=False)
     assert_close_f32(got, reference(x))
     # Inputs already on the GPU; bf16 and channels_last: float32 outputs, close to fp32.
-    fast = run(torch.device("cuda"), x.cuda(), size, precision="bf16", channels_last=True)
+    fast = run(torch.device("cuda"), x.cuda(), size, CudaChannelsLastCnn, precision="bf16",
+               channels_last=True)
     assert fast.dtype == np.float32
     assert_close_bf16(fast, reference(x))

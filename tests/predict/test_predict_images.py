@@ -1,11 +1,16 @@
 """dask_ddp.predict over image datasets on a real LocalCluster: a local ImageFolder and tar
-shards decoded by the engine, compared with the engine's Loader in this process; bad images."""
+shards decoded by the engine, compared with the engine's Loader in this process; bad images;
+a forward that raises leaves no engine running behind the traceback that keeps its error."""
 
 from __future__ import annotations
 
+import os
+import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 from distributed import Client
 
 import dask_ddp
@@ -20,6 +25,7 @@ from predict_util import (
     engine_outputs,
     tar_shard,
 )
+from waits import wait_until
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -80,3 +86,41 @@ def test_bf16_and_channels_last_on_the_cpu_in_float32(client: Client, tmp_path: 
     assert list(got.index) == list(range(16))
     want, _ = engine_outputs(ds)
     assert_close_bf16(got[columns].to_numpy(), want)
+
+
+class RaisesOnTheSecondBatch(TinyCnn):
+    """A model whose forward fails on its second batch, with decode work still to come."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if self.calls == 2:
+            raise RuntimeError("the model failed on its second batch")
+        return super().forward(x)
+
+
+def native_threads() -> set[int]:
+    """The ids of this process's threads that Python did not start (the engine's are)."""
+    python = {t.native_id for t in threading.enumerate()}
+    return {int(tid) for tid in os.listdir("/proc/self/task")} - python
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads in /proc")
+def test_a_failed_forward_leaves_no_engine_behind_its_traceback(tmp_path: Path) -> None:
+    write_folder(file_putter(str(tmp_path)), ["a", "b"], 12)
+    ds = ImageFolder(str(tmp_path), transform=TRANSFORM)
+    layout = {"output_shape": (5,), "output_dtype": np.float32}
+    # In this process (the sync scheduler), once whole: the folder's store, torch's threads.
+    dask_ddp.predict(TinyCnn, ds, batch_size=4, **layout).compute(scheduler="sync")
+    before = native_threads()
+    failing = dask_ddp.predict(RaisesOnTheSecondBatch, ds, batch_size=4, **layout)
+    with pytest.raises(RuntimeError, match="second batch") as caught:
+        failing.compute(scheduler="sync")
+    # The error is kept with its traceback, as Dask keeps a failed task's: the frames of the
+    # task stay alive, the engine, its decode threads and its buffers must not.
+    assert caught.value.__traceback__ is not None
+    wait_until(lambda: native_threads() - before, 60,
+               "the engine's threads outlive the failed task")

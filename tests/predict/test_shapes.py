@@ -1,5 +1,7 @@
-"""The output's shape found without building the model in this process: on the meta device
-(a builder called under it, a module's tensors swapped), else a probe where tasks run."""
+"""The output's shape found without building the model in this process: a module on the CPU
+runs one zero sample there (never the meta device, whose first use costs seconds of
+imports), a builder runs on the meta device (a module elsewhere has its tensors swapped),
+else a probe where tasks run."""
 
 from __future__ import annotations
 
@@ -29,6 +31,37 @@ class ReadsAValue(TinyCnn):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = super().forward(x)
         return y[:, :3] if float(y.sum().item()) < 1e9 else y
+
+
+class SeesItsInput(TinyCnn):
+    """Records the device of each input its forward gets."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[str] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.seen.append(x.device.type)
+        return super().forward(x)
+
+
+def find(model: torch.nn.Module) -> tuple[int, ...]:
+    spec = ModelSpec("test-shapes-seen", cloudpickle.dumps(model), model_key="test-shapes-seen")
+    return find_layout(model, spec, (3, 16, 16), torch.float32, name="out",
+                       output="columns").shape
+
+
+def test_a_module_on_the_cpu_runs_one_sample_there_not_on_the_meta_device() -> None:
+    module = SeesItsInput().train()
+    before = {k: v.clone() for k, v in module.state_dict().items()}
+    assert find(module) == (5,)
+    assert module.seen == ["cpu"]
+    assert module.training
+    assert all(torch.equal(module.state_dict()[k], v) for k, v in before.items())
+    # A module elsewhere (here: on the meta device already) keeps the meta path.
+    elsewhere = SeesItsInput().to("meta")
+    assert find(elsewhere) == (5,)
+    assert elsewhere.seen == ["meta"]
 
 
 def test_a_builder_is_called_on_the_meta_device() -> None:

@@ -144,13 +144,15 @@ def predict(
         The output columns' name (prefix).
     output_shape, output_dtype
         One sample's output shape and dtype (pass both to skip finding them). Default:
-        found without building the model in this process: a builder is called under
-        ``with torch.device("meta"):`` (a module's tensors are swapped for meta ones) and
-        its forward runs on one meta sample, which allocates and computes nothing; where
-        that fails (any exception, e.g. a builder that reads files or a forward that reads
-        a value), one probe task on a worker builds the model there (kept in the worker's
-        cache for the partitions) and runs it on one zero sample. Without a Dask client
-        that probe runs in this process, where the tasks run too.
+        found without building the model in this process: a module whose tensors are on
+        the CPU runs on one zero sample there (in eval mode, its mode restored after); a
+        builder is called under ``with torch.device("meta"):`` (a module on another device
+        has its tensors swapped for meta ones) and its forward runs on one meta sample,
+        which allocates and computes nothing. Where that fails (any exception, e.g. a
+        builder that reads files or a forward that reads a value), one probe task on a
+        worker builds the model there (kept in the worker's cache for the partitions) and
+        runs it on one zero sample. Without a Dask client that probe runs in this
+        process, where the tasks run too.
     transform
         Images: the engine's pipeline (:mod:`dask_ddp.data.transforms`, fixed output size;
         no random ops for inference); default: the dataset's.
@@ -173,9 +175,11 @@ def predict(
         :func:`torch.autocast` of the task's device type at that dtype (the CPU supports
         both too). The outputs are float32 whatever the precision.
     tf32
-        TF32 for matmuls and cuDNN convolutions on the GPU
-        (``torch.backends.cuda.matmul.allow_tf32``, ``torch.backends.cudnn.allow_tf32``)
-        while the task runs, the process's values restored after; None: left as they are.
+        TF32 for matmuls and cuDNN convolutions and RNNs on the GPU while the task runs
+        (``"tf32"`` or ``"ieee"`` in ``torch.backends.cuda.matmul.fp32_precision``,
+        ``torch.backends.cudnn.conv.fp32_precision`` and ``...cudnn.rnn.fp32_precision``;
+        the legacy ``allow_tf32`` flags are not touched), the process's values restored
+        after; None: left as they are.
     channels_last
         The model and its 4-d inputs (images) in ``torch.channels_last`` memory format,
         which convolutions run faster in on GPUs with tensor cores (with ``bf16``/``fp16``).

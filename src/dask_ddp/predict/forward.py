@@ -6,7 +6,12 @@ a non-blocking copy and an event recorded after it, and the previous batch's out
 collected (its event waited for, the buffer read into the partition's array) only after
 this batch's forward is queued, so the GPU runs batch ``k`` while the host collects batch
 ``k - 1``. Two pinned buffers take turns: a buffer is reused two batches later, after the
-batch that used it was collected.
+batch that used it was collected. The wait is a blocking one (the thread sleeps until the
+event): CUDA's default is to spin on a core, which an image task's decode threads need.
+
+Host batches reach the GPU through the device stage, on its own stream, which also puts a
+4-d batch in ``channels_last`` when asked: the model's stream gets it ready, not one more
+pass over it. The image paths hand over batches already there, in that format.
 """
 
 from __future__ import annotations
@@ -53,7 +58,7 @@ class HostCopies:
         collect the batch queued before."""
         view = self._buffer(y)
         view.copy_(y, non_blocking=True)
-        done = torch.cuda.Event()
+        done = torch.cuda.Event(blocking=True)
         done.record(torch.cuda.current_stream(y.device))  # y's GPU, not the current one
         previous, self._pending = self._pending, (start, view, done)
         if previous is not None:
@@ -80,26 +85,27 @@ def forward(model: nn.Module, device: torch.device, batches: Iterable[tuple[int,
     """
     out = layout.empty(n)
     copies = HostCopies(out) if device.type == "cuda" else None
-    # Host batches reach a GPU through the device stage (its own stream, an event for the
-    # model's stream); the image paths hand over batches already there.
-    stage = DeviceStage(device) if device.type == "cuda" else None
-    with compute_mode(device, spec.precision, spec.tf32):
-        for start, x in batches:
-            if x.device != device:
-                x = stage.move([x], image_at=None)[0] if stage is not None else x.to(device)
-            if spec.channels_last and x.ndim == 4:
-                x = x.contiguous(memory_format=torch.channels_last)
-            y = model(x)
-            _check(y, len(x), layout, where, start)
-            y = as_output(y)
+    stage = (DeviceStage(device, channels_last=spec.channels_last)
+             if device.type == "cuda" else None)
+    try:
+        with compute_mode(device, spec.precision, spec.tf32):
+            for start, x in batches:
+                if x.device != device:
+                    x = stage.move([x], image_at=-1)[0] if stage is not None else x.to(device)
+                if spec.channels_last and x.ndim == 4:  # a no-op for the stage's batches
+                    x = x.contiguous(memory_format=torch.channels_last)
+                y = model(x)
+                _check(y, len(x), layout, where, start)
+                y = as_output(y)
+                if copies is not None:
+                    copies.put(start, y)
+                else:
+                    out[start:start + len(x)] = y.detach().cpu().numpy()
             if copies is not None:
-                copies.put(start, y)
-            else:
-                out[start:start + len(x)] = y.detach().cpu().numpy()
-        if copies is not None:
-            copies.finish()
-    if stage is not None:
-        stage.drop()
+                copies.finish()
+    finally:
+        if stage is not None:  # its host batches released on a raise too
+            stage.drop()
     return out
 
 

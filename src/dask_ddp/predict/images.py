@@ -15,10 +15,11 @@ shard (counted among the readable ones when samples are skipped).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Sequence
 from typing import Any
 
 import numpy as np
@@ -125,11 +126,14 @@ def _store(part: ListPart) -> storage.Store:
 
 
 def _list_batches(part: ListPart, opts: ImageOptions, threads: int, device: torch.device,
-                  taken: list[torch.Tensor]) -> Iterator[tuple[int, torch.Tensor]]:
+                  channels_last: bool,
+                  taken: list[torch.Tensor]) -> Generator[tuple[int, torch.Tensor]]:
     """A list part's image batches, on ``device`` (a GPU's through the device stage:
-    uint8 over the bus, the float tail there, the copy on a stream of its own)."""
+    uint8 over the bus, the float tail there, written in ``channels_last`` if asked, the
+    copy on a stream of its own)."""
     n = len(part.keys)
-    stage = DeviceStage(device) if device.type == "cuda" else None
+    stage = (DeviceStage(device, channels_last=channels_last)
+             if device.type == "cuda" else None)
     ops = list(opts.ops) if stage is None else stage.engine_ops(opts.ops)
     source = ImageSource(_store(part), part.keys, range(n), part.skip_missing)
     engine = source.loader(ops, batch_size=opts.batch_size, shuffle=False, rank=0,
@@ -155,11 +159,13 @@ def _list_batches(part: ListPart, opts: ImageOptions, threads: int, device: torc
 
 
 def _shard_batches(part: ShardPart, opts: ImageOptions, threads: int, device: torch.device,
-                   taken: list[torch.Tensor]) -> Iterator[tuple[int, torch.Tensor]]:
+                   channels_last: bool,
+                   taken: list[torch.Tensor]) -> Generator[tuple[int, torch.Tensor]]:
+    on_gpu = device.type == "cuda"
     loader = Loader(part.shards, opts.batch_size, shuffle=False, rank=0, world_size=1,
                     num_threads=threads, prefetch=opts.prefetch, on_error=opts.on_error,
-                    pin_memory=False, max_side=opts.max_side,
-                    device=device if device.type == "cuda" else None)
+                    pin_memory=False, max_side=opts.max_side, device=device if on_gpu else None,
+                    channels_last=channels_last and on_gpu)
     image_at = part.shards.image_field or 0
     try:
         done = 0
@@ -184,11 +190,14 @@ def predict_images(part: ListPart | ShardPart, spec: cache.ModelSpec, opts: Imag
     taken: list[torch.Tensor] = []
     if isinstance(part, ListPart):
         n, first = len(part.keys), part.prefix + part.keys[0]
-        batches = _list_batches(part, opts, threads, device, taken)
+        batches = _list_batches(part, opts, threads, device, spec.channels_last, taken)
     else:
         n, first = part.shards.counts[0], part.shards.urls[0]
-        batches = _shard_batches(part, opts, threads, device, taken)
-    with cache.torch_threads(threads), warm_heap():
+        batches = _shard_batches(part, opts, threads, device, spec.channels_last, taken)
+    # Closed on a raise too: the traceback Dask keeps with a failed task's error holds this
+    # frame, and a suspended generator would hold its engine (decode threads, pinned
+    # buffers and their budget) as long as the error is kept.
+    with contextlib.closing(batches), cache.torch_threads(threads), warm_heap():
         out = forward(model, device, batches, n, opts.layout,
                       lambda s: f"partition {number} ({first}, batch at sample {s})", spec)
     # One read of the batches' ids, after the forward's last output came back (no wait per

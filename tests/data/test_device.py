@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import tarfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +15,18 @@ import pytest
 import torch
 
 from dask_ddp.data import ImageFolder, Loader, TarShards
+from dask_ddp.data import loader as loader_module
 from dask_ddp.data import transforms as T
-from dask_ddp.data.device import DeviceTail, default_threads, resolve_device, split_tail
+from dask_ddp.data.device import (
+    DeviceStage,
+    DeviceTail,
+    HeldBatches,
+    PinnedBudget,
+    default_threads,
+    pinned_block_bytes,
+    resolve_device,
+    split_tail,
+)
 from images import encode, file_putter, photo, write_folder
 
 NORM = T.Compose([T.Resize(40), T.CenterCrop(32), T.ToTensor(),
@@ -202,6 +213,175 @@ def test_a_gpu_loader_leaves_the_loop_a_core(monkeypatch: pytest.MonkeyPatch) ->
     assert default_threads(OnGpu()) == 1  # type: ignore[arg-type]
 
 
+# ---- the pinned budget: one reservation per lent buffer, at torch's block size -------------
+
+
+def test_pinned_blocks_are_counted_as_torchs_host_allocator_takes_them() -> None:
+    """torch rounds a pinned request up to a power of two, unless its settings set a
+    limit above which it takes the request as it is."""
+    batch = 256 * 3 * 224 * 224 // 4  # a 38.5 MB uint8 batch of 256 images at 224 / 2
+    assert pinned_block_bytes(38_535_168, "") == 64 * 2**20
+    assert [pinned_block_bytes(n, "") for n in (0, 1, 2, 3, 4096, 4097)] == [0, 1, 2, 4,
+                                                                             4096, 8192]
+    assert pinned_block_bytes(batch, "") == 1 << (batch - 1).bit_length()
+    limit = "expandable_segments:True,pinned_max_round_threshold_mb:1"
+    assert pinned_block_bytes(2**20, limit) == 2**20
+    assert pinned_block_bytes(2**20 + 1, limit) == 2**20 + 1
+    both = "pinned_max_round_threshold_mb:64,pinned_max_cached_size_mb:32"
+    assert pinned_block_bytes(40 * 2**20, both) == 40 * 2**20
+    assert pinned_block_bytes(20 * 2**20 + 1, both) == 32 * 2**20
+
+
+def _plain(nbytes: int) -> torch.Tensor:
+    """A stand-in for a pinned buffer on a machine without CUDA (the budget counts it the
+    same way)."""
+    return torch.empty(nbytes, dtype=torch.uint8)
+
+
+def test_a_lent_buffer_holds_its_block_until_the_engine_frees_it(folder: Path) -> None:
+    from dask_ddp.data.engine import ImageSource
+
+    stage = DeviceStage(torch.device("cpu"), host_buffer=_plain)
+    core = ImageSource.of(ImageFolder(str(folder))).loader(
+        T.to_ops(NORM), batch_size=4, num_threads=1, prefetch=1)
+    base, block = PinnedBudget.used(), pinned_block_bytes(core.batch_image_bytes)
+    assert block == 64 * 1024 and core.batch_image_bytes == 48 * 1024  # rounded up
+    stage.lend(core, 3)
+    assert PinnedBudget.used() == base + 3 * block
+    core.start_epoch(0, 0)
+    kept = core.next()  # a batch in a lent buffer: the engine's pool outlives the engine
+    core.close()
+    assert PinnedBudget.used() == base + 3 * block
+    del kept
+    assert PinnedBudget.used() == base
+
+
+@pytest.mark.parametrize("kind", ["images", "shards"])
+def test_the_budget_returns_after_reshard_set_epoch_and_close(
+        folder: Path, shards: str, kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The buffers lent to a Loader's engines (its own share's, each live-recovery deal's)
+    hold the budget while those engines live: a reshard, a new epoch and close() free
+    them, where the stage used to keep every reservation until it died."""
+    monkeypatch.setattr(loader_module, "stage_for", lambda device, channels_last, pin: (
+        DeviceStage(torch.device("cpu"), host_buffer=_plain)))
+    ds: Any = ImageFolder(str(folder)) if kind == "images" else TarShards(shards)
+    base = PinnedBudget.used()
+    loader = Loader(ds, 4, transform=NORM, prefetch=2, num_threads=1, rank=0, world_size=1,
+                    device="cpu")
+    lent = 4 * pinned_block_bytes(4 * 3 * 32 * 32 * 4)  # prefetch + 2 buffers per engine
+
+    def read(epoch: int) -> int:
+        loader.set_epoch(epoch)
+        return sum(1 for _ in loader)
+
+    assert PinnedBudget.used() == base + lent
+    assert read(0) == len(loader)
+    loader.reshard(1, 2)
+    assert read(1) == len(loader) and loader.world_size == 2
+    assert PinnedBudget.used() == base + lent, "the engine of the old layout was freed"
+    loader.set_epoch(2)
+    it = iter(loader)
+    next(it)
+    loader.deal_unread(2, [0, 2, 4, 6, 8], 0, 1)  # a lost rank's samples, read after
+    assert PinnedBudget.used() == base + 2 * lent
+    assert sum(1 for _ in it) == len(loader) - 1 + 2  # the own share, then the deal
+    assert read(3) == len(loader)
+    assert PinnedBudget.used() == base + lent, "the deals of epoch 2 were freed"
+    loader.close()
+    assert PinnedBudget.used() == base
+
+
+def test_past_the_budget_a_loader_keeps_pageable_buffers(
+        folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import dask
+
+    stage = DeviceStage(torch.device("cpu"), host_buffer=_plain)
+    base = PinnedBudget.used()
+    with dask.config.set({"dask-ddp.data.pinned-memory": base + 3 * 2**16}):
+        assert stage.pinned_buffers(4, 2**16) is None
+        assert PinnedBudget.used() == base
+        buffers = stage.pinned_buffers(3, 2**16 - 5)
+        assert buffers is not None and [len(b) for b in buffers] == [2**16 - 5] * 3
+        assert PinnedBudget.used() == base + 3 * 2**16
+    del buffers
+    assert PinnedBudget.used() == base
+
+
+# ---- close() from another thread: the held batches ----------------------------------------
+
+#: Bounds the waits of the thread tests: reached only when a test fails.
+WAIT_S = 60.0
+
+
+class GatedEvent:
+    """A copy's event whose query() lets another thread act first: it signals ``asked``,
+    then waits for ``go`` (bounded) before it answers that the copy is done."""
+
+    def __init__(self, asked: threading.Event, go: threading.Event) -> None:
+        self.asked, self.go, self.waited = asked, go, 0
+
+    def query(self) -> bool:
+        self.asked.set()
+        assert self.go.wait(WAIT_S), "the other thread did not act"
+        return True
+
+    def synchronize(self) -> None:
+        self.waited += 1
+
+
+def test_close_while_the_loop_recycles_refuses_the_next_batch() -> None:
+    """The loop's thread asks whether the oldest held copy is done while close() (another
+    thread) releases every held batch: the loop then gets the documented ValueError, where
+    the stage's deque used to raise IndexError."""
+    held = HeldBatches()
+    asked, closed = threading.Event(), threading.Event()
+    event = GatedEvent(asked, closed)
+    held.add(event, ("host batch",))
+
+    def close() -> None:
+        assert asked.wait(WAIT_S)
+        held.close()
+        closed.set()
+
+    closer = threading.Thread(target=close)
+    closer.start()
+    try:
+        with pytest.raises(ValueError, match="the loader is closed"):
+            held.recycle()
+    finally:
+        closed.set()
+        closer.join(WAIT_S)
+    assert not closer.is_alive() and len(held) == 0 and event.waited == 1
+    late = GatedEvent(threading.Event(), closed)
+    with pytest.raises(ValueError, match="the loader is closed"):
+        held.add(late, ("copied after close",))
+    assert late.waited == 1, "a batch refused after close() waits for its copy first"
+    held.close()  # twice: harmless
+
+
+def test_held_batches_go_oldest_first_once_their_copies_are_done() -> None:
+    class Done:
+        def __init__(self, done: bool) -> None:
+            self.done = done
+
+        def query(self) -> bool:
+            return self.done
+
+        def synchronize(self) -> None:
+            self.done = True
+
+    held = HeldBatches()
+    first, second, third = Done(True), Done(False), Done(True)
+    for e in (first, second, third):
+        held.add(e, ())
+    held.recycle()
+    assert len(held) == 2, "the third waits behind the second, copied before it"
+    held.drop()
+    assert len(held) == 0 and second.done
+    held.add(Done(False), ())  # drop() keeps the stage open
+    assert len(held) == 1
+
+
 # ---- on a GPU ------------------------------------------------------------------------------
 
 
@@ -219,6 +399,25 @@ def test_cuda_batches_equal_the_host_path(folder: Path) -> None:
         assert torch.equal(y.cpu(), hy)
         n += 1
     assert n == len(loader)
+
+
+@pytest.mark.gpu
+def test_pinned_buffers_hold_the_budget_while_their_engines_live(folder: Path) -> None:
+    """Page-locked buffers from torch, counted at torch's block size: a reshard frees the
+    old layout's, close() the Loader's."""
+    base = PinnedBudget.used()
+    loader = Loader(ImageFolder(str(folder)), 4, transform=NORM, prefetch=2, rank=0,
+                    world_size=1, device="cuda")
+    lent = 4 * pinned_block_bytes(4 * 3 * 32 * 32)  # uint8 crosses the bus
+    assert PinnedBudget.used() == base + lent
+    for epoch, layout in ((0, (1, 2)), (1, None)):
+        loader.set_epoch(epoch)
+        assert sum(1 for _ in loader) == len(loader)
+        if layout is not None:
+            loader.reshard(*layout)
+    assert loader.world_size == 2 and PinnedBudget.used() == base + lent
+    loader.close()
+    assert PinnedBudget.used() == base
 
 
 @pytest.mark.gpu

@@ -8,8 +8,12 @@ memory. The stage sits between the engine and the loop and owns everything of th
   engine's buffer pool, which decodes each batch straight into one: no copy into pinned
   memory in the training thread (``pin_memory()`` on a 38.5 MB batch is what held a
   loader-bound ResNet-18 to 0.75 of its GPU rate). At most ``prefetch + 2`` buffers per
-  Loader; past the host's budget (``dask-ddp.data.pinned-memory``, shared by the ranks on
-  the host) the Loader falls back to pageable buffers with one warning.
+  engine loader; each holds its share of the host's budget (``dask-ddp.data.pinned-memory``,
+  shared by the ranks on the host; at torch's block size, a power of two) until the engine
+  frees it (closed, or replaced at a reshard or a new epoch). Past the budget the Loader
+  falls back to pageable buffers with one warning. Only image batches are decoded into
+  them: labels, tar shards' other fields and tables' columns are pageable, and their copies
+  wait for the host.
 - **A copy stream of its own.** Each batch crosses the bus on the stage's CUDA stream,
   ``non_blocking``; the step's stream waits on an event, not the host. The copy of the next
   batch is issued when the loop asks for it, while the GPU still runs the step before (the
@@ -20,7 +24,8 @@ memory. The stage sits between the engine and the loop and owns everything of th
 - **Buffers recycled by events.** A host batch (its engine buffer) is released only after
   its copy's event completed, so the engine never overwrites memory a copy still reads,
   however slow the consumer; the tensors the step gets are fresh blocks of torch's
-  allocator marked for the step's stream (``record_stream``).
+  allocator marked (``record_stream``) for the stream current in the thread that takes the
+  batch, which also waits on the copy's event.
 - **uint8 on the bus, the float tail on the device.** A pipeline that ends in ``ToTensor``
   (and ``Normalize``) runs in the engine up to ``PILToTensor`` (uint8, a quarter of the
   bytes); the scaling and normalisation run on the GPU, in ``channels_last`` if asked.
@@ -37,17 +42,19 @@ import dataclasses
 import logging
 import os
 import threading
-from collections.abc import Sequence
-from typing import Any
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
+import numpy as np
 import torch
 
 from dask_ddp import _config
 from dask_ddp._identity import cores_per_rank, own_cuda_index
 
 __all__ = [
-    "DeviceStage", "DeviceTail", "PinnedBudget", "check_device_name", "default_threads",
-    "resolve_device", "split_tail", "stage_for",
+    "DeviceStage", "DeviceTail", "HeldBatches", "PinnedBudget", "check_device_name",
+    "default_threads", "pinned_block_bytes", "resolve_device", "split_tail", "stage_for",
 ]
 
 logger = logging.getLogger(__name__)
@@ -164,16 +171,63 @@ def split_tail(ops: Sequence[Op]) -> tuple[list[Op], DeviceTail | None]:
     return [*rest[:-1], ("pil_to_tensor", [])], DeviceTail(mean, std)
 
 
+def pinned_block_bytes(nbytes: int, settings: str | None = None) -> int:
+    """The bytes torch's caching host allocator takes for a page-locked request of
+    ``nbytes``: what a pinned buffer costs the host.
+
+    torch (``CachingHostAllocator``) rounds a request up to a power of two (a 38.5 MB batch
+    buffer takes a 64 MiB block) unless it is above ``pinned_max_round_threshold_mb`` or
+    ``pinned_max_cached_size_mb`` of its allocator settings (``PYTORCH_ALLOC_CONF``; unset
+    by default), which it takes at its size. ``settings``: that string (default: torch's).
+
+    >>> pinned_block_bytes(38_535_168) == 64 * 2**20
+    True
+    >>> pinned_block_bytes(2**20 + 1, "pinned_max_round_threshold_mb:1")
+    1048577
+    """
+    if nbytes <= 0:
+        return 0
+    limit = _round_limit(_allocator_settings() if settings is None else settings)
+    if limit is not None and nbytes > limit:
+        return int(nbytes)
+    return 1 << (int(nbytes) - 1).bit_length()
+
+
+def _allocator_settings() -> str:
+    """torch's allocator settings string (what ``PYTORCH_ALLOC_CONF`` or
+    ``torch._C._accelerator_setAllocatorSettings`` set last)."""
+    get = getattr(torch._C, "_accelerator_getAllocatorSettings", None)  # noqa: SLF001 (torch's only reader of its parsed allocator settings)
+    if get is not None:
+        return str(get())
+    return os.environ.get("PYTORCH_ALLOC_CONF") or os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+
+
+def _round_limit(settings: str) -> int | None:
+    """The largest pinned request torch rounds up to a power of two (None: every one)."""
+    limits = []
+    for item in settings.split(","):
+        key, _, value = item.partition(":")
+        if key.strip() in ("pinned_max_round_threshold_mb", "pinned_max_cached_size_mb"):
+            try:
+                limits.append(int(value.strip()) * 2**20)
+            except ValueError:
+                continue  # torch refuses a malformed value itself
+    return min(limits) if limits else None
+
+
 class PinnedBudget:
     """The host's page-locked memory budget for Loader buffers, shared by its ranks.
 
     ``dask-ddp.data.pinned-memory``: ``"auto"`` is an eighth of the host's memory, or a
     size; divided by ``LOCAL_WORLD_SIZE`` (the ranks on the host), so the ranks of a host
     together stay within it. Page-locked memory cannot be swapped: too much of it starves
-    the host's other processes (and the Dask worker) of memory.
+    the host's other processes (and the Dask worker) of memory. Each lent buffer holds its
+    share (at torch's block size, :func:`pinned_block_bytes`) while it is alive.
     """
 
-    _lock = threading.Lock()
+    # Reentrant: a buffer's finalizer gives its bytes back from whatever frees it, which
+    # may be a garbage collection run inside take() on the same thread.
+    _lock = threading.RLock()
     _used = 0  # bytes of this process's Loaders' pinned buffers alive
     _warned = False
 
@@ -190,6 +244,12 @@ class PinnedBudget:
         except ValueError:
             local = 1
         return int(total) // local
+
+    @classmethod
+    def used(cls) -> int:
+        """Bytes of this process's lent buffers alive."""
+        with cls._lock:
+            return cls._used
 
     @classmethod
     def take(cls, nbytes: int) -> bool:
@@ -211,19 +271,93 @@ class PinnedBudget:
 
     @classmethod
     def give(cls, nbytes: int) -> None:
-        """Return ``nbytes`` to the budget (a Loader's buffers were freed)."""
+        """Return ``nbytes`` to the budget (a lent buffer was freed)."""
         with cls._lock:
             cls._used = max(0, cls._used - nbytes)
 
 
-class _Reservation:
-    """Pinned bytes reserved for a Loader's buffers, returned when the Loader is freed."""
+class _Event(Protocol):
+    """What the stage needs of a copy's event (``torch.cuda.Event``)."""
 
-    def __init__(self, nbytes: int) -> None:
-        self.nbytes = nbytes
+    def query(self) -> bool: ...
 
-    def __del__(self) -> None:
-        PinnedBudget.give(self.nbytes)
+    def synchronize(self) -> None: ...
+
+
+class HeldBatches:
+    """The host batches a device stage holds until their copies completed.
+
+    Each entry is a copy's event and its host batch: the batch (its engine buffer) is
+    released only after the event completed, so the engine never decodes over memory a copy
+    still reads. The loop's thread adds and recycles; :meth:`close` may come from any thread
+    (a Loader's ``close()``). Events are queried and waited on outside the lock, so a slow
+    copy holds up neither thread's bookkeeping.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._held: collections.deque[tuple[_Event, tuple[Any, ...]]] = collections.deque()
+        self._closed = False
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._held)
+
+    def add(self, event: _Event, batch: tuple[Any, ...]) -> None:
+        """Hold ``batch`` until ``event`` completed.
+
+        Raises
+        ------
+        ValueError
+            The stage was closed (meanwhile): the batch is released once its copy is done.
+        """
+        with self._lock:
+            if not self._closed:
+                self._held.append((event, batch))
+                return
+        event.synchronize()
+        raise ValueError("the loader is closed")
+
+    def recycle(self) -> None:
+        """Release the batches, oldest first, whose copies completed.
+
+        Raises
+        ------
+        ValueError
+            The stage was closed.
+        """
+        while True:
+            with self._lock:
+                if self._closed:
+                    raise ValueError("the loader is closed")
+                if not self._held:
+                    return
+                head = self._held[0]
+            if not head[0].query():
+                return
+            with self._lock:
+                # A drop() from another thread may have taken it meanwhile.
+                if self._held and self._held[0] is head:
+                    self._held.popleft()
+
+    def drop(self) -> None:
+        """Release every held batch, each after its copy completed."""
+        with self._lock:
+            held, self._held = self._held, collections.deque()
+        for event, _ in held:
+            event.synchronize()
+
+    def close(self) -> None:
+        """:meth:`drop`, and refuse batches from now on (:meth:`add` and :meth:`recycle`
+        raise ``ValueError``)."""
+        with self._lock:
+            self._closed = True
+        self.drop()
+
+
+def _pinned(nbytes: int) -> torch.Tensor:
+    """A page-locked uint8 buffer from torch's caching host allocator."""
+    return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
 
 
 class DeviceStage:
@@ -237,20 +371,23 @@ class DeviceStage:
         Image batches (4-D) in ``torch.channels_last`` memory format.
     tail
         The float tail run on the device (:func:`split_tail`), or None.
+    host_buffer
+        ``host_buffer(nbytes)``: a 1-D uint8 tensor to lend an engine. Default: on a GPU,
+        page-locked memory from torch's caching host allocator; on the CPU none is lent
+        (engines keep their own buffers). Lent buffers count against the host's
+        :class:`PinnedBudget` while they are alive, whatever allocates them.
     """
 
     def __init__(self, device: torch.device, *, channels_last: bool = False,
-                 tail: DeviceTail | None = None) -> None:
+                 tail: DeviceTail | None = None,
+                 host_buffer: Callable[[int], torch.Tensor] | None = None) -> None:
         self.device = device
         self.channels_last = bool(channels_last)
         self.tail = tail
         self._cuda = device.type == "cuda"
         self._stream: Any = torch.cuda.Stream(device) if self._cuda else None
-        # (copy event, host tensors) of copies that may still read their host buffers.
-        self._held: collections.deque[tuple[Any, tuple[Any, ...]]] = collections.deque()
-        # The pinned bytes of the buffers lent to this stage's engines, given back to the
-        # host's budget with the stage.
-        self._reservations: list[_Reservation] = []
+        self._held = HeldBatches()
+        self._host_buffer = host_buffer or (_pinned if self._cuda else None)
 
     @property
     def stream(self) -> Any:
@@ -274,21 +411,39 @@ class DeviceStage:
     def lend(self, core: Any, count: int) -> Any:
         """``core`` (an engine image loader) with ``count`` page-locked buffers lent to it
         on a GPU, within the host's budget: the engine decodes into them and the copy to
-        the GPU needs no staging. Past the budget (or on the CPU) ``core`` keeps its own."""
+        the GPU needs no staging. Past the budget (or on the CPU) ``core`` keeps its own.
+        The buffers' budget comes back as they are freed: when the engine is closed (or
+        freed) and no batch of it is held any more."""
         buffers = self.pinned_buffers(count, int(core.batch_image_bytes))
         if buffers is not None:
-            core.adopt_buffers([b.numpy() for b in buffers])
+            core.adopt_buffers(buffers)
         return core
 
-    def pinned_buffers(self, count: int, nbytes: int) -> list[torch.Tensor] | None:
-        """``count`` page-locked uint8 buffers of ``nbytes`` for the engine's pool, or
-        None (not CUDA, or past the host's budget: the engine allocates pageable ones)."""
-        if not self._cuda or count < 1 or nbytes < 1:
+    def pinned_buffers(self, count: int, nbytes: int) -> list[np.ndarray] | None:
+        """``count`` page-locked uint8 buffers of ``nbytes`` for the engine's pool, as
+        numpy arrays (what the engine takes), or None (not CUDA, or past the host's budget:
+        the engine allocates pageable ones). Each array owns its buffer and holds its
+        block's bytes of the budget until it is freed."""
+        if self._host_buffer is None or count < 1 or nbytes < 1:
             return None
-        if not PinnedBudget.take(count * nbytes):
+        block = pinned_block_bytes(nbytes)
+        if not PinnedBudget.take(count * block):
             return None
-        self._reservations.append(_Reservation(count * nbytes))
-        return [torch.empty(nbytes, dtype=torch.uint8, pin_memory=True) for _ in range(count)]
+        buffers: list[np.ndarray] = []
+        try:
+            for _ in range(count):
+                # The array is the buffer's only owner (the tensor made for it goes now):
+                # its finalizer runs when the memory is freed.
+                array = self._host_buffer(nbytes).numpy()
+                weakref.finalize(array, PinnedBudget.give, block).atexit = False
+                buffers.append(array)
+        except RuntimeError as e:  # the host refused page-locked memory
+            PinnedBudget.give((count - len(buffers)) * block)
+            logger.warning("Loader: %d pinned batch buffers of %d bytes could not be "
+                           "allocated (%s): this Loader uses pageable buffers", count,
+                           nbytes, e)
+            return None
+        return buffers
 
     @property
     def memory_format(self) -> torch.memory_format:
@@ -306,26 +461,36 @@ class DeviceStage:
     def move(self, batch: Sequence[Any], image_at: int | None = 0) -> tuple[Any, ...]:
         """``batch``'s tensors on the device (others as they are); the tensor at
         ``image_at`` (an image batch, 4-D; -1: every 4-D tensor) gets the tail and memory
-        format."""
+        format. The tensors are for the stream current in the calling thread.
+
+        Raises
+        ------
+        ValueError
+            The stage was closed (:meth:`close`, also from another thread meanwhile).
+        """
         if not self._cuda:
             return tuple(self._images(x) if image_at in (i, -1) and _is_images(x) else x
                          for i, x in enumerate(batch))
-        self._recycle()
+        self._held.recycle()
         consumer = torch.cuda.current_stream(self.device)
         # No wait on the consumer's stream: the copy of this batch runs while the GPU still
         # runs the step before. The blocks it fills come from the stage's stream's pool;
         # the allocator hands out a block the consumer used only after the consumer's work
         # on it (record_stream below, on every tensor yielded).
         with torch.cuda.stream(self._stream):
-            out = tuple(_to_device(x, self.device) for x in batch)
-            out = tuple(self._images(x) if image_at in (i, -1) and _is_images(x) else x
-                        for i, x in enumerate(out))
+            # The image batch last: a copy from pageable memory (labels, fields, a table's
+            # columns) first waits for the stream's work (CUDA's rule for pageable
+            # sources), which must not be this batch's image copy.
+            order = sorted(range(len(batch)), key=lambda i: i == image_at)
+            moved = {i: _to_device(batch[i], self.device) for i in order}
+            out = tuple(self._images(moved[i]) if image_at in (i, -1) and _is_images(moved[i])
+                        else moved[i] for i in range(len(batch)))
             event = torch.cuda.Event()
             event.record(self._stream)
         consumer.wait_event(event)
         for x in _tensors(out):
             x.record_stream(consumer)
-        self._held.append((event, tuple(batch)))
+        self._held.add(event, tuple(batch))
         return out
 
     def move_value(self, value: Any) -> Any:
@@ -339,18 +504,15 @@ class DeviceStage:
             return self.move(value, image_at=-1)
         return self.move([value], image_at=-1)[0]
 
-    def _recycle(self) -> None:
-        """Release the host batches whose copies completed (their engine buffers go back
-        to the pool)."""
-        while self._held and self._held[0][0].query():
-            self._held.popleft()
-
     def drop(self) -> None:
         """Release every held host batch after its copy completed (the epoch ended, the
         reads were cut or the Loader closes)."""
-        while self._held:
-            event, _ = self._held.popleft()
-            event.synchronize()
+        self._held.drop()
+
+    def close(self) -> None:
+        """:meth:`drop`, and refuse batches from now on (:meth:`move` raises
+        ``ValueError``); safe from any thread, also while another moves a batch."""
+        self._held.close()
 
     def __repr__(self) -> str:
         return f"DeviceStage({self.device}, channels_last={self.channels_last})"

@@ -123,13 +123,20 @@ class EngineHalf(abc.ABC):
         self.core = make(rank, world_size)
 
     def relayout(self, rank: int, world_size: int) -> None:
-        """Read from now on as rank ``rank`` of ``world_size`` (a new engine loader)."""
+        """Read from now on as rank ``rank`` of ``world_size`` (a new engine loader; the
+        old one is closed, its lent buffers freed)."""
         self.core.close()
         self.core = self._make(rank, world_size)
 
-    @abc.abstractmethod
     def new_epoch(self) -> None:
-        """Another epoch was set: nothing of a restored one applies."""
+        """Another epoch was set: the deals of the one before end (their engine loaders
+        closed, their lent buffers freed)."""
+        self.deals.close()
+
+    def close(self) -> None:
+        """Close every engine loader (the own share's and the deals')."""
+        self.core.close()
+        self.deals.close()
 
     @property
     @abc.abstractmethod
@@ -187,9 +194,6 @@ class ImageReads(EngineHalf):
             ops, **{**options, "shuffle": False, "rank": r, "world_size": w})),
             options["batch_size"], options["drop_last"])
         super().__init__(make, deals, options["rank"], options["world_size"])
-
-    def new_epoch(self) -> None:
-        """Nothing to forget (an image list's epochs are whole)."""
 
     @property
     def image_at(self) -> int | None:
@@ -255,6 +259,8 @@ class ShardReads(EngineHalf):
         return self.shards.image_field
 
     def new_epoch(self) -> None:
+        """Also forget the restored epoch's sample runs."""
+        super().new_epoch()
         self.segments = None
 
     def num_samples(self, epoch: int) -> int:

@@ -79,7 +79,9 @@ class Loader:
         Decode threads. Default: this rank's share of the host's usable cores (see the
         user guide's "Launching a job"); outside a launched rank, every usable core.
     prefetch
-        Batches in flight ahead of the consumer.
+        Batches in flight ahead of the consumer. With a CUDA ``device`` they include the
+        host batches the stage holds until their copies complete (the last one yielded and
+        often the one before): ``prefetch - 2`` are decoded ahead.
     on_error
         ``"raise"``: a bad image raises an exception naming its URL. ``"skip"``: leave it
         out of its batch and count it in :attr:`skipped` (see the user guide's "Datasets"
@@ -324,12 +326,13 @@ class Loader:
             self._engine.core.start_epoch(self.epoch, len(self))
 
     def close(self) -> None:
-        """Stop the engine's threads (batches already handed out stay valid). Safe from any
-        thread, also while another waits for a batch (that iteration then raises
-        ``ValueError``: the loader is closed), and twice."""
-        self._engine.core.close()
+        """Stop the engine's threads (batches already handed out stay valid) and free the
+        buffers lent to them (with a device: their share of the pinned-memory budget).
+        Safe from any thread, also while another waits for a batch (that iteration then
+        raises ``ValueError``: the loader is closed), and twice."""
+        self._engine.close()
         if self._stage is not None:
-            self._stage.drop()
+            self._stage.close()
 
     @property
     def device(self) -> torch.device | None:

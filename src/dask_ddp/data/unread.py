@@ -90,9 +90,10 @@ class UnreadDeals:
     def next_core(self, epoch: int) -> Any:
         """The next engine loader of ``epoch``'s extra samples, started; ``None`` when
         there is none left."""
-        if self.epoch != epoch or not self.pending:
+        pending = self.pending  # close() from another thread may replace it meanwhile
+        if self.epoch != epoch or not pending:
             return None
-        core = self.pending.pop(0)
+        core = pending.pop(0)
         core.start_epoch(epoch, 0)
         self.reading, self.current = epoch, core
         return core
@@ -113,6 +114,17 @@ class UnreadDeals:
         positions, members, world, batches, rank = self.deals[-1]
         self.deals[-1] = (positions, members, world, min(int(consumed), batches), rank)
         return self.current, batches
+
+    def close(self) -> None:
+        """Close the engine loaders of the deals (those not started and the one being read)
+        and forget the deals: the Loader moved to another epoch or closes, and their
+        buffers go back now rather than when they are next replaced."""
+        cores = [*self.pending, self.current]
+        self.epoch, self.pending, self.deals = None, [], []
+        self.reading, self.current = None, None
+        for core in cores:
+            if core is not None:
+                core.close()
 
     def batches_before_current(self) -> int:
         """The batches of the deals read to their end before the one being read."""

@@ -6,6 +6,7 @@ submit it reads each rank's share in the rank; the collection stays alive with t
 from __future__ import annotations
 
 import gc
+import pickle
 import time
 from typing import Any
 
@@ -13,6 +14,7 @@ import dask.dataframe as dd
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 import dask_ddp
 from cluster_util import client_fixture
@@ -67,3 +69,44 @@ def test_a_loader_made_on_the_client_reads_each_ranks_share(client: Any) -> None
     ids = out[0]["ids"] + out[1]["ids"]
     assert sorted(ids) == list(range(ROWS)), "every row once across the ranks"
     assert ids[:25] != list(range(25)), "the shuffle was taken"
+
+
+def _counted(drop: Any, calls: list[int]) -> Any:
+    def counted() -> None:
+        calls.append(1)
+        drop()
+
+    return counted
+
+
+def test_a_pending_loader_answers_as_the_loader_it_builds(client: Any) -> None:
+    """What the Loader class defines (``device``, ``channels_last``, ``before_batch``, the
+    stage its ``end_reads`` drops) is the built loader's, on the client and as a rank
+    receives it: through the proxy, the class defaults used to answer (device None,
+    channels_last False, and end_reads skipped the stage's drop)."""
+    made = Loader(_frame(), 25, features=["a", "b"], label="id", device="cpu",
+                  channels_last=True, shuffle=False)
+    for loader in (made, pickle.loads(pickle.dumps(made))):
+        try:
+            assert type(loader).__name__ == "PendingTableLoader"
+            assert loader.device == torch.device("cpu")
+            assert loader.channels_last is True
+
+            def hook() -> None:
+                pass
+
+            loader.before_batch = hook
+            assert loader.before_batch is hook
+            stage = loader._stage
+            assert stage is not None
+            drops: list[int] = []
+            stage.drop = _counted(stage.drop, drops)  # type: ignore[method-assign]
+            loader.set_epoch(0)
+            it = iter(loader)
+            x, y = next(it)
+            assert x.device == torch.device("cpu") and y.tolist() == list(range(25))
+            loader.end_reads()
+            assert drops == [1], "end_reads() dropped the stage's held batches"
+            assert next(it, None) is None
+        finally:
+            loader.close()

@@ -47,6 +47,11 @@ def _rebuild(table: Table, options: dict[str, Any]) -> PendingTableLoader:
     return loader
 
 
+#: The attributes a PendingTableLoader answers itself (see its ``__getattribute__``).
+_OWN = frozenset({"_table", "_options", "_loader", "_dask_ddp_keep_alive", "_init", "_real",
+                  "close"})
+
+
 class PendingTableLoader(TableLoader):
     """A :class:`~dask_ddp.data.TableLoader` whose arguments were checked where it was
     made, built on first use (see the module).
@@ -92,36 +97,23 @@ class PendingTableLoader(TableLoader):
             loader = self.__dict__["_loader"] = _table_loader(self._table, **self._options)
         return loader
 
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name in ("_table", "_options", "_loader"):
-            raise AttributeError(name)
-        return getattr(self._real(), name)
+    def __getattribute__(self, name: str) -> Any:
+        # Every attribute is the built loader's, bound to it: an inherited method run on
+        # this proxy would read the Loader's class defaults (``_stage = None``), not the
+        # built loader's values. Special names, and what this class answers without
+        # building (the pickle, the close of one never built), stay its own.
+        if name in _OWN or name.startswith("__"):
+            return object.__getattribute__(self, name)
+        return getattr(object.__getattribute__(self, "_real")(), name)
 
     def __setattr__(self, name: str, value: Any) -> None:
         setattr(self._real(), name, value)
-
-    @property
-    def num_samples(self) -> int:
-        return self._real().num_samples
-
-    @property
-    def skipped(self) -> int:
-        return self._real().skipped
 
     def __len__(self) -> int:
         return len(self._real())
 
     def __iter__(self) -> Iterator[Any]:
         return iter(self._real())
-
-    def set_epoch(self, epoch: int) -> None:
-        self._real().set_epoch(epoch)
-
-    def state_dict(self) -> dict[str, Any]:
-        return self._real().state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._real().load_state_dict(state)
 
     def close(self) -> None:
         loader = self.__dict__["_loader"]

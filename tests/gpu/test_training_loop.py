@@ -20,6 +20,7 @@ without CUDA).
 from __future__ import annotations
 
 import math
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -43,11 +44,19 @@ MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 
 @pytest.fixture(scope="module")
 def photos(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Enough 320x240 JPEGs in 4 classes for a GPU epoch of 128-image batches."""
+    """Enough 320x240 JPEGs in 8 classes for an epoch of ``batches`` batches (a class a
+    thread: PIL's encoder runs without the GIL)."""
     root = tmp_path_factory.mktemp("loop-photos")
-    per_class = -(-GPU_SIZES["batch"] * GPU_SIZES["batches"] // 4) if CUDA else 8
-    write_folder(file_putter(str(root)), ("a", "b", "c", "d"), per_class,
-                 sizes=((320, 240), (240, 320)))
+    sizes = GPU_SIZES if CUDA else CPU_SIZES
+    per_class = -(-sizes["batch"] * sizes["batches"] // 8)
+    put = file_putter(str(root))
+
+    def write(c: int) -> None:
+        write_folder(put, (f"c{c}",), per_class, sizes=((320, 240), (240, 320)),
+                     seed=c * per_class)
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(write, range(8)))
     return root
 
 
@@ -76,7 +85,7 @@ def training_loop(folder: str, device: str, batch: int, size: int, epochs: int) 
     dev = loader.device
     assert dev is not None and dev.type == torch.device(device).type, dev
     model = nn.Sequential(nn.Conv2d(3, 32, 3, stride=2), nn.ReLU(), nn.Conv2d(32, 64, 3, stride=2),
-                          nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 4))
+                          nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 8))
     model = model.to(dev).to(memory_format=torch.channels_last)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, foreach=True)
     n = len(loader)

@@ -15,8 +15,13 @@ interleaved round by round, and each figure is the median over the rounds:
 4. ResNet-18 and ResNet-50 training (bf16 autocast, channels_last, SGD, batch 256) fed by
    each loader of 2-3, against the same model on a batch already on the GPU (ratios).
 5. ``dask_ddp.report()`` of the loss every step (the CUDA tensor, and ``loss.item()``)
-   against none, ResNet-18 on the resident batch. Outside a launched rank: the value is
-   taken and checked as in a rank, the record is not sent.
+   against none, ResNet-18 on the resident batch, in a rank's environment
+   (``tests/rank_channel.py``: the results pipe a rank's supervisor gives it, read back
+   here), so that ``report()`` runs its whole rank path: the value's pinned copy and
+   event, the pending queue, the frame on the pipe. Every record sent is counted back
+   (``report_records`` in the JSON). The time spent inside ``report()`` per step is a row
+   of its own, and its share of a step without ``report()`` another: the GPU check's goal
+   is at most 1%.
 
 Each loader row first drains the batches its loader prefetched while the others ran (until
 a batch takes longer than 2 ms to arrive), then times ``--loader-batches`` batches; a
@@ -40,6 +45,7 @@ import argparse
 import inspect
 import json
 import logging
+import math
 import os
 import shutil
 import statistics
@@ -109,6 +115,7 @@ class Row:
     unit: str = "img/s"
     baseline: str | None = None
     runs: list[float] = field(default_factory=list)
+    digits: int = 0
 
     @property
     def median(self) -> float:
@@ -121,8 +128,9 @@ class Results:
     def __init__(self) -> None:
         self.rows: dict[str, Row] = {}
 
-    def add(self, name: str, what: str, baseline: str | None = None) -> None:
-        self.rows.setdefault(name, Row(name, what, baseline=baseline))
+    def add(self, name: str, what: str, baseline: str | None = None, unit: str = "img/s",
+            digits: int = 0) -> None:
+        self.rows.setdefault(name, Row(name, what, unit, baseline, digits=digits))
 
     def record(self, name: str, value: float) -> None:
         self.rows[name].runs.append(value)
@@ -139,8 +147,9 @@ class Results:
         for row in self.rows.values():
             r = self.ratio(row)
             ratio = f"{r:.2f} ({row.baseline})" if r is not None else ""
-            runs = ", ".join(f"{v:,.0f}" for v in row.runs)
-            lines.append(f"| {row.name} | {row.what} | {row.median:,.0f} {row.unit} | {runs} "
+            runs = ", ".join(f"{v:,.{row.digits}f}" for v in row.runs)
+            lines.append(f"| {row.name} | {row.what} | {row.median:,.{row.digits}f} {row.unit} "
+                         f"| {runs} "
                          f"| {ratio} |")
         return "\n".join(lines) + "\n"
 
@@ -290,12 +299,17 @@ class Trainer:
         return loss.detach()
 
     def rate(self, stream: Iterator[Batch], args: argparse.Namespace, buffered: int,
-             after_step: Callable[[torch.Tensor], None] | None = None) -> float:
-        """Images per second over ``args.steps`` steps after draining and ``args.warmup``."""
+             after_step: Timed | None = None) -> float:
+        """Images per second over ``args.steps`` steps after draining and ``args.warmup``
+        (``after_step`` is called after each, timed from the first step timed here)."""
         drain(stream, self.device, buffered)
         for _ in range(args.warmup):
-            self.step(*next(stream))
+            loss = self.step(*next(stream))
+            if after_step is not None:
+                after_step(loss)
         sync(self.device)
+        if after_step is not None:
+            after_step.start()
         n = 0
         t0 = time.perf_counter()
         for _ in range(args.steps):
@@ -306,6 +320,28 @@ class Trainer:
             n += int(images.shape[0])
         sync(self.device)
         return n / (time.perf_counter() - t0)
+
+
+class Timed:
+    """``fn`` called after each step, with the seconds spent in its calls since
+    :meth:`start` and their count, and the count of every call."""
+
+    def __init__(self, fn: Callable[[torch.Tensor], None]) -> None:
+        self.fn = fn
+        self.seconds = 0.0
+        self.calls = 0
+        self.all_calls = 0
+
+    def start(self) -> None:
+        """Time from here (after the warm-up steps)."""
+        self.seconds, self.calls = 0.0, 0
+
+    def __call__(self, loss: torch.Tensor) -> None:
+        t0 = time.perf_counter()
+        self.fn(loss)
+        self.seconds += time.perf_counter() - t0
+        self.calls += 1
+        self.all_calls += 1
 
 
 def report_tensor(loss: torch.Tensor) -> None:
@@ -336,7 +372,8 @@ def machine(device: torch.device) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> tuple[Results, dict[str, Any]]:
     import torchvision  # noqa: F401 - fail here, not inside a worker
 
-    logging.getLogger("dask_ddp.results").setLevel(logging.ERROR)  # report() outside a rank
+    from rank_channel import RankChannel
+
     device = torch.device(args.device)
     if device.type == "cuda":
         torch.cuda.set_device(device if device.index is not None else 0)
@@ -402,42 +439,68 @@ def run(args: argparse.Namespace) -> tuple[Results, dict[str, Any]]:
         "none": None, "tensor": report_tensor, "item": report_item}
     res.add(f"{report_arch}_report_none", f"{report_arch}, resident batch, no report()")
     res.add(f"{report_arch}_report_tensor",
-            f"{report_arch}, resident batch, report({{'loss': loss}}) every step (not sent)",
+            f"{report_arch}, resident batch, report({{'loss': loss}}) every step",
             baseline=f"{report_arch}_report_none")
     res.add(f"{report_arch}_report_item",
-            f"{report_arch}, resident batch, report({{'loss': loss.item()}}) every step "
-            "(not sent)", baseline=f"{report_arch}_report_none")
+            f"{report_arch}, resident batch, report({{'loss': loss.item()}}) every step",
+            baseline=f"{report_arch}_report_none")
+    res.add(f"{report_arch}_report_call", "time inside report({'loss': loss}) per step",
+            unit="us", digits=1)
+    res.add(f"{report_arch}_report_share",
+            "time inside report({'loss': loss}) per step / a step without report()",
+            unit="%", digits=3)
+    sent = 0
 
     t_start = time.perf_counter()
     rounds_run = 0
+    # report() sends from here on, as in a rank (the loaders above were made outside it);
+    # leaving it writes every record and restores the environment.
+    channel = RankChannel("bench-gpu")
     try:
-        for r in range(args.rounds):
-            t_round = time.perf_counter()
-            for name in loader_rows:
-                stream, buffered = feeds[name]
-                res.record(name, loader_rate(stream, device, args.loader_batches, buffered))
-            for arch, trainer in trainers.items():
-                for feed in train_feeds:
-                    stream, buffered = feeds[feed]
-                    res.record(f"{arch}_{feed}", trainer.rate(stream, args, buffered))
-            for kind, hook in reports.items():
-                res.record(f"{report_arch}_report_{kind}",
-                           trainers[report_arch].rate(feeds["resident"][0], args, 1, hook))
-            rounds_run += 1
-            took = time.perf_counter() - t_round
-            logger.info("round %d in %.1f s: %s", r, took,
-                        {k: round(v.runs[-1]) for k, v in res.rows.items() if v.runs})
-            spent = time.perf_counter() - t_start
-            if args.budget and r + 1 < args.rounds and spent + took > args.budget:
-                logger.warning("stopping after %d of %d rounds: another (%.0f s) would pass "
-                               "the budget of %.0f s", rounds_run, args.rounds, took, args.budget)
-                break
+        with channel:
+            for r in range(args.rounds):
+                t_round = time.perf_counter()
+                for name in loader_rows:
+                    stream, buffered = feeds[name]
+                    res.record(name, loader_rate(stream, device, args.loader_batches, buffered))
+                for arch, trainer in trainers.items():
+                    for feed in train_feeds:
+                        stream, buffered = feeds[feed]
+                        res.record(f"{arch}_{feed}", trainer.rate(stream, args, buffered))
+                for kind, fn in reports.items():
+                    hook = None if fn is None else Timed(fn)
+                    res.record(f"{report_arch}_report_{kind}",
+                               trainers[report_arch].rate(feeds["resident"][0], args, 1, hook))
+                    if hook is None:
+                        continue
+                    sent += hook.all_calls
+                    if kind == "tensor":
+                        per_call = hook.seconds / max(hook.calls, 1)
+                        step_s = args.batch / res.rows[f"{report_arch}_report_none"].runs[-1]
+                        res.record(f"{report_arch}_report_call", per_call * 1e6)
+                        res.record(f"{report_arch}_report_share", 100 * per_call / step_s)
+                rounds_run += 1
+                took = time.perf_counter() - t_round
+                logger.info("round %d in %.1f s: %s", r, took,
+                            {k: round(v.runs[-1]) for k, v in res.rows.items() if v.runs})
+                spent = time.perf_counter() - t_start
+                if args.budget and r + 1 < args.rounds and spent + took > args.budget:
+                    logger.warning("stopping after %d of %d rounds: another (%.0f s) would "
+                                   "pass the budget of %.0f s", rounds_run, args.rounds, took,
+                                   args.budget)
+                    break
     finally:
         for c in closers:
             c.close()
+    received = channel.records()
+    bad = [r for r in received if not math.isfinite(r["loss"])]
+    if bad:
+        logger.error("%d of %d reported losses are not finite: %s", len(bad), len(received),
+                     bad[:3])
     meta = {"machine": machine(device), "rounds_run": rounds_run, "classes": classes,
             "images": sum(len(f) for _, _, f in os.walk(root)),
             "loader_device_parameter": loader_has_device(),
+            "report_records": {"sent": sent, "received": len(received)},
             "seconds": time.perf_counter() - t_start}
     return res, meta
 

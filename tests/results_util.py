@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import uuid
 from collections.abc import Iterator
@@ -14,8 +13,9 @@ import pytest
 
 from _rankproc import run_rank
 from dask_ddp import _channel, _pending, results
-from dask_ddp._channel import rank_writer, wire
+from dask_ddp._channel import rank_writer
 from dask_ddp._cluster import cluster_info
+from rank_channel import decode_metrics
 
 
 @dataclass
@@ -103,12 +103,6 @@ def read_metrics(fd: int) -> list[dict[str, Any]]:
         pass
     finally:
         os.set_blocking(fd, True)
-    out, pos = [], 0
-    while pos < len(buf):
-        head = wire.FrameHeader.unpack_from(buf, pos)
-        start = pos + wire.HEADER_SIZE + head.topic_len
-        payload = buf[start : start + head.length]
-        assert payload[:1] == b"M", payload[:20]
-        out.append(json.loads(payload[1:]))
-        pos = start + head.length
+    out, used = decode_metrics(buf)
+    assert used == len(buf), f"a frame cut after {used} of {len(buf)} bytes"
     return out

@@ -1,6 +1,7 @@
 """The GPU machine's own basics, before any dask-ddp GPU feature is blamed: CUDA computes,
 NCCL forms a world of one and DDP steps over it, a Loader batch reaches the device intact,
-and ``report()`` takes a CUDA scalar. Skipped where CUDA is missing (tests/conftest.py)."""
+and ``report()`` sends a CUDA scalar from a rank's environment. Skipped where CUDA is
+missing (tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -86,7 +87,18 @@ def test_a_loader_batch_reaches_the_gpu_intact(tmp_path: Path) -> None:
 
 
 def test_report_takes_a_cuda_scalar() -> None:
+    """In a rank's environment (rank_channel: the results pipe a rank is given, read back
+    here), so report() takes its CUDA path: a pinned copy and an event, no wait."""
     import dask_ddp
+    from dask_ddp import _pending
+    from rank_channel import RankChannel
 
-    loss = torch.tensor(0.25, device="cuda") * 2
-    dask_ddp.report({"loss": loss})  # outside a rank: checked, then not sent
+    with RankChannel("gpu-basics") as channel:
+        torch.cuda.synchronize()
+        torch.cuda._sleep(1_000_000_000)  # the value comes after ~0.5 s of GPU time
+        loss = torch.tensor(0.25, device="cuda") * 2
+        dask_ddp.report({"loss": loss}, step=3)
+        assert not torch.cuda.current_stream().query(), "report() waited for the GPU"
+        assert _pending.waiting() == 1, "report() did not queue the CUDA value"
+    [record] = channel.records()
+    assert record["step"] == 3 and record["loss"] == 0.5, record

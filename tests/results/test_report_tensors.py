@@ -22,6 +22,7 @@ import dask_ddp
 from cluster_util import client_fixture
 from dask_ddp import _pending, results
 from dask_ddp._channel.monitor import iter_job_metrics
+from rank_channel import RankChannel
 from results_util import JobLike, fake_rank_fixture, launch, read_metrics
 
 pytestmark = pytest.mark.timeout(120)
@@ -113,6 +114,34 @@ def test_a_record_whose_value_cannot_be_read_is_dropped_alone(
     results.report({"x": 1.0}, step=1)
     assert [r["step"] for r in read_metrics(fake_rank)] == [1]
     assert any("illegal memory access" in m for m in caplog.messages)
+
+
+def test_report_takes_its_rank_path_in_the_rank_channel_environment() -> None:
+    """The environment the GPU benchmark and the gpu tests give report() (rank_channel):
+    there report() sends, through the pending queue, every record in call order; outside
+    it (this test process before and after) it returns before sending."""
+    assert not results._rank_state().enabled, "the test process is not a rank"
+    with RankChannel("unit-channel") as channel:
+        assert results._rank_state().enabled
+        for i in range(200):  # a training loop's values: grad-tracking, bf16, integer
+            loss = torch.tensor(1.0 / (i + 1), requires_grad=True) * 1
+            results.report({"loss": loss, "lr": torch.tensor(0.5, dtype=torch.bfloat16),
+                            "seen": torch.tensor(i)})
+        # A value not ready yet (a CUDA copy's stand-in) holds the records after it, and
+        # the background poller writes them once it is: no report() and no flush here.
+        _pending.put(_Late({"rank": 0, "step": 200, "time": 0.0, "loss": 0.0}, 0.3),
+                     results._rank_state().writer)
+        results.report({"loss": torch.tensor(2.0)}, step=201)
+        assert _pending.waiting() == 2
+        deadline = time.monotonic() + 30
+        while len(channel.records()) < 202 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        recs = channel.records()
+    assert [r["step"] for r in recs] == list(range(202))
+    assert all(r["loss"] == pytest.approx(1.0 / (r["step"] + 1)) and r["lr"] == 0.5
+               and r["seen"] == r["step"] for r in recs[:200])
+    assert recs[201]["loss"] == 2.0
+    assert not results._rank_state().enabled, "the rank environment outlived its channel"
 
 
 # A rank whose values come late: report()'s own path, with a stand-in for the CUDA copy

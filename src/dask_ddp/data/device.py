@@ -6,8 +6,9 @@ memory. The stage sits between the engine and the loop and owns everything of th
 - **Pinned buffers, written by the engine.** The engine's batch buffers are page-locked
   host memory allocated here once (torch's caching host allocator) and handed to the
   engine's buffer pool, which decodes each batch straight into one: no copy into pinned
-  memory in the training thread (``pin_memory()`` on a 38.5 MB batch is what held a
-  loader-bound ResNet-18 to 0.75 of its GPU rate). At most ``prefetch + 2`` buffers per
+  memory in the training thread (``pin_memory()`` on a 38.5 MB batch held the code before
+  this stage, a loader-bound ResNet-18 on an H100, to 0.75 of its GPU rate; this stage's
+  figure is unmeasured until ``make gpu-check`` runs on a GPU). At most ``prefetch + 2`` buffers per
   engine loader; each holds its share of the host's budget (``dask-ddp.data.pinned-memory``,
   shared by the ranks on the host; at torch's block size, a power of two) until the engine
   frees it (closed, or replaced at a reshard or a new epoch). Past the budget the Loader

@@ -17,6 +17,20 @@ from waits import wait_until  # noqa: F401 - re-exported for the launch tests
 ACTIVE = ("processing", "waiting", "no-worker", "queued")
 
 
+def store_timeout() -> Any:
+    """A real ``DistStoreError``: a store's wait for a key no peer ever set, run out."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", 0, 1, True, timedelta(seconds=5))
+    try:
+        store.wait(["never"], timedelta(milliseconds=50))
+    except dist.DistStoreError as exc:
+        return exc
+    raise AssertionError("the store's wait did not time out")
+
+
 def fill_results_then_raise(handler: Any, size: int, message: str) -> None:
     """Send two results no reader takes (the second stays stuck), then fail."""
     handler.submit_result("a.bin", b"x" * size)

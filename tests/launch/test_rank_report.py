@@ -1,7 +1,8 @@
 """The report a rank process leaves its supervisor, and what the supervisor makes of it
-(no cluster, but one test on a LocalCluster): a typed, frozen record written whole or not
+(no cluster, but two tests on a LocalCluster): a typed, frozen record written whole or not
 at all, and read back as no report when it is truncated or foreign, so a rank killed while
-it wrote ends as a killed rank."""
+it wrote ends as a killed rank; it carries the rank's own verdict on whether its error
+came from a lost peer, which the supervisor reads instead of the error's text."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any
 
 import cloudpickle
 import pytest
+import torch.distributed as dist
 from distributed import Client
 
 import dask_ddp
@@ -30,6 +32,7 @@ from dask_ddp._launch.rank_report import (
     write_report,
 )
 from dask_ddp.errors import FailureKind, RankFailedError, RemoteException
+from launch_util import store_timeout
 
 pytestmark = [pytest.mark.timeout(120)]
 
@@ -123,6 +126,9 @@ def outcome() -> tuple[RankOutcome, FakeWorker]:
     """The outcome of rank 0 of a job of one rank, on fakes of its worker, its client (no
     scheduler answers) and its rendezvous."""
     options = LaunchOptions.build(name="report", payload=b"x")
+    # A victim's wait for its peer's fault: none comes here (no scheduler answers).
+    options = dataclasses.replace(options, waits=dataclasses.replace(options.waits,
+                                                                     root_wait=0.0))
     spec = RankSpec(options=options, job_id="0" * 32, run_id="0" * 32, restart=0, rank=0,
                     local_rank=0, local_world_size=1, group_rank=0, group_world_size=1,
                     proc_index=0, workers=("tcp://w:1",), master_addr="127.0.0.1",
@@ -161,6 +167,58 @@ def test_the_outcome_of_a_report(tmp_path: Path) -> None:
     assert isinstance(info.value.__cause__, RemoteException)
 
 
+def raised(exc: BaseException) -> RankReport:
+    """The report of ``exc`` as the rank's handler writes it (``exc`` raised and caught)."""
+    try:
+        raise exc
+    except BaseException as caught:
+        return RankReport.raised("run", caught, claimed=True)
+
+
+def test_the_rank_s_verdict_on_a_lost_peer_travels_in_its_report(tmp_path: Path) -> None:
+    lost = raised(store_timeout())
+    own = raised(RuntimeError("fetching shard 3 timed out"))
+    assert lost.peer_lost and not own.peer_lost
+    assert not RankReport.returned(b"x").peer_lost
+    write_report(str(tmp_path), lost)
+    assert read_report(str(tmp_path)) == lost
+
+
+def test_a_report_written_before_the_verdict_existed_reads_as_no_lost_peer(
+        tmp_path: Path) -> None:
+    old = raised(dist.DistBackendError("NCCL error"))
+    del old.__dict__["peer_lost"]  # the fields an older rank pickled
+    (tmp_path / REPORT_FILE).write_bytes(pickle.dumps(old))
+    read = read_report(str(tmp_path))
+    assert read is not None and read.type_name == "DistBackendError"
+    assert read.peer_lost is False
+
+
+@pytest.mark.parametrize("exc", [
+    RuntimeError("fetching shard 3 from the bucket timed out"),
+    RuntimeError("NCCL is not available on this build: use backend='gloo'"),
+], ids=["timed-out", "nccl"])
+def test_a_user_s_words_do_not_make_a_rank_a_victim(tmp_path: Path, exc: Exception) -> None:
+    """The supervisor reads the rank's verdict, not the error's text: a user's error that
+    says "timed out" or names NCCL is the rank's own fault (it is not published as a
+    broken collective, and the other ranks' stacks are not read for it)."""
+    judge, worker = outcome()
+    write_report(str(tmp_path), raised(exc))
+    with pytest.raises(RankFailedError) as info:
+        judge.of_exit(1, str(tmp_path), FakeRank(), [])  # type: ignore[arg-type]
+    assert info.value.kind is FailureKind.RAISED_FIRST
+    assert "stacks" not in str(info.value), str(info.value)
+    assert [m["broken"] for _, m in worker.events] == [False]
+
+
+def test_a_rank_whose_collective_broke_is_a_victim(tmp_path: Path) -> None:
+    judge, worker = outcome()
+    write_report(str(tmp_path), raised(store_timeout()))
+    with pytest.raises(RankFailedError, match="DistStoreError"):
+        judge.of_exit(1, str(tmp_path), FakeRank(), [])  # type: ignore[arg-type]
+    assert [m["broken"] for _, m in worker.events] == [True]
+
+
 def truncate_report_then_die() -> None:
     """In a rank: leave a report cut short (as a write killed midway would, were it not
     renamed into place), then be killed."""
@@ -178,3 +236,24 @@ def test_a_killed_rank_with_a_truncated_report_fails_as_killed(client: Client) -
     job = dask_ddp.submit(client, truncate_report_then_die, n_workers=1, progress=False)
     with pytest.raises(dask_ddp.RankFailedError, match="killed by signal SIGKILL"):
         job.result(timeout=90)
+
+
+def time_out_by_itself() -> None:
+    """In a rank: rank 1 raises a user's error that says it timed out while rank 0 waits
+    for it in a collective (until the job's abort stops it)."""
+    if dist.get_rank() == 1:
+        raise RuntimeError("fetching the shard timed out")
+    dist.barrier()
+
+
+def test_a_user_s_timed_out_error_is_its_own_on_a_cluster(client: Client) -> None:
+    """Before, the text "timed out" made rank 1 a victim: its error carried the other
+    ranks' stacks read for a wait that ran out, and waited for a better fault."""
+    job = dask_ddp.submit(client, time_out_by_itself, n_workers=1, nprocs_per_worker=2,
+                          progress=False)
+    with pytest.raises(dask_ddp.RankFailedError, match="fetching the shard timed out") as info:
+        job.result(timeout=90)
+    err = info.value
+    assert err.rank == 1 and err.kind is FailureKind.RAISED_FIRST
+    assert "stacks of the other ranks" not in str(err), str(err)
+    assert "ranks with no process running" not in str(err), str(err)

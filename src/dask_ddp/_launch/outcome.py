@@ -7,10 +7,13 @@ The supervisor (:mod:`dask_ddp._launch.supervisor`) hands the end of its rank to
 whose main is decorated with ``@record``, or else its exit (the code, the signal, an OOM
 kill, its last stderr lines). A failure is published on the job's failure topic, and the
 rank's peers are told to stop (the job's abort). A rank that is likely the victim of a
-peer's fault (its collective broke, :func:`~dask_ddp._launch.peer_loss.says_peer_lost`; or
-it raised after another rank claimed the job's first failure) waits a moment to learn that
-fault and raises it instead, its own error chained (:mod:`dask_ddp._launch.root_cause`
-picks it from the job's failure records and its lost workers).
+peer's fault (its collective broke: the rank's own verdict in its report,
+:attr:`~dask_ddp._launch.rank_report.RankReport.peer_lost`; or it raised after another rank
+claimed the job's first failure) waits a moment to learn that fault and raises it instead,
+its own error chained (:mod:`dask_ddp._launch.root_cause` picks it from the job's failure
+records and its lost workers). No error text of a report is matched: only a rank that left
+no report (a command's, or one that died first) is judged by its text
+(:func:`~dask_ddp._launch.peer_loss.text_says_peer_lost`).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from typing import Any
 
 from dask_ddp._launch import collective_dump
 from dask_ddp._launch.names import failure_topic
-from dask_ddp._launch.peer_loss import says_peer_lost
+from dask_ddp._launch.peer_loss import text_says_peer_lost
 from dask_ddp._launch.placement import RankSpec
 from dask_ddp._launch.rank_process import ERROR_FILE, RankProcess
 from dask_ddp._launch.rank_report import RankStatus, read_report
@@ -41,12 +44,13 @@ from dask_ddp._launch.stacks import peer_stacks_text
 from dask_ddp.errors import FailureKind, JobError, RankFailedError, RemoteException
 
 
-def _waited_for_peers(phase: str, what: str) -> bool:
+def _waited_for_peers(phase: str, what: str, broken: bool) -> bool:
     """Whether a rank's failure is a wait for its peers that ran out (rendezvous, process
-    group setup, a timed-out collective)."""
+    group setup, a timed-out collective: ``broken``, a collective's error, that says it
+    timed out; a user's own error that says so is not one)."""
     text = what.lower()
     return (phase in ("rendezvous", "init_process_group")
-            or ("timed out" in text or "timeout" in text))
+            or (broken and ("timed out" in text or "timeout" in text)))
 
 
 class RankOutcome:
@@ -84,14 +88,14 @@ class RankOutcome:
         if spec.options.command is not None and returncode == 0:
             return 0
         if report is not None and report.status is RankStatus.ERROR:
-            victim = says_peer_lost((report.type_name,), report.message)
+            victim = report.peer_lost  # the rank's verdict, by its exception's type
             err = self.failed(report.phase, f"{report.type_name}: {report.message}",
                               report.own_exception(), report.traceback,
                               claimed=report.claimed, broken=victim)
         elif (recorded := read_error_file(os.path.join(workdir, ERROR_FILE))) is not None:
             # A script whose main is decorated with torch's @record.
             message, tb = recorded
-            victim = says_peer_lost((), message)
+            victim = text_says_peer_lost(message)
             err = self.failed("run", message, None, tb, broken=victim)
         else:
             oom = rank.oom_reason() if returncode == -signal.SIGKILL else None
@@ -105,7 +109,7 @@ class RankOutcome:
             detail = f"\nlast stderr lines:\n{tail}" if tail else ""
             # A collective's timeout (NCCL's watchdog) dumped the rank's last collectives.
             detail += collective_dump.dump_summary(workdir, spec.rank)
-            victim = returncode > 0 and says_peer_lost((), tail)
+            victim = returncode > 0 and text_says_peer_lost(tail)
             err = self.failed("run", f"the rank process {how}{detail}", None, tail, died=True,
                               broken=victim)
         # A rank whose collective broke (or that raised after another rank) is likely the
@@ -127,7 +131,8 @@ class RankOutcome:
         # (read before the abort below stops them; by the first rank to give up only, so
         # that many ranks timing out together do not all read every rank's stack).
         peers = (peer_stacks_text(self.client, self.spec, self.waits.stacks_timeout)
-                 if _waited_for_peers(phase, what) and not self.rendezvous.aborted() else "")
+                 if _waited_for_peers(phase, what, broken) and not self.rendezvous.aborted()
+                 else "")
         # Tell the peers first: they stop within one abort poll instead of waiting in a
         # collective until the backend's timeout.
         self.rendezvous.abort()

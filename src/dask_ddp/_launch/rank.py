@@ -6,7 +6,10 @@ environment set. It loads the user's function from the launch record in ``WORKDI
 the job's rendezvous store, agrees on the backend, calls ``init_process_group``, runs the
 function, and leaves its supervisor a
 :class:`~dask_ddp._launch.rank_report.RankReport` in ``WORKDIR``: the pickled return
-value, or the failing phase, the formatted traceback and the pickled exception.
+value, or the failing phase, the formatted traceback, the pickled exception and the
+rank's verdict on it, decided here with the exception in hand: whether it came from a
+lost peer (:func:`~dask_ddp._launch.peer_loss.is_peer_error`, by its type), which its
+supervisor reads instead of the error's text.
 """
 
 from __future__ import annotations

@@ -9,8 +9,13 @@ process exited (:func:`read_report`) and turns it into its task's outcome
 
 The file is written whole or not at all (a temporary file, renamed), and the reader takes
 anything else as no report: a rank killed while it wrote, or a file that is not a report,
-ends as a rank that left none (its exit code, its signal, its last stderr lines). A leaf
-module, as the launch record's: the rank imports it before it runs anything.
+ends as a rank that left none (its exit code, its signal, its last stderr lines). A report
+written by an older dask-ddp, without a field added since, reads with that field's default.
+A rank's error carries the rank's own verdict on it (:attr:`RankReport.peer_lost`, decided
+from the exception itself by :func:`~dask_ddp._launch.peer_loss.is_peer_error`): its
+supervisor reads the verdict, not the error's text. A leaf module, as the launch record's
+(it imports only the leaf :mod:`~dask_ddp._launch.peer_loss`): the rank imports it before
+it runs anything.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ import logging
 import os
 import pickle
 import traceback
+
+from dask_ddp._launch.peer_loss import is_peer_error
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +66,10 @@ class RankReport:
     claimed
         Whether this rank was the first of its job to fail (it claimed the job's first
         failure on the store).
+    peer_lost
+        Whether the error came from a lost peer (``ERROR``): the rank's verdict on its
+        exception, by type (:func:`~dask_ddp._launch.peer_loss.is_peer_error`). ``False``
+        in a report written before the field existed.
     """
 
     status: RankStatus
@@ -69,6 +80,7 @@ class RankReport:
     traceback: str = ""
     exception: bytes | None = None
     claimed: bool = False
+    peer_lost: bool = False
 
     @classmethod
     def returned(cls, value: bytes) -> RankReport:
@@ -77,7 +89,8 @@ class RankReport:
 
     @classmethod
     def raised(cls, phase: str, exc: BaseException, claimed: bool) -> RankReport:
-        """The report of ``exc``, raised in ``phase`` (the exception being handled)."""
+        """The report of ``exc``, raised in ``phase`` (the exception being handled), with
+        the rank's verdict on whether it came from a lost peer."""
         blob: bytes | None
         try:
             blob = pickle.dumps(exc)
@@ -86,7 +99,7 @@ class RankReport:
             blob = None
         return cls(RankStatus.ERROR, phase=phase, type_name=type(exc).__name__,
                    message=str(exc), traceback="".join(traceback.format_exception(exc)),
-                   exception=blob, claimed=claimed)
+                   exception=blob, claimed=claimed, peer_lost=is_peer_error(exc))
 
     def own_exception(self) -> BaseException | None:
         """The rank's own exception, loaded back; ``None`` when there is none to load."""

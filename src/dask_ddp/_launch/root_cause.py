@@ -6,7 +6,8 @@ left. The client's :meth:`Job.result` and each rank's supervisor pick the root c
 the same order (:class:`FailureKind`), so the seed's ``client.gather(futures)`` raises the
 same root error as ``submit(...).result()``: a rank whose collective broke because a peer
 died raises the peer's fault, with its own error chained as ``__cause__`` (whether a
-rank's error says a peer was lost is :mod:`dask_ddp._launch.peer_loss`'s test; the
+rank's error came from a lost peer the rank decides, by :mod:`dask_ddp._launch.peer_loss`'s
+test, and says in its report; the
 supervisor's side, a rank's end turned into its task's outcome, is
 :mod:`dask_ddp._launch.outcome`).
 """

@@ -2,10 +2,10 @@
 
 A collective of a group whose member died fails on the survivors; they re-form the group
 instead of failing the job. :func:`is_peer_error` says which errors are such a failure:
-the launcher's one test of a lost peer (:mod:`dask_ddp._launch.peer_loss`), which a rank's
-supervisor asks too, of the error its rank reported (a rank whose collective broke waits
-for its peer's fault). Its torch error types and its text fallbacks (gloo's transport,
-NCCL untyped) are held there, not here.
+the launcher's one test of a lost peer (:mod:`dask_ddp._launch.peer_loss`), which a rank
+asks too, of the error it ends with (its report's verdict: a rank whose collective broke
+waits for its peer's fault). Its torch error types and gloo's transport error's shape are
+held there, not here.
 """
 
 from __future__ import annotations

@@ -11,7 +11,10 @@
   ``.grad`` in place), and :meth:`GradientHook.reduce_again` all-reduces them in the new
   group;
 - while the group can grow, the step's first bucket carries one element more, rank 0's
-  word that a rank waits to join (:attr:`GradientHook.admit` after the step);
+  word that a rank waits to join (:attr:`GradientHook.admit` after the step), read at the
+  next step's top, not inside ``backward()``: a CUDA bucket's word is copied to pinned host
+  memory without blocking and an event recorded after the copy (:class:`HostScalar`, as
+  ``report()`` reads a CUDA metric), so the hook never makes the host wait for the GPU;
 - the first step after a join all-reduces every bucket as one tensor in parameter order
   (:meth:`GradientHook.after_join`).
 """
@@ -22,10 +25,56 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    import torch
+
     from dask_ddp._launch.live.group import LiveGroup
 
 #: A bucket of the step: (index, local gradients, parameters).
 Bucket = tuple[int, Any, list[Any]]
+
+
+class HostScalar:
+    """A one-element tensor's value, read on the host without making it wait for the GPU.
+
+    A CPU tensor's value is read at once. A CUDA tensor's is copied into pinned host
+    memory without blocking, on the current stream (ordered after the tensor's producer:
+    a future's callback runs on streams made to wait for its value's kernels), and an
+    event is recorded on that stream after the copy; :meth:`value` waits for that event,
+    the copy alone, before it reads the host copy, which this object keeps alive until
+    then (torch's CUDA semantics: a non-blocking copy to pinned memory is complete once
+    an event recorded after it on its stream has completed).
+
+    Parameters
+    ----------
+    tensor
+        A tensor of one element.
+    """
+
+    __slots__ = ("_event", "_host", "_value")
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        import torch
+
+        self._value: float | None = None
+        self._host: torch.Tensor | None = None
+        self._event: torch.cuda.Event | None = None
+        if tensor.device.type != "cuda":
+            self._value = float(tensor.item())
+            return
+        host = torch.empty((), dtype=tensor.dtype, pin_memory=True)
+        host.copy_(tensor.detach().reshape(()), non_blocking=True)
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(tensor.device))
+        self._host, self._event = host, event
+
+    def value(self) -> float:
+        """The tensor's value (waits for the copy, if it has not completed yet)."""
+        if self._value is None:
+            assert self._event is not None and self._host is not None
+            self._event.synchronize()
+            self._value = float(self._host.item())  # host memory the copy has filled
+            self._host = self._event = None
+        return self._value
 
 
 class GradientHook:
@@ -50,9 +99,8 @@ class GradientHook:
         self.queued = False
         #: This step's buckets: (index, local gradients, parameters), in hook order.
         self.saved: list[Bucket] = []
-        #: The last step's all-reduce carried rank 0's word: admit the waiting ranks at
-        #: the next step's top (``Attached.boundary``).
-        self.admit = False
+        #: Rank 0's word in the last step's all-reduce (see :attr:`admit`).
+        self._word: HostScalar | float = 0.0
         #: The first step after a join: the members' buckets (rebuilt by DDP after their
         #: first step) and the joiner's (its first step's) differ, so that step's
         #: gradients are all-reduced at once in parameter order (see ``_reduce_in_order``).
@@ -102,21 +150,37 @@ class GradientHook:
             done.set_result(buf)
             return done
 
-        def finish(fut: Any) -> Any:
-            try:
-                out = fut.value()[0]
-                if not worded:
-                    return out.div_(world)
-                self.admit = bool(out[-1].item() > 0.5)
-                return out[:-1].div_(world)  # DDP copies it into .grad; buf stays local
-            except Exception as exc:  # a peer is gone: the step ends at end_of_backward
-                if self.failed is None:
-                    self.failed = f"{type(exc).__name__}: {str(exc)[:300]}"
-                return buf
-
-        chained = work.get_future().then(finish)
+        chained = work.get_future().then(
+            lambda fut: self.reduced(fut, buf, world, worded))
         self._works.append(chained)
         return chained
+
+    def reduced(self, fut: Any, buf: torch.Tensor, world: int, worded: bool) -> torch.Tensor:
+        """A bucket's all-reduce ended (``fut``, a callback of its future): the mean of
+        the bucket, or ``buf``'s local values when it failed. ``worded``: its last element
+        is rank 0's word, kept to read at the next step's top."""
+        try:
+            out = fut.value()[0]
+            if not worded:
+                return out.div_(world)
+            self._word = HostScalar(out[-1])  # no .item() here: a GPU sync every step
+            return out[:-1].div_(world)  # DDP copies it into .grad; buf stays local
+        except Exception as exc:  # a peer is gone: the step ends at end_of_backward
+            if self.failed is None:
+                self.failed = f"{type(exc).__name__}: {str(exc)[:300]}"
+            return buf
+
+    @property
+    def admit(self) -> bool:
+        """Whether the last step's all-reduce carried rank 0's word that the waiting ranks
+        join: they are admitted at the next step's top (``Attached.boundary``), which
+        reads it (a CUDA word's copy has long completed by then)."""
+        word = self._word
+        return (word if isinstance(word, float) else word.value()) > 0.5
+
+    @admit.setter
+    def admit(self, value: bool) -> None:
+        self._word = 1.0 if value else 0.0
 
     def _after_finalize(self) -> None:
         # DDP queues its own final callback (waiting for the buckets' futures and copying
@@ -202,7 +266,7 @@ class GradientHook:
                 else saved_local.clone()
             dist.all_reduce(local)
             if i == 0 and worded:
-                self.admit = bool(local[-1].item() > 0.5)
+                self._word = HostScalar(local[-1])
                 local = local[:-1]
             local.div_(world)
             offset = 0

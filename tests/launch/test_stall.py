@@ -127,9 +127,9 @@ def test_a_rank_state_is_recorded_as_its_process_ends(client: Client) -> None:
 
 @pytest.mark.parametrize("others", ["barrier", "return"])
 def test_rank0_long_evaluation_is_not_a_stall(client: Client, others: str) -> None:
-    # Rank 0 computes for 4x the stall timeout while rank 1 waits (in a barrier, or at the
+    # Rank 0 computes for 3x the stall timeout while rank 1 waits (in a barrier, or at the
     # end): rank 0 works, so the job is healthy however long it takes.
-    job = dask_ddp.submit(client, long_eval_on_rank0, 4 * STALL_S, others, n_workers=2,
+    job = dask_ddp.submit(client, long_eval_on_rank0, 3 * STALL_S, others, n_workers=2,
                           progress=False, stall_timeout=STALL_S)
     if others == "barrier":
         # The watcher sees rank 1 blocked in the barrier while rank 0 works: stall

@@ -111,10 +111,12 @@ test-py:
 
 # The launch, results and chaos tests STRESS_RUNS times beside a CPU hog (one busy process
 # per core), their modules side by side as CI runs them: timing faults show up as flakes
-# here. Not in CI; prints the count of failures. The chaos tests run STRESS_CHAOS_RUNS faults
-# each here (DASK_DDP_CHAOS_RUNS; `make test` runs each kind of fault once or twice), the
-# live regroup test STRESS_LIVE_TRIALS trials of two kills (DASK_DDP_LIVE_TRIALS; 4 in
-# `make test`).
+# here. Not in CI; prints the count of failures. Repetition lives here (DASK_DDP_STRESS=1,
+# tests/stress.py): a fault test's every variant (victim rank 0 and 1, each on a fresh
+# cluster; `make test` runs one), the chaos tests' STRESS_CHAOS_RUNS random faults each
+# (DASK_DDP_CHAOS_RUNS; `make test` runs one smoke run of the faults no other test runs),
+# the live regroup test's STRESS_LIVE_TRIALS trials of two kills (DASK_DDP_LIVE_TRIALS; 4
+# in `make test`).
 STRESS_RUNS ?= 20
 STRESS_CHAOS_RUNS ?= 12
 STRESS_LIVE_TRIALS ?= 16
@@ -129,7 +131,8 @@ stress: build
 	for i in $$(seq $(JOBS)); do $(PY) -c 'while True: pass' & hogs="$$hogs $$!"; done; \
 	trap 'kill $$hogs 2>/dev/null' EXIT; fails=0; \
 	for i in $$(seq $(STRESS_RUNS)); do t0=$$(date +%s); \
-	  if DASK_DDP_CHAOS_RUNS=$(STRESS_CHAOS_RUNS) DASK_DDP_LIVE_TRIALS=$(STRESS_LIVE_TRIALS) \
+	  if DASK_DDP_STRESS=1 DASK_DDP_CHAOS_RUNS=$(STRESS_CHAOS_RUNS) \
+	    DASK_DDP_LIVE_TRIALS=$(STRESS_LIVE_TRIALS) \
 	    $(PY) -m pytest -n $(PYTEST_WORKERS) \
 	    --dist loadscope -q -p no:cacheprovider \
 	    $(STRESS_TESTS) > $(BUILD)/stress/run-$$i.log 2>&1; \

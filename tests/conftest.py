@@ -94,17 +94,12 @@ def _unmarked_tests_start_no_cluster(request: pytest.FixtureRequest,
     monkeypatch.setattr(SpecCluster, "__init__", refuse)
 
 
-#: The launcher's waits in tests: short, so a fault is a diagnosis within the test's own
-#: timeout, generous enough for a loaded 2-core machine. Read in the client when a job is
-#: built and carried to the workers in the job's options.
-SHORT_LAUNCH_WAITS = {
-    "dask-ddp.launch.stall-timeout": "30 s",
-    "dask-ddp.launch.term-grace": "2 s",
-    "dask-ddp.launch.forward-close": "20 s",
-    "dask-ddp.launch.reclose": "1 s",
-    "dask-ddp.launch.scheduler-call": "20 s",
-    "dask-ddp.launch.stacks-timeout": "5 s",
-}
+from waits import FAST_LAUNCH_WAITS  # noqa: E402 - kept with the fixture that uses it
+
+#: The launcher's waits in tests: the fast profile of tests/waits.py (a timing test states
+#: its waits as multiples of it). Read in the client when a job is built and carried to
+#: the workers and ranks in the job's options.
+SHORT_LAUNCH_WAITS = FAST_LAUNCH_WAITS
 
 
 #: A LocalCluster (a SpecCluster) closes a worker's nanny for good when no worker of its

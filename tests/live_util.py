@@ -44,9 +44,12 @@ def train_step(model: Any, opt: Any, gen: Any) -> None:
 
 
 def rank_main(port: int, uid: int, world: int, steps: int, out: str,
-              prefix: str = "") -> None:
+              prefix: str = "", joiner: bool = False) -> None:
     """One rank: a DDP MLP with SGD and momentum, ``steps`` steps through the live group,
-    then its state's hash in ``out/<uid>.json``."""
+    then its state's hash in ``out/<uid>.json``. ``joiner``: a rank started while the
+    group runs, with a model of its own, that joins the group at a step boundary (the
+    group grows up to the trial's ``max`` key; its members wait at step ``hold`` until
+    the joiner asked, as the job's ranks wait for a new worker in the cluster tests)."""
     import torch
     import torch.distributed as dist
     from torch import nn
@@ -54,14 +57,21 @@ def rank_main(port: int, uid: int, world: int, steps: int, out: str,
 
     from dask_ddp._launch.live import attach as live_attach
     from dask_ddp._launch.live import group as live
+    from dask_ddp._launch.live.keys import JOIN_COUNT
+    from dask_ddp._launch.live.membership import JOIN_CHECK_S
 
     torch.set_num_threads(1)
     store = dist.PrefixStore(prefix, dist.TCPStore("127.0.0.1", port, None, False,
                                                     timedelta(seconds=30)))
-    group = live.LiveGroup(store, uid, world, timeout=20.0)
+    cap = int(store.get("max")) if store.check(["max"]) else None
+    hold = int(store.get("hold")) if store.check(["hold"]) else None
+    group = live.LiveGroup(store, uid, world, timeout=20.0, max_size=cap)
     live.install(group)
-    group.start()
-    torch.manual_seed(0)
+    if joiner:
+        group.start_joining()  # a group of itself until its attach() is admitted
+    else:
+        group.start()
+    torch.manual_seed(uid if joiner else 0)  # a joiner must take the group's model
     net = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(),
                         nn.Linear(64, 4))
     # Several buckets: a step's all-reduces interleave. Every other trial, DDP reduces
@@ -69,11 +79,19 @@ def rank_main(port: int, uid: int, world: int, steps: int, out: str,
     in_place = prefix.startswith("t") and int(prefix[1:] or 0) % 2 == 1
     model = DDP(net, bucket_cap_mb=0.005, gradient_as_bucket_view=in_place)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    live_attach.attach(model, opt)
+    live_attach.attach(model, opt)  # a joiner: once a step boundary admitted it
     gen = torch.Generator().manual_seed(1000 + uid)
-    store.add("ready", 1)
+    if not joiner:
+        store.add("ready", 1)
     params = list(model.parameters())
-    for _ in range(steps):
+    for _ in range(steps - group.committed):
+        if group.committed == hold and not joiner:
+            deadline = time.monotonic() + 60
+            while not int(store.add(JOIN_COUNT, 0)):  # the joiner has not asked yet
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"rank {uid}: no rank asked to join within 60 s")
+                time.sleep(0.005)
+            time.sleep(JOIN_CHECK_S)  # rank 0's next look at the join queue is due
         if store.check([f"die/{uid}"]):
             # Die inside backward(): when this parameter's gradient is computed (some
             # buckets may be all-reduced already, others not yet).
@@ -93,27 +111,32 @@ def rank_main(port: int, uid: int, world: int, steps: int, out: str,
 
 
 def zygote_main(port: int, world: int, trials: int, steps: int, out: str) -> None:
-    """Import torch once, then fork ``world`` rank processes per trial (a rank's start
-    costs a fork, not an import: many trials fit in one test)."""
+    """Import torch once, then fork ``world`` rank processes per trial, and one that joins
+    them when the trial says so (a rank's start costs a fork, not an import: many trials
+    fit in one test)."""
     import torch  # noqa: F401 - imported once, before the forks
     import torch.distributed as dist
 
     from dask_ddp._launch.live import group as live  # noqa: F401
 
     store = dist.TCPStore("127.0.0.1", port, None, False, timedelta(seconds=30))
+
+    def fork(t: int, u: int, joiner: bool) -> int:
+        pid = os.fork()
+        if pid == 0:
+            try:
+                rank_main(port, u, world, steps, os.path.join(out, str(t)), f"t{t}", joiner)
+            finally:
+                os._exit(1)
+        store.set(f"t{t}/pid/{u}", str(pid))
+        return pid
+
     for t in range(trials):
         store.wait([f"t{t}/go"], timedelta(seconds=300))
-        pids = []
-        for u in range(world):
-            pid = os.fork()
-            if pid == 0:
-                try:
-                    rank_main(port, u, world, steps, os.path.join(out, str(t)), f"t{t}")
-                finally:
-                    os._exit(1)
-            pids.append(pid)
-            store.set(f"t{t}/pid/{u}", str(pid))
-        for pid in pids:
+        running = {fork(t, u, False) for u in range(world)}
+        if store.check([f"t{t}/max"]):  # and a rank that joins the group
+            running.add(fork(t, world, True))
+        for pid in running:
             os.waitpid(pid, 0)
     os._exit(0)
 
@@ -139,10 +162,13 @@ class Trials:
             self.zygote.kill()
         self.zygote.wait()
 
-    def run(self, kills: int, seed: int, timeout: float = 120.0) -> dict[str, Any]:
-        """One trial: ``kills`` random ranks (rank 0 included) SIGKILLed at random
-        moments (a random step, then a random part of it: forward, backward, the
-        optimizer, a recovery)."""
+    def run(self, kills: int, seed: int, timeout: float = 120.0,
+            join: bool = False) -> dict[str, Any]:
+        """One trial: ``join``: a rank (uid ``world``) started with the others joins the
+        group at a random step (the members wait there until it asked); then ``kills``
+        random ranks (rank 0 and the joiner included) SIGKILLed at random moments (a
+        random step, then a random part of it: forward, backward, the optimizer, a
+        recovery)."""
         from torch.distributed import PrefixStore
 
         from dask_ddp._launch.live import generations
@@ -151,6 +177,9 @@ class Trials:
         os.makedirs(self.out / str(t), exist_ok=True)
         store = PrefixStore(f"t{t}", self.store)
         rng = random.Random(seed)
+        if join:
+            store.set("hold", str(rng.randrange(2, self.steps // 3)))
+            store.set("max", str(self.world + 1))
         self.store.set(f"t{t}/go", "1")
         deadline = time.monotonic() + timeout
         while int(store.add("ready", 0)) < self.world:
@@ -158,6 +187,13 @@ class Trials:
             time.sleep(0.01)
         pids = {u: int(store.get(f"pid/{u}")) for u in range(self.world)}
         alive, killed, modes = list(range(self.world)), [], []
+        if join:
+            uid = self.world
+            while _progress(store, uid) == 0:  # admitted, and a step taken in the group
+                self._check(deadline, f"rank {uid} to join")
+                time.sleep(0.005)
+            pids[uid] = int(store.get(f"pid/{uid}"))
+            alive.append(uid)
         for _ in range(kills):
             late = rng.random() < 0.2  # at the end: some survivors may have returned
             at = self.steps - rng.randrange(1, 3) if late else rng.randrange(2, self.steps // 2)

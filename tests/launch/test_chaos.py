@@ -39,6 +39,7 @@ from launch_util import (
     wait_until,
     work_dirs,
 )
+from waits import WORKER_CHECK
 
 pytestmark = [pytest.mark.dask, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -46,10 +47,17 @@ logger = logging.getLogger(__name__)
 
 STEPS = 40          # ~2 s of collectives per attempt
 FAULTS = ("worker", "rank", "raise", "stop", "client")
-#: Every fault once without and once with a restart (``make test``);
-#: ``DASK_DDP_CHAOS_RUNS=N`` runs N, the pairs repeated (``make stress`` runs more).
-RUNS = int(os.environ.get("DASK_DDP_CHAOS_RUNS", str(2 * len(FAULTS))))
-STALL_S = 8.0       # the jobs' stall_timeout: a frozen rank ends the job within it
+#: ``make test``'s smoke run: the (fault, max_restarts) cells no deterministic test runs
+#: (a killed rank process without and with a restart, a frozen rank restarted, a killed
+#: client), in random order. The others each have a test of their own: a killed worker
+#: (test_faults.py; restarted: test_elastic_job.py, test_restarts.py), a rank that raises
+#: (test_waits.py; restarted: test_elastic_job.py), a frozen rank (test_stall.py).
+SMOKE = (("rank", 0), ("rank", 1), ("stop", 1), ("client", 0))
+#: ``DASK_DDP_CHAOS_RUNS=N`` (``make stress``): N runs, every fault without and with a
+#: restart, the pairs repeated.
+RUNS = int(os.environ.get("DASK_DDP_CHAOS_RUNS", "0")) or None
+#: The jobs' stall_timeout: a frozen rank ends the job within it.
+STALL_S = 16 * WORKER_CHECK
 CLEAN_S = 20.0      # "within seconds": the budget for everything to be gone
 
 CLIENT_SCRIPT = """
@@ -82,9 +90,10 @@ class Run:
 
 def plan(seed: int) -> list[Run]:
     rng = random.Random(seed)
-    # Every kind of fault without and with a restart (from 2 * len(FAULTS) runs on), in
-    # random order.
-    pairs = [(FAULTS[i // 2 % len(FAULTS)], i % 2) for i in range(RUNS)]
+    # Every kind of fault without and with a restart (from 2 * len(FAULTS) runs on), or
+    # the smoke run's, in random order.
+    pairs = (list(SMOKE) if RUNS is None else
+             [(FAULTS[i // 2 % len(FAULTS)], i % 2) for i in range(RUNS)])
     rng.shuffle(pairs)
     runs = []
     for i, (fault, restarts) in enumerate(pairs):
@@ -116,7 +125,8 @@ def test_random_faults_leave_nothing_behind(cluster: LocalCluster, tmp_path: Pat
                                      f"of workers leaving:\n{worker_fates(client)}") from exc
             print(f"  {run}: ok in {time.monotonic() - t:.1f} s",  # noqa: T201
                   file=sys.stderr)
-    print(f"chaos: {RUNS} runs in {time.monotonic() - t0:.0f} s", file=sys.stderr)  # noqa: T201
+    print(f"chaos: {len(plan(seed))} runs in {time.monotonic() - t0:.0f} s",  # noqa: T201
+          file=sys.stderr)
 
 
 def one_run(client: Client, run: Run, tmp_path: Path) -> list[str]:

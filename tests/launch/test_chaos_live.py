@@ -36,18 +36,24 @@ from dask_ddp._cluster import cluster_info
 from dask_ddp._launch.workdir import clean_orphans
 from images import file_putter, write_folder
 from launch_util import active_tasks, results_topics, wait_until, work_dirs
+from waits import WORKER_CHECK
 
 pytestmark = [pytest.mark.dask, pytest.mark.slow, pytest.mark.timeout(900)]
 
 WORLD = 3
 IMAGES = 120        # 20 steps of 2 images on each of 3 ranks
 PAUSE = 0.05        # seconds between steps: a strike lands mid-epoch
-STALL_S = 3.0
+STALL_S = 6 * WORKER_CHECK
 CLEAN_S = 30.0
 FAULTS = ("worker", "rank", "stop", "retire", "rank0-worker", "second")
-# Each fault once in `make test`; `make stress` sets DASK_DDP_CHAOS_RUNS=12 (each twice)
-# and repeats the module 20 times.
-RUNS = int(os.environ.get("DASK_DDP_CHAOS_RUNS", str(len(FAULTS))))
+#: ``make test``'s smoke run: the fault no deterministic test runs on a cluster (two
+#: kills, the second while the group re-forms; test_live_regroup.py runs it on forked
+#: ranks). Each other fault has a test of its own: a killed worker (test_live_join.py),
+#: a killed rank, a frozen rank, a retired worker, rank 0's worker (test_live_job.py).
+SMOKE = ("second",)
+#: ``make stress`` sets DASK_DDP_CHAOS_RUNS=12 (each fault twice) and repeats the module
+#: 20 times.
+RUNS = int(os.environ.get("DASK_DDP_CHAOS_RUNS", "0")) or None
 
 
 def chaos_live_train(root: str, folder: str, pause: float) -> dict[str, Any]:
@@ -87,7 +93,7 @@ class Run:
 
 def plan(seed: int) -> list[Run]:
     rng = random.Random(seed)
-    kinds = [FAULTS[i % len(FAULTS)] for i in range(RUNS)]
+    kinds = list(SMOKE) if RUNS is None else [FAULTS[i % len(FAULTS)] for i in range(RUNS)]
     rng.shuffle(kinds)
     runs = []
     for i, fault in enumerate(kinds):

@@ -59,6 +59,32 @@ def test_survivors_identical_over_random_kills(tmp_path: Path) -> None:
     assert modes.count("late") >= max(1, 3 * TRIALS // 16), modes
 
 
+def test_a_joining_rank_takes_the_groups_state(tmp_path: Path) -> None:
+    # The join protocol, no Dask: a rank started while a group of two runs, with a model
+    # of its own, asks to join; rank 0 sees it within a step, the next step's top takes
+    # it in, and it takes the group's parameters, optimizer state and step. Every member
+    # then steps alike to the end. In the second trial a random member (the joiner
+    # included) is killed after the join: the group of three goes on as two.
+    trials = live_util.Trials(world=2, trials=2, out=tmp_path)
+    try:
+        for seed in (0, 1):
+            run = trials.run(kills=seed, seed=seed, join=True)
+            results, gens = run["results"], run["generations"]
+            assert len(results) == 3 - seed, run
+            assert len({r["hash"] for r in results.values()}) == 1, (
+                f"seed {seed}: the members diverged after rank 2 joined "
+                f"(killed {run['killed']}): {json.dumps(results)}")
+            join, *rest = gens
+            assert join.joined == (2,) and join.lost == () and join.world_size == 3, gens
+            assert 0 < join.step < live_util.STEPS, join
+            lost = sorted(u for g in rest for u in g.lost)
+            assert set(lost) <= set(run["killed"]) and len(rest) <= 1, gens
+            assert {(r["step"], r["world"]) for r in results.values()} == \
+                {(live_util.STEPS, 3 - len(lost))}, results
+    finally:
+        trials.close()
+
+
 @pytest.mark.timeout(60)
 def test_a_change_is_recorded_by_every_member_of_the_new_group() -> None:
     # Two ranks of three lost 0.1 s apart: generation 1 (rank 2 lost) formed as ranks 0

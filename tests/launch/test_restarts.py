@@ -13,6 +13,7 @@ from distributed import Client, wait
 import dask_ddp
 from cluster_util import cluster_client, local_cluster
 from launch_util import active_tasks, chaos_train, wait_until
+from waits import RESTART_GRACE
 
 pytestmark = [pytest.mark.dask, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -58,13 +59,15 @@ def test_second_fault_during_a_restart_is_survived() -> None:
 
 
 def test_a_restart_without_its_workers_names_the_missing_one() -> None:
-    # Two workers, two ranks, max_restarts=1, elastic_timeout=8: rank 1's worker is closed
-    # with its nanny (the nanny lives in this process: closing it kills the worker and
-    # nothing brings one back), so the restart cannot place two ranks. It fails within the
-    # timeout with GangStartError naming the worker and why.
+    # Two workers, two ranks, max_restarts=1, an elastic_timeout of two restart graces:
+    # rank 1's worker is closed with its nanny (the nanny lives in this process: closing
+    # it kills the worker and nothing brings one back), so the restart cannot place two
+    # ranks. It fails within the timeout with GangStartError naming the worker and why.
+    elastic_timeout = 2 * RESTART_GRACE
     with local_cluster(2) as cluster, Client(cluster) as client:
         job = dask_ddp.submit(client, chaos_train, STEPS, -1, -1, n_workers=2,
-                              max_restarts=1, elastic_timeout=8, progress=False)
+                              max_restarts=1, elastic_timeout=elastic_timeout,
+                              progress=False)
         wait_until(lambda: len(job.attempts) < 1, 120, "attempt 0 not started")
         first = job.attempts[0]
         wait_until(lambda: ranks_running(client, first.id), 120, "ranks not running")
@@ -76,7 +79,7 @@ def test_a_restart_without_its_workers_names_the_missing_one() -> None:
             job.result(timeout=120)
         message = str(info.value)
         assert "missing: " + gone in message, message
-        assert "1 were available after waiting 8 s" in message, message
+        assert f"1 were available after waiting {elastic_timeout:g} s" in message, message
         assert "died during an attempt" in message, message
         assert time.monotonic() - t0 < 90, "the restart waited far beyond elastic_timeout"
         assert len(job.restarts) == 1, job.restarts

@@ -30,12 +30,14 @@ from launch_util import (
     uneven_collectives,
     wait_until,
 )
+from waits import WORKER_CHECK
 
 pytestmark = [pytest.mark.timeout(180)]
 
 client = client_fixture(2)
 
-STALL_S = 4.0
+#: The jobs' stall_timeout: a few of the watcher's checks (the fast profile's).
+STALL_S = 8 * WORKER_CHECK
 
 
 def page_stall(job_id: str, dask_scheduler: Any = None) -> Any:
@@ -75,18 +77,19 @@ def test_ranks_disagreeing_on_collective_count_end_as_a_stall(client: Client) ->
 
 def test_a_collective_that_breaks_after_the_stall_still_names_the_stall(
         client: Client) -> None:
-    # The supervisors look in every 30 s only (from their rank's start), and rank 1's
-    # collective times out 40 s after it entered it (a few seconds after the start): it
-    # breaks by itself after the stall was recorded (at the first look, ~30-33 s) and
-    # before any supervisor stops a rank for it (at the second, ~60 s). Its own error (a
-    # collective that timed out, the same as a peer stopped by the stall's end) gives way
-    # to the stall: under load a peer stopped for the stall broke the collective before
-    # the rank's supervisor stopped it, and the seed-style gather named that broken
-    # collective.
-    with dask.config.set({"dask-ddp.launch.abort-poll": "30s"}):
+    # The supervisors look in every 3 stall timeouts only (from their rank's start), and
+    # rank 1's collective times out 4 stall timeouts after it entered it (a few seconds
+    # after the start): it breaks by itself after the stall was recorded (at the first
+    # look) and before any supervisor stops a rank for it (at the second). Its own error
+    # (a collective that timed out, the same as a peer stopped by the stall's end) gives
+    # way to the stall: under load a peer stopped for the stall broke the collective
+    # before the rank's supervisor stopped it, and the seed-style gather named that
+    # broken collective.
+    look, breaks = 3 * STALL_S, 4 * STALL_S
+    with dask.config.set({"dask-ddp.launch.abort-poll": look}):
         job = dask_ddp.submit(client, uneven_collectives, 0.0, n_workers=2, progress=False,
                               stall_timeout=STALL_S,
-                              init_kwargs={"timeout": timedelta(seconds=40)})
+                              init_kwargs={"timeout": timedelta(seconds=breaks)})
     with pytest.raises(dask_ddp.StallError):
         job.result(timeout=150)
     errors = [f.exception(timeout=30) for f in job.futures]
@@ -124,9 +127,9 @@ def test_a_rank_state_is_recorded_as_its_process_ends(client: Client) -> None:
 
 @pytest.mark.parametrize("others", ["barrier", "return"])
 def test_rank0_long_evaluation_is_not_a_stall(client: Client, others: str) -> None:
-    # Rank 0 computes for 4x the stall timeout while rank 1 waits (in a barrier, or at the
+    # Rank 0 computes for 3x the stall timeout while rank 1 waits (in a barrier, or at the
     # end): rank 0 works, so the job is healthy however long it takes.
-    job = dask_ddp.submit(client, long_eval_on_rank0, 4 * STALL_S, others, n_workers=2,
+    job = dask_ddp.submit(client, long_eval_on_rank0, 3 * STALL_S, others, n_workers=2,
                           progress=False, stall_timeout=STALL_S)
     if others == "barrier":
         # The watcher sees rank 1 blocked in the barrier while rank 0 works: stall

@@ -29,6 +29,7 @@ from dask_ddp._launch.names import master_variable_name
 from dask_ddp._launch.options import LaunchOptions
 from dask_ddp._launch.placement import RankSpec
 from launch_util import active_tasks, wait_until
+from waits import ABORT_POLL
 
 pytestmark = [pytest.mark.timeout(180)]
 
@@ -71,12 +72,14 @@ def block_event_loop(seconds: float) -> None:
 
 def test_busy_worker_loop_does_not_kill_the_rank(client: Client) -> None:
     # A worker's event loop busy for longer than the supervisor's look at its task state
-    # (10 s) made the supervisor believe its task was cancelled, and kill a healthy rank.
-    job = dask_ddp.submit(client, sleep_only, 25.0, n_workers=2, progress=False)
+    # (one abort poll) made the supervisor believe its task was cancelled, and kill a
+    # healthy rank. The loop is busy for many polls, while the ranks sleep.
+    busy_s = 30 * ABORT_POLL
+    job = dask_ddp.submit(client, sleep_only, 3 * busy_s, n_workers=2, progress=False)
     wait_until(lambda: len([p for p in rank_processes(client.scheduler.address)
                             if p.environ().get("DASK_DDP_JOB_ID") == job.id]) < 2,
                60, "ranks not started")
-    busy = threading.Thread(target=client.run, args=(block_event_loop, 14.0),
+    busy = threading.Thread(target=client.run, args=(block_event_loop, busy_s),
                             kwargs={"workers": [job.workers[1]]}, daemon=True)
     busy.start()
     assert job.result(timeout=120) == [0, 0]
@@ -160,7 +163,7 @@ def test_launch_failing_part_way_leaves_no_coordination_objects(
     # The rank 0 supervisor may publish its address after the launch gave up: it must
     # take it back.
     wait_until(left, 30, "the failed launch's Variables/Events left on the scheduler")
-    time.sleep(3.0)
+    time.sleep(30 * ABORT_POLL)  # many of its polls: a late publish would show
     assert not left()
 
 

@@ -1,10 +1,11 @@
 """The supervisor's sampler of its rank: step rate, data wait, metrics, CPU and RSS.
 
 Runs in the worker beside the rank's supervisor, in a thread that wakes every
-:data:`SAMPLE_S` seconds. It reads the rank's step counters (the mapped file of
-:mod:`dask_ddp._dashboard.counters`), the metric records the rank's results Forwarder saw
-(:meth:`RankSampler.tap`, called in the Forwarder's thread with each record of the job's
-metrics topic) and the rank process's CPU and RSS (psutil), and sends one small sample to
+``interval`` seconds (the job's ``dask-ddp.launch.dashboard-sample``). It reads the rank's
+step counters (the mapped file of :mod:`dask_ddp._dashboard.counters`), the metric
+records the rank's results Forwarder saw (:meth:`RankSampler.tap`, called in the
+Forwarder's thread with each record of the job's metrics topic) and the rank process's
+CPU and RSS (psutil), and sends one small sample to
 the scheduler's dashboard extension. The rank's training loop does no extra work for it,
 and the scheduler gets one message per rank per interval however often the rank reports.
 A sample that cannot be sent is dropped (logged at debug level): the page never affects
@@ -28,8 +29,6 @@ from dask_ddp._dashboard import counters
 
 logger = logging.getLogger(__name__)
 
-#: Seconds between two samples of a rank.
-SAMPLE_S = 2.0
 #: The step rate is measured over about this many seconds.
 RATE_WINDOW_S = 10.0
 #: Metric records kept between two samples for the curve point (the latest ones), and
@@ -56,10 +55,14 @@ class RankSampler:
         Which rank of which job attempt.
     workdir
         The rank's work directory: the counters file goes there.
+    interval
+        Seconds between two samples.
     """
 
-    def __init__(self, worker: Any, job_id: str, rank: int, workdir: str) -> None:
+    def __init__(self, worker: Any, job_id: str, rank: int, workdir: str,
+                 interval: float = 2.0) -> None:
         self.worker = worker
+        self.interval = interval
         self.job_id = job_id
         self.rank = rank
         self.path = os.path.join(workdir, "dashboard-counters")
@@ -108,7 +111,7 @@ class RankSampler:
         """Send the last sample (the rank exited with ``returncode``) and stop."""
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(SEND_TIMEOUT_S + SAMPLE_S)
+            self._thread.join(SEND_TIMEOUT_S + self.interval)
         try:
             sample = self._sample(final=True)
             sample["state"] = "exited"
@@ -118,7 +121,7 @@ class RankSampler:
             logger.debug("last dashboard sample of rank %d failed", self.rank, exc_info=True)
 
     def _run(self) -> None:
-        while not self._stop.wait(SAMPLE_S):
+        while not self._stop.wait(self.interval):
             try:
                 self._send(self._sample())
             except Exception:  # never let the page disturb the rank

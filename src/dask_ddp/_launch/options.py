@@ -56,6 +56,9 @@ class LaunchWaits:
     scheduler_call: float = 30.0
     stacks_timeout: float = 10.0
     output_eof: float = 10.0
+    forget_delay: float = 5.0
+    leave_grace: float = 3.0
+    dashboard_sample: float = 2.0
 
     @classmethod
     def from_config(cls) -> LaunchWaits:

@@ -13,9 +13,9 @@ are gone). :class:`JobGuard` errs such a task as soon as it reaches ``no-worker`
 life (up to ``distributed.admin.low-level-log-length`` events each): a job's progress,
 failure and output topics, and the one Dask makes for the rendezvous Variable's
 pseudo-client, would pile up job after job. The job's cleanup asks the guard to forget
-them (:data:`FORGET_HANDLER`); it does so :data:`FORGET_DELAY_S` later, when the
-messages still in flight on the workers' and client's streams have landed, and leaves a
-topic that someone still subscribes to.
+them (:data:`FORGET_HANDLER`); it does so ``dask-ddp.launch.forget-delay`` later (the
+job's option, sent with the call), when the messages still in flight on the workers' and
+client's streams have landed, and leaves a topic that someone still subscribes to.
 """
 
 from __future__ import annotations
@@ -34,8 +34,6 @@ logger = logging.getLogger(__name__)
 
 #: The scheduler handler the job's cleanup calls (``topics=[...]``).
 FORGET_HANDLER = "dask_ddp_forget_topics"
-#: How long after the job's end its topics are dropped.
-FORGET_DELAY_S = 5.0
 #: A rank's key: ``f"{job name}-{job id}-{rank}"`` (the id is a uuid4's 32 hex digits).
 RANK_KEY = re.compile(r"^(?P<name>.+)-(?P<id>[0-9a-f]{32})-(?P<rank>\d+)$")
 
@@ -78,9 +76,9 @@ class JobGuard(SchedulerPlugin):
         self.scheduler = scheduler
         scheduler.handlers[FORGET_HANDLER] = self.forget_topics
 
-    def forget_topics(self, topics: list[str]) -> None:
-        """Drop these event topics in :data:`FORGET_DELAY_S` seconds (a scheduler handler)."""
-        asyncio.get_running_loop().call_later(FORGET_DELAY_S, self._drop, list(topics))
+    def forget_topics(self, topics: list[str], delay: float) -> None:
+        """Drop these event topics in ``delay`` seconds (a scheduler handler)."""
+        asyncio.get_running_loop().call_later(delay, self._drop, list(topics))
 
     def _drop(self, topics: list[str]) -> None:
         broker = getattr(self.scheduler, "_broker", None)

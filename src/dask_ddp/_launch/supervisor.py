@@ -154,7 +154,8 @@ class _Supervisor:
         spec, opts = self.spec, self.spec.options
         env = rank_environment(spec, port, workdir, self.worker.nanny is not None)
         # The job page's sampler of this rank (step counters, metrics, CPU, RSS).
-        sampler = RankSampler(self.worker, spec.job_id, spec.rank, workdir)
+        sampler = RankSampler(self.worker, spec.job_id, spec.rank, workdir,
+                              opts.waits.dashboard_sample)
         env.update(sampler.environment())
         read_fd, write_fd = os.pipe()
         env["DASK_DDP_CHANNEL_FD"] = str(write_fd)
@@ -175,7 +176,8 @@ class _Supervisor:
         sampler.start(rank.pid)
         rank.start_pumps(self._on_output)
         if self.live is not None:
-            live_leave.register(rank)  # a closing worker lets it leave first
+            # A closing worker lets it leave first.
+            live_leave.register(rank, self.waits.leave_grace)
         left = False
         try:
             try:

@@ -31,7 +31,7 @@ from dask_ddp._launch.names import (
     output_topic,
     progress_topic,
 )
-from dask_ddp._launch.options import LaunchOptions
+from dask_ddp._launch.options import LaunchOptions, LaunchWaits
 from dask_ddp._launch.placement import RankSpec
 from dask_ddp._launch.recovery import Recovery, Restart
 from dask_ddp._launch.root_cause import lost_error, pick_root, record_of
@@ -328,12 +328,11 @@ class Watcher:
 
     async def _cleanup(self) -> None:
         await self.recovery.close()
-        await clear_job(self.client, self.job_id, self.futures, self.name,
-                        self.options.waits.scheduler_call)
+        await clear_job(self.client, self.job_id, self.futures, self.name, self.options.waits)
 
     async def forget_topics(self, *topics: str) -> None:
         """Have the scheduler drop these event topics of the ended job."""
-        await forget_topics(self.client, self.options.waits.scheduler_call, *topics)
+        await forget_topics(self.client, self.options.waits, *topics)
 
 
 def gather_values(client: Any, futures: Sequence[Any], workers: Sequence[str],
@@ -351,9 +350,11 @@ def gather_values(client: Any, futures: Sequence[Any], workers: Sequence[str],
 
 
 async def clear_job(client: Any, job_id: str, futures: Sequence[Any], name: str,
-                    bound: float) -> None:
+                    waits: LaunchWaits) -> None:
     """Remove what an ended job left on the scheduler: its unfinished tasks, its abort
-    event, its master's Variable and its event topics (each call at most ``bound`` s)."""
+    event, its master's Variable and its event topics (each call at most the waits'
+    ``scheduler_call``; the topics go ``forget_delay`` later)."""
+    bound = waits.scheduler_call
     # No task of an ended job stays on the scheduler (a pinned task of a lost worker
     # would wait in no-worker and ask an adaptive cluster for workers).
     # A "lost" future (its rank finished, then its worker died with the value) is not
@@ -372,14 +373,15 @@ async def clear_job(client: Any, job_id: str, futures: Sequence[Any], name: str,
     for event in (abort_event_name(job_id), master_variable_name(job_id)):
         with contextlib.suppress(Exception):
             await asyncio.wait_for(client.scheduler.event_clear(name=event), bound)
-    await forget_topics(client, bound, progress_topic(job_id), failure_topic(job_id),
+    await forget_topics(client, waits, progress_topic(job_id), failure_topic(job_id),
                         output_topic(job_id),
                         # Dask's topic of the Variable's pseudo-client
                         f"variable-{master_variable_name(job_id)}")
 
 
-async def forget_topics(client: Any, bound: float, *topics: str) -> None:
-    """Have the scheduler drop these event topics of an ended job (see scheduler_plugin.py)."""
+async def forget_topics(client: Any, waits: LaunchWaits, *topics: str) -> None:
+    """Have the scheduler drop these event topics of an ended job ``waits.forget_delay``
+    seconds from now (see scheduler_plugin.py)."""
     with contextlib.suppress(Exception):
         await asyncio.wait_for(getattr(client.scheduler, scheduler_plugin.FORGET_HANDLER)(
-            topics=list(topics)), bound)
+            topics=list(topics), delay=waits.forget_delay), waits.scheduler_call)

@@ -12,9 +12,9 @@ worker a few seconds before killing it. Asked only by its supervisor, which look
 So the worker holds its close for its live ranks: :class:`LeaveBeforeClose`, a worker
 plugin whose ``teardown`` (awaited early in ``Worker.close``, while the worker, its
 templates and its ranks still run) asks every live rank of the worker to leave and waits
-until each has left, at most :data:`LEAVE_GRACE_S` (under the nanny's wait before it
-kills a closing worker). The supervisors register their live ranks here
-(:func:`register`).
+until each has left, at most its job's ``dask-ddp.launch.leave-grace`` (under the nanny's
+wait before it kills a closing worker). The supervisors register their live ranks here
+(:func:`register`), each with its job's grace.
 """
 
 from __future__ import annotations
@@ -32,33 +32,31 @@ from distributed.diagnostics.plugin import WorkerPlugin
 
 logger = logging.getLogger(__name__)
 
-#: Seconds a closing worker waits for its live ranks to leave (the nanny kills a closing
-#: worker after 0.8 of its 5 s close timeout).
-LEAVE_GRACE_S = 3.0
 #: How often the wait looks whether they left.
 POLL_S = 0.01
 
-#: The live ranks of this worker process: their supervisors' processes, by (job, rank).
-_LIVE: dict[tuple[str, int], Any] = {}
+#: The live ranks of this worker process: their supervisors' processes and their jobs'
+#: leave grace, by (job, rank).
+_LIVE: dict[tuple[str, int], tuple[Any, float]] = {}
 _lock = threading.Lock()
 
 
-def register(rank: Any) -> None:
+def register(rank: Any, grace: float) -> None:
     """Record ``rank`` (a :class:`~dask_ddp._launch.rank_process.RankProcess` of a live
-    job) as one to let leave before this worker closes."""
+    job) as one to let leave before this worker closes, within ``grace`` seconds."""
     with _lock:
-        _LIVE[(rank.job_id, rank.rank)] = rank
+        _LIVE[(rank.job_id, rank.rank)] = (rank, grace)
 
 
 def unregister(rank: Any) -> None:
     """Its supervisor is done with ``rank`` (it ended)."""
     key = (rank.job_id, rank.rank)
     with _lock:
-        if _LIVE.get(key) is rank:
+        if key in _LIVE and _LIVE[key][0] is rank:
             del _LIVE[key]
 
 
-def _running() -> list[Any]:
+def _running() -> list[tuple[Any, float]]:
     with _lock:
         return list(_LIVE.values())
 
@@ -72,11 +70,13 @@ def _alive(pid: int) -> bool:
         return False
 
 
-async def let_ranks_leave(grace: float = LEAVE_GRACE_S) -> list[int]:
-    """Ask this worker's live ranks to leave and wait until they have, at most ``grace``
-    seconds; the pids of those still running then (their supervisors end them)."""
+async def let_ranks_leave() -> list[int]:
+    """Ask this worker's live ranks to leave and wait until they have, at most the
+    longest of their jobs' grace; the pids of those still running then (their supervisors
+    end them)."""
     ranks = _running()
-    pids = [r.pid for r in ranks]
+    pids = [r.pid for r, _ in ranks]
+    grace = max((g for _, g in ranks), default=0.0)
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)  # the rank's handler: leave at the next step top

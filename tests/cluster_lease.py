@@ -9,10 +9,10 @@ of them) see the same cluster a fresh ``LocalCluster(n_workers=n)`` would have g
 
 When the test ends the lease checks that nothing of it is left (the checks of the chaos
 tests: rank processes, active tasks, work directories, warm templates without their worker,
-the client's threads), waits for the nannies to bring back a worker the test killed, and
-restarts the cluster when a check fails, the test failed, or the test changed the cluster
-(scaled it, retired a worker, marked it with :func:`restart_after`): one test's fault never
-reaches the next. Each restart is named with its reason in pytest's terminal summary.
+the client's threads), waits for the nannies to bring back a worker the test killed, scales
+away the workers the test added or closed for good, and restarts the cluster when a check
+fails, the test failed, or it marked the cluster with :func:`restart_after`: one test's
+fault never reaches the next. Each restart is named with its reason in pytest's terminal summary.
 
 A test makes a cluster of its own only where the cluster itself is under test (its
 environment, ports, configuration read at start, ``n_workers=0``); it says why.
@@ -197,10 +197,14 @@ class SessionCluster:
         assert self.cluster is not None
         gc.collect()  # the test's futures and jobs, released
         reason = self._dirty
-        if reason is None and set(self.cluster.worker_spec) != names:
-            reason = "the test scaled the cluster or retired a worker"
-        if reason is None and (closed := _closed_nannies(self.cluster)):
-            reason = f"the test closed workers for good (their nannies): {closed}"
+        # Workers the test added (under its own configuration, perhaps) or closed for good
+        # (retired, their nanny closed) leave the cluster; the next lease scales it up.
+        drop = (set(self.cluster.worker_spec) - names) | set(_closed_nannies(self.cluster))
+        if reason is None and drop:
+            try:
+                self.cluster.sync(self.cluster.scale_down, list(drop))
+            except Exception as exc:  # noqa: BLE001 - a cluster that cannot scale restarts
+                reason = f"scaling away the workers it added or closed failed: {exc!r}"
         if reason is None:
             reason = self._leftovers(len(self.cluster.worker_spec), threads)
         if reason is not None:
@@ -276,13 +280,13 @@ def _missing_workers(session: SessionCluster, n_workers: int) -> str | None:
     return f"{running} of {n_workers} workers running ({up} started)"
 
 
-def _closed_nannies(cluster: LocalCluster) -> list[str]:
+def _closed_nannies(cluster: LocalCluster) -> list[Any]:
     """Workers whose nanny is closed (retired, closed by the test): nothing brings them
     back, so there is no waiting for them."""
     from distributed.core import Status
 
     gone = (Status.closing, Status.closed, Status.closing_gracefully, Status.failed)
-    return [str(name) for name, w in cluster.workers.items() if w.status in gone]
+    return [name for name, w in cluster.workers.items() if w.status in gone]
 
 
 def _orphan_templates(templates: list[psutil.Process], workers: list[int]) -> list[int]:

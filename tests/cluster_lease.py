@@ -311,11 +311,13 @@ def _work_dirs(workers: list[int]) -> list[str]:
 
 def _new_threads(before: set[threading.Thread]) -> list[str]:
     """dask-ddp's threads in this process that the test started and that still run (a
-    job's driver, a poller); Dask's and the executors' pools live on by design."""
+    job's driver, a poller); Dask's and the executors' pools (a Checkpointer's) live on by
+    design."""
     def ours(t: threading.Thread) -> bool:
-        target = getattr(t, "_target", None)
-        return t.name.startswith("dask-ddp") or str(
-            getattr(target, "__module__", "")).startswith("dask_ddp")
+        module = str(getattr(getattr(t, "_target", None), "__module__", ""))
+        if module == "concurrent.futures.thread":  # an executor's pool (a Checkpointer's)
+            return False
+        return t.name.startswith("dask-ddp") or module.startswith("dask_ddp")
 
     return [t.name for t in threading.enumerate()
             if t not in before and t.is_alive() and ours(t)]

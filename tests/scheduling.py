@@ -99,10 +99,11 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         return
     _REPORT.setdefault("starts", []).extend(starts)
     _REPORT.setdefault("restarts", []).extend(restarts)
-    if _DURATIONS and config.cache is not None:
-        known = dict(config.cache.get(CACHE_KEY, {}))
+    cache = getattr(config, "cache", None)
+    if _DURATIONS and cache is not None:
+        known = dict(cache.get(CACHE_KEY, {}))
         known.update({k: round(v, 2) for k, v in _DURATIONS.items()})
-        config.cache.set(CACHE_KEY, known)
+        cache.set(CACHE_KEY, known)
 
 
 _REPORT: dict[str, list[Any]] = {}
@@ -178,9 +179,8 @@ def _processes(config: pytest.Config) -> int:
 
 def order_tests(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Order ``items`` in place for ``--dist worksteal`` (the module's docstring)."""
-    known: dict[str, float] = {}
-    if config.cache is not None:
-        known = dict(config.cache.get(CACHE_KEY, {}))
+    cache = getattr(config, "cache", None)  # None under -p no:cacheprovider (make stress)
+    known: dict[str, float] = dict(cache.get(CACHE_KEY, {})) if cache is not None else {}
     seconds = {id(item): _expected_s(item, known) for item in items}
     n = max(1, min(_processes(config), len(items)))
     # xdist sends the first len // n tests to the first process, and so on.

@@ -41,14 +41,22 @@ logger = logging.getLogger(__name__)
 #: A LocalCluster (a SpecCluster) closes a worker's nanny for good when no worker of its
 #: name is registered ``lost-worker-timeout`` (15 s) after one was removed: a worker killed
 #: twice within 15 s (the chaos tests' rhythm) lost its nanny while it restarted the second,
-#: and the test its cluster's worker. Read in the test's process, where the cluster lives;
-#: held for the session cluster's whole life (its nannies outlive any one test).
+#: and the test its cluster's worker. Read in the test's process, where the cluster lives,
+#: when a worker is removed: set for the whole test process (:func:`hold_cluster_config`),
+#: since the session cluster's nannies outlive any one test's configuration.
 CLUSTER_CONFIG = {"distributed.deploy.lost-worker-timeout": "1 hour"}
 
 #: The size each module's ``client`` leases, ``{module: (threads_per_worker, n_workers)}``
 #: (:func:`cluster_util.client_fixture` notes it): the tests are ordered by it, so a test
 #: process rescales its cluster seldom.
 LEASE_SHAPES: dict[str, tuple[int, int]] = {}
+
+def hold_cluster_config() -> None:
+    """Set :data:`CLUSTER_CONFIG` in this process for good (not in a context a test ends)."""
+    import dask
+
+    dask.config.set(CLUSTER_CONFIG)
+
 
 #: Scheduler task states of work not done yet (a test's job still running).
 ACTIVE = ("processing", "waiting", "no-worker", "queued")
@@ -86,7 +94,6 @@ class SessionCluster:
         self.restarts: list[tuple[str, str]] = []
         self._dirty: str | None = None
         self._leased = False
-        self._config: Any = None
         self._pids: set[int] = set()  # the leased workers' processes, killed ones included
         #: True while this starts a cluster (the count of cluster starts tells it apart).
         self.starting = False
@@ -142,11 +149,6 @@ class SessionCluster:
     # -- mechanics ---------------------------------------------------------------------------
 
     def _start(self, n_workers: int, threads_per_worker: int) -> None:
-        import dask
-
-        # Held until the cluster closes: its nannies read it whenever a worker is lost.
-        self._config = dask.config.set(CLUSTER_CONFIG)
-        self._config.__enter__()
         self.starting = True
         try:
             self.cluster = local_cluster(n_workers, threads_per_worker)
@@ -252,9 +254,6 @@ class SessionCluster:
         with contextlib.suppress(Exception):
             self.cluster.close(timeout=30)
         self.cluster = self.client = None
-        if self._config is not None:
-            self._config.__exit__(None, None, None)
-            self._config = None
         left = []
         for what, find in (("rank processes", lambda: rank_processes(addr)),
                            ("warm templates", lambda: template_processes(addr))):

@@ -14,6 +14,7 @@ import pytest
 from scheduling import (  # noqa: F401 - pytest hooks and fixtures, found here by name
     lease,
     order_tests,
+    pytest_configure,
     pytest_runtest_logreport,
     pytest_runtest_makereport,
     pytest_runtest_setup,
@@ -97,7 +98,7 @@ SHORT_LAUNCH_WAITS = {
 
 
 # The clusters' own configuration (lost-worker-timeout), set for a test's own clusters here
-# and held by the session cluster for its life: tests/cluster_lease.py.
+# and for the whole test process (the session cluster outlives a test): tests/cluster_lease.py.
 from cluster_lease import CLUSTER_CONFIG  # noqa: E402
 
 

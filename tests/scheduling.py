@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from distributed import Client
 
-from cluster_lease import LEASE_SHAPES, SESSION, SessionCluster
+from cluster_lease import LEASE_SHAPES, SESSION, SessionCluster, hold_cluster_config
 
 #: A test's expected seconds when no earlier run timed it, by marker.
 GUESS_S = {"slow": 30.0, "dask": 5.0}
@@ -82,6 +82,10 @@ _DURATIONS: dict[str, float] = {}
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     _DURATIONS[report.nodeid] = _DURATIONS.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    hold_cluster_config()
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

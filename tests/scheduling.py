@@ -6,10 +6,10 @@ equal *count* of tests, in collection order, contiguous, and an idle process lat
 the back half of a busy one's queue. :func:`order_tests` therefore deals the tests into as
 many segments as there are processes, of equal count and about equal expected time
 (longest first, each to the segment with the least time so far), and orders each segment by
-the size of the cluster its tests lease (a process rescales seldom), longest first within
-one size, so a queue's back, which is stolen and runs last, holds its shortest tests. A
-test's expected time is its last run's (pytest's cache, where there is one), else a guess
-from its markers.
+the size of the cluster its tests lease (a process rescales seldom: :func:`_size_order`),
+longest first within one size, so a queue's back, which is stolen and runs last, holds its
+shortest tests. A test's expected time is its last run's (pytest's cache, where there is
+one), else a guess from its markers.
 """
 
 from __future__ import annotations
@@ -198,4 +198,12 @@ def order_tests(config: pytest.Config, items: list[pytest.Item]) -> None:
         segments[k].append(item)
         totals[k] += seconds[id(item)]
     items[:] = [item for segment in segments
-                for item in sorted(segment, key=lambda i: (_shape(i), -seconds[id(i)]))]
+                for item in sorted(segment, key=lambda i: (_size_order(i), -seconds[id(i)]))]
+
+
+def _size_order(item: pytest.Item) -> tuple[int, int]:
+    """Tests of one cluster shape together: one thread per worker first, by growing size
+    (each step starts workers beside the warm ones), then two threads (one restart), by
+    shrinking size (each step only stops workers)."""
+    threads, n = _shape(item)
+    return (threads, n if threads <= 1 else -n)

@@ -5,7 +5,8 @@ Order. ``make test`` runs with ``--dist worksteal``: pytest-xdist hands each pro
 equal *count* of tests, in collection order, contiguous, and an idle process later steals
 the back half of a busy one's queue. :func:`order_tests` therefore deals the tests into as
 many segments as there are processes, of equal count and about equal expected time
-(longest first, each to the segment with the least time so far), and orders each segment by
+(longest first, each to the segment with the least time so far; a module's tests sharing a
+fixture of module scope, such as a cluster of its own, all to one), and orders each segment by
 the size of the cluster its tests lease (a process rescales seldom: :func:`_size_order`),
 longest first within one size, so a queue's back, which is stolen and runs last, holds its
 shortest tests. A test's expected time is its last run's (pytest's cache, where there is
@@ -192,13 +193,39 @@ def order_tests(config: pytest.Config, items: list[pytest.Item]) -> None:
     counts[-1] += len(items) - sum(counts)
     segments: list[list[pytest.Item]] = [[] for _ in range(n)]
     totals = [0.0] * n
-    for item in sorted(items, key=lambda i: -seconds[id(i)]):  # stable: ties keep order
-        room = [k for k in range(n) if len(segments[k]) < counts[k]]
-        k = min(room, key=lambda j: totals[j])
-        segments[k].append(item)
-        totals[k] += seconds[id(item)]
+    # A module's tests that share a fixture of module scope (a cluster of its own, a built
+    # site) go to one process, which makes it once; the other tests go one by one.
+    shared: dict[str, list[pytest.Item]] = {}
+    units: list[list[pytest.Item]] = []
+    for item in items:
+        module = _shares_module_fixture(item)
+        if module is None:
+            units.append([item])
+        elif module in shared:
+            shared[module].append(item)
+        else:
+            units.append(shared.setdefault(module, [item]))
+
+    def unit_s(unit: list[pytest.Item]) -> float:
+        return sum(seconds[id(i)] for i in unit)
+
+    # Shared units first (each needs room for all its tests), then longest first.
+    for unit in sorted(units, key=lambda u: (len(u) == 1, -unit_s(u))):  # stable
+        room = [k for k in range(n) if counts[k] - len(segments[k]) >= len(unit)]
+        k = min(room or range(n), key=lambda j: (totals[j], -counts[j] + len(segments[j])))
+        segments[k].extend(unit)
+        totals[k] += unit_s(unit)
     items[:] = [item for segment in segments
                 for item in sorted(segment, key=lambda i: (_size_order(i), -seconds[id(i)]))]
+
+
+def _shares_module_fixture(item: pytest.Item) -> str | None:
+    """The test's module when it uses a fixture of module (or class, package) scope."""
+    info = getattr(item, "_fixtureinfo", None)
+    for defs in getattr(info, "name2fixturedefs", {}).values():
+        if any(d.scope in ("module", "class", "package") for d in defs):
+            return item.nodeid.split("::")[0]
+    return None
 
 
 def _size_order(item: pytest.Item) -> tuple[int, int]:

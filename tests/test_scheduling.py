@@ -15,11 +15,14 @@ class Item:
     """What order_tests reads of a pytest item."""
 
     def __init__(self, name: str, module: str = "m", markers: tuple[str, ...] = (),
-                 client: bool = False) -> None:
+                 client: bool = False, shared: bool = False) -> None:
         self.nodeid = f"tests/{module}.py::{name}"
         self.module = SimpleNamespace(__name__=module)
         self.fixturenames = ["client"] if client else []
         self.markers = markers
+        scope = "module" if shared else "function"
+        self._fixtureinfo = SimpleNamespace(
+            name2fixturedefs={"fixture": [SimpleNamespace(scope=scope)]})
 
     def get_closest_marker(self, name: str) -> Any:
         return object() if name in self.markers else None
@@ -59,3 +62,11 @@ def test_without_timings_the_markers_guess() -> None:
     items = [Item("quick"), Item("cluster", markers=("dask",)),
              Item("slow", markers=("slow", "dask"))]
     assert _order(items, 1, {}) == ["slow", "cluster", "quick"]
+
+
+def test_tests_sharing_a_module_fixture_go_to_one_process() -> None:
+    items = [Item(f"own{i}", "own", markers=("slow",), shared=True) for i in range(3)]
+    items += [Item(f"t{i}") for i in range(5)]
+    order = _order(items, 2, {})
+    first, second = order[:4], order[4:]
+    assert {"own0", "own1", "own2"} <= set(first) or {"own0", "own1", "own2"} <= set(second)

@@ -37,8 +37,8 @@ def test_a_lease_has_exactly_the_workers_asked_for(lease: Any) -> None:
 
 
 def test_killed_and_closed_workers_are_replaced_before_the_next_lease(lease: Any) -> None:
-    starts = SESSION.starts
     with lease(2) as client:
+        starts = SESSION.starts
         before = _pids(client)
         victim, closed = sorted(client.scheduler_info(n_workers=-1)["workers"])
         os.kill(client.run(os.getpid, workers=[victim])[victim], signal.SIGKILL)

@@ -112,7 +112,9 @@ class SessionCluster:
                              "cluster without workers makes its own")
         if self._leased:
             raise RuntimeError("the session cluster is already leased: one lease at a time")
-        if self.cluster is not None and (fresh or self.threads != threads_per_worker):
+        if self.cluster is not None and (fresh or self.threads != threads_per_worker
+                                         or self.client is None
+                                         or self.client.status != "running"):
             self._close()
         if self.cluster is None:
             self._start(n_workers, threads_per_worker)

@@ -135,13 +135,9 @@ class SessionCluster:
             self._leased = False
             self._end(test, names, threads)
 
-    def fail(self, reason: str) -> None:
-        """The test failed (its fixture's teardown says so): restart after it."""
-        self._dirty = self._dirty or reason
-
     def restart_after(self, reason: str) -> None:
-        """The leased cluster is restarted when the lease ends (the test changed its
-        workers' state in a way no check sees: a probe installed, a config changed)."""
+        """The leased cluster is restarted when the lease ends (the test failed, or changed
+        its workers' state in a way no check sees: a probe installed, a config changed)."""
         self._dirty = self._dirty or reason
 
     def close(self) -> list[str]:

@@ -62,7 +62,7 @@ def lease(session_cluster: SessionCluster, request: pytest.FixtureRequest
             yield c
             report = request.node.stash.get(_CALL, None)
             if report is not None and report.failed:
-                session_cluster.fail("the test failed")
+                session_cluster.restart_after("the test failed")
 
     return take
 

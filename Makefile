@@ -97,17 +97,21 @@ test: setup test-cpp test-py
 
 test-quick: build
 	cd $(BUILD) && $(ROOT)/.venv/bin/ctest --output-on-failure -j $(JOBS)
-	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadscope -m "$(QUICK_MARKERS)" -q $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) $(PYTEST_DIST) -m "$(QUICK_MARKERS)" -q $(PYTEST_ARGS)
 
 test-cpp:
 	cd $(BUILD) && $(ROOT)/.venv/bin/ctest --output-on-failure -j $(JOBS)
 
-# The test modules run on one process per core (pytest-xdist); a module's tests stay on one
-# process (--dist loadscope), so a module-scoped cluster starts once. Every test isolates its
-# ports, names and files (free ports, ids tagged by pid), so modules run side by side.
+# The tests run on one process per core (pytest-xdist), scheduled test by test (--dist
+# worksteal: an idle process takes half of a busy one's queue). Each process keeps one Dask
+# cluster that its tests lease and that heals after each (tests/cluster_lease.py); the
+# order deals them out by expected time and groups them by cluster size
+# (tests/scheduling.py). Every test isolates its ports, names and files (free ports, ids
+# tagged by pid), so tests run side by side.
 PYTEST_WORKERS ?= $(JOBS)
+PYTEST_DIST := --dist worksteal
 test-py:
-	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadscope --durations=25 $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) $(PYTEST_DIST) --durations=25 $(PYTEST_ARGS)
 
 # The launch, results and chaos tests STRESS_RUNS times beside a CPU hog (one busy process
 # per core), their modules side by side as CI runs them: timing faults show up as flakes
@@ -134,7 +138,7 @@ stress: build
 	  if DASK_DDP_STRESS=1 DASK_DDP_CHAOS_RUNS=$(STRESS_CHAOS_RUNS) \
 	    DASK_DDP_LIVE_TRIALS=$(STRESS_LIVE_TRIALS) \
 	    $(PY) -m pytest -n $(PYTEST_WORKERS) \
-	    --dist loadscope -q -p no:cacheprovider \
+	    $(PYTEST_DIST) -q -p no:cacheprovider \
 	    $(STRESS_TESTS) > $(BUILD)/stress/run-$$i.log 2>&1; \
 	  then echo "stress run $$i/$(STRESS_RUNS): ok in $$(( $$(date +%s) - t0 )) s, load $$(cut -d' ' -f1-3 /proc/loadavg)"; \
 	  else fails=$$((fails + 1)); echo "stress run $$i/$(STRESS_RUNS): FAILED ($(BUILD)/stress/run-$$i.log)"; \

@@ -8,28 +8,26 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import psutil
 import pytest
-from distributed import Client, LocalCluster
+from distributed import Client
 
+from cluster_lease import LEASE_SHAPES, local_cluster, restart_after
 from waits import wait_until
 
-
-def local_cluster(n_workers: int, threads_per_worker: int = 1, **kwargs: Any) -> LocalCluster:
-    """A real LocalCluster with worker processes and no fixed ports (``kwargs``: more
-    of LocalCluster's options)."""
-    return LocalCluster(n_workers=n_workers, threads_per_worker=threads_per_worker,
-                        processes=True, dashboard_address=":0", scheduler_port=0, **kwargs)
+__all__ = ["client_fixture", "cluster_client", "local_cluster", "restart_after"]
 
 
 @contextlib.contextmanager
 def cluster_client(n_workers: int, threads_per_worker: int = 1) -> Iterator[Client]:
-    """A client of a fresh local cluster; on exit, no rank process or warm template of it
-    may be left."""
+    """A client of a fresh local cluster, for a test of the cluster itself (the others
+    lease the session's: :func:`client_fixture`); on exit, no rank process or warm
+    template of it may be left."""
     with local_cluster(n_workers, threads_per_worker) as cluster, Client(cluster) as c:
         yield c
         addr = c.scheduler.address
@@ -38,15 +36,19 @@ def cluster_client(n_workers: int, threads_per_worker: int = 1) -> Iterator[Clie
 
 
 def client_fixture(n_workers: int, threads_per_worker: int = 1) -> Any:
-    """A module's ``client`` fixture: one fresh cluster for the module's tests.
+    """A module's ``client`` fixture: each test leases this process's cluster at
+    ``n_workers`` workers (:mod:`cluster_lease`).
 
     Use as ``client = client_fixture(2)`` at module level; the ``dask`` marker follows
-    from the fixture's name (tests/conftest.py).
+    from the fixture's name (tests/conftest.py), and the module's tests are scheduled
+    beside others of the same size (fewer rescales).
     """
+    module = sys._getframe(1).f_globals.get("__name__", "")
+    LEASE_SHAPES[module] = (threads_per_worker, n_workers)
 
-    @pytest.fixture(scope="module")
-    def client() -> Iterator[Client]:
-        with cluster_client(n_workers, threads_per_worker) as c:
+    @pytest.fixture
+    def client(lease: Any) -> Iterator[Client]:
+        with lease(n_workers, threads_per_worker) as c:
             yield c
 
     return client

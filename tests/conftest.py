@@ -11,6 +11,19 @@ from collections.abc import Iterator
 
 import pytest
 
+from scheduling import (  # noqa: F401 - pytest hooks and fixtures, found here by name
+    lease,
+    order_tests,
+    pytest_configure,
+    pytest_runtest_logreport,
+    pytest_runtest_makereport,
+    pytest_runtest_setup,
+    pytest_sessionfinish,
+    pytest_terminal_summary,
+    pytest_testnodedown,
+    session_cluster,
+)
+
 #: Fixtures that start something outside the test process, and the marker each implies. A
 #: test using one (directly or through another fixture) gets the marker, so
 #: ``make test-quick`` (``-m "not dask and not s3 and not server and not slow"``) never
@@ -19,36 +32,13 @@ import pytest
 FIXTURE_MARKERS = {
     "client": "dask",
     "cluster": "dask",
+    "lease": "dask",
     "s3_server": "s3",
     "s3_bucket": "s3",
     "s3_auth_server": "s3",
     "fault_server": "server",
     "http_server": "server",
 }
-
-
-#: The modules that take longest (``make test``'s durations on 2 cores), longest first.
-#: They run first: ``make test`` hands whole modules to its processes in collection order
-#: (pytest-xdist's ``--dist loadscope``), so the long ones start at once and the short ones
-#: fill in beside them, instead of a long module starting last and running alone.
-LONGEST_FIRST = (
-    "examples/test_demo.py", "launch/test_chaos_live.py", "launch/test_chaos.py",
-    "launch/test_elastic_job.py",
-    "dashboard/test_dashboard_browser.py", "launch/test_frameworks.py",
-    "examples/test_examples.py", "dashboard/test_dashboard.py", "launch/test_restarts.py",
-    "launch/test_waits.py", "launch/test_stall.py", "checkpoint/test_dcp.py",
-    "examples/test_example_fsdp2.py", "data/table/test_table_example.py",
-    "examples/test_example_predict.py", "docs/test_docs_site.py", "docs/test_doc_code.py",
-    "launch/test_live_job.py", "launch/test_live_regroup.py", "launch/test_live_join.py",
-)
-
-
-def _rank_of_module(item: pytest.Item) -> int:
-    path = item.path.as_posix()
-    for i, name in enumerate(LONGEST_FIRST):
-        if path.endswith("tests/" + name):
-            return i
-    return len(LONGEST_FIRST)
 
 
 def _cuda_missing() -> str | None:
@@ -60,7 +50,7 @@ def _cuda_missing() -> str | None:
     return None
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     gpu_tests = []
     for item in items:
         for name in getattr(item, "fixturenames", ()):
@@ -75,7 +65,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     if reason is not None:
         for item in gpu_tests:
             item.add_marker(pytest.mark.skip(reason=reason))
-    items.sort(key=_rank_of_module)  # stable: a module's tests keep their order
+    order_tests(config, items)
 
 
 @pytest.fixture(autouse=True)
@@ -102,11 +92,9 @@ from waits import FAST_LAUNCH_WAITS  # noqa: E402 - kept with the fixture that u
 SHORT_LAUNCH_WAITS = FAST_LAUNCH_WAITS
 
 
-#: A LocalCluster (a SpecCluster) closes a worker's nanny for good when no worker of its
-#: name is registered ``lost-worker-timeout`` (15 s) after one was removed: a worker killed
-#: twice within 15 s (the chaos tests' rhythm) lost its nanny while it restarted the second,
-#: and the test its cluster's worker. Read in the test's process, where the cluster lives.
-CLUSTER_CONFIG = {"distributed.deploy.lost-worker-timeout": "1 hour"}
+# The clusters' own configuration (lost-worker-timeout), set for a test's own clusters here
+# and for the whole test process (the session cluster outlives a test): tests/cluster_lease.py.
+from cluster_lease import CLUSTER_CONFIG  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

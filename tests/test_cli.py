@@ -22,6 +22,7 @@ def _run(args: list[str], cwd: Path, timeout: float = 240) -> subprocess.Complet
                           text=True, timeout=timeout)
 
 
+@pytest.mark.dask  # the command starts a LocalCluster (in its own process)
 @pytest.mark.parametrize("verbose", [False, True], ids=["quiet", "verbose"])
 def test_run_with_its_own_cluster_is_quiet_unless_verbose(tmp_path: Path,
                                                           verbose: bool) -> None:
@@ -35,6 +36,7 @@ def test_run_with_its_own_cluster_is_quiet_unless_verbose(tmp_path: Path,
     assert bool(dask_info) is verbose, out.stderr
 
 
+@pytest.mark.dask  # the command starts a LocalCluster (in its own process)
 def test_a_rank_failure_is_one_error_without_compute_failed_blocks(tmp_path: Path) -> None:
     (tmp_path / "bad.py").write_text(
         "import os\nraise ValueError('bad rank ' + os.environ['RANK'])\n")
@@ -77,6 +79,7 @@ if __name__ == "__main__":
 '''
 
 
+@pytest.mark.dask  # the script starts a LocalCluster (in its own process)
 def test_a_script_that_succeeded_exits_without_an_alarm(tmp_path: Path) -> None:
     (tmp_path / "quick.py").write_text(textwrap.dedent(SCRIPT))
     out = _run(["quick.py"], tmp_path)

@@ -4,23 +4,22 @@ whose own periodic refresh (which fetches no workers) runs as often as it can.""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import dask
 import pytest
 from distributed import Client
 
-from cluster_util import local_cluster
 from dask_ddp._cluster import cluster_info
 
 READS = 300
 
 
-@pytest.fixture(scope="module")
-def busy_client() -> Iterator[Client]:
-    with local_cluster(2) as cluster, \
+@pytest.fixture
+def busy_client(lease: Any) -> Iterator[Client]:
+    with lease(2) as client, \
             dask.config.set({"distributed.client.scheduler-info-interval": "1ms"}), \
-            Client(cluster) as c:
-        c.wait_for_workers(2, timeout=60)
+            Client(client.scheduler.address) as c:
         yield c
 
 

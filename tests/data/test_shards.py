@@ -570,18 +570,12 @@ def make_image_list(root: Path, n: int) -> tuple[ImageList, list[bytes]]:
 
 @pytest.mark.dask
 @pytest.mark.timeout(180)
-def test_write_shards_on_dask_reads_back_both_ways_and_restarts(tmp_path: Path) -> None:
-    from distributed import Client, LocalCluster
-
+def test_write_shards_on_dask_reads_back_both_ways_and_restarts(tmp_path: Path,
+                                                                lease: Any) -> None:
     wds = pytest.importorskip("webdataset")
     source, blobs = make_image_list(tmp_path / "raw", 17)
     out = tmp_path / "out"
-    with (
-        LocalCluster(
-            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
-        ) as cluster,
-        Client(cluster) as client,
-    ):
+    with lease(2) as client:
         ds = write_shards(source, str(out / "shard-{:06d}.tar"), samples_per_shard=5, client=client)
         assert ds.counts == [5, 5, 5, 2]
         assert sorted(os.listdir(out)) == [f"shard-{i:06d}.tar" for i in range(4)]

@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,23 +23,26 @@ QUICK_EPOCHS = 4
 _DEMO_MARKS = (pytest.mark.slow, pytest.mark.dask, pytest.mark.timeout(600))
 
 
-# One class per API: ``make test`` runs each class on a process of its own
-# (``--dist loadscope`` hands out whole classes), so the two demo runs go side by side.
+# One test per API: ``make test`` deals its longest tests to its processes in turn
+# (tests/scheduling.py), so the two demo runs go side by side.
 class TestDemoSeedApi:
     pytestmark = list(_DEMO_MARKS)
 
-    def test_demo_quick_reaches_accuracy_and_writes_outputs(self, tmp_path: Path) -> None:
-        check_demo_quick_reaches_accuracy_and_writes_outputs(tmp_path, "seed")
+    def test_demo_quick_reaches_accuracy_and_writes_outputs(self, tmp_path: Path,
+                                                            lease: Any) -> None:
+        check_demo_quick_reaches_accuracy_and_writes_outputs(tmp_path, "seed", lease)
 
 
 class TestDemoLoaderApi:
     pytestmark = list(_DEMO_MARKS)
 
-    def test_demo_quick_reaches_accuracy_and_writes_outputs(self, tmp_path: Path) -> None:
-        check_demo_quick_reaches_accuracy_and_writes_outputs(tmp_path, "loader")
+    def test_demo_quick_reaches_accuracy_and_writes_outputs(self, tmp_path: Path,
+                                                            lease: Any) -> None:
+        check_demo_quick_reaches_accuracy_and_writes_outputs(tmp_path, "loader", lease)
 
 
-def check_demo_quick_reaches_accuracy_and_writes_outputs(tmp_path: Path, api: str) -> None:
+def check_demo_quick_reaches_accuracy_and_writes_outputs(tmp_path: Path, api: str,
+                                                         lease: Any) -> None:
     out = tmp_path / "demo"
     # The seed's tutorial at two ranks; the Loader variant at one and two (the world sizes
     # compared once: the launch is the same for both APIs).
@@ -66,10 +70,14 @@ def check_demo_quick_reaches_accuracy_and_writes_outputs(tmp_path: Path, api: st
         # resume from the finished run's epoch 4 would train nothing; one epoch is enough to
         # tell them apart), --resume continues from that run's last checkpoint (nothing to
         # train, the same accuracy).
-        run_demo(out, "--api", api, "--world-sizes", "1", "--epochs", "1")
-        again = json.loads((out / "summary.json").read_text())[0]
-        assert again["iterations"] * QUICK_EPOCHS == rows[0]["iterations"], (again, rows[0])
-        run_demo(out, "--api", api, "--world-sizes", "1", "--epochs", "1", "--resume")
+        # Both on a running cluster (``--scheduler``, the demo's other way to run; the runs
+        # above started their own).
+        with lease(1) as client:
+            on = ("--scheduler", client.scheduler.address)
+            run_demo(out, "--api", api, "--world-sizes", "1", "--epochs", "1", *on)
+            again = json.loads((out / "summary.json").read_text())[0]
+            assert again["iterations"] * QUICK_EPOCHS == rows[0]["iterations"], (again, rows)
+            run_demo(out, "--api", api, "--world-sizes", "1", "--epochs", "1", "--resume", *on)
         resumed = json.loads((out / "summary.json").read_text())[0]
         assert resumed["iterations"] == 0
         assert resumed["eval_accuracy"] == again["eval_accuracy"]

@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.dask, pytest.mark.timeout(400)]
 
 # --- examples/custom_dataset.py -------------------------------------------------------------
 
-def test_custom_dataset_reaches_r2_reports_and_resumes(tmp_path: Path) -> None:
+def test_custom_dataset_reaches_r2_reports_and_resumes(tmp_path: Path, lease: Any) -> None:
     out = tmp_path / "custom"
     cmd = [sys.executable, str(EXAMPLES / "custom_dataset.py"), "--quick", "--out", str(out)]
     run(cmd, cwd=tmp_path)
@@ -64,8 +64,10 @@ def test_custom_dataset_reaches_r2_reports_and_resumes(tmp_path: Path) -> None:
     assert saved == [f"step-{e:012d}.json" for e in (3, 4, 5)]
 
     # --resume: load_checkpoint() returns the finished run's last epoch; nothing to train,
-    # and the restored model evaluates to the same R².
-    run([*cmd, "--resume"], cwd=tmp_path)
+    # and the restored model evaluates to the same R². On a running cluster (--scheduler,
+    # the example's other way to run; the run above started its own).
+    with lease(2) as client:
+        run([*cmd, "--resume", "--scheduler", client.scheduler.address], cwd=tmp_path)
     resumed = json.loads((out / "summary.json").read_text())
     for r in resumed["ranks"]:
         assert (r["start_epoch"], r["epochs_run"], r["steps"]) == (6, 0, 0), r

@@ -20,17 +20,16 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
-from distributed import Client, LocalCluster
+from distributed import Client
 
 import dask_ddp
-from cluster_util import rank_processes, wait_rank_processes, worker_fates
+from cluster_util import client_fixture, rank_processes, wait_rank_processes, worker_fates
 from dask_ddp import dispatch
 from launch_util import (
     active_tasks,
@@ -102,29 +101,24 @@ def plan(seed: int) -> list[Run]:
     return runs
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[LocalCluster]:
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                      dashboard_address=":0", scheduler_port=0) as c:
-        yield c
+client = client_fixture(2)
 
 
-def test_random_faults_leave_nothing_behind(cluster: LocalCluster, tmp_path: Path) -> None:
+def test_random_faults_leave_nothing_behind(client: Client, tmp_path: Path) -> None:
     seed = int(os.environ.get("DASK_DDP_CHAOS_SEED", random.randrange(1 << 30)))
     print(f"\nchaos seed {seed} (replay: DASK_DDP_CHAOS_SEED={seed})",  # noqa: T201
           file=sys.stderr)
     t0 = time.monotonic()
-    with Client(cluster) as client:
-        for run in plan(seed):
-            t = time.monotonic()
-            try:
-                job_ids = one_run(client, run, tmp_path)
-                check_nothing_left(client, run, job_ids)
-            except BaseException as exc:
-                raise AssertionError(f"chaos seed {seed}, {run}: {exc}\nthe cluster's record "
-                                     f"of workers leaving:\n{worker_fates(client)}") from exc
-            print(f"  {run}: ok in {time.monotonic() - t:.1f} s",  # noqa: T201
-                  file=sys.stderr)
+    for run in plan(seed):
+        t = time.monotonic()
+        try:
+            job_ids = one_run(client, run, tmp_path)
+            check_nothing_left(client, run, job_ids)
+        except BaseException as exc:
+            raise AssertionError(f"chaos seed {seed}, {run}: {exc}\nthe cluster's record "
+                                 f"of workers leaving:\n{worker_fates(client)}") from exc
+        print(f"  {run}: ok in {time.monotonic() - t:.1f} s",  # noqa: T201
+              file=sys.stderr)
     print(f"chaos: {len(plan(seed))} runs in {time.monotonic() - t0:.0f} s",  # noqa: T201
           file=sys.stderr)
 

@@ -22,7 +22,6 @@ import signal
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,7 @@ import pytest
 from distributed import Client, LocalCluster
 
 import dask_ddp
-from cluster_util import rank_processes, worker_fates
+from cluster_util import client_fixture, rank_processes, worker_fates
 from dask_ddp._cluster import cluster_info
 from dask_ddp._launch.workdir import clean_orphans
 from images import file_putter, write_folder
@@ -107,11 +106,7 @@ def plan(seed: int) -> list[Run]:
     return runs
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[LocalCluster]:
-    with LocalCluster(n_workers=WORLD, threads_per_worker=1, processes=True,
-                      dashboard_address=":0", scheduler_port=0) as c:
-        yield c
+client = client_fixture(WORLD)
 
 
 @pytest.fixture(scope="module")
@@ -121,26 +116,25 @@ def images(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def test_random_faults_on_live_jobs(cluster: LocalCluster, images: Path,
-                                   tmp_path: Path) -> None:
+def test_random_faults_on_live_jobs(client: Client, images: Path, tmp_path: Path) -> None:
     seed = int(os.environ.get("DASK_DDP_CHAOS_SEED", random.randrange(1 << 30)))
     print(f"\nchaos seed {seed} (replay: DASK_DDP_CHAOS_SEED={seed})",  # noqa: T201
           file=sys.stderr)
-    with Client(cluster) as client:
-        for run in plan(seed):
-            t = time.monotonic()
-            out = tmp_path / str(run.index)
-            out.mkdir()
-            try:
-                back_to_full_size(cluster, client)
-                job = strike(cluster, client, run, images, out)
-                check_outcome(job, run, out)
-                check_nothing_left(client, job.id, sweep=run.fault == "retire")
-            except BaseException as exc:
-                raise AssertionError(f"chaos seed {seed}, {run}: {exc}\nthe cluster's record "
-                                     f"of workers leaving:\n{worker_fates(client)}") from exc
-            print(f"  {run}: ok in {time.monotonic() - t:.1f} s",  # noqa: T201
-                  file=sys.stderr)
+    cluster = client.cluster
+    for run in plan(seed):
+        t = time.monotonic()
+        out = tmp_path / str(run.index)
+        out.mkdir()
+        try:
+            back_to_full_size(cluster, client)
+            job = strike(cluster, client, run, images, out)
+            check_outcome(job, run, out)
+            check_nothing_left(client, job.id, sweep=run.fault == "retire")
+        except BaseException as exc:
+            raise AssertionError(f"chaos seed {seed}, {run}: {exc}\nthe cluster's record "
+                                 f"of workers leaving:\n{worker_fates(client)}") from exc
+        print(f"  {run}: ok in {time.monotonic() - t:.1f} s",  # noqa: T201
+              file=sys.stderr)
 
 
 def back_to_full_size(cluster: LocalCluster, client: Client) -> None:

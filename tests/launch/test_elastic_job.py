@@ -9,6 +9,7 @@ import random
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -16,7 +17,7 @@ import torch
 from distributed import Client
 
 import dask_ddp
-from cluster_util import local_cluster, wait_no_rank_processes
+from cluster_util import wait_no_rank_processes
 from elastic_util import collectives_until, raise_with_attempt, resumable_train
 from images import file_putter, write_folder
 from waits import wait_until
@@ -47,8 +48,8 @@ def assert_settled(client: Client, job: dask_ddp.ElasticJob) -> None:
 # -- argument checks and the resume helpers, in this process ------------------------------
 
 @pytest.mark.dask
-def test_arguments_are_validated() -> None:
-    with local_cluster(n_workers=1) as cluster, Client(cluster) as client:
+def test_arguments_are_validated(lease: Any) -> None:
+    with lease(1) as client:
         for kwargs, name in (({"max_restarts": -1}, "max_restarts"),
                              ({"min_workers": 0}, "min_workers"),
                              ({"min_workers": 2, "max_workers": 1}, "max_workers"),
@@ -113,14 +114,14 @@ def test_other_world_size_keeps_the_epoch_fraction(tmp_path: Path) -> None:
 @TIMEOUT
 @pytest.mark.dask
 @pytest.mark.slow
-def test_sigkill_mid_epoch_resumes_bitwise(tmp_path: Path) -> None:
+def test_sigkill_mid_epoch_resumes_bitwise(tmp_path: Path, lease: Any) -> None:
     images = tmp_path / "images"
     write_folder(file_putter(str(images)), ("a", "b", "c"), 8, sizes=((20, 16), (16, 24)))
     marks = tmp_path / "marks"
     marks.mkdir()
     # 24 images, 2 ranks, batches of 4: 3 steps an epoch; 12 steps = 4 epochs.
     args = (str(images), 12, 2)
-    with local_cluster(n_workers=2) as cluster, Client(cluster) as client:
+    with lease(2) as client:
         ref = dask_ddp.submit(client, resumable_train, *args, None, 0.0, progress=False,
                               storage=f"file://{tmp_path}/ref").result(timeout=90)
         job = dask_ddp.submit(client, resumable_train, *args, str(marks), 0.4,
@@ -155,8 +156,8 @@ def test_sigkill_mid_epoch_resumes_bitwise(tmp_path: Path) -> None:
 @TIMEOUT
 @pytest.mark.dask
 @pytest.mark.slow
-def test_rank_raising_twice_reports_both_attempts() -> None:
-    with local_cluster(n_workers=2) as cluster, Client(cluster) as client:
+def test_rank_raising_twice_reports_both_attempts(lease: Any) -> None:
+    with lease(2) as client:
         job = dask_ddp.submit(client, raise_with_attempt, progress=False, max_restarts=1)
         with pytest.raises(dask_ddp.RankFailedError) as info:
             job.result(timeout=90)
@@ -175,10 +176,10 @@ def test_rank_raising_twice_reports_both_attempts() -> None:
 @TIMEOUT
 @pytest.mark.dask
 @pytest.mark.slow
-def test_retired_worker_continues_smaller(tmp_path: Path) -> None:
+def test_retired_worker_continues_smaller(tmp_path: Path, lease: Any) -> None:
     marks = tmp_path / "marks"
     marks.mkdir()
-    with local_cluster(n_workers=2) as cluster, Client(cluster) as client:
+    with lease(2) as client:
         job = dask_ddp.submit(client, collectives_until, 600.0, 0.5, 1, str(marks),
                               progress=False, max_restarts=1, min_workers=1, max_workers=2)
         assert job.world_size == 2
@@ -195,10 +196,10 @@ def test_retired_worker_continues_smaller(tmp_path: Path) -> None:
 @TIMEOUT
 @pytest.mark.dask
 @pytest.mark.slow
-def test_repeated_kills_leave_nothing_behind(tmp_path: Path) -> None:
+def test_repeated_kills_leave_nothing_behind(tmp_path: Path, lease: Any) -> None:
     marks = tmp_path / "marks"
     marks.mkdir()
-    with local_cluster(n_workers=2) as cluster, Client(cluster) as client:
+    with lease(2) as client:
         job = dask_ddp.submit(client, collectives_until, 600.0, 0.5, 2, str(marks),
                               progress=False, max_restarts=3, output_dir=tmp_path / "out")
         metrics = tmp_path / "out" / "metrics.jsonl"

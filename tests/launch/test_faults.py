@@ -14,7 +14,6 @@ from distributed import Client
 
 import dask_ddp
 from cluster_util import (
-    local_cluster,
     sleep_in_collectives,
     sleep_only,
     wait_no_rank_processes,
@@ -42,10 +41,10 @@ def seed_job_losing_a_worker(client: Client, fn: Any, victim: int) -> tuple[Any,
 
 
 # Rank 1's worker here, rank 0's in the seed's gather below; both victims for each under
-# make stress (each on a fresh cluster).
+# make stress.
 @pytest.mark.parametrize("victim", variants([1, 0], once=1))
-def test_worker_sigkill_fails_job_fast(victim: int) -> None:
-    with local_cluster(n_workers=2) as cluster, Client(cluster) as client:
+def test_worker_sigkill_fails_job_fast(victim: int, lease: Any) -> None:
+    with lease(2) as client:
         futures, job, addr = seed_job_losing_a_worker(client, sleep_only, victim)
         t0 = time.monotonic()
         with pytest.raises(dask_ddp.JobError) as info:
@@ -61,11 +60,11 @@ def test_worker_sigkill_fails_job_fast(victim: int) -> None:
         wait_no_rank_processes(client.scheduler.address, 30 - (time.monotonic() - t0))
 
 
-def test_worker_sigkill_during_run_command(tmp_path: Path) -> None:
+def test_worker_sigkill_during_run_command(tmp_path: Path, lease: Any) -> None:
     script = tmp_path / "sleepy_train.py"
     # Not in a process group (still "loading data"): nothing but the launcher can stop it.
     script.write_text("import time\nprint('loading', flush=True)\ntime.sleep(600)\n")
-    with local_cluster(n_workers=2) as cluster, Client(cluster) as client:
+    with lease(2) as client:
         addr = client.scheduler.address
         outcome: dict[str, BaseException] = {}
 
@@ -92,10 +91,10 @@ def test_worker_sigkill_during_run_command(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("victim", variants([1, 0], once=0))
-def test_seed_gather_names_the_dead_worker(victim: int) -> None:
+def test_seed_gather_names_the_dead_worker(victim: int, lease: Any) -> None:
     # The seed's flow: dispatch.run + client.gather. The surviving rank's collective breaks
     # at once ("Connection reset by peer"); every future must still name the dead rank.
-    with local_cluster(n_workers=2) as cluster, Client(cluster) as client:
+    with lease(2) as client:
         futures, _, addr = seed_job_losing_a_worker(client, sleep_in_collectives, victim)
         with pytest.raises(BaseException) as info:  # noqa: B017 - checked below
             client.gather(futures)

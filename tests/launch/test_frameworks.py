@@ -97,13 +97,23 @@ def _cluster(env: dict[str, str] | None) -> LocalCluster:
                         dashboard_address=":0", scheduler_port=0, env=env)
 
 
-@pytest.fixture(scope="module", params=["plain", "slurm"])
-def client(request: pytest.FixtureRequest) -> Iterator[Client]:
-    env = SLURM_ENV if request.param == "slurm" else None
-    with _cluster(env) as cluster, Client(cluster) as c:
-        yield c
-        addr = c.scheduler.address
+@pytest.fixture(scope="module")
+def slurm_cluster() -> Iterator[LocalCluster]:
+    # A cluster of its own: its workers' environment from their start is under test.
+    with _cluster(SLURM_ENV) as cluster:
+        yield cluster
+        addr = cluster.scheduler_address
     wait_no_rank_processes(addr, 10)
+
+
+@pytest.fixture(params=["plain", "slurm"])
+def client(request: pytest.FixtureRequest, lease: Any) -> Iterator[Client]:
+    if request.param == "plain":
+        with lease(2) as c:
+            yield c
+    else:
+        with Client(request.getfixturevalue("slurm_cluster")) as c:
+            yield c
 
 
 _REFERENCE: dict[str, dict[str, Any]] = {}

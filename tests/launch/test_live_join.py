@@ -189,6 +189,7 @@ def test_worker_restarted_at_its_address_rejoins(tmp_path: Path) -> None:
     base = _free_ports(3)
     out = tmp_path / "out"
     out.mkdir()
+    # A cluster of its own: its workers' fixed ports are under test.
     with local_cluster(3, worker_port=f"{base}:{base + 2}") as cluster, \
             Client(cluster) as c:
         c.wait_for_workers(3, timeout=60)

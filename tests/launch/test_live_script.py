@@ -98,6 +98,7 @@ def test_a_killed_rank_of_a_live_script(client: Client, tmp_path: Path) -> None:
     assert sorted(d["rank"] for d in done) == [0, 1], done
 
 
+@pytest.mark.dask  # `dask-ddp run` starts a LocalCluster (in its own process)
 def test_dask_ddp_run_takes_recovery_live(tmp_path: Path) -> None:
     out = tmp_path / "out"
     out.mkdir()

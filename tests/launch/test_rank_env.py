@@ -181,6 +181,7 @@ def test_dask_worker_started_with_the_variable_keeps_it() -> None:
     base.pop("MALLOC_TRIM_THRESHOLD_", None)
     base["PYTHONPATH"] = os.pathsep.join(sys.path)
     procs = []
+    # A cluster of its own: no workers of its own, the test starts them with its environment.
     with LocalCluster(n_workers=0, processes=True, dashboard_address=":0",
                       scheduler_port=0) as cluster, Client(cluster) as c:
         try:

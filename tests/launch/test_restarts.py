@@ -11,7 +11,6 @@ import pytest
 from distributed import Client, wait
 
 import dask_ddp
-from cluster_util import cluster_client, local_cluster
 from launch_util import active_tasks, chaos_train, wait_until
 from waits import RESTART_GRACE
 
@@ -32,11 +31,11 @@ def kill_worker(client: Client, addr: str) -> None:
     os.kill(pid, signal.SIGKILL)
 
 
-def test_second_fault_during_a_restart_is_survived() -> None:
+def test_second_fault_during_a_restart_is_survived(lease: Any) -> None:
     # Three workers, two ranks: the first fault kills rank 1's worker; the second kills
     # the worker the restart placed rank 1 on, while it runs. max_restarts=2 survives
     # both with the right result, and no task of any attempt stays on the scheduler.
-    with cluster_client(3) as client:
+    with lease(3) as client:
         job = dask_ddp.submit(client, chaos_train, STEPS, -1, -1, n_workers=2,
                               max_restarts=2, progress=False)
         assert isinstance(job, dask_ddp.ElasticJob)
@@ -58,13 +57,14 @@ def test_second_fault_during_a_restart_is_survived() -> None:
                    30, "tasks of the job's attempts left on the scheduler")
 
 
-def test_a_restart_without_its_workers_names_the_missing_one() -> None:
+def test_a_restart_without_its_workers_names_the_missing_one(lease: Any) -> None:
     # Two workers, two ranks, max_restarts=1, an elastic_timeout of two restart graces:
     # rank 1's worker is closed with its nanny (the nanny lives in this process: closing
     # it kills the worker and nothing brings one back), so the restart cannot place two
     # ranks. It fails within the timeout with GangStartError naming the worker and why.
     elastic_timeout = 2 * RESTART_GRACE
-    with local_cluster(2) as cluster, Client(cluster) as client:
+    with lease(2) as client:
+        cluster = client.cluster
         job = dask_ddp.submit(client, chaos_train, STEPS, -1, -1, n_workers=2,
                               max_restarts=1, elastic_timeout=elastic_timeout,
                               progress=False)
@@ -90,14 +90,15 @@ def test_a_restart_without_its_workers_names_the_missing_one() -> None:
 
 
 @pytest.mark.parametrize("when", ["after-result", "as-futures-finish"])
-def test_a_value_lost_after_the_job_errs_instead_of_waiting(when: str) -> None:
+def test_a_value_lost_after_the_job_errs_instead_of_waiting(when: str, lease: Any) -> None:
     # The user holds the ranks' futures after the job (the seed's dispatch.run returns
     # them). Rank 1's worker is then closed with its nanny: Dask would compute the finished
     # rank again, pinned to the gone worker, so the task would wait in no-worker for good
     # and result() with it. Instead the future errs at once, naming the rank, its job and
     # the worker, and no task of the job stays active on the scheduler. "as-futures-finish"
     # kills while the job's watcher may still be ending the job.
-    with local_cluster(2) as cluster, Client(cluster) as client:
+    with lease(2) as client:
+        cluster = client.cluster
         if when == "after-result":
             job = dask_ddp.submit(client, chaos_train, 5, -1, -1, progress=False)
             assert [v["rank"] for v in job.result(timeout=120)] == [0, 1]

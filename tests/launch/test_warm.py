@@ -394,12 +394,12 @@ def test_template_and_ranks_die_with_their_worker() -> None:
 @pytest.mark.dask
 @pytest.mark.slow
 @linux_only
-def test_killed_worker_leaves_no_template() -> None:
+def test_killed_worker_leaves_no_template(lease: Any) -> None:
     """On a real cluster: a rank starts warm, and a worker killed with SIGKILL takes its
     template and its ranks along."""
     import dask_ddp
 
-    with cluster_util.cluster_client(1) as client:
+    with lease(1, fresh=True) as client:  # fresh: its only template is this job's
         addr = client.scheduler.address
         job = dask_ddp.submit(client, sleep_only, 600.0, n_workers=1, progress=False)
         wait_rank_processes(addr, 1)
@@ -418,12 +418,12 @@ def test_killed_worker_leaves_no_template() -> None:
 @pytest.mark.dask
 @pytest.mark.slow
 @linux_only
-def test_a_later_job_forks_from_the_template_an_earlier_one_started() -> None:
+def test_a_later_job_forks_from_the_template_an_earlier_one_started(lease: Any) -> None:
     """On a real cluster: each job's ranks get their own work directory (and torch's
     collectives dump in it), yet the next job's rank forks from the same template."""
     import dask_ddp
 
-    with cluster_util.cluster_client(1) as client:
+    with lease(1, fresh=True) as client:  # fresh: its only template is these jobs'
         parents = [dask_ddp.submit(client, os.getppid, n_workers=1, progress=False).result()[0]
                    for _ in range(3)]
         templates_ = template_processes(client.scheduler.address)

@@ -26,6 +26,7 @@ OUTPUTS = [f"out_{i}" for i in range(5)]
 def client(s3_server: str) -> Iterator[Client]:
     """A cluster started once the moto server runs: its workers inherit the AWS variables
     naming it (a store reads credentials and endpoint from the environment it opens in)."""
+    # A cluster of its own: its workers' environment from their start is under test.
     with cluster_client(2) as c:
         yield c
 

@@ -23,6 +23,7 @@ LIMITS = {"dask-ddp.results.budget": "400 KiB", "dask-ddp.results.total-budget":
 
 @pytest.fixture(scope="module")
 def client() -> Iterator[Client]:
+    # A cluster of its own, in this process: its scheduler's budgets are under test.
     with dask.config.set(LIMITS), LocalCluster(
             n_workers=1, processes=False, dashboard_address=":0",
             scheduler_port=0) as cluster, Client(cluster) as c:

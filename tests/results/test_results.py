@@ -381,7 +381,7 @@ def test_a_new_scheduler_on_a_reused_address_gets_the_extension() -> None:
     handlers (a cache keyed by address once skipped the install, and CI failed)."""
     port = free_port()
     topic = f"results/{uuid.uuid4().hex}"
-    for _ in range(2):
+    for _ in range(2):  # clusters of its own: a scheduler at a fixed port, twice
         with LocalCluster(n_workers=0, processes=False, scheduler_port=port,
                           dashboard_address=":0") as cluster, Client(cluster) as c:
             assert c.scheduler.address.endswith(f":{port}")
@@ -395,6 +395,7 @@ def test_a_new_scheduler_on_a_reused_address_gets_the_extension() -> None:
 
 
 def test_a_scheduler_without_the_extension_is_named() -> None:
+    # A cluster of its own: its scheduler, without the results extension, is under test.
     with LocalCluster(n_workers=0, processes=False, scheduler_port=0,
                       dashboard_address=":0") as cluster, Client(cluster) as c:
         reply = c.sync(c.scheduler.dask_ddp_results_get, topic="t", cursor=0, timeout=0)

@@ -63,6 +63,7 @@ def test_garbage_is_not_an_entry(raw: Any) -> None:
 
 @pytest.fixture(scope="module")
 def client() -> Iterator[Client]:
+    # A cluster of its own, in this process: its scheduler's reader is under test.
     with LocalCluster(n_workers=1, processes=False, dashboard_address=":0",
                       scheduler_port=0) as cluster, Client(cluster) as c:
         yield c

@@ -16,7 +16,7 @@ yielded (see :class:`~dask_ddp.data.TarShards`).
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from torch.utils.data import Subset
@@ -73,13 +73,12 @@ def pipeline(dataset: ImageList | TarShards | Subset[Any], transform: T.Transfor
     return chosen, [] if chosen is None else T.to_ops(chosen)
 
 
-def engine_half(dataset: ImageList | TarShards | Subset[Any], ops: Sequence[Op],
-                loader: LoaderOptions, stage: DeviceStage | None, *, max_side: int,
-                scaled_decode: bool, region_decode: bool) -> EngineHalf:
-    """The engine half of ``loader``, a Loader over ``dataset``, with the pipeline ``ops``
-    and the decode options. With a device ``stage``, every engine loader is lent its
-    page-locked buffers (at most ``prefetch + 2``, within the host's budget): the engine
-    decodes into them and the copy to the GPU needs no staging."""
+def engine_half(dataset: ImageList | TarShards | Subset[Any], loader: LoaderOptions,
+                stage: DeviceStage, *, max_side: int, scaled_decode: bool,
+                region_decode: bool) -> EngineHalf:
+    """The engine half of ``loader``, a Loader over ``dataset``, with the decode options.
+    Every engine loader is made by the device ``stage`` (:meth:`DeviceStage.reader`: the
+    pipeline's engine ops, and on a GPU its page-locked buffers lent)."""
     options: dict[str, Any] = {
         "batch_size": loader.batch_size, "shuffle": loader.shuffle, "seed": loader.seed,
         "rank": loader.rank, "world_size": loader.world_size, "drop_last": loader.drop_last,
@@ -87,13 +86,9 @@ def engine_half(dataset: ImageList | TarShards | Subset[Any], ops: Sequence[Op],
         "skip_errors": loader.on_error == "skip", "max_side": int(max_side),
         "scaled_decode": bool(scaled_decode), "region_decode": bool(region_decode),
     }
-
-    def lend(core: Any) -> Any:
-        return core if stage is None else stage.lend(core, loader.prefetch + 2)
-
     if isinstance(dataset, TarShards):
-        return ShardReads(dataset, ops, options, lend)
-    return ImageReads(dataset, ops, options, lend)
+        return ShardReads(dataset, stage, options)
+    return ImageReads(dataset, stage, options)
 
 
 class EngineHalf(abc.ABC):
@@ -181,17 +176,18 @@ class ImageReads(EngineHalf):
     """The engine half of a Loader over an image list or a ``Subset`` of one: the deals
     are positions in the list, read unshuffled."""
 
-    def __init__(self, dataset: ImageList | Subset[Any], ops: Sequence[Op],
-                 options: dict[str, Any], lend: Callable[[Any], Any]) -> None:
+    def __init__(self, dataset: ImageList | Subset[Any], stage: DeviceStage,
+                 options: dict[str, Any]) -> None:
         # The dataset's own store (its URL, credentials and options: endpoint, region, CA
         # bundle, retries), opened in this process.
         source = ImageSource.of(dataset)
 
         def make(r: int, w: int) -> Any:
-            return lend(source.loader(ops, **{**options, "rank": r, "world_size": w}))
+            return stage.reader(lambda ops: source.loader(
+                ops, **{**options, "rank": r, "world_size": w}))
 
-        deals = UnreadDeals(lambda _, pos, r, w: lend(source.subset(pos).loader(
-            ops, **{**options, "shuffle": False, "rank": r, "world_size": w})),
+        deals = UnreadDeals(lambda _, pos, r, w: stage.reader(lambda ops: source.subset(
+            pos).loader(ops, **{**options, "shuffle": False, "rank": r, "world_size": w})),
             options["batch_size"], options["drop_last"])
         super().__init__(make, deals, options["rank"], options["world_size"])
 
@@ -235,13 +231,13 @@ class ShardReads(EngineHalf):
         The restored epoch's (shard, begin, end) sample runs (None: every shard whole).
     """
 
-    def __init__(self, shards: TarShards, ops: Sequence[Op], options: dict[str, Any],
-                 lend: Callable[[Any], Any]) -> None:
+    def __init__(self, shards: TarShards, stage: DeviceStage,
+                 options: dict[str, Any]) -> None:
         skip = bool(options["skip_errors"])
 
         def make(r: int, w: int) -> Any:
-            return lend(shards.engine_loader(list(ops), **{**options, "rank": r,
-                                                           "world_size": w}))
+            return stage.reader(lambda ops: shards.engine_loader(
+                ops, **{**options, "rank": r, "world_size": w}))
 
         self.shards, self.skip_errors = shards, skip
         self.batch_size, self.drop_last = options["batch_size"], options["drop_last"]

@@ -115,7 +115,6 @@ class Loader:
     __signature__ = InitSignature()
     #: Called before each batch is taken: a training step's top (see ``data/redeal.py``).
     before_batch: Callable[[], None] | None = None
-    _stage: DeviceStage | None = None
 
     def __new__(cls, dataset: Any = None, *args: Any, **kwargs: Any) -> Loader:
         """A Loader of the subclass that reads ``dataset`` (see ``data/loader_type.py``):
@@ -135,24 +134,21 @@ class Loader:
         chosen, ops = pipeline(dataset, transform)
         if on_error not in _ON_ERROR:
             raise ValueError(f"on_error must be one of {_ON_ERROR}, got {on_error!r}")
+        stage = stage_for(device, channels_last, pin_memory, ops=ops, buffers=prefetch + 2)
         self._init_reading(batch_size, shuffle=bool(shuffle), seed=seed, rank=rank,
                            world_size=world_size, drop_last=drop_last,
-                           num_threads=num_threads, prefetch=prefetch,
-                           stage=stage_for(device, channels_last, pin_memory))
-        if self._stage is not None:
-            ops = self._stage.engine_ops(ops)  # on a GPU: uint8 over the bus, floats there
+                           num_threads=num_threads, prefetch=prefetch, stage=stage)
         self.dataset, self.transform, self.on_error = dataset, chosen, on_error
-        self.pin_memory = (torch.cuda.is_available() and self._stage is None
-                           if pin_memory is None else bool(pin_memory))
+        self.pin_memory = stage.device is None and (torch.cuda.is_available()
+                                                    if pin_memory is None else bool(pin_memory))
         # The engine loaders (its own share's, live recovery's deals') and its dataset's kind.
-        self._engine = engine_half(dataset, ops, self, self._stage, max_side=int(max_side),
+        self._engine = engine_half(dataset, self, stage, max_side=int(max_side),
                                    scaled_decode=scaled_decode, region_decode=region_decode)
         self._redeal = Redealing(self._engine.deals)
 
     def _init_reading(self, batch_size: int, *, shuffle: bool | str, seed: int,
                       rank: int | None, world_size: int | None, drop_last: bool,
-                      num_threads: int | None, prefetch: int,
-                      stage: DeviceStage | None) -> None:
+                      num_threads: int | None, prefetch: int, stage: DeviceStage) -> None:
         """The options and position every Loader has (images, tar shards, tables)."""
         for name, value in (("batch_size", batch_size), ("prefetch", prefetch),
                             ("num_threads", 1 if num_threads is None else num_threads)):
@@ -205,9 +201,15 @@ class Loader:
         tuple in the order of its fields."""
         check_made_here(self._made_in)
         start, self._start_batch = self._start_batch, 0
-        core = self._engine.core
-        core.start_epoch(self.epoch, start)
+        self._engine.core.start_epoch(self.epoch, start)
         self._position = start
+        with self._stage.over(self._host_batches(), self._engine.image_at) as batches:
+            yield from batches  # the epoch's host buffers go back to the engine at the end
+        flush_pending()  # the epoch's metrics reported as CUDA values
+
+    def _host_batches(self) -> Iterator[tuple[Any, ...]]:
+        """The epoch's host batches: the own share's, then each deal's (live recovery)."""
+        core = self._engine.core
         # The job page's step rate and data wait (a no-op outside a launched rank).
         counters, clock = rank_counters(), time.perf_counter_ns
         while True:
@@ -218,21 +220,13 @@ class Loader:
             if item is None:
                 core = self._redeal.next_core(self.epoch)
                 if core is None:
-                    if self._stage is not None:
-                        self._stage.drop()  # the epoch's host buffers back to the engine
-                    flush_pending()  # the epoch's metrics reported as CUDA values
                     return
                 self._position = 0  # of this deal (epoch_progress counts the ones before)
                 continue
             if counters is not None:
                 counters.add_batch(clock() - t0)
             self._position = int(item[2]) + 1
-            batch = self._engine.batch(item)
-            if self._stage is not None:
-                batch = self._stage.move(batch, self._engine.image_at)
-            elif self.pin_memory:
-                batch = tuple(x.pin_memory() if isinstance(x, torch.Tensor) else x for x in batch)
-            yield batch
+            yield self._engine.batch(item)
 
     def state_dict(self) -> dict[str, Any]:
         """The position in the epoch: resuming from it yields the remaining batches,
@@ -313,8 +307,7 @@ class Loader:
         goes on with the samples :meth:`deal_unread` deals after this call (live
         recovery: a rank that joins mid-epoch has the epoch's unread samples, named by
         :meth:`lost_samples`, dealt again over the bigger group)."""
-        if self._stage is not None:
-            self._stage.drop()
+        self._stage.drop()
         own = not self._redeal.cut(self.epoch, self._position)  # else: the deal read stops
         self._stop_reads(own)
         if own:
@@ -331,18 +324,17 @@ class Loader:
         Safe from any thread, also while another waits for a batch (that iteration then
         raises ``ValueError``: the loader is closed), and twice."""
         self._engine.close()
-        if self._stage is not None:
-            self._stage.close()
+        self._stage.close()
 
     @property
     def device(self) -> torch.device | None:
         """The device batches are handed over on (``None``: host tensors)."""
-        return None if self._stage is None else self._stage.device
+        return self._stage.device
 
     @property
     def channels_last(self) -> bool:
         """Whether image batches come in ``torch.channels_last`` memory format."""
-        return self._stage is not None and self._stage.channels_last
+        return self._stage.channels_last
 
     def __repr__(self) -> str:
         return (f"Loader({self.dataset!r}, batch_size={self.batch_size}, rank={self.rank}/"

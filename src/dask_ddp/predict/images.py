@@ -128,44 +128,41 @@ def _store(part: ListPart) -> storage.Store:
 def _list_batches(part: ListPart, opts: ImageOptions, threads: int, device: torch.device,
                   channels_last: bool,
                   taken: list[torch.Tensor]) -> Generator[tuple[int, torch.Tensor]]:
-    """A list part's image batches, on ``device`` (a GPU's through the device stage:
+    """A list part's image batches, on ``device`` through the device stage (on a GPU:
     uint8 over the bus, the float tail there, written in ``channels_last`` if asked, the
     copy on a stream of its own)."""
     n = len(part.keys)
-    stage = (DeviceStage(device, channels_last=channels_last)
-             if device.type == "cuda" else None)
-    ops = list(opts.ops) if stage is None else stage.engine_ops(opts.ops)
+    stage = DeviceStage(device, channels_last=channels_last, ops=opts.ops,
+                        buffers=opts.prefetch + 2)
     source = ImageSource(_store(part), part.keys, range(n), part.skip_missing)
-    engine = source.loader(ops, batch_size=opts.batch_size, shuffle=False, rank=0,
-                           world_size=1, drop_last=False, num_threads=threads,
-                           prefetch=opts.prefetch, skip_errors=opts.on_error == "skip",
-                           max_side=opts.max_side)
-    if stage is not None:
-        engine = stage.lend(engine, opts.prefetch + 2)
-    try:
+    engine = stage.reader(lambda ops: source.loader(
+        ops, batch_size=opts.batch_size, shuffle=False, rank=0, world_size=1,
+        drop_last=False, num_threads=threads, prefetch=opts.prefetch,
+        skip_errors=opts.on_error == "skip", max_side=opts.max_side))
+
+    def host() -> Generator[tuple[torch.Tensor]]:
         engine.start_epoch(0, 0)
-        done = 0
         while (item := engine.next()) is not None:
-            images, positions = item[0], item[1]
-            taken.append(positions.clone())
-            if stage is not None:
-                images = stage.move([images])[0]
-            yield done, images
-            done += len(images)
+            taken.append(item[1].clone())  # each sample's position in the part
+            yield (item[0],)
+
+    try:
+        with stage.over(host()) as moved:
+            done = 0
+            for (images,) in moved:
+                yield done, images
+                done += len(images)
     finally:
         engine.close()
-        if stage is not None:
-            stage.drop()
 
 
 def _shard_batches(part: ShardPart, opts: ImageOptions, threads: int, device: torch.device,
                    channels_last: bool,
                    taken: list[torch.Tensor]) -> Generator[tuple[int, torch.Tensor]]:
-    on_gpu = device.type == "cuda"
     loader = Loader(part.shards, opts.batch_size, shuffle=False, rank=0, world_size=1,
                     num_threads=threads, prefetch=opts.prefetch, on_error=opts.on_error,
-                    pin_memory=False, max_side=opts.max_side, device=device if on_gpu else None,
-                    channels_last=channels_last and on_gpu)
+                    pin_memory=False, max_side=opts.max_side, device=device,
+                    channels_last=channels_last)
     image_at = part.shards.image_field or 0
     try:
         done = 0

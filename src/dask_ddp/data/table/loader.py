@@ -124,7 +124,7 @@ class TableLoader(Loader):
         self._init_reading(batch_size, shuffle=shuffle, seed=seed, rank=rank,
                            world_size=world_size, drop_last=drop_last,
                            num_threads=num_threads, prefetch=prefetch,
-                           stage=stage_for(device, channels_last, None))
+                           stage=stage_for(device, channels_last, False))
         self.table = table
         self.window = int(window)
         self._resume: dict[str, Any] | None = None  # a state saved on another world size
@@ -215,6 +215,13 @@ class TableLoader(Loader):
         start, self._start_batch = self._start_batch, 0
         self._position = start
         self._hint_persist()
+        with self._stage.over(self._host_rows(start), image_at=-1) as batches:
+            yield from batches
+        flush_pending()  # the epoch's metrics reported as CUDA values
+
+    def _host_rows(self, start: int) -> Iterator[Any]:
+        """The epoch's host batches from batch ``start`` on: the own rows', then each
+        deal's (live recovery)."""
         epoch = self.epoch
         if not self._own_end:
             # The next epoch's plan and first window are made while this one is gathered
@@ -225,7 +232,6 @@ class TableLoader(Loader):
         while (deal := self._redeal.next_core(epoch)) is not None:
             self._position = 0
             yield from self._feed(deal.parts, 0, None)
-        flush_pending()  # the epoch's metrics reported as CUDA values
 
     def _feed(self, rank_rows: Callable[[], tuple[np.ndarray, np.ndarray]], start: int,
               ahead: Callable[[], tuple[np.ndarray, np.ndarray]] | None) -> Iterator[Any]:
@@ -245,11 +251,8 @@ class TableLoader(Loader):
                     logger.debug("rank %d: first batch of epoch %d after %.3f s", self.rank,
                                  self.epoch, time.monotonic() - t0)
                 self._position += 1
-                batch = batch_of(item)
-                yield batch if self._stage is None else self._stage.move_value(batch)
+                yield batch_of(item)
         finally:
-            if self._stage is not None:
-                self._stage.drop()
             feed.close(self.rank)
 
     # -- live recovery ------------------------------------------------------------------
@@ -330,8 +333,7 @@ class TableLoader(Loader):
         if self._feeding is not None:
             self._feeding.cancel()
         self._reads.close()
-        if self._stage is not None:
-            self._stage.drop()
+        self._stage.drop()
 
     def __repr__(self) -> str:
         return (f"Loader({self.table!r}, batch_size={self.batch_size}, shuffle={self.shuffle!r}, "

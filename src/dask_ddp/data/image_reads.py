@@ -112,7 +112,7 @@ class EngineHalf(abc.ABC):
         As given.
     """
 
-    def __init__(self, make: Callable[[int, int], Any], deals: UnreadDeals, rank: int,
+    def __init__(self, make: Callable[[int, int], Any], deals: UnreadDeals[Any], rank: int,
                  world_size: int) -> None:
         self._make, self.deals = make, deals
         self.core = make(rank, world_size)

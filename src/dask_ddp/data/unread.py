@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, Union
 
 if TYPE_CHECKING:
     import numpy as np
@@ -20,6 +20,19 @@ if TYPE_CHECKING:
 #: Samples named for a deal: positions in an image list, sample ids of tar shards (lists),
 #: or a table's global row ids (an int64 array).
 Samples = Union[Sequence[int], "np.ndarray"]
+
+
+class DealReader(Protocol):
+    """What reads one deal: an engine loader, or a table's rows (:class:`~dask_ddp.data.
+    table.deals.Deal`)."""
+
+    def start_epoch(self, epoch: int, start: int, /) -> None: ...
+
+    def close(self) -> None: ...
+
+
+R = TypeVar("R", bound=DealReader)
+
 
 def rank_indices(n: int, epoch: int, rank: int, world_size: int, *, shuffle: bool = True,
                  seed: int = 0, drop_last: bool = False) -> list[int]:
@@ -33,7 +46,7 @@ def rank_indices(n: int, epoch: int, rank: int, world_size: int, *, shuffle: boo
                                                   drop_last=drop_last)]
 
 
-class UnreadDeals:
+class UnreadDeals(Generic[R]):
     """The extra sample lists of a Loader's current epoch, read after its own shard.
 
     Parameters
@@ -48,7 +61,7 @@ class UnreadDeals:
         list's deal, read unshuffled).
     """
 
-    def __init__(self, make_core: Callable[[int, Samples, int, int], Any],
+    def __init__(self, make_core: Callable[[int, Samples, int, int], R],
                  batch_size: int = 1, drop_last: bool = False,
                  share_order: Callable[[int, Samples, int, int], Samples] | None = None
                  ) -> None:
@@ -56,15 +69,15 @@ class UnreadDeals:
         self.share_order = share_order or self._strided
         self.batch_size, self.drop_last = batch_size, drop_last
         self.epoch: int | None = None
-        self.pending: list[Any] = []
+        self.pending: list[R] = []
         #: This epoch's deals, in reading order: (samples, the members' ids in the deal's
         #: rank order or None, world size, batches of each member's share, this loader's
         #: rank in the deal).
         self.deals: list[tuple[Samples, list[Any] | None, int, int, int]] = []
         #: The epoch whose dealt samples are being read (its own shard is done).
         self.reading: int | None = None
-        #: The engine loader of the deal being read.
-        self.current: Any = None
+        #: The reader of the deal being read.
+        self.current: R | None = None
 
     def _strided(self, epoch: int, positions: Samples, rank: int, world: int) -> Samples:
         idx = rank_indices(len(positions), epoch, rank, world, shuffle=False,
@@ -87,7 +100,7 @@ class UnreadDeals:
         self.deals.append((positions, None if members is None else list(members),
                            world_size, batches, rank))
 
-    def next_core(self, epoch: int) -> Any:
+    def next_core(self, epoch: int) -> R | None:
         """The next engine loader of ``epoch``'s extra samples, started; ``None`` when
         there is none left."""
         pending = self.pending  # close() from another thread may replace it meanwhile
@@ -98,22 +111,22 @@ class UnreadDeals:
         self.reading, self.current = epoch, core
         return core
 
-    def cut(self, epoch: int, consumed: int) -> tuple[Any, int] | None:
+    def cut(self, epoch: int, consumed: int) -> bool:
         """End what was dealt of ``epoch`` so far (live recovery: a rank joins and every
         unread sample is dealt again over the bigger group): the deals not started are
-        dropped, and the one being read, if any, ends after the ``consumed`` batches read
-        of it; :meth:`lost_share` counts them so from now on. Returns the loader of the
-        deal being read and its number of batches, for the caller to stop it."""
+        dropped, and the one being read, if any, stops after the ``consumed`` batches read
+        of it; :meth:`lost_share` counts them so from now on. Whether one was being read
+        (else the caller ends its own share)."""
         if self.epoch != epoch:
-            return None
+            return self.reading == epoch
         started = len(self.deals) - len(self.pending)
         self.pending = []
         del self.deals[started:]
-        if self.reading != epoch or started == 0:
-            return None
-        positions, members, world, batches, rank = self.deals[-1]
-        self.deals[-1] = (positions, members, world, min(int(consumed), batches), rank)
-        return self.current, batches
+        if self.reading == epoch and started > 0 and self.current is not None:
+            positions, members, world, batches, rank = self.deals[-1]
+            self.deals[-1] = (positions, members, world, min(int(consumed), batches), rank)
+            self.current.start_epoch(epoch, batches)
+        return self.reading == epoch
 
     def close(self) -> None:
         """Close the engine loaders of the deals (those not started and the one being read)

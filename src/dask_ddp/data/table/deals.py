@@ -30,8 +30,11 @@ class Deal:
     rows: np.ndarray
     wins: np.ndarray
 
-    def start_epoch(self, epoch: int, start: int) -> None:
+    def start_epoch(self, epoch: int, start: int, /) -> None:
         """Nothing to start (the share is fed as the epoch's own rows are)."""
+
+    def close(self) -> None:
+        """Nothing to close (the rows are the Loader's feeding thread's)."""
 
     def parts(self) -> tuple[np.ndarray, np.ndarray]:
         """The rows and their window ids, as the feeding thread asks for them."""
@@ -39,7 +42,7 @@ class Deal:
 
 
 def table_deals(table: Table, *, batch_size: int, window: int, drop_last: bool
-                ) -> UnreadDeals:
+                ) -> UnreadDeals[Deal]:
     """The deals of a TableLoader over ``table`` (its ``batch_size``, ``window`` and
     ``drop_last``): each rank's share a :class:`Deal`."""
     per_window = max(batch_size, window * -(-len(table) // max(table.npartitions, 1)))

@@ -28,7 +28,6 @@ from dask_ddp._pending import flush_pending
 from dask_ddp.data.device import stage_for
 from dask_ddp.data.loader import Loader
 from dask_ddp.data.process import check_made_here
-from dask_ddp.data.redealing import Redealing
 from dask_ddp.data.resume import check_batch, check_saved
 from dask_ddp.data.table.batches import EpochBatches
 from dask_ddp.data.table.deals import table_deals
@@ -146,8 +145,8 @@ class TableLoader(Loader):
                                      gather_ahead=self.num_threads > 1 or torch.cuda.is_available())
         self._feeding: Feed | None = None  # the feeding thread of the current iteration
         # Rows a lost rank left unread, read after this rank's own (live recovery).
-        self._redeal = Redealing(table_deals(table, batch_size=self.batch_size,
-                                             window=self.window, drop_last=self.drop_last))
+        self._deals = table_deals(table, batch_size=self.batch_size, window=self.window,
+                                  drop_last=self.drop_last)
         self._own_end = False  # end_reads(): the own rows of this epoch are done
         self._cuts = 0  # end_reads() calls: the rows being fed stop at the next batch
 
@@ -181,7 +180,7 @@ class TableLoader(Loader):
             self._start_batch = 0
             self._resume = None
             self._own_end = False
-            if (layout := self._redeal.take_layout()) is not None:
+            if (layout := self._pop_layout()) is not None:
                 self._take_layout(*layout)
         self.epoch = int(epoch)
 
@@ -229,7 +228,7 @@ class TableLoader(Loader):
             nxt = epoch + 1
             ahead = (lambda: self._plan.rows(nxt, None)) if self._resume is None else None
             yield from self._feed(self._rank_rows, start, ahead)
-        while (deal := self._redeal.next_core(epoch)) is not None:
+        while (deal := self._deals.next_core(epoch)) is not None:
             self._position = 0
             yield from self._feed(deal.parts, 0, None)
 
@@ -265,8 +264,8 @@ class TableLoader(Loader):
         bs = self.batch_size
         parts = [self._plan.rows_of(epoch, self._resume, r)[0][batch * bs:]
                  for r in sorted(ranks)]
-        parts.append(np.asarray(self._redeal.lost(
-            epoch, batch, len(self), ranks if uids is None else uids), np.int64))
+        parts.append(np.asarray(self._dealt_lost(epoch, batch, ranks if uids is None else uids),
+                                np.int64))
         return np.concatenate(parts).astype(np.int64, copy=False)
 
     def _stop_reads(self, own: bool) -> None:
@@ -289,12 +288,12 @@ class TableLoader(Loader):
             state["resumed_from"] = dict(self._resume)
         if self._plan.pieces is not None:
             state["pieces"] = [list(map(list, ps)) for ps in self._plan.pieces]
-        return {**state, **self._redeal.saved(self)}
+        return {**state, **self._unread_entry()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from :meth:`state_dict`'s position on the next iteration (a state
         with ``"unread"``: with those rows, :meth:`resume_unread`)."""
-        if self._redeal.took_unread(self, state):
+        if self._took_unread(state):
             return
         own = self.state_dict()
         check_saved(state, {k: own[k] for k in ("seed", "shuffle", "batch_size", "drop_last",

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import Subset
 
@@ -30,30 +30,15 @@ from dask_ddp.data.unread import UnreadDeals, lost_positions, shard_deal, shard_
 
 if TYPE_CHECKING:
     from dask_ddp.data.device import DeviceStage
+    from dask_ddp.data.loader import Loader
 
-__all__ = ["EngineHalf", "ImageReads", "LoaderOptions", "ShardReads", "engine_half",
-           "pipeline"]
-
-
-class LoaderOptions(Protocol):
-    """The options of an image Loader its engine half reads (the Loader's attributes)."""
-
-    dataset: Any
-    batch_size: int
-    shuffle: bool | str
-    seed: int
-    rank: int
-    world_size: int
-    drop_last: bool
-    num_threads: int
-    prefetch: int
-    on_error: str
+__all__ = ["EngineHalf", "ImageReads", "ShardReads", "engine_half", "pipeline"]
 
 
-def pipeline(dataset: ImageList | TarShards | Subset[Any], transform: T.Transform | None
-             ) -> tuple[object, list[Op]]:
-    """The transform a Loader over ``dataset`` runs (``transform``, else the dataset's own)
-    and its engine ops.
+def pipeline(dataset: ImageList | TarShards | Subset[Any], transform: T.Transform | None,
+             *, who: str = "Loader") -> tuple[object, list[Op]]:
+    """The transform a Loader (``who``: another reader) over ``dataset`` runs
+    (``transform``, else the dataset's own) and its engine ops.
 
     Raises
     ------
@@ -67,13 +52,13 @@ def pipeline(dataset: ImageList | TarShards | Subset[Any], transform: T.Transfor
     chosen: object = own if transform is None else transform
     if chosen is None and (shards is None or shards.image_field is not None):
         raise ValueError(
-            "Loader needs a transform with a fixed output size, e.g. "
+            f"{who} needs a transform with a fixed output size, e.g. "
             "transforms.Compose([transforms.RandomResizedCrop(224), transforms.ToTensor()])"
         )
     return chosen, [] if chosen is None else T.to_ops(chosen)
 
 
-def engine_half(dataset: ImageList | TarShards | Subset[Any], loader: LoaderOptions,
+def engine_half(dataset: ImageList | TarShards | Subset[Any], loader: Loader,
                 stage: DeviceStage, *, max_side: int, scaled_decode: bool,
                 region_decode: bool) -> EngineHalf:
     """The engine half of ``loader``, a Loader over ``dataset``, with the decode options.
@@ -155,7 +140,7 @@ class EngineHalf(abc.ABC):
         """The state dict's entries of this kind of dataset."""
 
     @abc.abstractmethod
-    def resume(self, state: Mapping[str, Any], loader: LoaderOptions) -> int:
+    def resume(self, state: Mapping[str, Any], loader: Loader) -> int:
         """The batch of the saved epoch to resume at (its sample runs set).
 
         Raises
@@ -166,7 +151,7 @@ class EngineHalf(abc.ABC):
         """
 
     @abc.abstractmethod
-    def lost(self, loader: LoaderOptions, epoch: int, batch: int, ranks: list[int]
+    def lost(self, loader: Loader, epoch: int, batch: int, ranks: list[int]
              ) -> list[int]:
         """The samples of ``epoch`` that ``ranks`` had not yielded after ``batch`` batches
         each, in rank order."""
@@ -208,14 +193,14 @@ class ImageReads(EngineHalf):
     def state(self) -> dict[str, Any]:
         return {}
 
-    def resume(self, state: Mapping[str, Any], loader: LoaderOptions) -> int:
+    def resume(self, state: Mapping[str, Any], loader: Loader) -> int:
         epoch = int(state["epoch"])
         check_saved(state, {"seed": loader.seed, "shuffle": loader.shuffle,
                             "world_size": loader.world_size,
                             "num_batches": self.num_batches(epoch)})
         return check_batch(int(state["batch"]), self.num_batches(epoch))
 
-    def lost(self, loader: LoaderOptions, epoch: int, batch: int, ranks: list[int]
+    def lost(self, loader: Loader, epoch: int, batch: int, ranks: list[int]
              ) -> list[int]:
         """Positions in the list."""
         return lost_positions(loader, epoch, batch, ranks)
@@ -274,7 +259,7 @@ class ShardReads(EngineHalf):
         return {"drop_last": self.drop_last, "batch_size": self.batch_size,
                 "epoch_segments": self.segments}
 
-    def resume(self, state: Mapping[str, Any], loader: LoaderOptions) -> int:
+    def resume(self, state: Mapping[str, Any], loader: Loader) -> int:
         check_saved(state, {"seed": loader.seed, "shuffle": loader.shuffle,
                             "drop_last": loader.drop_last, "batch_size": loader.batch_size})
         batch, segments = shard_resume(
@@ -286,7 +271,7 @@ class ShardReads(EngineHalf):
         self.segments = segments
         return check_batch(batch, self.num_batches(int(state["epoch"])))
 
-    def lost(self, loader: LoaderOptions, epoch: int, batch: int, ranks: list[int]
+    def lost(self, loader: Loader, epoch: int, batch: int, ranks: list[int]
              ) -> list[int]:
         """Sample ids, each rank's in its reading order."""
         return shard_lost(self.shards, epoch, batch * self.batch_size, ranks,

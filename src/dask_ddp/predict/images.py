@@ -26,11 +26,11 @@ import numpy as np
 import torch
 
 from dask_ddp import storage
-from dask_ddp.data import transforms as T
-from dask_ddp.data.datasets import ImageList
 from dask_ddp.data.device import DeviceStage
 from dask_ddp.data.engine import ImageSource, resolve_dataset, sample_layout
+from dask_ddp.data.image_reads import pipeline
 from dask_ddp.data.loader import Loader
+from dask_ddp.data.loader_type import Kind, kind_of
 from dask_ddp.data.shards import TarShards
 from dask_ddp.predict import model as cache
 from dask_ddp.predict.forward import forward
@@ -80,7 +80,7 @@ class ShardPart:
 
 def image_parts(dataset: Any, partition_size: int) -> list[ListPart | ShardPart]:
     """The partitions of an image dataset, in its order."""
-    if isinstance(dataset, TarShards):
+    if kind_of(dataset) is Kind.SHARDS:
         counts, urls = dataset.counts, dataset.urls
         starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(int).tolist()
         return [ShardPart(_one_shard(dataset, url, c), s)
@@ -215,15 +215,6 @@ def predict_images(part: ListPart | ShardPart, spec: cache.ModelSpec, opts: Imag
 
 
 def transform_ops(dataset: Any, transform: Any) -> tuple[Any, ...]:
-    """The engine ops of ``transform``, else of the dataset's own transform."""
-    chosen = transform
-    if chosen is None:
-        inner = dataset
-        while not isinstance(inner, (ImageList, TarShards)) and hasattr(inner, "dataset"):
-            inner = inner.dataset
-        chosen = getattr(inner, "transform", None)
-    if chosen is None:
-        raise ValueError("predict on images needs a transform with a fixed output size, e.g. "
-                         "transforms.Compose([transforms.Resize((224, 224)), "
-                         "transforms.ToTensor()])")
-    return tuple(T.to_ops(chosen))
+    """The engine ops of ``transform``, else of the dataset's own transform, as a Loader
+    over ``dataset`` takes them (``ValueError`` naming ``predict`` for none)."""
+    return tuple(pipeline(dataset, transform, who="predict on images")[1])

@@ -33,10 +33,10 @@ from dask_ddp._pending import flush_pending
 from dask_ddp.data import transforms as T
 from dask_ddp.data.datasets import ImageList
 from dask_ddp.data.device import DeviceStage, default_threads, stage_for
-from dask_ddp.data.image_reads import engine_half, pipeline
 from dask_ddp.data.loader_type import InitSignature, loader_type
 from dask_ddp.data.process import check_made_here
 from dask_ddp.data.shards import TarShards
+from dask_ddp.data.sources import pipeline, source_for
 from dask_ddp.data.unread import Samples, UnreadDeals
 from dask_ddp.data.world import rank_and_world
 
@@ -140,10 +140,11 @@ class Loader:
         self.dataset, self.transform, self.on_error = dataset, chosen, on_error
         self.pin_memory = stage.device is None and (torch.cuda.is_available()
                                                     if pin_memory is None else bool(pin_memory))
-        # The engine loaders (its own share's, live recovery's deals') and its dataset's kind.
-        self._engine = engine_half(dataset, self, stage, max_side=int(max_side),
-                                   scaled_decode=scaled_decode, region_decode=region_decode)
-        self._deals: UnreadDeals[Any] = self._engine.deals
+        # What the dataset's kind decides: its readers (the own share's, the deals'), counts
+        # and resume.
+        self._source = source_for(dataset, self, stage, max_side=int(max_side),
+                                  scaled_decode=scaled_decode, region_decode=region_decode)
+        self._deals: UnreadDeals[Any] = self._source.deals
 
     def _init_reading(self, batch_size: int, *, shuffle: bool | str, seed: int,
                       rank: int | None, world_size: int | None, drop_last: bool,
@@ -168,17 +169,17 @@ class Loader:
 
     def __len__(self) -> int:
         """Batches per epoch for this rank (for tar shards: in the current epoch)."""
-        return self._engine.num_batches(self.epoch)
+        return self._source.num_batches(self.epoch)
 
     @property
     def num_samples(self) -> int:
         """Samples per epoch for this rank (padding included)."""
-        return self._engine.num_samples(self.epoch)
+        return self._source.num_samples(self.epoch)
 
     @property
     def skipped(self) -> int:
         """Samples left out so far because they failed (``on_error="skip"``)."""
-        return int(self._engine.core.skipped)
+        return int(self._source.core.skipped)
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch's shuffle and augmentation (as ``DistributedSampler.set_epoch``).
@@ -191,10 +192,10 @@ class Loader:
             raise ValueError(f"epoch must be >= 0, got {epoch}")
         if int(epoch) != self.epoch:
             self._start_batch = 0
-            self._engine.new_epoch()
+            self._source.new_epoch()
             if (layout := self._pop_layout()) is not None:
                 self.rank, self.world_size = layout
-                self._engine.relayout(*layout)
+                self._source.relayout(*layout)
         self.epoch = int(epoch)
 
     def __iter__(self) -> Iterator[tuple[Any, ...]]:
@@ -202,15 +203,15 @@ class Loader:
         tuple in the order of its fields."""
         check_made_here(self._made_in)
         start, self._start_batch = self._start_batch, 0
-        self._engine.core.start_epoch(self.epoch, start)
+        self._source.core.start_epoch(self.epoch, start)
         self._position = start
-        with self._stage.over(self._host_batches(), self._engine.image_at) as batches:
+        with self._stage.over(self._host_batches(), self._source.image_at) as batches:
             yield from batches  # the epoch's host buffers go back to the engine at the end
         flush_pending()  # the epoch's metrics reported as CUDA values
 
     def _host_batches(self) -> Iterator[tuple[Any, ...]]:
         """The epoch's host batches: the own share's, then each deal's (live recovery)."""
-        core = self._engine.core
+        core = self._source.core
         # The job page's step rate and data wait (a no-op outside a launched rank).
         counters, clock = rank_counters(), time.perf_counter_ns
         while True:
@@ -227,7 +228,7 @@ class Loader:
             if counters is not None:
                 counters.add_batch(clock() - t0)
             self._position = int(item[2]) + 1
-            yield self._engine.batch(item)
+            yield self._source.batch(item)
 
     def state_dict(self) -> dict[str, Any]:
         """The position in the epoch: resuming from it yields the remaining batches,
@@ -236,7 +237,7 @@ class Loader:
         had not yielded (see :meth:`resume_unread`)."""
         return {"epoch": self.epoch, "batch": self._position, "seed": self.seed,
                 "shuffle": self.shuffle, "world_size": self.world_size,
-                "num_batches": len(self), **self._engine.state(), **self._unread_entry()}
+                "num_batches": len(self), **self._source.state(), **self._unread_entry()}
 
     def _unread_entry(self) -> dict[str, Any]:
         """The state dict's ``"unread"`` entry (:meth:`unread_samples`) in an epoch that
@@ -279,7 +280,7 @@ class Loader:
         """
         if self._took_unread(state):
             return
-        batch = self._engine.resume(state, self)
+        batch = self._source.resume(state, self)
         self.epoch, self._start_batch, self._position = int(state["epoch"]), batch, batch
 
     @property
@@ -302,7 +303,7 @@ class Loader:
         sample list (image lists) or sample ids (tar shards), for :meth:`deal_unread`;
         with the shares of samples dealt earlier in the epoch to the members ``uids``
         (their ids in :meth:`deal_unread`'s ``members``; default ``ranks``)."""
-        return self._engine.lost(self, epoch, batch, ranks) + self._dealt_lost(
+        return self._source.lost(self, epoch, batch, ranks) + self._dealt_lost(
             epoch, batch, ranks if uids is None else uids)
 
     def _dealt_lost(self, epoch: int, batch: int, members: list[Any]) -> list[int]:
@@ -357,14 +358,14 @@ class Loader:
     def _stop_reads(self, own: bool) -> None:
         """Stop what :meth:`end_reads` ends (``own``: the epoch's own share was read)."""
         if own:
-            self._engine.core.start_epoch(self.epoch, len(self))
+            self._source.core.start_epoch(self.epoch, len(self))
 
     def close(self) -> None:
         """Stop the engine's threads (batches already handed out stay valid) and free the
         buffers lent to them (with a device: their share of the pinned-memory budget).
         Safe from any thread, also while another waits for a batch (that iteration then
         raises ``ValueError``: the loader is closed), and twice."""
-        self._engine.close()
+        self._source.close()
         self._stage.close()
 
     @property

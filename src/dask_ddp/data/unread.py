@@ -10,7 +10,6 @@ rank's samples without reading them.
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, Union
 
@@ -191,58 +190,3 @@ def lost_positions(loader: Any, epoch: int, batch: int, lost: Sequence[int]) -> 
                             seed=loader.seed, drop_last=loader.drop_last)
         out += mine[batch * loader.batch_size:]
     return out
-
-
-def _id_segments(counts: Sequence[int], ids: Samples) -> list[tuple[int, int, int]]:
-    """Sample ids of tar shards as (shard, begin, end) runs, in their order."""
-    starts = [0]
-    for c in counts:
-        starts.append(starts[-1] + int(c))
-    out: list[tuple[int, int, int]] = []
-    for i in ids:
-        shard = bisect.bisect_right(starts, i) - 1
-        off = i - starts[shard]
-        if out and out[-1][0] == shard and out[-1][2] == off:
-            out[-1] = (shard, out[-1][1], off + 1)
-        else:
-            out.append((shard, off, off + 1))
-    return out
-
-
-def shard_lost(shards: Any, epoch: int, position: int, ranks: Sequence[int], world_size: int,
-               *, shuffle: bool, seed: int, drop_last: bool,
-               segments: Sequence[tuple[int, int, int]] | None,
-               skip_errors: bool) -> list[int]:
-    """The sample ids of tar shards that ``ranks`` had not yielded after ``position``
-    samples each, in their reading order (the engine's ``shard_rank_order``)."""
-    from dask_ddp import _core
-
-    counts = shards.shard_counts(skip_errors)
-    out: list[int] = []
-    for r in sorted(ranks):
-        ids = _core.shard_rank_order(counts, segments, epoch, r, world_size, shuffle=shuffle,
-                                     seed=seed, drop_last=drop_last,
-                                     shuffle_buffer=shards.shuffle_buffer)[0]
-        out += [int(i) for i in ids[position:]]
-    return out
-
-
-def shard_share(shards: Any, epoch: int, ids: Samples, rank: int, world_size: int, *,
-                shuffle: bool, seed: int, drop_last: bool, skip_errors: bool) -> list[int]:
-    """The sample ids of tar shards that rank ``rank`` of ``world_size`` reads of a deal of
-    ``ids`` (:func:`shard_deal`), in its reading order."""
-    from dask_ddp import _core
-
-    counts = shards.shard_counts(skip_errors)
-    order = _core.shard_rank_order(counts, _id_segments(counts, ids), epoch, rank, world_size,
-                                   shuffle=shuffle, seed=seed, drop_last=drop_last,
-                                   shuffle_buffer=shards.shuffle_buffer)[0]
-    return [int(i) for i in order]
-
-
-def shard_deal(shards: Any, epoch: int, ids: Samples, core: Any,
-               skip_errors: bool) -> Any:
-    """``core`` (a tar shard loader) set to read these sample ids of ``epoch``."""
-    counts = shards.shard_counts(skip_errors)
-    core.set_epoch_segments(epoch, _id_segments(counts, ids))
-    return core

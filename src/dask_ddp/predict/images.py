@@ -28,10 +28,10 @@ import torch
 from dask_ddp import storage
 from dask_ddp.data.device import DeviceStage
 from dask_ddp.data.engine import ImageSource, resolve_dataset, sample_layout
-from dask_ddp.data.image_reads import pipeline
 from dask_ddp.data.loader import Loader
 from dask_ddp.data.loader_type import Kind, kind_of
 from dask_ddp.data.shards import TarShards
+from dask_ddp.data.sources import pipeline
 from dask_ddp.predict import model as cache
 from dask_ddp.predict.forward import forward
 from dask_ddp.predict.heap import warm_heap

@@ -1,38 +1,42 @@
-"""An image Loader's engine half (internal): its engine loader, and what its kind of
-dataset changes.
+"""The Sources of the engine's data kinds (internal): what a Loader reads, and everything
+its kind of dataset decides.
 
-A :class:`~dask_ddp.data.Loader` over images keeps its options, its position and the
-Loader protocol; its engine half (an :class:`EngineHalf`: :class:`ImageReads` for an image
-list or a ``Subset`` of one, :class:`ShardReads` for tar shards; :func:`engine_half` makes
-the one of a dataset) holds the engine
-loader of the Loader's rank layout (made again at a ``reshard``) and the engine loaders of
-live recovery's deals, and answers what differs between the two kinds of dataset: the
-epoch's sample and batch counts, a batch's tuple, the samples a rank had not read, the
-state dict's own entries and where a saved state resumes. Tar shards add the epoch's
-sample runs: a state saved on another world size resumes with the samples no rank had
-yielded (see :class:`~dask_ddp.data.TarShards`).
+A :class:`~dask_ddp.data.Loader` keeps its options, its position and the device stage;
+its :class:`Source` (:class:`ImageListSource` for an image list or a ``Subset`` of one,
+:class:`ShardSource` for tar shards; :func:`source_for` makes the one of a dataset) owns
+the reader of the Loader's rank layout (an engine loader, made again at a ``reshard``),
+the readers of live recovery's deals, and what differs between kinds: the epoch's sample
+and batch counts, a batch's tuple, the samples a rank had not read and a deal's share of
+them, the state dict's own entries and where a saved state resumes. This mirrors the
+engine's ``pipeline::SampleSource`` (one source per kind under one loader).
 """
 
 from __future__ import annotations
 
 import abc
+import bisect
+import logging
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import Subset
 
+from dask_ddp import _core
 from dask_ddp.data import transforms as T
 from dask_ddp.data.datasets import ImageList
 from dask_ddp.data.engine import ImageSource, Op, resolve_dataset
-from dask_ddp.data.resume import Segments, check_batch, check_saved, shard_resume
+from dask_ddp.data.resume import Segments, check_batch, check_saved
 from dask_ddp.data.shards import TarShards
-from dask_ddp.data.unread import UnreadDeals, lost_positions, shard_deal, shard_lost, shard_share
+from dask_ddp.data.unread import UnreadDeals, lost_positions
 
 if TYPE_CHECKING:
     from dask_ddp.data.device import DeviceStage
     from dask_ddp.data.loader import Loader
+    from dask_ddp.data.unread import Samples
 
-__all__ = ["EngineHalf", "ImageReads", "ShardReads", "engine_half", "pipeline"]
+__all__ = ["ImageListSource", "ShardSource", "Source", "pipeline", "source_for"]
+
+logger = logging.getLogger(__name__)
 
 
 def pipeline(dataset: ImageList | TarShards | Subset[Any], transform: T.Transform | None,
@@ -58,10 +62,10 @@ def pipeline(dataset: ImageList | TarShards | Subset[Any], transform: T.Transfor
     return chosen, [] if chosen is None else T.to_ops(chosen)
 
 
-def engine_half(dataset: ImageList | TarShards | Subset[Any], loader: Loader,
+def source_for(dataset: ImageList | TarShards | Subset[Any], loader: Loader,
                 stage: DeviceStage, *, max_side: int, scaled_decode: bool,
-                region_decode: bool) -> EngineHalf:
-    """The engine half of ``loader``, a Loader over ``dataset``, with the decode options.
+                region_decode: bool) -> Source:
+    """The Source of ``loader``, a Loader over ``dataset``, with the decode options.
     Every engine loader is made by the device ``stage`` (:meth:`DeviceStage.reader`: the
     pipeline's engine ops, and on a GPU its page-locked buffers lent)."""
     options: dict[str, Any] = {
@@ -72,13 +76,13 @@ def engine_half(dataset: ImageList | TarShards | Subset[Any], loader: Loader,
         "scaled_decode": bool(scaled_decode), "region_decode": bool(region_decode),
     }
     if isinstance(dataset, TarShards):
-        return ShardReads(dataset, stage, options)
-    return ImageReads(dataset, stage, options)
+        return ShardSource(dataset, stage, options)
+    return ImageListSource(dataset, stage, options)
 
 
-class EngineHalf(abc.ABC):
-    """An image Loader's engine half (see the module): its engine loaders, and the
-    questions each kind of dataset answers.
+class Source(abc.ABC):
+    """A Loader's Source (see the module): its readers, and the questions each kind of
+    dataset answers.
 
     Parameters
     ----------
@@ -157,8 +161,8 @@ class EngineHalf(abc.ABC):
         each, in rank order."""
 
 
-class ImageReads(EngineHalf):
-    """The engine half of a Loader over an image list or a ``Subset`` of one: the deals
+class ImageListSource(Source):
+    """The Source of an image list or a ``Subset`` of one: the deals
     are positions in the list, read unshuffled."""
 
     def __init__(self, dataset: ImageList | Subset[Any], stage: DeviceStage,
@@ -206,9 +210,9 @@ class ImageReads(EngineHalf):
         return lost_positions(loader, epoch, batch, ranks)
 
 
-class ShardReads(EngineHalf):
-    """The engine half of a Loader over tar shards: the deals are sample ids, read in the
-    shards' order.
+class ShardSource(Source):
+    """The Source of tar shards: the deals are sample ids, read in the shards' order; a
+    state saved on another world size resumes with the samples no rank had yielded.
 
     Attributes
     ----------
@@ -218,22 +222,46 @@ class ShardReads(EngineHalf):
 
     def __init__(self, shards: TarShards, stage: DeviceStage,
                  options: dict[str, Any]) -> None:
-        skip = bool(options["skip_errors"])
-
         def make(r: int, w: int) -> Any:
             return stage.reader(lambda ops: shards.engine_loader(
                 ops, **{**options, "rank": r, "world_size": w}))
 
-        self.shards, self.skip_errors = shards, skip
+        def deal(epoch: int, ids: Samples, r: int, w: int) -> Any:
+            core = make(r, w)
+            core.set_epoch_segments(epoch, self._runs(ids))
+            return core
+
+        self.shards, self.skip_errors = shards, bool(options["skip_errors"])
+        self.shuffle, self.seed = bool(options["shuffle"]), int(options["seed"])
         self.batch_size, self.drop_last = options["batch_size"], options["drop_last"]
-        deals = UnreadDeals(
-            lambda epoch, ids, r, w: shard_deal(shards, epoch, ids, make(r, w), skip),
-            self.batch_size, self.drop_last,
-            share_order=lambda epoch, ids, r, w: shard_share(
-                shards, epoch, ids, r, w, shuffle=bool(options["shuffle"]),
-                seed=options["seed"], drop_last=self.drop_last, skip_errors=skip))
+        deals = UnreadDeals(deal, self.batch_size, self.drop_last, share_order=lambda epoch,
+                            ids, r, w: self._order(self._runs(ids), epoch, r, w))
         super().__init__(make, deals, options["rank"], options["world_size"])
         self.segments: Segments | None = None
+
+    def _order(self, segments: Segments | None, epoch: int, rank: int, world_size: int
+               ) -> list[int]:
+        """The sample ids rank ``rank`` of ``world_size`` reads of ``epoch``'s runs
+        ``segments`` (None: every shard whole), in its reading order (the engine's)."""
+        return [int(i) for i in _core.shard_rank_order(
+            self.shards.shard_counts(self.skip_errors), segments, epoch, rank, world_size,
+            shuffle=self.shuffle, seed=self.seed, drop_last=self.drop_last,
+            shuffle_buffer=self.shards.shuffle_buffer)[0]]
+
+    def _runs(self, ids: Samples) -> Segments:
+        """Sample ids as (shard, begin, end) runs, in their order."""
+        starts = [0]
+        for c in self.shards.shard_counts(self.skip_errors):
+            starts.append(starts[-1] + int(c))
+        out: Segments = []
+        for i in ids:
+            shard = bisect.bisect_right(starts, i) - 1
+            off = int(i) - starts[shard]
+            if out and out[-1][0] == shard and out[-1][2] == off:
+                out[-1] = (shard, out[-1][1], off + 1)
+            else:
+                out.append((shard, off, off + 1))
+        return out
 
     @property
     def image_at(self) -> int | None:
@@ -260,21 +288,39 @@ class ShardReads(EngineHalf):
                 "epoch_segments": self.segments}
 
     def resume(self, state: Mapping[str, Any], loader: Loader) -> int:
+        """On the saved world size, the saved position; on another, batch 0 of the
+        samples no rank had yielded, dealt over the Loader's world size."""
         check_saved(state, {"seed": loader.seed, "shuffle": loader.shuffle,
                             "drop_last": loader.drop_last, "batch_size": loader.batch_size})
-        batch, segments = shard_resume(
-            state, self.shards, world_size=loader.world_size, batch_size=self.batch_size,
-            shuffle=bool(loader.shuffle), seed=loader.seed, drop_last=self.drop_last,
-            skip_errors=self.skip_errors)
+        epoch, batch, saved_on = int(state["epoch"]), int(state["batch"]), int(
+            state["world_size"])
+        segments = self._saved_runs(state)
+        if saved_on != loader.world_size:
+            segments = self.shards.unread_segments(
+                epoch, min(batch * self.batch_size, 1 << 62), world_size=saved_on,
+                shuffle=self.shuffle, seed=self.seed, drop_last=self.drop_last,
+                epoch_segments=segments, skip_errors=self.skip_errors)
+            logger.info("resuming epoch %d on %d ranks (saved on %d): %d samples left to "
+                        "read", epoch, loader.world_size, saved_on,
+                        sum(e - b for _, b, e in segments))
+            batch = 0
         if segments is not None:
-            self.core.set_epoch_segments(int(state["epoch"]), segments)
+            self.core.set_epoch_segments(epoch, segments)
         self.segments = segments
-        return check_batch(batch, self.num_batches(int(state["epoch"])))
+        return check_batch(batch, self.num_batches(epoch))
+
+    def _saved_runs(self, state: Mapping[str, Any]) -> Segments | None:
+        """The epoch's runs saved in a state dict (None: every shard whole); a state saved
+        with a list of whole shards (``epoch_shards``) reads as runs."""
+        if state.get("epoch_segments") is not None:
+            return [(int(s), int(b), int(e)) for s, b, e in state["epoch_segments"]]
+        if state.get("epoch_shards") is not None:
+            counts = self.shards.shard_counts(self.skip_errors)
+            return [(int(s), 0, counts[int(s)]) for s in state["epoch_shards"]]
+        return None
 
     def lost(self, loader: Loader, epoch: int, batch: int, ranks: list[int]
              ) -> list[int]:
         """Sample ids, each rank's in its reading order."""
-        return shard_lost(self.shards, epoch, batch * self.batch_size, ranks,
-                          loader.world_size, shuffle=bool(loader.shuffle), seed=loader.seed,
-                          drop_last=self.drop_last, segments=self.segments,
-                          skip_errors=self.skip_errors)
+        return [i for r in sorted(ranks) for i in self._order(
+            self.segments, epoch, r, loader.world_size)[batch * self.batch_size:]]

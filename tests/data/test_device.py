@@ -472,6 +472,23 @@ def test_a_slow_consumer_never_sees_an_overwritten_batch(folder: Path) -> None:
 
 
 @pytest.mark.gpu
+def test_a_batch_on_the_device_crosses_nothing() -> None:
+    """predict's forward takes batches the Loader's stage already moved: the stage hands
+    them on (memory format applied) without a copy, an event or a held host batch; a host
+    batch is held, behind a blocking event, until the block ends."""
+    stage = DeviceStage(torch.device("cuda"), channels_last=True)
+    on_gpu = torch.zeros(2, 3, 4, 4, device="cuda")
+    with stage.over([(0, on_gpu)], image_at=1) as moved:
+        start, x = next(moved)
+        assert start == 0 and x.is_contiguous(memory_format=torch.channels_last)
+        assert len(stage._held) == 0
+    with stage.over([(0, on_gpu.cpu())], image_at=1) as moved:
+        _, x = next(moved)
+        assert x.is_cuda and len(stage._held) == 1
+    assert len(stage._held) == 0
+
+
+@pytest.mark.gpu
 def test_a_compiled_model_compiles_once_over_an_epoch(folder: Path) -> None:
     """drop_last=True: every batch has one shape, so torch.compile traces once (a short
     last batch would trace again, or mark the batch dimension dynamic)."""

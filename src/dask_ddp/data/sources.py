@@ -27,7 +27,7 @@ from dask_ddp.data.datasets import ImageList
 from dask_ddp.data.engine import ImageSource, Op, resolve_dataset
 from dask_ddp.data.resume import Segments, check_batch, check_saved
 from dask_ddp.data.shards import TarShards
-from dask_ddp.data.unread import UnreadDeals, lost_positions
+from dask_ddp.data.unread import UnreadDeals, rank_indices
 
 if TYPE_CHECKING:
     from dask_ddp.data.device import DeviceStage
@@ -206,8 +206,10 @@ class ImageListSource(Source):
 
     def lost(self, loader: Loader, epoch: int, batch: int, ranks: list[int]
              ) -> list[int]:
-        """Positions in the list."""
-        return lost_positions(loader, epoch, batch, ranks)
+        """Positions in the list, each rank's in its reading order (the engine's)."""
+        return [i for r in sorted(ranks) for i in rank_indices(
+            len(loader.dataset), epoch, r, loader.world_size, shuffle=bool(loader.shuffle),
+            seed=loader.seed, drop_last=loader.drop_last)[batch * loader.batch_size:]]
 
 
 class ShardSource(Source):

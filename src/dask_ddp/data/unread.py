@@ -179,14 +179,3 @@ class UnreadDeals(Generic[R]):
         return [int(i) for positions, _, world, rank, start in
                 self._unread_deals(epoch, consumed)
                 for i in self.share_order(epoch, positions, rank, world)[start:]]
-
-def lost_positions(loader: Any, epoch: int, batch: int, lost: Sequence[int]) -> list[int]:
-    """The samples of ``epoch`` that the ``lost`` ranks (of ``loader``'s world) had not
-    trained on after ``batch`` batches of it, in rank order."""
-    n = len(loader.dataset)
-    out: list[int] = []
-    for r in sorted(lost):
-        mine = rank_indices(n, epoch, r, loader.world_size, shuffle=bool(loader.shuffle),
-                            seed=loader.seed, drop_last=loader.drop_last)
-        out += mine[batch * loader.batch_size:]
-    return out

@@ -16,7 +16,7 @@ from __future__ import annotations
 import abc
 import bisect
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import Subset
@@ -82,35 +82,41 @@ def source_for(dataset: ImageList | TarShards | Subset[Any], loader: Loader,
 
 class Source(abc.ABC):
     """A Loader's Source (see the module): its readers, and the questions each kind of
-    dataset answers.
-
-    Parameters
-    ----------
-    make
-        ``make(rank, world_size)``: the engine loader of the own share of that rank.
-    deals
-        The samples dealt to the Loader after its own share (live recovery).
-    rank, world_size
-        The Loader's layout.
+    dataset answers; the :class:`~dask_ddp.data.unread.Dealer` of its deals. ``options``:
+    the engine loaders' (the Loader's ``rank``, ``world_size``, ``batch_size``, ...).
 
     Attributes
     ----------
     core
         The engine loader of the Loader's own share (of its rank layout).
     deals
-        As given.
+        The samples dealt to the Loader after its own share (live recovery).
     """
 
-    def __init__(self, make: Callable[[int, int], Any], deals: UnreadDeals[Any], rank: int,
-                 world_size: int) -> None:
-        self._make, self.deals = make, deals
-        self.core = make(rank, world_size)
+    def __init__(self, options: dict[str, Any]) -> None:
+        self.batch_size, self.drop_last = options["batch_size"], options["drop_last"]
+        self.deals: UnreadDeals[Any] = UnreadDeals(self, self.batch_size, self.drop_last)
+        self.core = self.reader(options["rank"], options["world_size"])
+
+    @abc.abstractmethod
+    def reader(self, rank: int, world_size: int) -> Any:
+        """The engine loader of rank ``rank`` of ``world_size``'s own share."""
+
+    @abc.abstractmethod
+    def deal_reader(self, epoch: int, samples: Samples, rank: int, world_size: int) -> Any:
+        """The engine loader of a deal of ``samples`` of ``epoch`` (live recovery)."""
+
+    def deal_share(self, epoch: int, samples: Samples, rank: int, world_size: int
+                   ) -> Samples:
+        """Every ``world_size``-th sample from ``rank``, unshuffled (an image list's)."""
+        return [samples[i] for i in rank_indices(len(samples), epoch, rank, world_size,
+                                                 shuffle=False, drop_last=self.drop_last)]
 
     def relayout(self, rank: int, world_size: int) -> None:
         """Read from now on as rank ``rank`` of ``world_size`` (a new engine loader; the
         old one is closed, its lent buffers freed)."""
         self.core.close()
-        self.core = self._make(rank, world_size)
+        self.core = self.reader(rank, world_size)
 
     def new_epoch(self) -> None:
         """Another epoch was set: the deals of the one before end (their engine loaders
@@ -169,16 +175,16 @@ class ImageListSource(Source):
                  options: dict[str, Any]) -> None:
         # The dataset's own store (its URL, credentials and options: endpoint, region, CA
         # bundle, retries), opened in this process.
-        source = ImageSource.of(dataset)
+        self.images, self.stage, self.options = ImageSource.of(dataset), stage, options
+        super().__init__(options)
 
-        def make(r: int, w: int) -> Any:
-            return stage.reader(lambda ops: source.loader(
-                ops, **{**options, "rank": r, "world_size": w}))
+    def reader(self, rank: int, world_size: int) -> Any:
+        return self.stage.reader(lambda ops: self.images.loader(
+            ops, **{**self.options, "rank": rank, "world_size": world_size}))
 
-        deals = UnreadDeals(lambda _, pos, r, w: stage.reader(lambda ops: source.subset(
-            pos).loader(ops, **{**options, "shuffle": False, "rank": r, "world_size": w})),
-            options["batch_size"], options["drop_last"])
-        super().__init__(make, deals, options["rank"], options["world_size"])
+    def deal_reader(self, epoch: int, samples: Samples, rank: int, world_size: int) -> Any:
+        return self.stage.reader(lambda ops: self.images.subset(samples).loader(
+            ops, **{**self.options, "shuffle": False, "rank": rank, "world_size": world_size}))
 
     @property
     def image_at(self) -> int | None:
@@ -224,22 +230,23 @@ class ShardSource(Source):
 
     def __init__(self, shards: TarShards, stage: DeviceStage,
                  options: dict[str, Any]) -> None:
-        def make(r: int, w: int) -> Any:
-            return stage.reader(lambda ops: shards.engine_loader(
-                ops, **{**options, "rank": r, "world_size": w}))
-
-        def deal(epoch: int, ids: Samples, r: int, w: int) -> Any:
-            core = make(r, w)
-            core.set_epoch_segments(epoch, self._runs(ids))
-            return core
-
-        self.shards, self.skip_errors = shards, bool(options["skip_errors"])
+        self.shards, self.stage, self.options = shards, stage, options
+        self.skip_errors = bool(options["skip_errors"])
         self.shuffle, self.seed = bool(options["shuffle"]), int(options["seed"])
-        self.batch_size, self.drop_last = options["batch_size"], options["drop_last"]
-        deals = UnreadDeals(deal, self.batch_size, self.drop_last, share_order=lambda epoch,
-                            ids, r, w: self._order(self._runs(ids), epoch, r, w))
-        super().__init__(make, deals, options["rank"], options["world_size"])
         self.segments: Segments | None = None
+        super().__init__(options)
+
+    def reader(self, rank: int, world_size: int) -> Any:
+        return self.stage.reader(lambda ops: self.shards.engine_loader(
+            ops, **{**self.options, "rank": rank, "world_size": world_size}))
+
+    def deal_reader(self, epoch: int, samples: Samples, rank: int, world_size: int) -> Any:
+        (core := self.reader(rank, world_size)).set_epoch_segments(epoch, self._runs(samples))
+        return core
+
+    def deal_share(self, epoch: int, samples: Samples, rank: int, world_size: int
+                   ) -> Samples:
+        return self._order(self._runs(samples), epoch, rank, world_size)
 
     def _order(self, segments: Segments | None, epoch: int, rank: int, world_size: int
                ) -> list[int]:

@@ -10,7 +10,7 @@ rank's samples without reading them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, Union
 
 if TYPE_CHECKING:
@@ -31,6 +31,17 @@ class DealReader(Protocol):
 
 
 R = TypeVar("R", bound=DealReader)
+R_co = TypeVar("R_co", bound=DealReader, covariant=True)
+
+
+class Dealer(Protocol[R_co]):
+    """What deals samples of an epoch (positions in an image list, sample ids of tar
+    shards, a table's rows) as rank ``rank`` of ``world_size``: the reader of a deal, and
+    the samples it reads in its order (a Loader's Source, or a table's ``TableRows``)."""
+
+    def deal_reader(self, epoch: int, samples: Samples, rank: int, world: int, /) -> R_co: ...
+
+    def deal_share(self, epoch: int, samples: Samples, rank: int, world: int, /) -> Samples: ...
 
 
 def rank_indices(n: int, epoch: int, rank: int, world_size: int, *, shuffle: bool = True,
@@ -46,26 +57,12 @@ def rank_indices(n: int, epoch: int, rank: int, world_size: int, *, shuffle: boo
 
 
 class UnreadDeals(Generic[R]):
-    """The extra sample lists of a Loader's current epoch, read after its own shard.
+    """The extra sample lists of a Loader's current epoch, read after its own shard;
+    ``dealer`` makes each deal's reader and says which samples it reads."""
 
-    Parameters
-    ----------
-    make_core
-        ``make_core(epoch, samples, rank, world_size)``: an engine loader over these
-        samples of ``epoch`` (positions in an image list, sample ids of tar shards), dealt
-        as rank ``rank`` of ``world_size`` in their order.
-    share_order
-        ``share_order(epoch, samples, rank, world_size)``: the samples that loader reads,
-        in its reading order; by default every ``world_size``-th from ``rank`` (an image
-        list's deal, read unshuffled).
-    """
-
-    def __init__(self, make_core: Callable[[int, Samples, int, int], R],
-                 batch_size: int = 1, drop_last: bool = False,
-                 share_order: Callable[[int, Samples, int, int], Samples] | None = None
+    def __init__(self, dealer: Dealer[R], batch_size: int = 1, drop_last: bool = False
                  ) -> None:
-        self.make_core = make_core
-        self.share_order = share_order or self._strided
+        self.dealer = dealer
         self.batch_size, self.drop_last = batch_size, drop_last
         self.epoch: int | None = None
         self.pending: list[R] = []
@@ -78,11 +75,6 @@ class UnreadDeals(Generic[R]):
         #: The reader of the deal being read.
         self.current: R | None = None
 
-    def _strided(self, epoch: int, positions: Samples, rank: int, world: int) -> Samples:
-        idx = rank_indices(len(positions), epoch, rank, world, shuffle=False,
-                           drop_last=self.drop_last)
-        return [positions[i] for i in idx]
-
     def add(self, epoch: int, positions: Samples, rank: int, world_size: int,
             members: Sequence[Any] | None = None) -> None:
         """Deal ``positions`` of ``epoch`` (an empty list: nothing); ``members``, each
@@ -92,7 +84,7 @@ class UnreadDeals(Generic[R]):
             return
         if self.epoch != epoch:
             self.epoch, self.pending, self.deals = epoch, [], []
-        self.pending.append(self.make_core(epoch, positions, rank, world_size))
+        self.pending.append(self.dealer.deal_reader(epoch, positions, rank, world_size))
         n = len(positions)
         share = (n // world_size) if self.drop_last else -(-n // world_size)
         batches = share // self.batch_size if self.drop_last else -(-share // self.batch_size)
@@ -165,7 +157,7 @@ class UnreadDeals(Generic[R]):
         for positions, members, world, _, start in self._unread_deals(epoch, consumed):
             for m in lost:
                 if members is not None and m in members:
-                    share = self.share_order(epoch, positions, members.index(m), world)
+                    share = self.dealer.deal_share(epoch, positions, members.index(m), world)
                     out += [int(i) for i in share[start:]]
         return out
 
@@ -178,4 +170,4 @@ class UnreadDeals(Generic[R]):
         of them, in reading order."""
         return [int(i) for positions, _, world, rank, start in
                 self._unread_deals(epoch, consumed)
-                for i in self.share_order(epoch, positions, rank, world)[start:]]
+                for i in self.dealer.deal_share(epoch, positions, rank, world)[start:]]

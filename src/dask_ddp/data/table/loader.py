@@ -30,11 +30,12 @@ from dask_ddp.data.loader import Loader
 from dask_ddp.data.process import check_made_here
 from dask_ddp.data.resume import check_batch, check_saved
 from dask_ddp.data.table.batches import EpochBatches
-from dask_ddp.data.table.deals import table_deals
+from dask_ddp.data.table.deals import TableRows
 from dask_ddp.data.table.epoch import EpochRows
 from dask_ddp.data.table.feed import Feed
 from dask_ddp.data.table.layout import BatchLayout
 from dask_ddp.data.table.reads import WindowReads, cache_wanted
+from dask_ddp.data.unread import UnreadDeals
 
 if TYPE_CHECKING:
     from dask_ddp.data.table.table import Table
@@ -145,8 +146,9 @@ class TableLoader(Loader):
                                      gather_ahead=self.num_threads > 1 or torch.cuda.is_available())
         self._feeding: Feed | None = None  # the feeding thread of the current iteration
         # Rows a lost rank left unread, read after this rank's own (live recovery).
-        self._deals = table_deals(table, batch_size=self.batch_size, window=self.window,
-                                  drop_last=self.drop_last)
+        per_window = max(self.batch_size, self.window * -(-len(table) // max(table.npartitions, 1)))
+        self._deals = UnreadDeals(TableRows(per_window, self.drop_last), self.batch_size,
+                                  self.drop_last)
         self._own_end = False  # end_reads(): the own rows of this epoch are done
         self._cuts = 0  # end_reads() calls: the rows being fed stop at the next batch
 

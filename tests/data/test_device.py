@@ -199,6 +199,27 @@ def test_a_table_on_the_cpu_stage_equals_host_batches(tmp_path: Path) -> None:
         assert torch.equal(x, hx) and torch.equal(y, hy)
 
 
+def test_a_reader_left_early_has_its_held_batches_dropped(folder: Path) -> None:
+    """``with stage.over(...)`` drops the held host batches however its block ends: the
+    loop's break as well as the reader's end (the Loaders used to drop at the end only)."""
+    loader = Loader(ImageFolder(str(folder)), 4, transform=NORM, device="cpu")
+    drops: list[int] = []
+    stage = loader._stage
+    plain_drop = stage.drop
+
+    def drop() -> None:
+        drops.append(1)
+        plain_drop()
+
+    stage.drop = drop  # type: ignore[method-assign]
+    for _ in loader:
+        break
+    assert drops == [1]
+    assert sum(1 for _ in loader) == len(loader) and drops == [1, 1]
+    assert stage.engine_ops == T.to_ops(NORM) and stage.tail is None  # the CPU runs it all
+    loader.close()
+
+
 def test_a_gpu_loader_leaves_the_loop_a_core(monkeypatch: pytest.MonkeyPatch) -> None:
     from dask_ddp.data import device as dev
 
@@ -206,7 +227,7 @@ def test_a_gpu_loader_leaves_the_loop_a_core(monkeypatch: pytest.MonkeyPatch) ->
     assert default_threads(None) == 8
 
     class OnGpu:
-        pins = True
+        stream = "the stage's CUDA stream"
 
     assert default_threads(OnGpu()) == 7  # type: ignore[arg-type]
     monkeypatch.setattr(dev, "cores_per_rank", lambda: 1)
@@ -241,12 +262,14 @@ def _plain(nbytes: int) -> torch.Tensor:
 def test_a_lent_buffer_holds_its_block_until_the_engine_frees_it(folder: Path) -> None:
     from dask_ddp.data.engine import ImageSource
 
-    stage = DeviceStage(torch.device("cpu"), host_buffer=_plain)
-    core = ImageSource.of(ImageFolder(str(folder))).loader(
-        T.to_ops(NORM), batch_size=4, num_threads=1, prefetch=1)
-    base, block = PinnedBudget.used(), pinned_block_bytes(core.batch_image_bytes)
+    stage = DeviceStage(torch.device("cpu"), ops=T.to_ops(NORM), buffers=3,
+                        host_buffer=_plain)
+    source = ImageSource.of(ImageFolder(str(folder)))
+    base = PinnedBudget.used()
+    core = stage.reader(lambda ops: source.loader(ops, batch_size=4, num_threads=1,
+                                                  prefetch=1))
+    block = pinned_block_bytes(core.batch_image_bytes)
     assert block == 64 * 1024 and core.batch_image_bytes == 48 * 1024  # rounded up
-    stage.lend(core, 3)
     assert PinnedBudget.used() == base + 3 * block
     core.start_epoch(0, 0)
     kept = core.next()  # a batch in a lent buffer: the engine's pool outlives the engine
@@ -262,8 +285,8 @@ def test_the_budget_returns_after_reshard_set_epoch_and_close(
     """The buffers lent to a Loader's engines (its own share's, each live-recovery deal's)
     hold the budget while those engines live: a reshard, a new epoch and close() free
     them, where the stage used to keep every reservation until it died."""
-    monkeypatch.setattr(loader_module, "stage_for", lambda device, channels_last, pin: (
-        DeviceStage(torch.device("cpu"), host_buffer=_plain)))
+    monkeypatch.setattr(loader_module, "stage_for", lambda device, channels_last, pin, **kw: (
+        DeviceStage(torch.device("cpu"), host_buffer=_plain, **kw)))
     ds: Any = ImageFolder(str(folder)) if kind == "images" else TarShards(shards)
     base = PinnedBudget.used()
     loader = Loader(ds, 4, transform=NORM, prefetch=2, num_threads=1, rank=0, world_size=1,
@@ -446,6 +469,23 @@ def test_a_slow_consumer_never_sees_an_overwritten_batch(folder: Path) -> None:
     assert len(got) == len(host)
     for x, (hx, _) in zip(got, host, strict=True):
         assert torch.equal(x.cpu(), hx)
+
+
+@pytest.mark.gpu
+def test_a_batch_on_the_device_crosses_nothing() -> None:
+    """predict's forward takes batches the Loader's stage already moved: the stage hands
+    them on (memory format applied) without a copy, an event or a held host batch; a host
+    batch is held, behind a blocking event, until the block ends."""
+    stage = DeviceStage(torch.device("cuda"), channels_last=True)
+    on_gpu = torch.zeros(2, 3, 4, 4, device="cuda")
+    with stage.over([(0, on_gpu)], image_at=1) as moved:
+        start, x = next(moved)
+        assert start == 0 and x.is_contiguous(memory_format=torch.channels_last)
+        assert len(stage._held) == 0
+    with stage.over([(0, on_gpu.cpu())], image_at=1) as moved:
+        _, x = next(moved)
+        assert x.is_cuda and len(stage._held) == 1
+    assert len(stage._held) == 0
 
 
 @pytest.mark.gpu

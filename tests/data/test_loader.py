@@ -420,9 +420,9 @@ def test_decode_buffer_is_not_kept_for_a_large_image(tmp_path: Path) -> None:
     )
     assert len([x for x, _ in loader]) == 1
     deadline = time.monotonic() + 5  # each thread settles its buffer after its sample
-    while loader._engine.core.decode_buffer_bytes >= 3000 * 2000 * 3:
-        assert time.monotonic() < deadline, loader._engine.core.decode_buffer_bytes
+    while loader._source.core.decode_buffer_bytes >= 3000 * 2000 * 3:
+        assert time.monotonic() < deadline, loader._source.core.decode_buffer_bytes
         time.sleep(0.01)
     # At most each thread's small buffer stays. Not "> 0": when one thread happens to take
     # every sample, the big image comes last and that thread's buffer is dropped to nothing.
-    assert loader._engine.core.decode_buffer_bytes <= 2 * (16 << 20)
+    assert loader._source.core.decode_buffer_bytes <= 2 * (16 << 20)

@@ -33,24 +33,27 @@ memory. The stage sits between the engine and the loop and owns everything of th
 
 With ``device="cpu"`` the stage runs the same code path without a stream (batches are host
 tensors already; ``channels_last`` applies), so the CPU test suite exercises the Loaders'
-stage plumbing.
+stage plumbing; without a device it hands host batches on (pinned if ``pin_memory``). Every
+reader (Loaders, ``predict``) makes its engine loaders with :meth:`DeviceStage.reader` and
+reads with ``with stage.over(host_batches) as batches:``.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import logging
 import os
 import threading
 import weakref
-from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import torch
 
-from dask_ddp import _config
+from dask_ddp import _config, _core
 from dask_ddp._identity import cores_per_rank, own_cuda_index
 
 __all__ = [
@@ -59,6 +62,8 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+R = TypeVar("R", bound="_core.ImageLoader")
 
 def resolve_device(device: str | torch.device | None) -> torch.device | None:
     """The torch device a Loader's ``device=`` names (``None``: host tensors, as before).
@@ -362,60 +367,50 @@ def _pinned(nbytes: int) -> torch.Tensor:
 
 
 class DeviceStage:
-    """Moves a Loader's host batches to ``device`` (see the module).
+    """Moves a reader's host batches to ``device`` (see the module).
 
     Parameters
     ----------
     device
-        The resolved device (:func:`resolve_device`).
+        The resolved device (:func:`resolve_device`); None: host batches handed on as
+        they are (pinned with a copy when ``pin_memory``).
     channels_last
         Image batches (4-D) in ``torch.channels_last`` memory format.
-    tail
-        The float tail run on the device (:func:`split_tail`), or None.
+    ops
+        The image pipeline of the engine loaders this stage reads (none for tables): on
+        a GPU its float tail runs on the device (:func:`split_tail`).
+    buffers
+        Page-locked buffers lent to each engine loader made by :meth:`reader` (on a
+        GPU; ``prefetch + 2`` for a Loader).
+    pin_memory
+        Without a device: copy each host batch's tensors to pinned memory.
     host_buffer
         ``host_buffer(nbytes)``: a 1-D uint8 tensor to lend an engine. Default: on a GPU,
-        page-locked memory from torch's caching host allocator; on the CPU none is lent
+        page-locked memory from torch's caching host allocator; elsewhere none is lent
         (engines keep their own buffers). Lent buffers count against the host's
         :class:`PinnedBudget` while they are alive, whatever allocates them.
     """
 
-    def __init__(self, device: torch.device, *, channels_last: bool = False,
-                 tail: DeviceTail | None = None,
+    def __init__(self, device: torch.device | None, *, channels_last: bool = False,
+                 ops: Sequence[Op] = (), buffers: int = 0, pin_memory: bool = False,
                  host_buffer: Callable[[int], torch.Tensor] | None = None) -> None:
-        self.device = device
-        self.channels_last = bool(channels_last)
-        self.tail = tail
-        self._cuda = device.type == "cuda"
-        self._stream: Any = torch.cuda.Stream(device) if self._cuda else None
+        self.device, self.channels_last = device, bool(channels_last)
+        self._cuda = device is not None and device.type == "cuda"
+        #: The engine's ops and the tail run here (on a GPU: uint8 crosses the bus).
+        self.engine_ops, self.tail = split_tail(ops) if self._cuda else (list(ops), None)
+        self._buffers, self._pin = int(buffers), bool(pin_memory) and device is None
+        #: The stage's CUDA stream (None elsewhere).
+        self.stream: Any = torch.cuda.Stream(device) if self._cuda else None
         self._held = HeldBatches()
         self._host_buffer = host_buffer or (_pinned if self._cuda else None)
 
-    @property
-    def stream(self) -> Any:
-        """The stage's CUDA stream (None on the CPU)."""
-        return self._stream
-
-    @property
-    def pins(self) -> bool:
-        """Whether the engine should write batches into pinned buffers (CUDA only)."""
-        return self._cuda
-
-    def engine_ops(self, ops: Sequence[Op]) -> list[Op]:
-        """The engine's ops for a pipeline whose batches this stage moves: on a GPU, up to
-        ``PILToTensor`` with the float tail kept here to run on the device
-        (:func:`split_tail`); on the CPU, ``ops`` as they are."""
-        if not self._cuda:
-            return list(ops)
-        engine, self.tail = split_tail(ops)
-        return engine
-
-    def lend(self, core: Any, count: int) -> Any:
-        """``core`` (an engine image loader) with ``count`` page-locked buffers lent to it
-        on a GPU, within the host's budget: the engine decodes into them and the copy to
-        the GPU needs no staging. Past the budget (or on the CPU) ``core`` keeps its own.
-        The buffers' budget comes back as they are freed: when the engine is closed (or
-        freed) and no batch of it is held any more."""
-        buffers = self.pinned_buffers(count, int(core.batch_image_bytes))
+    def reader(self, make: Callable[[list[Op]], R]) -> R:
+        """``make(engine_ops)``, an engine image loader, lent ``buffers`` page-locked
+        buffers on a GPU within the host's budget (else it keeps its own): the engine
+        decodes into them, the copy needs no staging. Their budget comes back as they are
+        freed: the engine closed (or freed) and no batch of it held any more."""
+        core = make(list(self.engine_ops))
+        buffers = self.pinned_buffers(self._buffers, int(core.batch_image_bytes))
         if buffers is not None:
             core.adopt_buffers(buffers)
         return core
@@ -446,68 +441,86 @@ class DeviceStage:
             return None
         return buffers
 
-    @property
-    def memory_format(self) -> torch.memory_format:
-        """The memory format of image batches handed to the step."""
-        return torch.channels_last if self.channels_last else torch.contiguous_format
+    @contextlib.contextmanager
+    def over(self, batches: Iterable[Any], image_at: int | None = 0) -> Iterator[Iterator[Any]]:
+        """``batches`` (host batches: tuples, dicts of tensors or tensors) moved by
+        :meth:`move` as they are taken; when the block ends (the reader's end, a
+        ``break``, a raise) every host batch still held is released after its copy.
+
+        >>> stage = DeviceStage(torch.device("cpu"))
+        >>> with stage.over([(torch.zeros(2, 3, 4, 4), torch.arange(2))]) as moved:
+        ...     [tuple(x.shape) for x in next(moved)]
+        [(2, 3, 4, 4), (2,)]
+        """
+        try:
+            yield (self.move(b, image_at) for b in batches)
+        finally:
+            self.drop()
 
     def _images(self, x: torch.Tensor) -> torch.Tensor:
         """An image batch's device form: the tail, or the memory format alone."""
         if self.tail is not None and x.dtype == torch.uint8:
-            return self.tail.apply(x, self.memory_format)
+            return self.tail.apply(x, torch.channels_last if self.channels_last
+                                   else torch.contiguous_format)
         if self.channels_last:
             return x.contiguous(memory_format=torch.channels_last)
         return x
 
-    def move(self, batch: Sequence[Any], image_at: int | None = 0) -> tuple[Any, ...]:
-        """``batch``'s tensors on the device (others as they are); the tensor at
-        ``image_at`` (an image batch, 4-D; -1: every 4-D tensor) gets the tail and memory
-        format. The tensors are for the stream current in the calling thread.
+    def _shaped(self, batch: Sequence[Any], image_at: int | None) -> tuple[Any, ...]:
+        """``batch`` with the image tensors at ``image_at`` in their device form."""
+        return tuple(self._images(x) if image_at in (i, -1) and _is_images(x) else x
+                     for i, x in enumerate(batch))
+
+    def move(self, batch: Any, image_at: int | None = 0) -> Any:
+        """``batch``'s tensors on the device, for the stream current in the calling thread:
+        a tuple's items (the 4-D one at ``image_at``, every one at -1, gets the tail and
+        memory format), a dict's values (a table's columns) or one tensor.
 
         Raises
         ------
         ValueError
             The stage was closed (:meth:`close`, also from another thread meanwhile).
         """
-        if not self._cuda:
-            return tuple(self._images(x) if image_at in (i, -1) and _is_images(x) else x
-                         for i, x in enumerate(batch))
+        if self.device is None and not self._pin:
+            return batch  # host tensors, as they are
+        if isinstance(batch, dict):
+            keys = list(batch)
+            return dict(zip(keys, self._move([batch[k] for k in keys], -1), strict=True))
+        if isinstance(batch, torch.Tensor):
+            return self._move([batch], -1)[0]
+        return self._move(batch, image_at)
+
+    def _move(self, batch: Sequence[Any], image_at: int | None) -> tuple[Any, ...]:
+        if self.device is None:
+            return tuple(x.pin_memory() if isinstance(x, torch.Tensor) else x for x in batch)
+        if not self._cuda or all(x.device == self.device for x in _tensors(batch)):
+            return self._shaped(batch, image_at)  # nothing crosses the bus
         self._held.recycle()
         consumer = torch.cuda.current_stream(self.device)
         # No wait on the consumer's stream: the copy of this batch runs while the GPU still
         # runs the step before. The blocks it fills come from the stage's stream's pool;
         # the allocator hands out a block the consumer used only after the consumer's work
         # on it (record_stream below, on every tensor yielded).
-        with torch.cuda.stream(self._stream):
+        with torch.cuda.stream(self.stream):
             # The image batch last: a copy from pageable memory (labels, fields, a table's
             # columns) first waits for the stream's work (CUDA's rule for pageable
             # sources), which must not be this batch's image copy.
             order = sorted(range(len(batch)), key=lambda i: i == image_at)
             moved = {i: _to_device(batch[i], self.device) for i in order}
-            out = tuple(self._images(moved[i]) if image_at in (i, -1) and _is_images(moved[i])
-                        else moved[i] for i in range(len(batch)))
-            event = torch.cuda.Event()
-            event.record(self._stream)
+            out = self._shaped([moved[i] for i in range(len(batch))], image_at)
+            # A blocking event: a wait for it (drop, close) sleeps rather than spins on a
+            # core the decode threads need.
+            event = torch.cuda.Event(blocking=True)
+            event.record(self.stream)
         consumer.wait_event(event)
         for x in _tensors(out):
             x.record_stream(consumer)
         self._held.add(event, tuple(batch))
         return out
 
-    def move_value(self, value: Any) -> Any:
-        """A table batch's tensors on the device (a dict's values, a tuple's items, a
-        tensor); ``channels_last`` applies to its 4-D tensors (a column of images)."""
-        if isinstance(value, dict):
-            keys = list(value)
-            moved = self.move([value[k] for k in keys], image_at=-1)
-            return dict(zip(keys, moved, strict=True))
-        if isinstance(value, tuple):
-            return self.move(value, image_at=-1)
-        return self.move([value], image_at=-1)[0]
-
     def drop(self) -> None:
-        """Release every held host batch after its copy completed (the epoch ended, the
-        reads were cut or the Loader closes)."""
+        """Release every held host batch after its copy completed (the reads were cut
+        or the Loader closes; :meth:`over` does it when its block ends)."""
         self._held.drop()
 
     def close(self) -> None:
@@ -524,37 +537,31 @@ def _is_images(x: Any) -> bool:
 
 
 def _to_device(x: Any, device: torch.device) -> Any:
-    if isinstance(x, torch.Tensor):
-        return x.to(device, non_blocking=True)
-    if isinstance(x, dict):
-        return {k: _to_device(v, device) for k, v in x.items()}
-    return x
+    return x.to(device, non_blocking=True) if isinstance(x, torch.Tensor) else x
 
 
 def _tensors(values: Sequence[Any]) -> list[torch.Tensor]:
-    out: list[torch.Tensor] = []
-    for v in values:
-        if isinstance(v, torch.Tensor):
-            out.append(v)
-        elif isinstance(v, dict):
-            out += _tensors(list(v.values()))
-    return out
+    return [x for x in values if isinstance(x, torch.Tensor)]
 
 
 def stage_for(device: str | torch.device | None, channels_last: bool,
-               pin_memory: bool | None) -> DeviceStage | None:
-    """The device stage of a Loader's ``device=`` and ``channels_last=`` (None: host
-    tensors, as without them)."""
+              pin_memory: bool | None, *, ops: Sequence[Op] = (),
+              buffers: int = 0) -> DeviceStage:
+    """The stage of a Loader's ``device=``, ``channels_last=`` and ``pin_memory=``
+    (default: when CUDA is available and ``device`` is None); ``ops`` and ``buffers`` as
+    :class:`DeviceStage`'s. ``ValueError`` for ``channels_last`` without a device or
+    ``pin_memory`` with one."""
     resolved = resolve_device(device)
     if resolved is None:
         if channels_last:
             raise ValueError("channels_last=True needs a device (e.g. device='cuda'): "
                              "host batches keep the engine's layout")
-        return None
+        pin = torch.cuda.is_available() if pin_memory is None else bool(pin_memory)
+        return DeviceStage(None, ops=ops, pin_memory=pin)
     if pin_memory:
         raise ValueError(f"pin_memory=True with device={device!r}: the device stage pins "
                          "its own buffers; leave pin_memory unset")
-    return DeviceStage(resolved, channels_last=channels_last)
+    return DeviceStage(resolved, channels_last=channels_last, ops=ops, buffers=buffers)
 
 
 def default_threads(stage: DeviceStage | None) -> int:
@@ -562,6 +569,6 @@ def default_threads(stage: DeviceStage | None) -> int:
     for the training loop when batches go to a GPU (its thread launches the step's kernels
     and the copies, and a decode thread on its core delays every launch)."""
     cores = cores_per_rank()
-    if stage is not None and stage.pins:
+    if stage is not None and stage.stream is not None:
         return max(1, cores - 1)
     return cores

@@ -33,12 +33,11 @@ from dask_ddp._pending import flush_pending
 from dask_ddp.data import transforms as T
 from dask_ddp.data.datasets import ImageList
 from dask_ddp.data.device import DeviceStage, default_threads, stage_for
-from dask_ddp.data.image_reads import engine_half, pipeline
 from dask_ddp.data.loader_type import InitSignature, loader_type
 from dask_ddp.data.process import check_made_here
-from dask_ddp.data.redealing import Redealing
 from dask_ddp.data.shards import TarShards
-from dask_ddp.data.unread import Samples
+from dask_ddp.data.sources import pipeline, source_for
+from dask_ddp.data.unread import Samples, UnreadDeals
 from dask_ddp.data.world import rank_and_world
 
 __all__ = ["Loader"]
@@ -115,7 +114,6 @@ class Loader:
     __signature__ = InitSignature()
     #: Called before each batch is taken: a training step's top (see ``data/redeal.py``).
     before_batch: Callable[[], None] | None = None
-    _stage: DeviceStage | None = None
 
     def __new__(cls, dataset: Any = None, *args: Any, **kwargs: Any) -> Loader:
         """A Loader of the subclass that reads ``dataset`` (see ``data/loader_type.py``):
@@ -135,24 +133,22 @@ class Loader:
         chosen, ops = pipeline(dataset, transform)
         if on_error not in _ON_ERROR:
             raise ValueError(f"on_error must be one of {_ON_ERROR}, got {on_error!r}")
+        stage = stage_for(device, channels_last, pin_memory, ops=ops, buffers=prefetch + 2)
         self._init_reading(batch_size, shuffle=bool(shuffle), seed=seed, rank=rank,
                            world_size=world_size, drop_last=drop_last,
-                           num_threads=num_threads, prefetch=prefetch,
-                           stage=stage_for(device, channels_last, pin_memory))
-        if self._stage is not None:
-            ops = self._stage.engine_ops(ops)  # on a GPU: uint8 over the bus, floats there
+                           num_threads=num_threads, prefetch=prefetch, stage=stage)
         self.dataset, self.transform, self.on_error = dataset, chosen, on_error
-        self.pin_memory = (torch.cuda.is_available() and self._stage is None
-                           if pin_memory is None else bool(pin_memory))
-        # The engine loaders (its own share's, live recovery's deals') and its dataset's kind.
-        self._engine = engine_half(dataset, ops, self, self._stage, max_side=int(max_side),
-                                   scaled_decode=scaled_decode, region_decode=region_decode)
-        self._redeal = Redealing(self._engine.deals)
+        self.pin_memory = stage.device is None and (torch.cuda.is_available()
+                                                    if pin_memory is None else bool(pin_memory))
+        # What the dataset's kind decides: its readers (the own share's, the deals'), counts
+        # and resume.
+        self._source = source_for(dataset, self, stage, max_side=int(max_side),
+                                  scaled_decode=scaled_decode, region_decode=region_decode)
+        self._deals: UnreadDeals[Any] = self._source.deals
 
     def _init_reading(self, batch_size: int, *, shuffle: bool | str, seed: int,
                       rank: int | None, world_size: int | None, drop_last: bool,
-                      num_threads: int | None, prefetch: int,
-                      stage: DeviceStage | None) -> None:
+                      num_threads: int | None, prefetch: int, stage: DeviceStage) -> None:
         """The options and position every Loader has (images, tar shards, tables)."""
         for name, value in (("batch_size", batch_size), ("prefetch", prefetch),
                             ("num_threads", 1 if num_threads is None else num_threads)):
@@ -168,20 +164,22 @@ class Loader:
         self._position = 0  # batches handed out in the current epoch (of a deal: of it)
         self._start_batch = 0  # the batch the next iteration starts at
         self._made_in = os.getpid()  # a fork()ed child reads none of its parent's Loaders
+        #: The (rank, world size) of a :meth:`reshard`, taken at the next epoch.
+        self._next_layout: tuple[int, int] | None = None
 
     def __len__(self) -> int:
         """Batches per epoch for this rank (for tar shards: in the current epoch)."""
-        return self._engine.num_batches(self.epoch)
+        return self._source.num_batches(self.epoch)
 
     @property
     def num_samples(self) -> int:
         """Samples per epoch for this rank (padding included)."""
-        return self._engine.num_samples(self.epoch)
+        return self._source.num_samples(self.epoch)
 
     @property
     def skipped(self) -> int:
         """Samples left out so far because they failed (``on_error="skip"``)."""
-        return int(self._engine.core.skipped)
+        return int(self._source.core.skipped)
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch's shuffle and augmentation (as ``DistributedSampler.set_epoch``).
@@ -194,10 +192,10 @@ class Loader:
             raise ValueError(f"epoch must be >= 0, got {epoch}")
         if int(epoch) != self.epoch:
             self._start_batch = 0
-            self._engine.new_epoch()
-            if (layout := self._redeal.take_layout()) is not None:
+            self._source.new_epoch()
+            if (layout := self._pop_layout()) is not None:
                 self.rank, self.world_size = layout
-                self._engine.relayout(*layout)
+                self._source.relayout(*layout)
         self.epoch = int(epoch)
 
     def __iter__(self) -> Iterator[tuple[Any, ...]]:
@@ -205,9 +203,15 @@ class Loader:
         tuple in the order of its fields."""
         check_made_here(self._made_in)
         start, self._start_batch = self._start_batch, 0
-        core = self._engine.core
-        core.start_epoch(self.epoch, start)
+        self._source.core.start_epoch(self.epoch, start)
         self._position = start
+        with self._stage.over(self._host_batches(), self._source.image_at) as batches:
+            yield from batches  # the epoch's host buffers go back to the engine at the end
+        flush_pending()  # the epoch's metrics reported as CUDA values
+
+    def _host_batches(self) -> Iterator[tuple[Any, ...]]:
+        """The epoch's host batches: the own share's, then each deal's (live recovery)."""
+        core = self._source.core
         # The job page's step rate and data wait (a no-op outside a launched rank).
         counters, clock = rank_counters(), time.perf_counter_ns
         while True:
@@ -216,23 +220,15 @@ class Loader:
             t0 = clock()
             item: Any = core.next()  # releases the GIL while it waits
             if item is None:
-                core = self._redeal.next_core(self.epoch)
+                core = self._deals.next_core(self.epoch)
                 if core is None:
-                    if self._stage is not None:
-                        self._stage.drop()  # the epoch's host buffers back to the engine
-                    flush_pending()  # the epoch's metrics reported as CUDA values
                     return
                 self._position = 0  # of this deal (epoch_progress counts the ones before)
                 continue
             if counters is not None:
                 counters.add_batch(clock() - t0)
             self._position = int(item[2]) + 1
-            batch = self._engine.batch(item)
-            if self._stage is not None:
-                batch = self._stage.move(batch, self._engine.image_at)
-            elif self.pin_memory:
-                batch = tuple(x.pin_memory() if isinstance(x, torch.Tensor) else x for x in batch)
-            yield batch
+            yield self._source.batch(item)
 
     def state_dict(self) -> dict[str, Any]:
         """The position in the epoch: resuming from it yields the remaining batches,
@@ -241,19 +237,39 @@ class Loader:
         had not yielded (see :meth:`resume_unread`)."""
         return {"epoch": self.epoch, "batch": self._position, "seed": self.seed,
                 "shuffle": self.shuffle, "world_size": self.world_size,
-                "num_batches": len(self), **self._engine.state(), **self._redeal.saved(self)}
+                "num_batches": len(self), **self._source.state(), **self._unread_entry()}
+
+    def _unread_entry(self) -> dict[str, Any]:
+        """The state dict's ``"unread"`` entry (:meth:`unread_samples`) in an epoch that
+        had samples dealt to this rank, else nothing."""
+        if not self._deals.dealt_in(self.epoch):
+            return {}
+        return {"unread": torch.as_tensor([int(i) for i in self.unread_samples()],
+                                          dtype=torch.int64)}
 
     def unread_samples(self) -> Samples:
         """This rank's samples of the current epoch not yet yielded: the rest of its own
         shard, then of the samples dealt to it (live recovery), in reading order."""
-        return self._redeal.unread_samples(self)
+        progress, own = self.epoch_progress, len(self)
+        out = list(self.lost_samples(self.epoch, min(progress, own), [self.rank], uids=[]))
+        return out + self._deals.own_unread(self.epoch, max(progress - own, 0))
 
     def resume_unread(self, epoch: int, samples: Samples, rank: int, world_size: int) -> None:
         """Continue ``epoch`` with ``samples`` dealt as rank ``rank`` of ``world_size``,
         reading none of this rank's own shard of it: a resume of a state saved after a
         membership change (every saved rank's ``"unread"``, from :meth:`state_dict`,
         together; :func:`~dask_ddp.restore_training_state` does it)."""
-        self._redeal.resume_unread(self, epoch, samples, rank, world_size)
+        state = {k: v for k, v in self.state_dict().items() if k != "unread"}
+        self.load_state_dict({**state, "epoch": int(epoch), "batch": len(self)})
+        ids = torch.as_tensor(samples, dtype=torch.int64).tolist()
+        self.deal_unread(int(epoch), ids, rank, world_size)
+
+    def _took_unread(self, state: dict[str, Any]) -> bool:
+        """Load a state with ``"unread"`` (as rank 0 of 1); whether it had them."""
+        if state.get("unread") is None:
+            return False
+        self.resume_unread(int(state["epoch"]), state["unread"], 0, 1)
+        return True
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from :meth:`state_dict`'s position on the next iteration.
@@ -262,21 +278,23 @@ class Loader:
         samples no rank had yielded (see :class:`~dask_ddp.data.TarShards`). A state with
         ``"unread"`` continues with those samples (:meth:`resume_unread`).
         """
-        if self._redeal.took_unread(self, state):
+        if self._took_unread(state):
             return
-        batch = self._engine.resume(state, self)
+        batch = self._source.resume(state, self)
         self.epoch, self._start_batch, self._position = int(state["epoch"]), batch, batch
 
     @property
     def reading_unread(self) -> bool:
         """Whether this epoch's own shard is done and dealt samples are being read."""
-        return self._redeal.reading(self.epoch)
+        return self._deals.reading == self.epoch
 
     @property
     def epoch_progress(self) -> int:
         """Batches of the current epoch yielded so far: its own shard's, then those of
         the samples dealt to it (live recovery), counted on."""
-        return self._redeal.progress(self.epoch, self._position, self.__len__)
+        if not self.reading_unread:
+            return self._position
+        return len(self) + self._deals.batches_before_current() + self._position
 
     def lost_samples(self, epoch: int, batch: int, ranks: list[int],
                      uids: list[Any] | None = None) -> Samples:
@@ -285,8 +303,13 @@ class Loader:
         sample list (image lists) or sample ids (tar shards), for :meth:`deal_unread`;
         with the shares of samples dealt earlier in the epoch to the members ``uids``
         (their ids in :meth:`deal_unread`'s ``members``; default ``ranks``)."""
-        return self._engine.lost(self, epoch, batch, ranks) + self._redeal.lost(
-            epoch, batch, len(self), ranks if uids is None else uids)
+        return self._source.lost(self, epoch, batch, ranks) + self._dealt_lost(
+            epoch, batch, ranks if uids is None else uids)
+
+    def _dealt_lost(self, epoch: int, batch: int, members: list[Any]) -> list[int]:
+        """The dealt samples of ``epoch`` that ``members`` had not read after ``batch``
+        batches of the epoch (the own share's first)."""
+        return self._deals.lost_share(epoch, max(batch - len(self), 0), members)
 
     def deal_unread(self, epoch: int, positions: Samples, rank: int, world_size: int,
                     members: list[Any] | None = None) -> None:
@@ -294,18 +317,31 @@ class Loader:
         own shard, dealt as rank ``rank`` of ``world_size``: a lost rank's unread samples
         (see ``dask_ddp.data.unread``, internal). ``members``: each member's id, in the
         deal's rank order (so a member lost later has its share dealt again)."""
-        self._redeal.deal(epoch, positions, rank, world_size, members)
+        self._deals.add(epoch, positions, rank, world_size, members)
 
     def reshard(self, rank: int, world_size: int) -> None:
         """Read the epochs after the current one as rank ``rank`` of ``world_size``, from
         the next :meth:`set_epoch` to another epoch on (live recovery: the group's
-        members changed)."""
-        self._redeal.reshard(rank, world_size)
+        members changed).
+
+        Raises
+        ------
+        ValueError
+            ``rank`` is not in ``[0, world_size)``.
+        """
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
+        self._next_layout = (int(rank), int(world_size))
 
     @property
     def layout_pending(self) -> bool:
         """Whether a :meth:`reshard` waits for the next epoch to take effect."""
-        return self._redeal.layout_pending
+        return self._next_layout is not None
+
+    def _pop_layout(self) -> tuple[int, int] | None:
+        """The layout of a :meth:`reshard` (``None``: none), now taken."""
+        layout, self._next_layout = self._next_layout, None
+        return layout
 
     def end_reads(self) -> None:
         """Read nothing more of what this rank had left of the current epoch (its own
@@ -313,9 +349,8 @@ class Loader:
         goes on with the samples :meth:`deal_unread` deals after this call (live
         recovery: a rank that joins mid-epoch has the epoch's unread samples, named by
         :meth:`lost_samples`, dealt again over the bigger group)."""
-        if self._stage is not None:
-            self._stage.drop()
-        own = not self._redeal.cut(self.epoch, self._position)  # else: the deal read stops
+        self._stage.drop()
+        own = not self._deals.cut(self.epoch, self._position)  # else: the deal read stops
         self._stop_reads(own)
         if own:
             self._position = len(self)
@@ -323,26 +358,25 @@ class Loader:
     def _stop_reads(self, own: bool) -> None:
         """Stop what :meth:`end_reads` ends (``own``: the epoch's own share was read)."""
         if own:
-            self._engine.core.start_epoch(self.epoch, len(self))
+            self._source.core.start_epoch(self.epoch, len(self))
 
     def close(self) -> None:
         """Stop the engine's threads (batches already handed out stay valid) and free the
         buffers lent to them (with a device: their share of the pinned-memory budget).
         Safe from any thread, also while another waits for a batch (that iteration then
         raises ``ValueError``: the loader is closed), and twice."""
-        self._engine.close()
-        if self._stage is not None:
-            self._stage.close()
+        self._source.close()
+        self._stage.close()
 
     @property
     def device(self) -> torch.device | None:
         """The device batches are handed over on (``None``: host tensors)."""
-        return None if self._stage is None else self._stage.device
+        return self._stage.device
 
     @property
     def channels_last(self) -> bool:
         """Whether image batches come in ``torch.channels_last`` memory format."""
-        return self._stage is not None and self._stage.channels_last
+        return self._stage.channels_last
 
     def __repr__(self) -> str:
         return (f"Loader({self.dataset!r}, batch_size={self.batch_size}, rank={self.rank}/"

@@ -1,28 +1,64 @@
-"""Which Loader reads a dataset: what ``Loader(dataset)`` makes (internal).
+"""What kind of data a dataset is (:func:`kind_of`, asked by ``Loader`` and ``predict``), and
+which Loader reads it (internal).
 
-``Loader(dataset, ...)`` returns a Loader of the subclass that reads ``dataset``, as
+``Loader(dataset, ...)`` returns a Loader of the subclass that reads the kind, as
 ``pathlib.Path(...)`` makes a ``PosixPath``: a :class:`~dask_ddp.data.TableLoader` for a
 :class:`~dask_ddp.data.Table`, a pending one for a Dask collection (checked on the client,
-built in the rank), else a :class:`~dask_ddp.data.Loader` (images, tar shards). One name to
-call for every dataset, one type to check (``isinstance(loader, Loader)``) and one protocol
-(``len``, ``set_epoch``, iteration, ``state_dict``, ``load_state_dict``, ``close``); the
-subclass takes the options and yields the batches of its kind of data.
-
-A dataset type names the subclass that reads it in its ``_dask_ddp_loader`` attribute
-(``"module:Class"``), imported on first use: the subclass's module imports the Loader's,
-never the reverse, and this module imports neither.
+built in the rank), else a :class:`~dask_ddp.data.Loader` (images, tar shards): one name to
+call, one type to check (``isinstance(loader, Loader)``), one protocol. Classes are named
+here, never imported: a class whose module was not imported has no instance, and the
+subclasses' modules import the Loader's, never the reverse.
 """
 
 from __future__ import annotations
 
+import enum
 import importlib
 import inspect
+import sys
 from typing import Any
 
-__all__ = ["COLLECTION_LOADER", "InitSignature", "loader_type", "not_a_dataset"]
+__all__ = ["InitSignature", "Kind", "kind_of", "loader_type", "not_a_dataset"]
 
-#: The Loader of a Dask collection given to ``Loader`` (its module imports the Loader's).
-COLLECTION_LOADER = "dask_ddp.data.table.pending:PendingTableLoader"
+
+class Kind(enum.Enum):
+    """The kinds of data dask-ddp reads."""
+
+    IMAGES = "images"  #: an ImageList (ImageFolder, S3ImageFolder) or a torch Subset of one
+    SHARDS = "shards"  #: TarShards
+    TABLE = "table"  #: a dask_ddp Table
+    FRAME = "frame"  #: a Dask DataFrame or Series
+    ARRAY = "array"  #: a Dask Array
+
+
+#: The class of each kind read from a type of ours or torch's, by ``"module:Class"``.
+_CLASSES = {Kind.SHARDS: "dask_ddp.data.shards:TarShards",
+            Kind.IMAGES: "dask_ddp.data.datasets:ImageList",
+            Kind.TABLE: "dask_ddp.data.table.table:Table"}
+#: The Loader subclass of each kind that has one (the others: the Loader itself).
+_LOADERS = {Kind.TABLE: "dask_ddp.data.table.loader:TableLoader",
+            Kind.FRAME: "dask_ddp.data.table.pending:PendingTableLoader",
+            Kind.ARRAY: "dask_ddp.data.table.pending:PendingTableLoader"}
+
+
+def _is_a(data: object, where: str) -> bool:
+    module, _, name = where.partition(":")
+    loaded = sys.modules.get(module)
+    return loaded is not None and isinstance(data, getattr(loaded, name))
+
+
+def kind_of(data: object) -> Kind | None:
+    """The kind of ``data`` (None: none dask-ddp reads); a torch ``Subset`` is of images
+    (what it holds is checked where it is read)."""
+    module = type(data).__module__ or ""
+    if module.startswith(("dask.dataframe", "dask_expr")):
+        return Kind.FRAME
+    if module.startswith("dask.array"):
+        return Kind.ARRAY
+    for kind, where in _CLASSES.items():
+        if _is_a(data, where):
+            return kind
+    return Kind.IMAGES if _is_a(data, "torch.utils.data:Subset") else None
 
 
 def not_a_dataset(dataset: object) -> str | None:
@@ -49,32 +85,13 @@ def not_a_dataset(dataset: object) -> str | None:
     return None
 
 
-def is_dask_collection(dataset: object) -> bool:
-    """A Dask collection, told by its module (nothing imported)."""
-    module = type(dataset).__module__ or ""
-    return module.startswith(("dask.", "dask_expr"))
-
-
-def class_at(where: str) -> type[Any]:
-    """The Loader subclass at ``"module:Class"``, imported on first use."""
-    module, _, name = where.partition(":")
-    found: type[Any] = getattr(importlib.import_module(module), name)
-    return found
-
-
-def own_loader(dataset: object) -> type[Any] | None:
-    """The Loader subclass ``dataset``'s type names (``_dask_ddp_loader``), if any."""
-    where = getattr(type(dataset), "_dask_ddp_loader", None)
-    return class_at(where) if isinstance(where, str) else None
-
-
 def loader_type(cls: type[Any], dataset: object) -> type[Any]:
     """The class of the Loader that ``cls(dataset, ...)`` makes.
 
-    ``cls`` itself, or the subclass of it that reads ``dataset``; or, for a user's subclass
-    of the Loader given a dataset another Loader reads (a table), that Loader, which is not
-    a subclass of ``cls``: the caller then makes it with the arguments (Python runs no
-    ``__init__`` on an object that is not an instance of ``cls``).
+    ``cls`` itself, or the subclass of it that reads ``dataset``'s kind; or, for a user's
+    subclass of the Loader given a dataset another Loader reads (a table), that Loader,
+    which is not a subclass of ``cls``: the caller then makes it with the arguments
+    (Python runs no ``__init__`` on an object that is not an instance of ``cls``).
 
     Raises
     ------
@@ -84,15 +101,16 @@ def loader_type(cls: type[Any], dataset: object) -> type[Any]:
     wrong = not_a_dataset(dataset)
     if wrong is not None:
         raise TypeError(wrong)
-    if is_dask_collection(dataset):
-        # A Dask collection: checked against its table here, built where it is used.
-        pending = class_at(COLLECTION_LOADER)
-        if issubclass(pending, cls):
-            return pending
-    own = own_loader(dataset)
-    if own is None or issubclass(cls, own):
+    kind = kind_of(dataset)
+    where = None if kind is None else _LOADERS.get(kind)
+    if where is None:
         return cls
-    return own
+    module, _, name = where.partition(":")
+    own: type[Any] = getattr(importlib.import_module(module), name)
+    if kind in (Kind.FRAME, Kind.ARRAY):
+        # A Dask collection: checked against its table here, built where it is used.
+        return own if issubclass(own, cls) else cls
+    return cls if issubclass(cls, own) else own
 
 
 class InitSignature:

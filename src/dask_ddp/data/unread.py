@@ -10,9 +10,8 @@ rank's samples without reading them.
 
 from __future__ import annotations
 
-import bisect
-from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, Union
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, Union
 
 if TYPE_CHECKING:
     import numpy as np
@@ -20,6 +19,30 @@ if TYPE_CHECKING:
 #: Samples named for a deal: positions in an image list, sample ids of tar shards (lists),
 #: or a table's global row ids (an int64 array).
 Samples = Union[Sequence[int], "np.ndarray"]
+
+
+class DealReader(Protocol):
+    """What reads one deal: an engine loader, or a table's rows (:class:`~dask_ddp.data.
+    table.deals.Deal`)."""
+
+    def start_epoch(self, epoch: int, start: int, /) -> None: ...
+
+    def close(self) -> None: ...
+
+
+R = TypeVar("R", bound=DealReader)
+R_co = TypeVar("R_co", bound=DealReader, covariant=True)
+
+
+class Dealer(Protocol[R_co]):
+    """What deals samples of an epoch (positions in an image list, sample ids of tar
+    shards, a table's rows) as rank ``rank`` of ``world_size``: the reader of a deal, and
+    the samples it reads in its order (a Loader's Source, or a table's ``TableRows``)."""
+
+    def deal_reader(self, epoch: int, samples: Samples, rank: int, world: int, /) -> R_co: ...
+
+    def deal_share(self, epoch: int, samples: Samples, rank: int, world: int, /) -> Samples: ...
+
 
 def rank_indices(n: int, epoch: int, rank: int, world_size: int, *, shuffle: bool = True,
                  seed: int = 0, drop_last: bool = False) -> list[int]:
@@ -33,43 +56,24 @@ def rank_indices(n: int, epoch: int, rank: int, world_size: int, *, shuffle: boo
                                                   drop_last=drop_last)]
 
 
-class UnreadDeals:
-    """The extra sample lists of a Loader's current epoch, read after its own shard.
+class UnreadDeals(Generic[R]):
+    """The extra sample lists of a Loader's current epoch, read after its own shard;
+    ``dealer`` makes each deal's reader and says which samples it reads."""
 
-    Parameters
-    ----------
-    make_core
-        ``make_core(epoch, samples, rank, world_size)``: an engine loader over these
-        samples of ``epoch`` (positions in an image list, sample ids of tar shards), dealt
-        as rank ``rank`` of ``world_size`` in their order.
-    share_order
-        ``share_order(epoch, samples, rank, world_size)``: the samples that loader reads,
-        in its reading order; by default every ``world_size``-th from ``rank`` (an image
-        list's deal, read unshuffled).
-    """
-
-    def __init__(self, make_core: Callable[[int, Samples, int, int], Any],
-                 batch_size: int = 1, drop_last: bool = False,
-                 share_order: Callable[[int, Samples, int, int], Samples] | None = None
+    def __init__(self, dealer: Dealer[R], batch_size: int = 1, drop_last: bool = False
                  ) -> None:
-        self.make_core = make_core
-        self.share_order = share_order or self._strided
+        self.dealer = dealer
         self.batch_size, self.drop_last = batch_size, drop_last
         self.epoch: int | None = None
-        self.pending: list[Any] = []
+        self.pending: list[R] = []
         #: This epoch's deals, in reading order: (samples, the members' ids in the deal's
         #: rank order or None, world size, batches of each member's share, this loader's
         #: rank in the deal).
         self.deals: list[tuple[Samples, list[Any] | None, int, int, int]] = []
         #: The epoch whose dealt samples are being read (its own shard is done).
         self.reading: int | None = None
-        #: The engine loader of the deal being read.
-        self.current: Any = None
-
-    def _strided(self, epoch: int, positions: Samples, rank: int, world: int) -> Samples:
-        idx = rank_indices(len(positions), epoch, rank, world, shuffle=False,
-                           drop_last=self.drop_last)
-        return [positions[i] for i in idx]
+        #: The reader of the deal being read.
+        self.current: R | None = None
 
     def add(self, epoch: int, positions: Samples, rank: int, world_size: int,
             members: Sequence[Any] | None = None) -> None:
@@ -80,14 +84,14 @@ class UnreadDeals:
             return
         if self.epoch != epoch:
             self.epoch, self.pending, self.deals = epoch, [], []
-        self.pending.append(self.make_core(epoch, positions, rank, world_size))
+        self.pending.append(self.dealer.deal_reader(epoch, positions, rank, world_size))
         n = len(positions)
         share = (n // world_size) if self.drop_last else -(-n // world_size)
         batches = share // self.batch_size if self.drop_last else -(-share // self.batch_size)
         self.deals.append((positions, None if members is None else list(members),
                            world_size, batches, rank))
 
-    def next_core(self, epoch: int) -> Any:
+    def next_core(self, epoch: int) -> R | None:
         """The next engine loader of ``epoch``'s extra samples, started; ``None`` when
         there is none left."""
         pending = self.pending  # close() from another thread may replace it meanwhile
@@ -98,22 +102,22 @@ class UnreadDeals:
         self.reading, self.current = epoch, core
         return core
 
-    def cut(self, epoch: int, consumed: int) -> tuple[Any, int] | None:
+    def cut(self, epoch: int, consumed: int) -> bool:
         """End what was dealt of ``epoch`` so far (live recovery: a rank joins and every
         unread sample is dealt again over the bigger group): the deals not started are
-        dropped, and the one being read, if any, ends after the ``consumed`` batches read
-        of it; :meth:`lost_share` counts them so from now on. Returns the loader of the
-        deal being read and its number of batches, for the caller to stop it."""
+        dropped, and the one being read, if any, stops after the ``consumed`` batches read
+        of it; :meth:`lost_share` counts them so from now on. Whether one was being read
+        (else the caller ends its own share)."""
         if self.epoch != epoch:
-            return None
+            return self.reading == epoch
         started = len(self.deals) - len(self.pending)
         self.pending = []
         del self.deals[started:]
-        if self.reading != epoch or started == 0:
-            return None
-        positions, members, world, batches, rank = self.deals[-1]
-        self.deals[-1] = (positions, members, world, min(int(consumed), batches), rank)
-        return self.current, batches
+        if self.reading == epoch and started > 0 and self.current is not None:
+            positions, members, world, batches, rank = self.deals[-1]
+            self.deals[-1] = (positions, members, world, min(int(consumed), batches), rank)
+            self.current.start_epoch(epoch, batches)
+        return self.reading == epoch
 
     def close(self) -> None:
         """Close the engine loaders of the deals (those not started and the one being read)
@@ -153,7 +157,7 @@ class UnreadDeals:
         for positions, members, world, _, start in self._unread_deals(epoch, consumed):
             for m in lost:
                 if members is not None and m in members:
-                    share = self.share_order(epoch, positions, members.index(m), world)
+                    share = self.dealer.deal_share(epoch, positions, members.index(m), world)
                     out += [int(i) for i in share[start:]]
         return out
 
@@ -166,70 +170,4 @@ class UnreadDeals:
         of them, in reading order."""
         return [int(i) for positions, _, world, rank, start in
                 self._unread_deals(epoch, consumed)
-                for i in self.share_order(epoch, positions, rank, world)[start:]]
-
-def lost_positions(loader: Any, epoch: int, batch: int, lost: Sequence[int]) -> list[int]:
-    """The samples of ``epoch`` that the ``lost`` ranks (of ``loader``'s world) had not
-    trained on after ``batch`` batches of it, in rank order."""
-    n = len(loader.dataset)
-    out: list[int] = []
-    for r in sorted(lost):
-        mine = rank_indices(n, epoch, r, loader.world_size, shuffle=bool(loader.shuffle),
-                            seed=loader.seed, drop_last=loader.drop_last)
-        out += mine[batch * loader.batch_size:]
-    return out
-
-
-def _id_segments(counts: Sequence[int], ids: Samples) -> list[tuple[int, int, int]]:
-    """Sample ids of tar shards as (shard, begin, end) runs, in their order."""
-    starts = [0]
-    for c in counts:
-        starts.append(starts[-1] + int(c))
-    out: list[tuple[int, int, int]] = []
-    for i in ids:
-        shard = bisect.bisect_right(starts, i) - 1
-        off = i - starts[shard]
-        if out and out[-1][0] == shard and out[-1][2] == off:
-            out[-1] = (shard, out[-1][1], off + 1)
-        else:
-            out.append((shard, off, off + 1))
-    return out
-
-
-def shard_lost(shards: Any, epoch: int, position: int, ranks: Sequence[int], world_size: int,
-               *, shuffle: bool, seed: int, drop_last: bool,
-               segments: Sequence[tuple[int, int, int]] | None,
-               skip_errors: bool) -> list[int]:
-    """The sample ids of tar shards that ``ranks`` had not yielded after ``position``
-    samples each, in their reading order (the engine's ``shard_rank_order``)."""
-    from dask_ddp import _core
-
-    counts = shards.shard_counts(skip_errors)
-    out: list[int] = []
-    for r in sorted(ranks):
-        ids = _core.shard_rank_order(counts, segments, epoch, r, world_size, shuffle=shuffle,
-                                     seed=seed, drop_last=drop_last,
-                                     shuffle_buffer=shards.shuffle_buffer)[0]
-        out += [int(i) for i in ids[position:]]
-    return out
-
-
-def shard_share(shards: Any, epoch: int, ids: Samples, rank: int, world_size: int, *,
-                shuffle: bool, seed: int, drop_last: bool, skip_errors: bool) -> list[int]:
-    """The sample ids of tar shards that rank ``rank`` of ``world_size`` reads of a deal of
-    ``ids`` (:func:`shard_deal`), in its reading order."""
-    from dask_ddp import _core
-
-    counts = shards.shard_counts(skip_errors)
-    order = _core.shard_rank_order(counts, _id_segments(counts, ids), epoch, rank, world_size,
-                                   shuffle=shuffle, seed=seed, drop_last=drop_last,
-                                   shuffle_buffer=shards.shuffle_buffer)[0]
-    return [int(i) for i in order]
-
-
-def shard_deal(shards: Any, epoch: int, ids: Samples, core: Any,
-               skip_errors: bool) -> Any:
-    """``core`` (a tar shard loader) set to read these sample ids of ``epoch``."""
-    counts = shards.shard_counts(skip_errors)
-    core.set_epoch_segments(epoch, _id_segments(counts, ids))
-    return core
+                for i in self.dealer.deal_share(epoch, positions, rank, world)[start:]]

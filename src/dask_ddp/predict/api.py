@@ -204,23 +204,28 @@ def predict(
                          f"{batch_size} and {partition_size}")
     spec = _spec(model, checkpoint, checkpoint_step, device, threads, precision, tf32,
                  channels_last)
+    from dask_ddp.data.loader_type import Kind, kind_of
     from dask_ddp.predict import graphs as coll
 
-    kind = coll.kind_of(data)
-    if kind != "frame" and columns is not None:
+    kind = Kind.IMAGES if isinstance(data, (str, os.PathLike)) else kind_of(data)
+    if kind not in (Kind.FRAME, Kind.ARRAY, Kind.IMAGES, Kind.SHARDS):
+        raise TypeError(f"predict: data must be a Dask DataFrame, Series or Array, an image "
+                        f"dataset (ImageList, ImageFolder, TarShards) or a folder URL, not "
+                        f"{type(data).__name__}")
+    if kind is not Kind.FRAME and columns is not None:
         raise ValueError("predict: columns= is for DataFrames")
-    if kind == "frame" and channels_last:
+    if kind is Kind.FRAME and channels_last:
         raise ValueError("predict: channels_last=True is for image inputs (4-d samples), "
                          "not DataFrames")
-    if kind != "images" and transform is not None:
+    if kind not in (Kind.IMAGES, Kind.SHARDS) and transform is not None:
         raise ValueError("predict: transform= is for image datasets")
 
     def layout(sample: Sequence[int], dtype: torch.dtype) -> Layout:
         return _layout(model, spec, sample, dtype, name, output, output_shape, output_dtype)
 
-    if kind == "frame":
+    if kind is Kind.FRAME:
         result = coll.predict_frame(spec, data, columns, batch_size, on_error, layout)
-    elif kind == "array":
+    elif kind is Kind.ARRAY:
         result = coll.predict_array(spec, data, batch_size, on_error, layout)
     else:
         result = coll.predict_dataset(spec, data, transform, batch_size, partition_size,

@@ -85,27 +85,21 @@ def forward(model: nn.Module, device: torch.device, batches: Iterable[tuple[int,
     """
     out = layout.empty(n)
     copies = HostCopies(out) if device.type == "cuda" else None
-    stage = (DeviceStage(device, channels_last=spec.channels_last)
-             if device.type == "cuda" else None)
-    try:
-        with compute_mode(device, spec.precision, spec.tf32):
-            for start, x in batches:
-                if x.device != device:
-                    x = stage.move([x], image_at=-1)[0] if stage is not None else x.to(device)
-                if spec.channels_last and x.ndim == 4:  # a no-op for the stage's batches
-                    x = x.contiguous(memory_format=torch.channels_last)
-                y = model(x)
-                _check(y, len(x), layout, where, start)
-                y = as_output(y)
-                if copies is not None:
-                    copies.put(start, y)
-                else:
-                    out[start:start + len(x)] = y.detach().cpu().numpy()
+    # Host batches cross on the stage's stream (released on a raise too); batches on the
+    # device already (the image paths') pass as they are.
+    stage = DeviceStage(device, channels_last=spec.channels_last)
+    with compute_mode(device, spec.precision, spec.tf32), \
+            stage.over(batches, image_at=1) as inputs:
+        for start, x in inputs:
+            y = model(x)
+            _check(y, len(x), layout, where, start)
+            y = as_output(y)
             if copies is not None:
-                copies.finish()
-    finally:
-        if stage is not None:  # its host batches released on a raise too
-            stage.drop()
+                copies.put(start, y)
+            else:
+                out[start:start + len(x)] = y.detach().cpu().numpy()
+        if copies is not None:
+            copies.finish()
     return out
 
 

@@ -13,28 +13,9 @@ import torch
 from dask_ddp.predict.model import ModelSpec
 from dask_ddp.predict.outputs import Layout
 
-__all__ = ["kind_of", "predict_array", "predict_dataset", "predict_frame"]
+__all__ = ["predict_array", "predict_dataset", "predict_frame"]
 
 LayoutOf = Callable[[Sequence[int], torch.dtype], Layout]
-
-
-def kind_of(data: Any) -> str:
-    """``"frame"``, ``"array"`` or ``"images"``; ``TypeError`` for anything else."""
-    from torch.utils.data import Subset
-
-    from dask_ddp.data.datasets import ImageList
-    from dask_ddp.data.shards import TarShards
-
-    module = type(data).__module__ or ""
-    if module.startswith("dask.dataframe") and hasattr(data, "map_partitions"):
-        return "frame"
-    if module.startswith("dask.array") and hasattr(data, "map_blocks"):
-        return "array"
-    if isinstance(data, (ImageList, TarShards, Subset, str, os.PathLike)):
-        return "images"
-    raise TypeError(f"predict: data must be a Dask DataFrame, Series or Array, an image "
-                    f"dataset (ImageList, ImageFolder, TarShards) or a folder URL, not "
-                    f"{type(data).__name__}")
 
 
 def _model_key(spec: ModelSpec) -> Any:

@@ -26,12 +26,12 @@ import numpy as np
 import torch
 
 from dask_ddp import storage
-from dask_ddp.data import transforms as T
-from dask_ddp.data.datasets import ImageList
 from dask_ddp.data.device import DeviceStage
 from dask_ddp.data.engine import ImageSource, resolve_dataset, sample_layout
 from dask_ddp.data.loader import Loader
+from dask_ddp.data.loader_type import Kind, kind_of
 from dask_ddp.data.shards import TarShards
+from dask_ddp.data.sources import pipeline
 from dask_ddp.predict import model as cache
 from dask_ddp.predict.forward import forward
 from dask_ddp.predict.heap import warm_heap
@@ -80,7 +80,7 @@ class ShardPart:
 
 def image_parts(dataset: Any, partition_size: int) -> list[ListPart | ShardPart]:
     """The partitions of an image dataset, in its order."""
-    if isinstance(dataset, TarShards):
+    if kind_of(dataset) is Kind.SHARDS:
         counts, urls = dataset.counts, dataset.urls
         starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(int).tolist()
         return [ShardPart(_one_shard(dataset, url, c), s)
@@ -128,44 +128,41 @@ def _store(part: ListPart) -> storage.Store:
 def _list_batches(part: ListPart, opts: ImageOptions, threads: int, device: torch.device,
                   channels_last: bool,
                   taken: list[torch.Tensor]) -> Generator[tuple[int, torch.Tensor]]:
-    """A list part's image batches, on ``device`` (a GPU's through the device stage:
+    """A list part's image batches, on ``device`` through the device stage (on a GPU:
     uint8 over the bus, the float tail there, written in ``channels_last`` if asked, the
     copy on a stream of its own)."""
     n = len(part.keys)
-    stage = (DeviceStage(device, channels_last=channels_last)
-             if device.type == "cuda" else None)
-    ops = list(opts.ops) if stage is None else stage.engine_ops(opts.ops)
+    stage = DeviceStage(device, channels_last=channels_last, ops=opts.ops,
+                        buffers=opts.prefetch + 2)
     source = ImageSource(_store(part), part.keys, range(n), part.skip_missing)
-    engine = source.loader(ops, batch_size=opts.batch_size, shuffle=False, rank=0,
-                           world_size=1, drop_last=False, num_threads=threads,
-                           prefetch=opts.prefetch, skip_errors=opts.on_error == "skip",
-                           max_side=opts.max_side)
-    if stage is not None:
-        engine = stage.lend(engine, opts.prefetch + 2)
-    try:
+    engine = stage.reader(lambda ops: source.loader(
+        ops, batch_size=opts.batch_size, shuffle=False, rank=0, world_size=1,
+        drop_last=False, num_threads=threads, prefetch=opts.prefetch,
+        skip_errors=opts.on_error == "skip", max_side=opts.max_side))
+
+    def host() -> Generator[tuple[torch.Tensor]]:
         engine.start_epoch(0, 0)
-        done = 0
         while (item := engine.next()) is not None:
-            images, positions = item[0], item[1]
-            taken.append(positions.clone())
-            if stage is not None:
-                images = stage.move([images])[0]
-            yield done, images
-            done += len(images)
+            taken.append(item[1].clone())  # each sample's position in the part
+            yield (item[0],)
+
+    try:
+        with stage.over(host()) as moved:
+            done = 0
+            for (images,) in moved:
+                yield done, images
+                done += len(images)
     finally:
         engine.close()
-        if stage is not None:
-            stage.drop()
 
 
 def _shard_batches(part: ShardPart, opts: ImageOptions, threads: int, device: torch.device,
                    channels_last: bool,
                    taken: list[torch.Tensor]) -> Generator[tuple[int, torch.Tensor]]:
-    on_gpu = device.type == "cuda"
     loader = Loader(part.shards, opts.batch_size, shuffle=False, rank=0, world_size=1,
                     num_threads=threads, prefetch=opts.prefetch, on_error=opts.on_error,
-                    pin_memory=False, max_side=opts.max_side, device=device if on_gpu else None,
-                    channels_last=channels_last and on_gpu)
+                    pin_memory=False, max_side=opts.max_side, device=device,
+                    channels_last=channels_last)
     image_at = part.shards.image_field or 0
     try:
         done = 0
@@ -218,15 +215,6 @@ def predict_images(part: ListPart | ShardPart, spec: cache.ModelSpec, opts: Imag
 
 
 def transform_ops(dataset: Any, transform: Any) -> tuple[Any, ...]:
-    """The engine ops of ``transform``, else of the dataset's own transform."""
-    chosen = transform
-    if chosen is None:
-        inner = dataset
-        while not isinstance(inner, (ImageList, TarShards)) and hasattr(inner, "dataset"):
-            inner = inner.dataset
-        chosen = getattr(inner, "transform", None)
-    if chosen is None:
-        raise ValueError("predict on images needs a transform with a fixed output size, e.g. "
-                         "transforms.Compose([transforms.Resize((224, 224)), "
-                         "transforms.ToTensor()])")
-    return tuple(T.to_ops(chosen))
+    """The engine ops of ``transform``, else of the dataset's own transform, as a Loader
+    over ``dataset`` takes them (``ValueError`` naming ``predict`` for none)."""
+    return tuple(pipeline(dataset, transform, who="predict on images")[1])

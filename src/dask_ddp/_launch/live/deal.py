@@ -74,7 +74,7 @@ class LoaderDeal:
             return epoch, loader.lost_samples(epoch, batch,
                                               [layout[u] for u in lost if u in layout],
                                               uids=lost)
-        except (NotImplementedError, AttributeError, TypeError) as exc:
+        except NotImplementedError as exc:
             logger.warning("live recovery: the unread samples of lost ranks %s are not "
                            "read this epoch: %s", lost, exc)
             return None
@@ -102,7 +102,7 @@ class LoaderDeal:
         epoch, samples = deal
         try:
             self.loader.deal_unread(epoch, samples, rank, len(members), members=list(members))
-        except (NotImplementedError, AttributeError, TypeError) as exc:
+        except NotImplementedError as exc:
             logger.warning("live recovery: the unread samples of lost ranks %s are not "
                            "read this epoch: %s", lost, exc)
 

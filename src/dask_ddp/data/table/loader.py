@@ -28,14 +28,14 @@ from dask_ddp._pending import flush_pending
 from dask_ddp.data.device import stage_for
 from dask_ddp.data.loader import Loader
 from dask_ddp.data.process import check_made_here
-from dask_ddp.data.redealing import Redealing
 from dask_ddp.data.resume import check_batch, check_saved
 from dask_ddp.data.table.batches import EpochBatches
-from dask_ddp.data.table.deals import table_deals
+from dask_ddp.data.table.deals import TableRows
 from dask_ddp.data.table.epoch import EpochRows
 from dask_ddp.data.table.feed import Feed
 from dask_ddp.data.table.layout import BatchLayout
 from dask_ddp.data.table.reads import WindowReads, cache_wanted
+from dask_ddp.data.unread import UnreadDeals
 
 if TYPE_CHECKING:
     from dask_ddp.data.table.table import Table
@@ -124,7 +124,7 @@ class TableLoader(Loader):
         self._init_reading(batch_size, shuffle=shuffle, seed=seed, rank=rank,
                            world_size=world_size, drop_last=drop_last,
                            num_threads=num_threads, prefetch=prefetch,
-                           stage=stage_for(device, channels_last, None))
+                           stage=stage_for(device, channels_last, False))
         self.table = table
         self.window = int(window)
         self._resume: dict[str, Any] | None = None  # a state saved on another world size
@@ -146,8 +146,9 @@ class TableLoader(Loader):
                                      gather_ahead=self.num_threads > 1 or torch.cuda.is_available())
         self._feeding: Feed | None = None  # the feeding thread of the current iteration
         # Rows a lost rank left unread, read after this rank's own (live recovery).
-        self._redeal = Redealing(table_deals(table, batch_size=self.batch_size,
-                                             window=self.window, drop_last=self.drop_last))
+        per_window = max(self.batch_size, self.window * -(-len(table) // max(table.npartitions, 1)))
+        self._deals = UnreadDeals(TableRows(per_window, self.drop_last), self.batch_size,
+                                  self.drop_last)
         self._own_end = False  # end_reads(): the own rows of this epoch are done
         self._cuts = 0  # end_reads() calls: the rows being fed stop at the next batch
 
@@ -181,7 +182,7 @@ class TableLoader(Loader):
             self._start_batch = 0
             self._resume = None
             self._own_end = False
-            if (layout := self._redeal.take_layout()) is not None:
+            if (layout := self._pop_layout()) is not None:
                 self._take_layout(*layout)
         self.epoch = int(epoch)
 
@@ -215,6 +216,13 @@ class TableLoader(Loader):
         start, self._start_batch = self._start_batch, 0
         self._position = start
         self._hint_persist()
+        with self._stage.over(self._host_rows(start), image_at=-1) as batches:
+            yield from batches
+        flush_pending()  # the epoch's metrics reported as CUDA values
+
+    def _host_rows(self, start: int) -> Iterator[Any]:
+        """The epoch's host batches from batch ``start`` on: the own rows', then each
+        deal's (live recovery)."""
         epoch = self.epoch
         if not self._own_end:
             # The next epoch's plan and first window are made while this one is gathered
@@ -222,10 +230,9 @@ class TableLoader(Loader):
             nxt = epoch + 1
             ahead = (lambda: self._plan.rows(nxt, None)) if self._resume is None else None
             yield from self._feed(self._rank_rows, start, ahead)
-        while (deal := self._redeal.next_core(epoch)) is not None:
+        while (deal := self._deals.next_core(epoch)) is not None:
             self._position = 0
             yield from self._feed(deal.parts, 0, None)
-        flush_pending()  # the epoch's metrics reported as CUDA values
 
     def _feed(self, rank_rows: Callable[[], tuple[np.ndarray, np.ndarray]], start: int,
               ahead: Callable[[], tuple[np.ndarray, np.ndarray]] | None) -> Iterator[Any]:
@@ -245,11 +252,8 @@ class TableLoader(Loader):
                     logger.debug("rank %d: first batch of epoch %d after %.3f s", self.rank,
                                  self.epoch, time.monotonic() - t0)
                 self._position += 1
-                batch = batch_of(item)
-                yield batch if self._stage is None else self._stage.move_value(batch)
+                yield batch_of(item)
         finally:
-            if self._stage is not None:
-                self._stage.drop()
             feed.close(self.rank)
 
     # -- live recovery ------------------------------------------------------------------
@@ -262,8 +266,8 @@ class TableLoader(Loader):
         bs = self.batch_size
         parts = [self._plan.rows_of(epoch, self._resume, r)[0][batch * bs:]
                  for r in sorted(ranks)]
-        parts.append(np.asarray(self._redeal.lost(
-            epoch, batch, len(self), ranks if uids is None else uids), np.int64))
+        parts.append(np.asarray(self._dealt_lost(epoch, batch, ranks if uids is None else uids),
+                                np.int64))
         return np.concatenate(parts).astype(np.int64, copy=False)
 
     def _stop_reads(self, own: bool) -> None:
@@ -286,12 +290,12 @@ class TableLoader(Loader):
             state["resumed_from"] = dict(self._resume)
         if self._plan.pieces is not None:
             state["pieces"] = [list(map(list, ps)) for ps in self._plan.pieces]
-        return {**state, **self._redeal.saved(self)}
+        return {**state, **self._unread_entry()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from :meth:`state_dict`'s position on the next iteration (a state
         with ``"unread"``: with those rows, :meth:`resume_unread`)."""
-        if self._redeal.took_unread(self, state):
+        if self._took_unread(state):
             return
         own = self.state_dict()
         check_saved(state, {k: own[k] for k in ("seed", "shuffle", "batch_size", "drop_last",
@@ -330,8 +334,7 @@ class TableLoader(Loader):
         if self._feeding is not None:
             self._feeding.cancel()
         self._reads.close()
-        if self._stage is not None:
-            self._stage.drop()
+        self._stage.drop()
 
     def __repr__(self) -> str:
         return (f"Loader({self.table!r}, batch_size={self.batch_size}, shuffle={self.shuffle!r}, "

@@ -33,14 +33,6 @@ def _client() -> Any:
             "and make the Loader in the rank)") from None
 
 
-def _table_loader(table: Table, **options: Any) -> TableLoader:
-    """A TableLoader made now (``TableLoader(table)`` outside a rank would make a pending
-    one: Loader.__new__ picks the subclass)."""
-    loader = object.__new__(TableLoader)
-    loader.__init__(table, **options)  # type: ignore[misc]
-    return loader
-
-
 def _rebuild(table: Table, options: dict[str, Any]) -> PendingTableLoader:
     loader = object.__new__(PendingTableLoader)
     loader._init(table, options, None)
@@ -79,7 +71,7 @@ class PendingTableLoader(TableLoader):
         check_device_name(options.get("device"))
         probe = {"rank": 0, "world_size": 1, "num_threads": 1, **options,
                  "device": "cpu" if options.get("device") is not None else None}
-        _table_loader(table, batch_size=batch_size, **probe).close()
+        TableLoader(table, batch_size=batch_size, **probe).close()
 
     def _init(self, table: Table, options: dict[str, Any], collection: Any) -> None:
         self.__dict__["_table"] = table
@@ -94,7 +86,7 @@ class PendingTableLoader(TableLoader):
     def _real(self) -> TableLoader:
         loader: TableLoader | None = self.__dict__["_loader"]
         if loader is None:
-            loader = self.__dict__["_loader"] = _table_loader(self._table, **self._options)
+            loader = self.__dict__["_loader"] = TableLoader(self._table, **self._options)
         return loader
 
     def __getattribute__(self, name: str) -> Any:

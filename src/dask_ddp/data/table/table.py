@@ -108,10 +108,6 @@ class Table:
         logger.info("%s", _summary(table))
         return table
 
-    #: The Loader subclass that reads a Table: ``Loader(table, ...)`` makes one (named,
-    #: not imported: the loader imports torch, a Table goes where torch is not).
-    _dask_ddp_loader = "dask_ddp.data.table.loader:TableLoader"
-
     # -- description ----------------------------------------------------------------------
     _columns: list[Column]
     partition_rows: list[int]

@@ -17,7 +17,7 @@ import abc
 import bisect
 import logging
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from torch.utils.data import Subset
 
@@ -31,12 +31,37 @@ from dask_ddp.data.unread import UnreadDeals, rank_indices
 
 if TYPE_CHECKING:
     from dask_ddp.data.device import DeviceStage
-    from dask_ddp.data.loader import Loader
     from dask_ddp.data.unread import Samples
 
 __all__ = ["ImageListSource", "ShardSource", "Source", "pipeline", "source_for"]
 
 logger = logging.getLogger(__name__)
+
+
+class Loader(Protocol):
+    """What a Source reads of its :class:`~dask_ddp.data.Loader`: the options it was made
+    with and its rank layout (a Protocol, so this module needs nothing of the Loader's)."""
+
+    @property
+    def dataset(self) -> Any: ...
+    @property
+    def batch_size(self) -> int: ...
+    @property
+    def drop_last(self) -> bool: ...
+    @property
+    def shuffle(self) -> Any: ...
+    @property
+    def seed(self) -> int: ...
+    @property
+    def on_error(self) -> Any: ...
+    @property
+    def num_threads(self) -> int: ...
+    @property
+    def prefetch(self) -> int: ...
+    @property
+    def rank(self) -> int: ...
+    @property
+    def world_size(self) -> int: ...
 
 
 def pipeline(dataset: ImageList | TarShards | Subset[Any], transform: T.Transform | None,

@@ -42,26 +42,16 @@ class Loader(Protocol):
     """What a Source reads of its :class:`~dask_ddp.data.Loader`: the options it was made
     with and its rank layout (a Protocol, so this module needs nothing of the Loader's)."""
 
-    @property
-    def dataset(self) -> Any: ...
-    @property
-    def batch_size(self) -> int: ...
-    @property
-    def drop_last(self) -> bool: ...
-    @property
-    def shuffle(self) -> Any: ...
-    @property
-    def seed(self) -> int: ...
-    @property
-    def on_error(self) -> Any: ...
-    @property
-    def num_threads(self) -> int: ...
-    @property
-    def prefetch(self) -> int: ...
-    @property
-    def rank(self) -> int: ...
-    @property
-    def world_size(self) -> int: ...
+    dataset: Any
+    batch_size: int
+    drop_last: bool
+    shuffle: Any  # a bool for images
+    seed: int
+    on_error: Any
+    num_threads: int
+    prefetch: int
+    rank: int
+    world_size: int
 
 
 def pipeline(dataset: ImageList | TarShards | Subset[Any], transform: T.Transform | None,

@@ -302,6 +302,10 @@ def test_killpg_reaches_the_ranks_children(templates: None, tmp_path: Any) -> No
 @linux_only
 @pytest.mark.slow
 def test_a_differing_import_environment_gets_another_template(templates: None) -> None:
+    # From no template: a test before it in this process (in any order) may have left some.
+    before = warm.template_pids()
+    warm.stop_all()
+    wait_until(lambda: [p for p in before if not gone(p)], 20, "templates still running")
     pids = []
     # An import environment this process's own is not (a LocalCluster started earlier in
     # this process sets OMP_NUM_THREADS=1 in it): a malloc setting beside the thread count.

@@ -259,6 +259,29 @@ def _plain(nbytes: int) -> torch.Tensor:
     return torch.empty(nbytes, dtype=torch.uint8)
 
 
+@pytest.mark.parametrize("device", [None, "cpu"])
+def test_no_engine_batch_is_held_while_the_next_is_asked_for(folder: Path,
+                                                             device: str | None) -> None:
+    """The Loader's and the stage's generators let go of a batch before the engine is asked
+    for the next: a buffer still referenced counts against ``prefetch`` (on a GPU the loop
+    holds device tensors, and theirs would be the only reference: ``prefetch - 2`` decoded
+    ahead before)."""
+    import weakref
+
+    loader = Loader(ImageFolder(str(folder)), 4, transform=NORM, device=device)
+    last: list[weakref.ref[torch.Tensor]] = []
+    alive: list[bool] = []
+    loader.before_batch = lambda: alive.append(bool(last) and last[-1]() is not None)
+    it = iter(loader)
+    for _ in range(3):
+        images, labels = next(it)
+        last.append(weakref.ref(images))
+        del images, labels
+    next(it)
+    assert alive == [False] * 4
+    loader.close()
+
+
 def test_a_lent_buffer_holds_its_block_until_the_engine_frees_it(folder: Path) -> None:
     from dask_ddp.data.engine import ImageSource
 

@@ -403,6 +403,10 @@ class DeviceStage:
         self.stream: Any = torch.cuda.Stream(device) if self._cuda else None
         self._held = HeldBatches()
         self._host_buffer = host_buffer or (_pinned if self._cuda else None)
+        #: Host batches the stage may hold when the reader is asked for the next one: the
+        #: last one moved, while its copy still runs (on a GPU). A reader's ``prefetch``
+        #: is this many more, so its own ``prefetch`` batches are decoded ahead.
+        self.holds = 1 if self._cuda else 0
 
     def reader(self, make: Callable[[list[Op]], R]) -> R:
         """``make(engine_ops)``, an engine image loader, lent ``buffers`` page-locked
@@ -453,9 +457,25 @@ class DeviceStage:
         [(2, 3, 4, 4), (2,)]
         """
         try:
-            yield (self.move(b, image_at) for b in batches)
+            yield self._moved(iter(batches), image_at)
         finally:
             self.drop()
+
+    def _moved(self, batches: Iterator[Any], image_at: int | None) -> Iterator[Any]:
+        """:meth:`move` over ``batches``. Before the reader is asked for the next host
+        batch, the batches whose copies completed go back to the engine and this generator
+        drops its own reference: the engine counts the buffers still taken against
+        ``prefetch``, so each one held here would be one batch less decoded ahead."""
+        while True:
+            if self._cuda:
+                self._held.recycle()
+            host = next(batches, None)
+            if host is None:
+                return
+            moved = self.move(host, image_at)
+            host = None
+            yield moved
+            moved = None
 
     def _images(self, x: torch.Tensor) -> torch.Tensor:
         """An image batch's device form: the tail, or the memory format alone."""

@@ -78,9 +78,9 @@ class Loader:
         Decode threads. Default: this rank's share of the host's usable cores (see the
         user guide's "Launching a job"); outside a launched rank, every usable core.
     prefetch
-        Batches in flight ahead of the consumer. With a CUDA ``device`` they include the
-        host batches the stage holds until their copies complete (the last one yielded and
-        often the one before): ``prefetch - 2`` are decoded ahead.
+        Batches decoded ahead of the consumer. With a CUDA ``device`` the engine also
+        keeps the host batch whose copy may still run (one more buffer), so ``prefetch``
+        are decoded ahead there too.
     on_error
         ``"raise"``: a bad image raises an exception naming its URL. ``"skip"``: leave it
         out of its batch and count it in :attr:`skipped` (see the user guide's "Datasets"
@@ -229,6 +229,10 @@ class Loader:
                 counters.add_batch(clock() - t0)
             self._position = int(item[2]) + 1
             yield self._source.batch(item)
+            # Hold no engine buffer while the engine is asked for the next batch: a buffer
+            # still referenced counts against prefetch (on a GPU the loop holds device
+            # tensors, and this would be the only reference left).
+            item = None
 
     def state_dict(self) -> dict[str, Any]:
         """The position in the epoch: resuming from it yields the remaining batches,

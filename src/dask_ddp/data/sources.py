@@ -86,7 +86,7 @@ def source_for(dataset: ImageList | TarShards | Subset[Any], loader: Loader,
     options: dict[str, Any] = {
         "batch_size": loader.batch_size, "shuffle": loader.shuffle, "seed": loader.seed,
         "rank": loader.rank, "world_size": loader.world_size, "drop_last": loader.drop_last,
-        "num_threads": loader.num_threads, "prefetch": loader.prefetch,
+        "num_threads": loader.num_threads, "prefetch": loader.prefetch + stage.holds,
         "skip_errors": loader.on_error == "skip", "max_side": int(max_side),
         "scaled_decode": bool(scaled_decode), "region_decode": bool(region_decode),
     }

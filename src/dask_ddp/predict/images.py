@@ -137,7 +137,7 @@ def _list_batches(part: ListPart, opts: ImageOptions, threads: int, device: torc
     source = ImageSource(_store(part), part.keys, range(n), part.skip_missing)
     engine = stage.reader(lambda ops: source.loader(
         ops, batch_size=opts.batch_size, shuffle=False, rank=0, world_size=1,
-        drop_last=False, num_threads=threads, prefetch=opts.prefetch,
+        drop_last=False, num_threads=threads, prefetch=opts.prefetch + stage.holds,
         skip_errors=opts.on_error == "skip", max_side=opts.max_side))
 
     def host() -> Generator[tuple[torch.Tensor]]:

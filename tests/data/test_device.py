@@ -569,3 +569,72 @@ def test_the_engine_decodes_into_lent_buffers(folder: Path) -> None:
     assert inside == len(got) == len(want)
     for g, w in zip(got, want, strict=True):
         assert torch.equal(g, w)
+
+
+def _epochs(loader: Loader, epochs: int, set_epoch: bool) -> list[list[torch.Tensor]]:
+    out = []
+    for e in range(epochs):
+        if set_epoch:
+            loader.set_epoch(e)
+        out.append([labels.clone() for _, labels in loader])
+    return out
+
+
+@pytest.mark.parametrize("set_epoch", [True, False])
+def test_the_next_epoch_starts_at_the_end_of_one_and_reads_as_a_fresh_start(
+        folder: Path, set_epoch: bool) -> None:
+    """At an epoch's end the engine already decodes the epoch the loop reads next (the next
+    one where it calls set_epoch, else the same one); what it reads is what a fresh Loader
+    reads, also after a guess the loop contradicts or a break."""
+    ds = ImageFolder(str(folder))
+    loader = Loader(ds, 4, transform=TRAIN, seed=3, device="cpu")
+    starts: list[tuple[int, int]] = []
+    core = loader._source.core
+    plain = core.start_epoch
+
+    class Counting:  # the engine loader, its start_epoch calls counted
+        def __getattr__(self, name: str) -> Any:
+            return getattr(core, name)
+
+        def start_epoch(self, epoch: int, start: int = 0) -> None:
+            starts.append((epoch, start))
+            plain(epoch, start)
+
+    loader._source.core = Counting()  # type: ignore[assignment]
+    seen = _epochs(loader, 3, set_epoch)
+    guesses = [(1, 0), (2, 0), (3, 0)] if set_epoch else [(0, 0)] * 3
+    assert starts == [(0, 0)] + guesses  # each epoch after the first was started early
+    fresh = Loader(ds, 4, transform=TRAIN, seed=3, device="cpu")
+    assert all(torch.equal(a, b) for x, y in zip(seen, _epochs(fresh, 3, set_epoch),
+                                                 strict=True)
+               for a, b in zip(x, y, strict=True))
+    # A guess the loop contradicts, and a break: each read equals a fresh Loader's.
+    loader.set_epoch(7)
+    assert [y.tolist() for _, y in loader] == [y.tolist() for _, y in _at(fresh, 7)]
+    for _ in loader:
+        break
+    loader.set_epoch(8)
+    assert [y.tolist() for _, y in loader] == [y.tolist() for _, y in _at(fresh, 8)]
+    loader.close()
+    fresh.close()
+
+
+def _at(loader: Loader, epoch: int) -> Loader:
+    loader.set_epoch(epoch)
+    return loader
+
+
+def test_a_resume_after_an_early_start_reads_the_saved_position(shards: str) -> None:
+    """A state loaded after the next epoch was started early is read from its position."""
+    loader = Loader(TarShards(shards), 4, transform=TRAIN, seed=1, device="cpu")
+    loader.set_epoch(0)
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    rest = [y.tolist() for _, y in it]
+    loader.set_epoch(1)
+    assert sum(1 for _ in loader) == len(loader)  # epoch 2 started early now
+    loader.load_state_dict(state)
+    loader.set_epoch(0)
+    assert [y.tolist() for _, y in loader] == rest
+    loader.close()

@@ -145,6 +145,10 @@ class Loader:
         self._source = source_for(dataset, self, stage, max_side=int(max_side),
                                   scaled_decode=scaled_decode, region_decode=region_decode)
         self._deals: UnreadDeals[Any] = self._source.deals
+        self._epoch_set = False  # set_epoch called (the loop counts epochs)
+        #: The engine loader already running an epoch from its first batch, and which
+        #: (:meth:`_start_early`); anything else that starts its epochs clears it.
+        self._early: tuple[Any, int] | None = None
 
     def _init_reading(self, batch_size: int, *, shuffle: bool | str, seed: int,
                       rank: int | None, world_size: int | None, drop_last: bool,
@@ -190,6 +194,7 @@ class Loader:
         check_made_here(self._made_in)
         if epoch < 0:
             raise ValueError(f"epoch must be >= 0, got {epoch}")
+        self._epoch_set = True
         if int(epoch) != self.epoch:
             self._start_batch = 0
             self._source.new_epoch()
@@ -203,11 +208,28 @@ class Loader:
         tuple in the order of its fields."""
         check_made_here(self._made_in)
         start, self._start_batch = self._start_batch, 0
-        self._source.core.start_epoch(self.epoch, start)
+        core, (early, self._early) = self._source.core, (self._early, None)
+        if early is None or early[0] is not core or early[1] != self.epoch or start != 0:
+            core.start_epoch(self.epoch, start)
         self._position = start
         with self._stage.over(self._host_batches(), self._source.image_at) as batches:
             yield from batches  # the epoch's host buffers go back to the engine at the end
+        self._start_early()
         flush_pending()  # the epoch's metrics reported as CUDA values
+
+    def _start_early(self) -> None:
+        """At an epoch's end, start decoding the epoch the loop most likely reads next,
+        while it evaluates, saves or reports: the next one where the loop calls
+        :meth:`set_epoch`, else the same one again. The engine decodes at most
+        ``prefetch`` batches of it ahead; a wrong guess costs only those (the next
+        ``start_epoch`` cancels them). Not where a reshard waits for the next epoch (its
+        engine loader is replaced)."""
+        if self._next_layout is not None:
+            return
+        guess = self.epoch + 1 if self._epoch_set else self.epoch
+        core = self._source.core
+        core.start_epoch(guess, 0)
+        self._early = (core, guess)
 
     def _host_batches(self) -> Iterator[tuple[Any, ...]]:
         """The epoch's host batches: the own share's, then each deal's (live recovery)."""
@@ -282,6 +304,7 @@ class Loader:
         samples no rank had yielded (see :class:`~dask_ddp.data.TarShards`). A state with
         ``"unread"`` continues with those samples (:meth:`resume_unread`).
         """
+        self._early = None  # a resume may set the epoch's sample runs before it starts
         if self._took_unread(state):
             return
         batch = self._source.resume(state, self)
@@ -361,6 +384,7 @@ class Loader:
 
     def _stop_reads(self, own: bool) -> None:
         """Stop what :meth:`end_reads` ends (``own``: the epoch's own share was read)."""
+        self._early = None
         if own:
             self._source.core.start_epoch(self.epoch, len(self))
 

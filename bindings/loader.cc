@@ -232,11 +232,11 @@ void init_loader(nb::module_& m) {
           "(3, H, W) of each sample.")
       .def_prop_ro("float_output", [](PyLoader& l) { return l.checked()->pipeline().float_output(); },
                    "Whether images are float32 (else uint8).")
-      .def_prop_ro("batch_image_bytes", [](PyLoader& l) { return l.checked()->batch_image_bytes(); },
-                   "Bytes of one batch's images: what each lent buffer must hold.")
+      .def_prop_ro("batch_buffer_bytes", [](PyLoader& l) { return l.checked()->batch_buffer_bytes(); },
+                   "Bytes of one batch's images and labels: what each lent buffer must hold.")
       .def("adopt_buffers", &AdoptBuffers, "buffers"_a,
-           "Lend the loader memory for batch images (1-D uint8 CPU arrays of at least "
-           "batch_image_bytes each, e.g. pinned torch tensors' numpy views): used before "
+           "Lend the loader memory for batches, images and labels (1-D uint8 CPU arrays, "
+           "8-byte aligned, of at least batch_buffer_bytes each, e.g. pinned torch tensors' numpy views): used before "
            "its own buffers and kept referenced while a batch may use them.");
 }
 

@@ -164,12 +164,14 @@ class ImageLoader:
         """Whether images are float32 (else uint8)."""
 
     @property
-    def batch_image_bytes(self) -> int:
-        """Bytes of one batch's images: what each lent buffer must hold."""
+    def batch_buffer_bytes(self) -> int:
+        """
+        Bytes of one batch's images and labels: what each lent buffer must hold.
+        """
 
     def adopt_buffers(self, buffers: Sequence[Annotated[NDArray[numpy.uint8], dict(shape=(None,), order='C', device='cpu')]]) -> None:
         """
-        Lend the loader memory for batch images (1-D uint8 CPU arrays of at least batch_image_bytes each, e.g. pinned torch tensors' numpy views): used before its own buffers and kept referenced while a batch may use them.
+        Lend the loader memory for batches, images and labels (1-D uint8 CPU arrays, 8-byte aligned, of at least batch_buffer_bytes each, e.g. pinned torch tensors' numpy views): used before its own buffers and kept referenced while a batch may use them.
         """
 
 class TarShardLoader(ImageLoader):

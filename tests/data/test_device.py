@@ -291,8 +291,8 @@ def test_a_lent_buffer_holds_its_block_until_the_engine_frees_it(folder: Path) -
     base = PinnedBudget.used()
     core = stage.reader(lambda ops: source.loader(ops, batch_size=4, num_threads=1,
                                                   prefetch=1))
-    block = pinned_block_bytes(core.batch_image_bytes)
-    assert block == 64 * 1024 and core.batch_image_bytes == 48 * 1024  # rounded up
+    block = pinned_block_bytes(core.batch_buffer_bytes)
+    assert block == 64 * 1024 and core.batch_buffer_bytes == 48 * 1024 + 4 * 8  # rounded up
     assert PinnedBudget.used() == base + 3 * block
     core.start_epoch(0, 0)
     kept = core.next()  # a batch in a lent buffer: the engine's pool outlives the engine
@@ -454,7 +454,7 @@ def test_pinned_buffers_hold_the_budget_while_their_engines_live(folder: Path) -
     base = PinnedBudget.used()
     loader = Loader(ImageFolder(str(folder)), 4, transform=NORM, prefetch=2, rank=0,
                     world_size=1, device="cuda")
-    lent = 4 * pinned_block_bytes(4 * 3 * 32 * 32)  # uint8 crosses the bus
+    lent = 4 * pinned_block_bytes(4 * 3 * 32 * 32 + 4 * 8)  # uint8 crosses; labels after
     assert PinnedBudget.used() == base + lent
     for epoch, layout in ((0, (1, 2)), (1, None)):
         loader.set_epoch(epoch)
@@ -462,6 +462,11 @@ def test_pinned_buffers_hold_the_budget_while_their_engines_live(folder: Path) -
         if layout is not None:
             loader.reshard(*layout)
     assert loader.world_size == 2 and PinnedBudget.used() == base + lent
+    core = loader._source.core
+    core.start_epoch(2, 0)
+    images, labels, _ = core.next()
+    assert images.is_pinned() and labels.is_pinned()  # both copy without staging
+    del images, labels
     loader.close()
     assert PinnedBudget.used() == base
 
@@ -550,25 +555,27 @@ def test_the_engine_decodes_into_lent_buffers(folder: Path) -> None:
     core = engine()
     core.start_epoch(0, 0)
     while (item := core.next()) is not None:
-        want.append(item[0].clone())
+        want.append((item[0].clone(), item[1].clone()))
     core.close()
 
     core = engine()
-    assert core.batch_image_bytes == 4 * 3 * 32 * 32 * 4
+    assert core.batch_buffer_bytes == 4 * 3 * 32 * 32 * 4 + 4 * 8  # images, then labels
     with pytest.raises(ValueError, match="lent buffer 0 holds 10 bytes"):
         core.adopt_buffers([np.zeros(10, np.uint8)])
-    lent = [np.zeros(core.batch_image_bytes, np.uint8) for _ in range(4)]
+    lent = [np.zeros(core.batch_buffer_bytes, np.uint8) for _ in range(4)]
     core.adopt_buffers(lent)
     starts = {a.ctypes.data for a in lent}
     core.start_epoch(0, 0)
     got, inside = [], 0
     while (item := core.next()) is not None:
-        inside += item[0].data_ptr() in starts
-        got.append(item[0].clone())
+        # The labels in the same lent buffer, after the images (pinned on a GPU too).
+        inside += (item[0].data_ptr() in starts
+                   and item[1].data_ptr() == item[0].data_ptr() + 4 * 3 * 32 * 32 * 4)
+        got.append((item[0].clone(), item[1].clone()))
     core.close()
     assert inside == len(got) == len(want)
     for g, w in zip(got, want, strict=True):
-        assert torch.equal(g, w)
+        assert torch.equal(g[0], w[0]) and torch.equal(g[1], w[1])
 
 
 def _epochs(loader: Loader, epochs: int, set_epoch: bool) -> list[list[torch.Tensor]]:

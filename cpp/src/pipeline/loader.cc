@@ -38,7 +38,9 @@ class NoStore : public Store {
 class BufferPool {
  public:
   BufferPool(size_t image_bytes, size_t batch_size, size_t max_free)
-      : image_bytes_(image_bytes), batch_size_(batch_size), max_free_(max_free) {}
+      : label_offset_((image_bytes + 63) / 64 * 64),
+        buffer_bytes_(label_offset_ + batch_size * sizeof(int64_t)),
+        max_free_(max_free) {}
 
   std::unique_ptr<BatchBuffer> Take() {
     {
@@ -54,26 +56,30 @@ class BufferPool {
       }
     }
     auto b = std::make_unique<BatchBuffer>();
-    b->owned.resize(image_bytes_);
-    b->labels.resize(batch_size_);
+    b->owned.resize(buffer_bytes_);  // operator new's alignment: at least the labels'
+    b->label_offset = label_offset_;
     return b;
   }
 
-  size_t image_bytes() const { return image_bytes_; }
+  size_t buffer_bytes() const { return buffer_bytes_; }
 
   Status Adopt(std::vector<ExternalBuffer> buffers) {
     for (size_t i = 0; i < buffers.size(); ++i) {
-      if (buffers[i].data == nullptr || buffers[i].size < image_bytes_) {
+      if (buffers[i].data == nullptr || buffers[i].size < buffer_bytes_) {
         return InvalidArgumentError("Loader: lent buffer " + std::to_string(i) + " holds " +
-                                    std::to_string(buffers[i].size) + " bytes; a batch's images need " +
-                                    std::to_string(image_bytes_));
+                                    std::to_string(buffers[i].size) + " bytes; a batch's images and labels need " +
+                                    std::to_string(buffer_bytes_));
+      }
+      if (reinterpret_cast<uintptr_t>(buffers[i].data) % alignof(int64_t) != 0) {
+        return InvalidArgumentError("Loader: lent buffer " + std::to_string(i) +
+                                    " is not 8-byte aligned (its labels are int64)");
       }
     }
     std::lock_guard<std::mutex> g(mu_);
     for (auto& e : buffers) {
       auto b = std::make_unique<BatchBuffer>();
       b->external = std::move(e);
-      b->labels.resize(batch_size_);
+      b->label_offset = label_offset_;
       lent_.push_back(std::move(b));
     }
     return Status::Ok();
@@ -101,7 +107,7 @@ class BufferPool {
  private:
   ProcessOwner owner_;
   std::mutex mu_;
-  size_t image_bytes_, batch_size_, max_free_;
+  size_t label_offset_, buffer_bytes_, max_free_;
   size_t outstanding_ = 0;
   std::vector<std::unique_ptr<BatchBuffer>> free_;
   std::vector<std::unique_ptr<BatchBuffer>> lent_;  // buffers the caller lent, free
@@ -176,7 +182,7 @@ Loader::Loader(std::shared_ptr<Store> store, std::vector<std::string> keys, std:
   if (opt_.batched_fetch) threads_.emplace_back([this] { FetchLoop(); });
 }
 
-size_t Loader::batch_image_bytes() const { return pool_->image_bytes(); }
+size_t Loader::batch_buffer_bytes() const { return pool_->buffer_bytes(); }
 
 Status Loader::AdoptBuffers(std::vector<ExternalBuffer> buffers) {
   if (Status st = CheckProcess(); !st.ok()) return st;
@@ -538,7 +544,7 @@ Result<std::optional<Batch>> Loader::Next() {
       if (static_cast<int64_t>(s) != kept) {
         std::memmove(buf.images() + kept * sb, buf.images() + s * sb, sb);
       }
-      buf.labels[static_cast<size_t>(kept)] = source_ ? b->labels[s] : labels_[static_cast<size_t>(b->samples[s])];
+      buf.labels()[kept] = source_ ? b->labels[s] : labels_[static_cast<size_t>(b->samples[s])];
       ++kept;
     }
     skipped_ += skipped;
@@ -554,7 +560,7 @@ Result<std::optional<Batch>> Loader::Next() {
     }
     out.lease = b->lease;
     out.images = buf.images();
-    out.labels = buf.labels.data();
+    out.labels = buf.labels();
     out.size = kept;
     out.index = b->index;
     out.skipped = skipped;

@@ -66,13 +66,16 @@ struct ExternalBuffer {
   std::shared_ptr<void> keep;
 };
 
-// One batch buffer: images (3 x H x W per sample, float32 or uint8) and int64 labels.
-// The images live in the pool's own memory or in a buffer the caller lent.
+// One batch buffer: images (3 x H x W per sample, float32 or uint8), then int64 labels
+// at `label_offset` (a multiple of 64), in one block: the pool's own memory or a buffer
+// the caller lent, so page-locked memory holds the labels too and both copy without
+// staging.
 struct BatchBuffer {
   std::vector<uint8_t> owned;
   ExternalBuffer external;
-  std::vector<int64_t> labels;
+  size_t label_offset = 0;
   uint8_t* images() { return external.data != nullptr ? external.data : owned.data(); }
+  int64_t* labels() { return reinterpret_cast<int64_t*>(images() + label_offset); }
 };
 
 // Owns a buffer while the caller uses it; returns it to the pool when destroyed.
@@ -144,11 +147,13 @@ class Loader {
   // a concurrent Shutdown kFailedPrecondition ("closed").
   Result<std::optional<Batch>> Next();
 
-  // Bytes of one batch's images: what each lent buffer must hold at least.
-  size_t batch_image_bytes() const;
-  // Lends the loader memory for batch images (see ExternalBuffer): the buffers are used
-  // before the loader allocates its own, and kept (never freed for a smaller pool) for
-  // the loader's life. InvalidArgument naming the buffer if one is too small or null.
+  // Bytes of one batch's buffer (its images, then its labels at a 64-byte boundary): what
+  // each lent buffer must hold at least.
+  size_t batch_buffer_bytes() const;
+  // Lends the loader memory for batches, images and labels (see ExternalBuffer): the
+  // buffers are used before the loader allocates its own, and kept (never freed for a
+  // smaller pool) for the loader's life. InvalidArgument naming the buffer if one is too
+  // small, null or not 8-byte aligned.
   Status AdoptBuffers(std::vector<ExternalBuffer> buffers);
 
   // Stops the threads and wakes every waiter (Next, StartEpoch then fail as closed).

@@ -162,8 +162,9 @@ TEST(Loader, LentBuffersHoldTheBatchesAndOutliveTheLoaderWhileBatchesDo) {
   o.sampler.seed = 4;
   Epoch want = RunEpoch(*Loader::Create(f.store, f.keys, f.labels, TrainPipeline(), o).value(), 1);
   auto l = Loader::Create(f.store, f.keys, f.labels, TrainPipeline(), o).value();
-  const size_t bytes = l->batch_image_bytes();
-  EXPECT_EQ(bytes, size_t{5} * 3 * 16 * 16 * sizeof(float));
+  const size_t bytes = l->batch_buffer_bytes();
+  // The images (3840 bytes), the labels at the next 64-byte boundary (3840), 5 of them.
+  EXPECT_EQ(bytes, size_t{5} * 3 * 16 * 16 * sizeof(float) + 5 * sizeof(int64_t));
   auto memory = std::make_shared<std::vector<std::vector<uint8_t>>>(2, std::vector<uint8_t>(bytes));
   std::vector<ExternalBuffer> lent;
   for (auto& m : *memory) lent.push_back({m.data(), m.size(), memory});
@@ -178,10 +179,18 @@ TEST(Loader, LentBuffersHoldTheBatchesAndOutliveTheLoaderWhileBatchesDo) {
   ASSERT_TRUE(l->StartEpoch(1).ok());
   auto b = l->Next();
   ASSERT_TRUE(b.ok() && b->has_value());
+  // Images and labels both in one lent buffer, the labels after the images.
   const auto* p = static_cast<const uint8_t*>((*b)->images);
+  const auto* q = reinterpret_cast<const uint8_t*>((*b)->labels);
   bool inside = false;
-  for (auto& m : *memory) inside = inside || (p >= m.data() && p < m.data() + m.size());
+  for (auto& m : *memory) {
+    inside = inside || (p == m.data() && q == m.data() + bytes - 5 * sizeof(int64_t));
+  }
   EXPECT_TRUE(inside);
+  std::vector<uint8_t> odd(bytes + 1);
+  st = l->AdoptBuffers({{odd.data() + 1, bytes, nullptr}});
+  EXPECT_EQ(st.code(), Code::kInvalidArgument);
+  EXPECT_NE(st.message().find("not 8-byte aligned"), std::string::npos) << st.ToString();
   // The lent memory stays referenced while a batch may read it, after the loader too.
   Batch kept = std::move(**b);
   l.reset();

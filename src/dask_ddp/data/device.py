@@ -12,9 +12,9 @@ memory. The stage sits between the engine and the loop and owns everything of th
   engine loader; each holds its share of the host's budget (``dask-ddp.data.pinned-memory``,
   shared by the ranks on the host; at torch's block size, a power of two) until the engine
   frees it (closed, or replaced at a reshard or a new epoch). Past the budget the Loader
-  falls back to pageable buffers with one warning. Only image batches are decoded into
-  them: labels, tar shards' other fields and tables' columns are pageable, and their copies
-  wait for the host.
+  falls back to pageable buffers with one warning. Image batches and their labels are
+  decoded into them (the labels after the images, in the same buffer); tar shards' other
+  fields and tables' columns are pageable, and their copies wait for the host.
 - **A copy stream of its own.** Each batch crosses the bus on the stage's CUDA stream,
   ``non_blocking``; the step's stream waits on an event, not the host. The copy of the next
   batch is issued when the loop asks for it, while the GPU still runs the step before (the
@@ -414,7 +414,7 @@ class DeviceStage:
         decodes into them, the copy needs no staging. Their budget comes back as they are
         freed: the engine closed (or freed) and no batch of it held any more."""
         core = make(list(self.engine_ops))
-        buffers = self.pinned_buffers(self._buffers, int(core.batch_image_bytes))
+        buffers = self.pinned_buffers(self._buffers, int(core.batch_buffer_bytes))
         if buffers is not None:
             core.adopt_buffers(buffers)
         return core
@@ -522,7 +522,7 @@ class DeviceStage:
         # the allocator hands out a block the consumer used only after the consumer's work
         # on it (record_stream below, on every tensor yielded).
         with torch.cuda.stream(self.stream):
-            # The image batch last: a copy from pageable memory (labels, fields, a table's
+            # The image batch last: a copy from pageable memory (a shard's fields, a table's
             # columns) first waits for the stream's work (CUDA's rule for pageable
             # sources), which must not be this batch's image copy.
             order = sorted(range(len(batch)), key=lambda i: i == image_at)

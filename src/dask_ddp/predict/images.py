@@ -184,13 +184,16 @@ def predict_images(part: ListPart | ShardPart, spec: cache.ModelSpec, opts: Imag
 
     model, device = cache.model_for(spec)
     threads = cache.thread_share(spec)
+    # On a GPU the task's thread launches every kernel and copy: a decode thread on each
+    # core of its share would delay each launch (as a Loader's default_threads leaves one).
+    decode = max(1, threads - 1) if device.type == "cuda" else threads
     taken: list[torch.Tensor] = []
     if isinstance(part, ListPart):
         n, first = len(part.keys), part.prefix + part.keys[0]
-        batches = _list_batches(part, opts, threads, device, spec.channels_last, taken)
+        batches = _list_batches(part, opts, decode, device, spec.channels_last, taken)
     else:
         n, first = part.shards.counts[0], part.shards.urls[0]
-        batches = _shard_batches(part, opts, threads, device, spec.channels_last, taken)
+        batches = _shard_batches(part, opts, decode, device, spec.channels_last, taken)
     # Closed on a raise too: the traceback Dask keeps with a failed task's error holds this
     # frame, and a suspended generator would hold its engine (decode threads, pinned
     # buffers and their budget) as long as the error is kept.

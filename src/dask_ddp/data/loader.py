@@ -58,7 +58,8 @@ class Loader:
         :class:`~dask_ddp.data.ImageList` (e.g. from a manifest), an
         :class:`~dask_ddp.data.ImageFolder` or :class:`~dask_ddp.data.S3ImageFolder`, or
         a ``torch.utils.data.Subset`` of one (e.g. a train/eval split), read through its
-        store; ``transform`` replaces its own (torchvision) transform.
+        store; ``transform`` replaces its own (torchvision) transform. Or any
+        :class:`~dask_ddp.data.Source` (a data kind of its own: no ``transform``).
     batch_size
         Samples per batch.
     transform
@@ -211,7 +212,7 @@ class Loader:
 
     def _host_batches(self) -> Iterator[tuple[Any, ...]]:
         """The epoch's host batches: the own share's, then each deal's (live recovery)."""
-        core = self._source.core
+        core: Any = self._source.core  # an engine loader, a table's, or an IdReader
         # The job page's step rate and data wait (a no-op outside a launched rank).
         counters, clock = rank_counters(), time.perf_counter_ns
         while True:
@@ -280,7 +281,7 @@ class Loader:
         """
         if self._took_unread(state):
             return
-        batch = self._source.resume(state, self)
+        batch = self._source.resume(state)
         self.epoch, self._start_batch, self._position = int(state["epoch"]), batch, batch
 
     @property
@@ -303,7 +304,7 @@ class Loader:
         sample list (image lists) or sample ids (tar shards), for :meth:`deal_unread`;
         with the shares of samples dealt earlier in the epoch to the members ``uids``
         (their ids in :meth:`deal_unread`'s ``members``; default ``ranks``)."""
-        return self._source.lost(self, epoch, batch, ranks) + self._dealt_lost(
+        return self._source.lost(epoch, batch, ranks) + self._dealt_lost(
             epoch, batch, ranks if uids is None else uids)
 
     def _dealt_lost(self, epoch: int, batch: int, members: list[Any]) -> list[int]:

@@ -29,20 +29,67 @@ import torch
 from torch.utils.data import Subset
 
 from dask_ddp._dashboard.counters import rank_counters
+from dask_ddp._identity import process_group
 from dask_ddp._pending import flush_pending
 from dask_ddp.data import transforms as T
 from dask_ddp.data.datasets import ImageList
 from dask_ddp.data.device import DeviceStage, default_threads, stage_for
 from dask_ddp.data.loader_type import InitSignature, loader_type
-from dask_ddp.data.process import check_made_here
 from dask_ddp.data.shards import TarShards
 from dask_ddp.data.sources import pipeline, source_for
 from dask_ddp.data.unread import Samples, UnreadDeals
-from dask_ddp.data.world import rank_and_world
 
-__all__ = ["Loader"]
+__all__ = ["Loader", "check_made_here", "rank_and_world"]
 
 _ON_ERROR = ("raise", "skip")
+
+
+def rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """``(rank, world_size)``: as given, else from the initialised ``torch.distributed``
+    process group, else ``(0, 1)``; ``DistributedSampler``'s arguments.
+
+    Raises
+    ------
+    ValueError
+        When only one of them is given outside a process group, or the rank is out of range.
+    """
+    group = process_group()
+    if rank is None or world_size is None:
+        if group is not None:
+            rank = group[0] if rank is None else rank
+            world_size = group[1] if world_size is None else world_size
+        elif rank is None and world_size is None:
+            rank, world_size = 0, 1
+        else:
+            raise ValueError(
+                "give both rank and world_size, or neither (then they come from the "
+                f"torch.distributed process group); got rank={rank}, world_size={world_size}"
+            )
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
+    return int(rank), int(world_size)
+
+
+def check_made_here(made_in: int, what: str = "this Loader") -> None:
+    """Raise unless the calling process is ``made_in`` (the pid of ``what``'s maker).
+
+    ``fork()`` copies a process's memory but only the thread that called it: in the child,
+    a Loader made by the parent has no engine threads, and its locks and connections are
+    the parent's. The engine frees nothing of such a Loader in the child (so a DataLoader
+    worker whose garbage collector meets one does not crash); reading it there raises.
+
+    Raises
+    ------
+    RuntimeError
+        In another process (a ``fork()`` child), saying to build a new Loader there.
+    """
+    here = os.getpid()
+    if here != made_in:
+        raise RuntimeError(
+            f"{what} was made in process {made_in} and is used in process {here}, a "
+            "fork() of it (its engine threads, locks and connections stayed in the "
+            "parent); build a new Loader in this process (e.g. in the DataLoader worker "
+            "or Pool task that reads it)")
 
 
 class Loader:
@@ -113,7 +160,8 @@ class Loader:
     """
 
     __signature__ = InitSignature()
-    #: Called before each batch is taken: a training step's top (see ``data/redeal.py``).
+    #: Called before each batch is taken: a training step's top (live recovery's step
+    #: boundary, ``_launch/live/attach.py``).
     before_batch: Callable[[], None] | None = None
 
     def __new__(cls, dataset: Any = None, *args: Any, **kwargs: Any) -> Loader:

@@ -1,14 +1,10 @@
-"""The data kinds' seam: a :class:`Source` per kind, what a Loader reads.
+"""The data kinds' seam: a :class:`Source` per kind (``dask_ddp.data.Source``).
 
 A :class:`~dask_ddp.data.Loader` keeps its options, its position and the device stage; its
-Source owns the rest: the ids each rank reads per epoch and in what order, the reader of
-the Loader's rank layout (made again at a ``reshard``) and of live recovery's deals, the
-epoch's sample and batch counts, a batch's tuple, the samples a rank had not read and a
-deal's share of them, the state dict's own entries and where a saved state resumes.
-``Loader(source, ...)`` reads any :class:`Source` (the public seam, ``dask_ddp.data.
-Source``); an image list or a ``Subset`` of one is read by :class:`ImageListSource`, tar
-shards by :class:`ShardSource` (:func:`source_for` makes the one of a dataset), both with
-the C++ engine, as its ``pipeline::SampleSource`` has one source per kind.
+Source owns everything its kind of data decides (see the class). An image list or a
+``Subset`` of one is read by :class:`ImageListSource`, tar shards by :class:`ShardSource`
+(:func:`source_for` makes the one of a dataset), both with the C++ engine, whose
+``pipeline::SampleSource`` has the same shape: one source per kind under one loader.
 """
 
 from __future__ import annotations
@@ -27,18 +23,20 @@ from dask_ddp import _core
 from dask_ddp.data import transforms as T
 from dask_ddp.data.datasets import ImageList
 from dask_ddp.data.engine import ImageSource, Op, resolve_dataset
-from dask_ddp.data.resume import Segments, check_batch, check_saved
 from dask_ddp.data.shards import TarShards
-from dask_ddp.data.unread import UnreadDeals, rank_indices
+from dask_ddp.data.unread import DealReader, UnreadDeals, rank_indices
 
 if TYPE_CHECKING:
     from dask_ddp.data.device import DeviceStage
     from dask_ddp.data.unread import Samples
 
-__all__ = ["IdReader", "ImageListSource", "Reader", "ShardSource", "Source", "pipeline",
-           "source_for"]
+__all__ = ["IdReader", "ImageListSource", "Reader", "Segments", "ShardSource", "Source",
+           "check_batch", "check_saved", "pipeline", "source_for"]
 
 logger = logging.getLogger(__name__)
+
+#: (shard, begin, end) runs of samples.
+Segments = list[tuple[int, int, int]]
 
 
 class Loader(Protocol):
@@ -93,31 +91,23 @@ def source_for(dataset: Source | ImageList | TarShards | Subset[Any], loader: Lo
     image list or tar shards, read with the decode options), opened for it."""
     if isinstance(dataset, Source):
         return dataset.opened(loader, stage)
-    options: dict[str, Any] = {
-        "batch_size": loader.batch_size, "shuffle": loader.shuffle, "seed": loader.seed,
-        "drop_last": loader.drop_last, "num_threads": loader.num_threads,
-        "prefetch": loader.prefetch, "skip_errors": loader.on_error == "skip",
-        "max_side": int(max_side), "scaled_decode": bool(scaled_decode),
-        "region_decode": bool(region_decode),
-    }
+    options: dict[str, Any] = {k: getattr(loader, k) for k in (
+        "batch_size", "shuffle", "seed", "drop_last", "num_threads", "prefetch")}
+    options.update(skip_errors=loader.on_error == "skip", max_side=int(max_side),
+                   scaled_decode=bool(scaled_decode), region_decode=bool(region_decode))
     kind = ShardSource if isinstance(dataset, TarShards) else ImageListSource
     return kind(dataset, options).opened(loader, stage)  # type: ignore[arg-type]
 
 
-class Reader(Protocol):
-    """What reads a Source's samples, batch by batch: an engine loader, or an
+class Reader(DealReader, Protocol):
+    """What reads a Source's samples batch by batch (``start_epoch(epoch, start)``: read
+    ``epoch`` from its batch ``start`` on; ``close``): an engine loader, or an
     :class:`IdReader` over :meth:`Source.read`."""
 
     skipped: int
 
-    def start_epoch(self, epoch: int, start: int, /) -> None:
-        """Read ``epoch`` from its batch ``start`` on (past its last: nothing more)."""
-
     def next(self) -> tuple[Any, ...] | None:
         """The next batch's item (its position in the epoch at 2), or None at the end."""
-
-    def close(self) -> None:
-        """Stop reading (``next`` raises ``ValueError`` from now on)."""
 
 
 class Source:
@@ -253,6 +243,23 @@ class Source:
             epoch, r, self.loader.world_size)[batch * self.loader.batch_size:]]
 
 
+def check_saved(state: Mapping[str, Any], mine: Mapping[str, Any]) -> None:
+    """Check that ``state`` was saved with a Loader's options ``mine`` (a key the state
+    lacks passes): ``ValueError`` naming both values of one that differs."""
+    for key, value in mine.items():
+        if key in state and state[key] != value:
+            raise ValueError(
+                f"state_dict was saved with {key}={state[key]!r} but this loader has {value!r}")
+
+
+def check_batch(batch: int, batches: int) -> int:
+    """``batch``, a saved position in an epoch of ``batches`` batches (``ValueError``
+    outside ``[0, batches]``)."""
+    if not 0 <= batch <= batches:
+        raise ValueError(f"state_dict batch {batch} is outside [0, {batches}]")
+    return batch
+
+
 class IdReader:
     """A :class:`Reader` in Python: each epoch's ids (``ids(epoch)``) in the Loader's
     batches, each read by the Source's :meth:`~Source.read`. Its item: ``(the batch's
@@ -263,8 +270,7 @@ class IdReader:
     def __init__(self, source: Source, ids: Callable[[int], Samples]) -> None:
         self.source, self.ids = source, ids
         self._epoch: Samples = []
-        self._at = self._stop = 0
-        self._closed = False
+        self._at, self._stop, self._closed = 0, 0, False
 
     def start_epoch(self, epoch: int, start: int, /) -> None:
         loader = self.source.loader

@@ -134,8 +134,8 @@ class Source:
         The Loader it was opened for (its options: ``batch_size``, ``shuffle``, ``seed``,
         ``drop_last``, ``rank``, ``world_size``, ...).
     stage
-        The Loader's device stage (:meth:`~dask_ddp.data.device.DeviceStage.reader` makes
-        an engine loader with its buffers).
+        The Loader's device stage (``stage.reader(make)`` makes an engine loader with
+        its buffers).
     core
         The reader of the Loader's own share (of its rank layout).
     deals

@@ -101,6 +101,17 @@ def test_device_cpu_goes_through_the_device_stage() -> None:
         Loader(Arrays(6), 4, transform=object())  # type: ignore[arg-type]
 
 
+@pytest.mark.gpu
+def test_device_cuda_hands_the_batches_over_on_the_gpu() -> None:
+    loader = Loader(Arrays(6), 4, shuffle=False, device="cuda", channels_last=True)
+    images, ids = next(iter(loader))
+    assert images.is_cuda and ids.is_cuda
+    assert images.is_contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(images.cpu(), torch.from_numpy(Arrays(6).images[:4]))
+    assert ids.tolist() == [0, 1, 2, 3]
+    loader.close()
+
+
 def test_predict_reads_a_source() -> None:
     import dask
 

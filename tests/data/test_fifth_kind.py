@@ -126,6 +126,17 @@ def test_predict_reads_a_source() -> None:
     np.testing.assert_allclose(frame[["out_0", "out_1"]].to_numpy(), want, rtol=1e-5)
 
 
+def test_predict_reads_a_source_on_the_cluster(client: Any) -> None:
+    source = Arrays(9)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 6 * 6, 1))
+    out = dask_ddp.predict(model, source, batch_size=4, partition_size=4)
+    frame = client.compute(out).result(timeout=120)  # the Source pickled to the workers
+    assert out.npartitions == 3 and sorted(frame.index) == list(range(9))
+    with torch.no_grad():
+        want = model(torch.from_numpy(source.images)).numpy()[:, 0]
+    np.testing.assert_allclose(frame.sort_index().to_numpy()[:, 0], want, rtol=1e-5)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(500)
 def test_live_recovery_reads_every_id_once_after_a_kill(client: Any, tmp_path: Path) -> None:

@@ -69,7 +69,7 @@ def audit_train(kind: str, data: Any, folder: str) -> dict[str, Any]:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from dask_ddp._launch.live import group as live
-    from dask_ddp.data import ImageList, Loader, TableLoader, TarShards
+    from dask_ddp.data import ImageList, Loader, Source, TableLoader, TarShards
     from dask_ddp.data import transforms as T
 
     group = live.current()
@@ -83,6 +83,8 @@ def audit_train(kind: str, data: Any, folder: str) -> dict[str, Any]:
         keys = sorted(str(p.relative_to(data)) for p in Path(data).rglob("*.jpg"))
         loader = Loader(ImageList(data, keys, list(range(len(keys)))), BATCH, seed=7,
                         transform=tf, num_threads=1)
+    elif isinstance(data, Source):  # a data kind of a test's own (tests/data/test_fifth_kind)
+        loader = Loader(data, BATCH, seed=7, num_threads=1)
     elif kind == "shards":
         loader = Loader(TarShards(data, shuffle_buffer=4), BATCH, seed=7, transform=tf,
                         num_threads=1)

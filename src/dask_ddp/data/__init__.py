@@ -9,6 +9,8 @@
 - :class:`Table`: a Dask DataFrame or Array, or Parquet files, for the Loader (rows read
   where Dask holds them, gathered into batches in C++); ``Loader(table)`` returns a
   :class:`TableLoader`, the Loader subclass for tables.
+- :class:`Source`: the seam of a data kind; ``Loader(source)`` reads any (see the user
+  guide's "Adding a data kind").
 - :mod:`dask_ddp.data.transforms`: the transforms the Loader runs.
 """
 
@@ -23,6 +25,7 @@ if TYPE_CHECKING:
     from dask_ddp.data.datasets import IMG_EXTENSIONS, ImageFolder, ImageList, S3ImageFolder
     from dask_ddp.data.loader import Loader
     from dask_ddp.data.shards import TarShards, write_shards
+    from dask_ddp.data.sources import Source
     from dask_ddp.data.table import Table, TableColumnError, TableLoader
 
 # Names are imported on first use (PEP 562): a Dask worker serving a table's rows imports
@@ -33,6 +36,7 @@ _WHERE = {
        for n in ("IMG_EXTENSIONS", "ImageFolder", "ImageList", "S3ImageFolder")},
     "Loader": "dask_ddp.data.loader:Loader",
     **{n: f"dask_ddp.data.shards:{n}" for n in ("TarShards", "write_shards")},
+    "Source": "dask_ddp.data.sources:Source",
     "Table": "dask_ddp.data.table.table:Table",
     "TableColumnError": "dask_ddp.data.table.columns:TableColumnError",
     "TableLoader": "dask_ddp.data.table.loader:TableLoader",
@@ -44,6 +48,7 @@ __all__ = [
     "ImageList",
     "Loader",
     "S3ImageFolder",
+    "Source",
     "Table",
     "TableColumnError",
     "TableLoader",

@@ -29,20 +29,67 @@ import torch
 from torch.utils.data import Subset
 
 from dask_ddp._dashboard.counters import rank_counters
+from dask_ddp._identity import process_group
 from dask_ddp._pending import flush_pending
 from dask_ddp.data import transforms as T
 from dask_ddp.data.datasets import ImageList
 from dask_ddp.data.device import DeviceStage, default_threads, stage_for
 from dask_ddp.data.loader_type import InitSignature, loader_type
-from dask_ddp.data.process import check_made_here
 from dask_ddp.data.shards import TarShards
 from dask_ddp.data.sources import pipeline, source_for
 from dask_ddp.data.unread import Samples, UnreadDeals
-from dask_ddp.data.world import rank_and_world
 
-__all__ = ["Loader"]
+__all__ = ["Loader", "check_made_here", "rank_and_world"]
 
 _ON_ERROR = ("raise", "skip")
+
+
+def rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """``(rank, world_size)``: as given, else from the initialised ``torch.distributed``
+    process group, else ``(0, 1)``; ``DistributedSampler``'s arguments.
+
+    Raises
+    ------
+    ValueError
+        When only one of them is given outside a process group, or the rank is out of range.
+    """
+    group = process_group()
+    if rank is None or world_size is None:
+        if group is not None:
+            rank = group[0] if rank is None else rank
+            world_size = group[1] if world_size is None else world_size
+        elif rank is None and world_size is None:
+            rank, world_size = 0, 1
+        else:
+            raise ValueError(
+                "give both rank and world_size, or neither (then they come from the "
+                f"torch.distributed process group); got rank={rank}, world_size={world_size}"
+            )
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
+    return int(rank), int(world_size)
+
+
+def check_made_here(made_in: int, what: str = "this Loader") -> None:
+    """Raise unless the calling process is ``made_in`` (the pid of ``what``'s maker).
+
+    ``fork()`` copies a process's memory but only the thread that called it: in the child,
+    a Loader made by the parent has no engine threads, and its locks and connections are
+    the parent's. The engine frees nothing of such a Loader in the child (so a DataLoader
+    worker whose garbage collector meets one does not crash); reading it there raises.
+
+    Raises
+    ------
+    RuntimeError
+        In another process (a ``fork()`` child), saying to build a new Loader there.
+    """
+    here = os.getpid()
+    if here != made_in:
+        raise RuntimeError(
+            f"{what} was made in process {made_in} and is used in process {here}, a "
+            "fork() of it (its engine threads, locks and connections stayed in the "
+            "parent); build a new Loader in this process (e.g. in the DataLoader worker "
+            "or Pool task that reads it)")
 
 
 class Loader:
@@ -58,7 +105,8 @@ class Loader:
         :class:`~dask_ddp.data.ImageList` (e.g. from a manifest), an
         :class:`~dask_ddp.data.ImageFolder` or :class:`~dask_ddp.data.S3ImageFolder`, or
         a ``torch.utils.data.Subset`` of one (e.g. a train/eval split), read through its
-        store; ``transform`` replaces its own (torchvision) transform.
+        store; ``transform`` replaces its own (torchvision) transform. Or any
+        :class:`~dask_ddp.data.Source` (a data kind of its own: no ``transform``).
     batch_size
         Samples per batch.
     transform
@@ -112,7 +160,8 @@ class Loader:
     """
 
     __signature__ = InitSignature()
-    #: Called before each batch is taken: a training step's top (see ``data/redeal.py``).
+    #: Called before each batch is taken: a training step's top (live recovery's step
+    #: boundary, ``_launch/live/attach.py``).
     before_batch: Callable[[], None] | None = None
 
     def __new__(cls, dataset: Any = None, *args: Any, **kwargs: Any) -> Loader:
@@ -233,7 +282,7 @@ class Loader:
 
     def _host_batches(self) -> Iterator[tuple[Any, ...]]:
         """The epoch's host batches: the own share's, then each deal's (live recovery)."""
-        core = self._source.core
+        core: Any = self._source.core  # an engine loader, a table's, or an IdReader
         # The job page's step rate and data wait (a no-op outside a launched rank).
         counters, clock = rank_counters(), time.perf_counter_ns
         while True:
@@ -307,7 +356,7 @@ class Loader:
         self._early = None  # a resume may set the epoch's sample runs before it starts
         if self._took_unread(state):
             return
-        batch = self._source.resume(state, self)
+        batch = self._source.resume(state)
         self.epoch, self._start_batch, self._position = int(state["epoch"]), batch, batch
 
     @property
@@ -330,7 +379,7 @@ class Loader:
         sample list (image lists) or sample ids (tar shards), for :meth:`deal_unread`;
         with the shares of samples dealt earlier in the epoch to the members ``uids``
         (their ids in :meth:`deal_unread`'s ``members``; default ``ranks``)."""
-        return self._source.lost(self, epoch, batch, ranks) + self._dealt_lost(
+        return self._source.lost(epoch, batch, ranks) + self._dealt_lost(
             epoch, batch, ranks if uids is None else uids)
 
     def _dealt_lost(self, epoch: int, batch: int, members: list[Any]) -> list[int]:

@@ -29,10 +29,12 @@ class Kind(enum.Enum):
     TABLE = "table"  #: a dask_ddp Table
     FRAME = "frame"  #: a Dask DataFrame or Series
     ARRAY = "array"  #: a Dask Array
+    SOURCE = "source"  #: any dask_ddp.data.Source (a data kind of its own)
 
 
 #: The class of each kind read from a type of ours or torch's, by ``"module:Class"``.
-_CLASSES = {Kind.SHARDS: "dask_ddp.data.shards:TarShards",
+_CLASSES = {Kind.SOURCE: "dask_ddp.data.sources:Source",
+            Kind.SHARDS: "dask_ddp.data.shards:TarShards",
             Kind.IMAGES: "dask_ddp.data.datasets:ImageList",
             Kind.TABLE: "dask_ddp.data.table.table:Table"}
 #: The Loader subclass of each kind that has one (the others: the Loader itself).

@@ -1,48 +1,48 @@
-"""The Sources of the engine's data kinds (internal): what a Loader reads, and everything
-its kind of dataset decides.
+"""The data kinds' seam: a :class:`Source` per kind (``dask_ddp.data.Source``).
 
-A :class:`~dask_ddp.data.Loader` keeps its options, its position and the device stage;
-its :class:`Source` (:class:`ImageListSource` for an image list or a ``Subset`` of one,
-:class:`ShardSource` for tar shards; :func:`source_for` makes the one of a dataset) owns
-the reader of the Loader's rank layout (an engine loader, made again at a ``reshard``),
-the readers of live recovery's deals, and what differs between kinds: the epoch's sample
-and batch counts, a batch's tuple, the samples a rank had not read and a deal's share of
-them, the state dict's own entries and where a saved state resumes. This mirrors the
-engine's ``pipeline::SampleSource`` (one source per kind under one loader).
+A :class:`~dask_ddp.data.Loader` keeps its options, its position and the device stage; its
+Source owns everything its kind of data decides (see the class). An image list or a
+``Subset`` of one is read by :class:`ImageListSource`, tar shards by :class:`ShardSource`
+(:func:`source_for` makes the one of a dataset), both with the C++ engine, whose
+``pipeline::SampleSource`` has the same shape: one source per kind under one loader.
 """
 
 from __future__ import annotations
 
-import abc
 import bisect
+import copy
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
+import numpy as np
+import torch
 from torch.utils.data import Subset
 
 from dask_ddp import _core
 from dask_ddp.data import transforms as T
 from dask_ddp.data.datasets import ImageList
 from dask_ddp.data.engine import ImageSource, Op, resolve_dataset
-from dask_ddp.data.resume import Segments, check_batch, check_saved
 from dask_ddp.data.shards import TarShards
-from dask_ddp.data.unread import UnreadDeals, rank_indices
+from dask_ddp.data.unread import DealReader, UnreadDeals, rank_indices
 
 if TYPE_CHECKING:
     from dask_ddp.data.device import DeviceStage
     from dask_ddp.data.unread import Samples
 
-__all__ = ["ImageListSource", "ShardSource", "Source", "pipeline", "source_for"]
+__all__ = ["IdReader", "ImageListSource", "Reader", "Segments", "ShardSource", "Source",
+           "check_batch", "check_saved", "pipeline", "source_for"]
 
 logger = logging.getLogger(__name__)
+
+#: (shard, begin, end) runs of samples.
+Segments = list[tuple[int, int, int]]
 
 
 class Loader(Protocol):
     """What a Source reads of its :class:`~dask_ddp.data.Loader`: the options it was made
     with and its rank layout (a Protocol, so this module needs nothing of the Loader's)."""
 
-    dataset: Any
     batch_size: int
     drop_last: bool
     shuffle: Any  # a bool for images
@@ -54,18 +54,25 @@ class Loader(Protocol):
     world_size: int
 
 
-def pipeline(dataset: ImageList | TarShards | Subset[Any], transform: T.Transform | None,
-             *, who: str = "Loader") -> tuple[object, list[Op]]:
+def pipeline(dataset: Source | ImageList | TarShards | Subset[Any],
+             transform: T.Transform | None, *, who: str = "Loader"
+             ) -> tuple[object, list[Op]]:
     """The transform a Loader (``who``: another reader) over ``dataset`` runs
     (``transform``, else the dataset's own) and its engine ops.
 
     Raises
     ------
     ValueError
-        There is none, and the dataset has images (tar shards may have none).
+        There is none, and the dataset has images (tar shards may have none), or one for
+        a :class:`Source` (it reads its own arrays).
     TypeError
         It is not built from :mod:`dask_ddp.data.transforms` (a torchvision transform).
     """
+    if isinstance(dataset, Source):
+        if transform is not None:
+            raise ValueError(f"{who} over a {type(dataset).__name__} (a Source) takes no "
+                             "transform: its read() makes the batch's arrays")
+        return None, []
     shards = dataset if isinstance(dataset, TarShards) else None
     own = shards.transform if shards is not None else resolve_dataset(dataset)[0].transform
     chosen: object = own if transform is None else transform
@@ -77,160 +84,246 @@ def pipeline(dataset: ImageList | TarShards | Subset[Any], transform: T.Transfor
     return chosen, [] if chosen is None else T.to_ops(chosen)
 
 
-def source_for(dataset: ImageList | TarShards | Subset[Any], loader: Loader,
-                stage: DeviceStage, *, max_side: int, scaled_decode: bool,
-                region_decode: bool) -> Source:
-    """The Source of ``loader``, a Loader over ``dataset``, with the decode options.
-    Every engine loader is made by the device ``stage`` (:meth:`DeviceStage.reader`: the
-    pipeline's engine ops, and on a GPU its page-locked buffers lent)."""
-    options: dict[str, Any] = {
-        "batch_size": loader.batch_size, "shuffle": loader.shuffle, "seed": loader.seed,
-        "rank": loader.rank, "world_size": loader.world_size, "drop_last": loader.drop_last,
-        "num_threads": loader.num_threads, "prefetch": loader.prefetch + stage.holds,
-        "skip_errors": loader.on_error == "skip", "max_side": int(max_side),
-        "scaled_decode": bool(scaled_decode), "region_decode": bool(region_decode),
-    }
-    if isinstance(dataset, TarShards):
-        return ShardSource(dataset, stage, options)
-    return ImageListSource(dataset, stage, options)
+def source_for(dataset: Source | ImageList | TarShards | Subset[Any], loader: Loader,
+               stage: DeviceStage, *, max_side: int, scaled_decode: bool,
+               region_decode: bool) -> Source:
+    """The Source of ``loader``, a Loader over ``dataset`` (a :class:`Source` itself, or an
+    image list or tar shards, read with the decode options), opened for it."""
+    if isinstance(dataset, Source):
+        return dataset.opened(loader, stage)
+    options: dict[str, Any] = {k: getattr(loader, k) for k in (
+        "batch_size", "shuffle", "seed", "drop_last", "num_threads")}
+    # The engine also keeps the host batch whose copy may still run (DeviceStage.holds).
+    options["prefetch"] = loader.prefetch + stage.holds
+    options.update(skip_errors=loader.on_error == "skip", max_side=int(max_side),
+                   scaled_decode=bool(scaled_decode), region_decode=bool(region_decode))
+    kind = ShardSource if isinstance(dataset, TarShards) else ImageListSource
+    return kind(dataset, options).opened(loader, stage)  # type: ignore[arg-type]
 
 
-class Source(abc.ABC):
-    """A Loader's Source (see the module): its readers, and the questions each kind of
-    dataset answers; the :class:`~dask_ddp.data.unread.Dealer` of its deals. ``options``:
-    the engine loaders' (the Loader's ``rank``, ``world_size``, ``batch_size``, ...).
+class Reader(DealReader, Protocol):
+    """What reads a Source's samples batch by batch (``start_epoch(epoch, start)``: read
+    ``epoch`` from its batch ``start`` on; ``close``): an engine loader, or an
+    :class:`IdReader` over :meth:`Source.read`."""
+
+    skipped: int
+
+    def next(self) -> tuple[Any, ...] | None:
+        """The next batch's item (its position in the epoch at 2), or None at the end."""
+
+
+class Source:
+    """One kind of data a :class:`~dask_ddp.data.Loader` reads: ``Loader(source, ...)``
+    takes any instance (see the user guide's "Adding a data kind").
+
+    A Source names its samples by integer ids. Each epoch it answers which ids a rank reads
+    and in what order (:meth:`order`) and reads a batch of ids into arrays (:meth:`read`);
+    the Loader does the rest (batches, position, ``state_dict``, the device stage) and live
+    recovery deals the ids a lost rank had not read to the others (:meth:`deal_share`).
+    The least to write: ``__len__`` (ids ``0 .. len - 1``, ordered as
+    ``DistributedSampler`` does) and :meth:`read`. A kind read by the C++ engine (image
+    lists, tar shards) overrides :meth:`reader` and :meth:`deal_reader` instead of
+    :meth:`read`.
+
+    A Loader opens its own copy (:meth:`opened`), so one Source serves several Loaders.
 
     Attributes
     ----------
+    image_at
+        The position of the image batch in a batch's tuple (the device stage's
+        ``channels_last`` and image tail), None for none.
+    loader
+        The Loader it was opened for (its options: ``batch_size``, ``shuffle``, ``seed``,
+        ``drop_last``, ``rank``, ``world_size``, ...).
+    stage
+        The Loader's device stage (``stage.reader(make)`` makes an engine loader with
+        its buffers).
     core
-        The engine loader of the Loader's own share (of its rank layout).
+        The reader of the Loader's own share (of its rank layout).
     deals
         The samples dealt to the Loader after its own share (live recovery).
     """
 
-    def __init__(self, options: dict[str, Any]) -> None:
-        self.batch_size, self.drop_last = options["batch_size"], options["drop_last"]
-        self.deals: UnreadDeals[Any] = UnreadDeals(self, self.batch_size, self.drop_last)
-        self.core = self.reader(options["rank"], options["world_size"])
+    image_at: int | None = 0
+    loader: Loader
+    stage: DeviceStage
+    core: Reader
+    deals: UnreadDeals[Reader]
 
-    @abc.abstractmethod
-    def reader(self, rank: int, world_size: int) -> Any:
-        """The engine loader of rank ``rank`` of ``world_size``'s own share."""
+    def opened(self, loader: Loader, stage: DeviceStage) -> Source:
+        """A copy of this Source read by ``loader`` through ``stage``, its reader made."""
+        own = copy.copy(self)
+        own.loader, own.stage = loader, stage
+        own.deals = UnreadDeals(own, loader.batch_size, loader.drop_last)
+        own.core = own.reader(loader.rank, loader.world_size)
+        return own
 
-    @abc.abstractmethod
-    def deal_reader(self, epoch: int, samples: Samples, rank: int, world_size: int) -> Any:
-        """The engine loader of a deal of ``samples`` of ``epoch`` (live recovery)."""
+    def order(self, epoch: int, rank: int, world_size: int) -> Samples:
+        """The ids rank ``rank`` of ``world_size`` reads in ``epoch``, in order, as
+        ``DistributedSampler`` deals ``len(self)`` ids (shuffled by the Loader's seed and
+        ``epoch``, the tail padded or dropped by its ``drop_last``)."""
+        return rank_indices(len(self), epoch, rank, world_size,  # type: ignore[arg-type]
+                            shuffle=bool(self.loader.shuffle), seed=self.loader.seed,
+                            drop_last=self.loader.drop_last)
+
+    def read(self, ids: Samples) -> tuple[Any, ...]:
+        """One batch: the samples ``ids`` as a tuple of arrays or tensors, ``len(ids)``
+        rows each (numpy arrays become tensors)."""
+        raise NotImplementedError(f"{type(self).__name__} must define read(ids) (or reader)")
+
+    def reader(self, rank: int, world_size: int) -> Reader:
+        """The reader of rank ``rank`` of ``world_size``'s own share: its :meth:`order`
+        read in batches by :meth:`read`."""
+        return IdReader(self, lambda epoch: self.order(epoch, rank, world_size))
+
+    def deal_reader(self, epoch: int, samples: Samples, rank: int, world_size: int
+                    ) -> Reader:
+        """The reader of rank ``rank`` of ``world_size``'s share of a deal of ``samples``
+        of ``epoch`` (live recovery)."""
+        share = self.deal_share(epoch, samples, rank, world_size)
+        return IdReader(self, lambda _: share)
 
     def deal_share(self, epoch: int, samples: Samples, rank: int, world_size: int
                    ) -> Samples:
-        """Every ``world_size``-th sample from ``rank``, unshuffled (an image list's)."""
+        """Rank ``rank`` of ``world_size``'s share of a deal, in its reading order: every
+        ``world_size``-th sample from ``rank``, unshuffled (padded unless ``drop_last``)."""
         return [samples[i] for i in rank_indices(len(samples), epoch, rank, world_size,
-                                                 shuffle=False, drop_last=self.drop_last)]
+                                                 shuffle=False,
+                                                 drop_last=self.loader.drop_last)]
 
     def relayout(self, rank: int, world_size: int) -> None:
-        """Read from now on as rank ``rank`` of ``world_size`` (a new engine loader; the
-        old one is closed, its lent buffers freed)."""
+        """Read from now on as rank ``rank`` of ``world_size`` (a new reader; the old one
+        is closed, its lent buffers freed)."""
         self.core.close()
         self.core = self.reader(rank, world_size)
 
     def new_epoch(self) -> None:
-        """Another epoch was set: the deals of the one before end (their engine loaders
-        closed, their lent buffers freed)."""
+        """Another epoch was set: the deals of the one before end (their readers closed)."""
         self.deals.close()
 
     def close(self) -> None:
-        """Close every engine loader (the own share's and the deals')."""
+        """Close every reader (the own share's and the deals')."""
         self.core.close()
         self.deals.close()
 
-    @property
-    @abc.abstractmethod
-    def image_at(self) -> int | None:
-        """The position of the image batch in a yielded tuple (None: no images)."""
-
-    @abc.abstractmethod
     def num_samples(self, epoch: int) -> int:
         """The own share's samples in ``epoch`` (padding included)."""
+        return len(self.order(epoch, self.loader.rank, self.loader.world_size))
 
-    @abc.abstractmethod
     def num_batches(self, epoch: int) -> int:
         """The own share's batches in ``epoch``."""
+        n, size = self.num_samples(epoch), self.loader.batch_size
+        return n // size if self.loader.drop_last else -(-n // size)
 
-    @abc.abstractmethod
     def batch(self, item: tuple[Any, ...]) -> tuple[Any, ...]:
-        """The Loader's tuple for a batch from the engine (images, labels, index, ...)."""
+        """The Loader's tuple for a reader's item (an :class:`IdReader`'s: ``read``'s)."""
+        return tuple(item[0])
 
-    @abc.abstractmethod
     def state(self) -> dict[str, Any]:
-        """The state dict's entries of this kind of dataset."""
+        """The state dict's entries of this kind of data (none)."""
+        return {}
 
-    @abc.abstractmethod
-    def resume(self, state: Mapping[str, Any], loader: Loader) -> int:
-        """The batch of the saved epoch to resume at (its sample runs set).
+    def resume(self, state: Mapping[str, Any]) -> int:
+        """The batch of the saved epoch to resume at.
 
         Raises
         ------
         ValueError
-            ``state`` was saved with other options (or, for an image list, world size), or
-            its batch is past the epoch's.
+            ``state`` was saved with other options or world size, or its batch is past
+            the epoch's.
         """
-
-    @abc.abstractmethod
-    def lost(self, loader: Loader, epoch: int, batch: int, ranks: list[int]
-             ) -> list[int]:
-        """The samples of ``epoch`` that ``ranks`` had not yielded after ``batch`` batches
-        each, in rank order."""
-
-
-class ImageListSource(Source):
-    """The Source of an image list or a ``Subset`` of one: the deals
-    are positions in the list, read unshuffled."""
-
-    def __init__(self, dataset: ImageList | Subset[Any], stage: DeviceStage,
-                 options: dict[str, Any]) -> None:
-        # The dataset's own store (its URL, credentials and options: endpoint, region, CA
-        # bundle, retries), opened in this process.
-        self.images, self.stage, self.options = ImageSource.of(dataset), stage, options
-        super().__init__(options)
-
-    def reader(self, rank: int, world_size: int) -> Any:
-        return self.stage.reader(lambda ops: self.images.loader(
-            ops, **{**self.options, "rank": rank, "world_size": world_size}))
-
-    def deal_reader(self, epoch: int, samples: Samples, rank: int, world_size: int) -> Any:
-        return self.stage.reader(lambda ops: self.images.subset(samples).loader(
-            ops, **{**self.options, "shuffle": False, "rank": rank, "world_size": world_size}))
-
-    @property
-    def image_at(self) -> int | None:
-        return 0
-
-    def num_samples(self, epoch: int) -> int:
-        return int(self.core.num_samples)
-
-    def num_batches(self, epoch: int) -> int:
-        return int(self.core.num_batches)
-
-    def batch(self, item: tuple[Any, ...]) -> tuple[Any, ...]:
-        """``(images, labels)``."""
-        return item[:2]
-
-    def state(self) -> dict[str, Any]:
-        return {}
-
-    def resume(self, state: Mapping[str, Any], loader: Loader) -> int:
-        epoch = int(state["epoch"])
+        epoch, loader = int(state["epoch"]), self.loader
         check_saved(state, {"seed": loader.seed, "shuffle": loader.shuffle,
                             "world_size": loader.world_size,
                             "num_batches": self.num_batches(epoch)})
         return check_batch(int(state["batch"]), self.num_batches(epoch))
 
-    def lost(self, loader: Loader, epoch: int, batch: int, ranks: list[int]
-             ) -> list[int]:
-        """Positions in the list, each rank's in its reading order (the engine's)."""
-        return [i for r in sorted(ranks) for i in rank_indices(
-            len(loader.dataset), epoch, r, loader.world_size, shuffle=bool(loader.shuffle),
-            seed=loader.seed, drop_last=loader.drop_last)[batch * loader.batch_size:]]
+    def lost(self, epoch: int, batch: int, ranks: list[int]) -> list[int]:
+        """The ids of ``epoch`` that ``ranks`` had not yielded after ``batch`` batches
+        each, each rank's in its reading order, in rank order."""
+        return [int(i) for r in sorted(ranks) for i in self.order(
+            epoch, r, self.loader.world_size)[batch * self.loader.batch_size:]]
+
+
+def check_saved(state: Mapping[str, Any], mine: Mapping[str, Any]) -> None:
+    """Check that ``state`` was saved with a Loader's options ``mine`` (a key the state
+    lacks passes): ``ValueError`` naming both values of one that differs."""
+    for key, value in mine.items():
+        if key in state and state[key] != value:
+            raise ValueError(
+                f"state_dict was saved with {key}={state[key]!r} but this loader has {value!r}")
+
+
+def check_batch(batch: int, batches: int) -> int:
+    """``batch``, a saved position in an epoch of ``batches`` batches (``ValueError``
+    outside ``[0, batches]``)."""
+    if not 0 <= batch <= batches:
+        raise ValueError(f"state_dict batch {batch} is outside [0, {batches}]")
+    return batch
+
+
+class IdReader:
+    """A :class:`Reader` in Python: each epoch's ids (``ids(epoch)``) in the Loader's
+    batches, each read by the Source's :meth:`~Source.read`. Its item: ``(the batch's
+    tuple, None, its position)``, the engine's position slot."""
+
+    skipped = 0
+
+    def __init__(self, source: Source, ids: Callable[[int], Samples]) -> None:
+        self.source, self.ids = source, ids
+        self._epoch: Samples = []
+        self._at, self._stop, self._closed = 0, 0, False
+
+    def start_epoch(self, epoch: int, start: int, /) -> None:
+        loader = self.source.loader
+        self._epoch, size = self.ids(epoch), loader.batch_size
+        n = len(self._epoch)
+        self._stop = n // size if loader.drop_last else -(-n // size)
+        self._at = min(int(start), self._stop)
+
+    def next(self) -> tuple[Any, ...] | None:
+        if self._closed:
+            raise ValueError("the loader is closed")
+        at = self._at
+        if at >= self._stop:
+            return None
+        self._at, size = at + 1, self.source.loader.batch_size
+        fields = self.source.read(self._epoch[at * size:(at + 1) * size])
+        return tuple(torch.from_numpy(x) if isinstance(x, np.ndarray) else x
+                     for x in fields), None, at
+
+    def close(self) -> None:
+        self._closed = True
+
+
+class ImageListSource(Source):
+    """The Source of an image list or a ``Subset`` of one: ids are positions in the list;
+    the engine reads them (the own share in the engine's order, a deal's unshuffled)."""
+
+    def __init__(self, dataset: ImageList | Subset[Any], options: dict[str, Any]) -> None:
+        # The dataset's own store (its URL, credentials and options: endpoint, region, CA
+        # bundle, retries), opened in this process.
+        self.images, self.size, self.options = ImageSource.of(dataset), len(dataset), options
+
+    def reader(self, rank: int, world_size: int) -> Any:
+        return self.stage.reader(lambda ops: self.images.loader(
+            ops, **self.options, rank=rank, world_size=world_size))
+
+    def deal_reader(self, epoch: int, samples: Samples, rank: int, world_size: int) -> Any:
+        return self.stage.reader(lambda ops: self.images.subset(samples).loader(
+            ops, **{**self.options, "shuffle": False}, rank=rank, world_size=world_size))
+
+    def order(self, epoch: int, rank: int, world_size: int) -> Samples:
+        """The engine's order (its ``DistributedSampler``)."""
+        return rank_indices(self.size, epoch, rank, world_size, shuffle=bool(
+            self.loader.shuffle), seed=self.loader.seed, drop_last=self.loader.drop_last)
+
+    def num_samples(self, epoch: int) -> int:
+        return int(self.core.num_samples)  # type: ignore[attr-defined]
+
+    def batch(self, item: tuple[Any, ...]) -> tuple[Any, ...]:
+        """``(images, labels)``."""
+        return item[:2]
 
 
 class ShardSource(Source):
@@ -243,17 +336,15 @@ class ShardSource(Source):
         The restored epoch's (shard, begin, end) sample runs (None: every shard whole).
     """
 
-    def __init__(self, shards: TarShards, stage: DeviceStage,
-                 options: dict[str, Any]) -> None:
-        self.shards, self.stage, self.options = shards, stage, options
+    def __init__(self, shards: TarShards, options: dict[str, Any]) -> None:
+        self.shards, self.options, self.image_at = shards, options, shards.image_field
         self.skip_errors = bool(options["skip_errors"])
         self.shuffle, self.seed = bool(options["shuffle"]), int(options["seed"])
         self.segments: Segments | None = None
-        super().__init__(options)
 
     def reader(self, rank: int, world_size: int) -> Any:
         return self.stage.reader(lambda ops: self.shards.engine_loader(
-            ops, **{**self.options, "rank": rank, "world_size": world_size}))
+            ops, **self.options, rank=rank, world_size=world_size))
 
     def deal_reader(self, epoch: int, samples: Samples, rank: int, world_size: int) -> Any:
         (core := self.reader(rank, world_size)).set_epoch_segments(epoch, self._runs(samples))
@@ -263,13 +354,17 @@ class ShardSource(Source):
                    ) -> Samples:
         return self._order(self._runs(samples), epoch, rank, world_size)
 
+    def order(self, epoch: int, rank: int, world_size: int) -> Samples:
+        """The sample ids of the epoch's runs (the restored ones, else every shard)."""
+        return self._order(self.segments, epoch, rank, world_size)
+
     def _order(self, segments: Segments | None, epoch: int, rank: int, world_size: int
                ) -> list[int]:
         """The sample ids rank ``rank`` of ``world_size`` reads of ``epoch``'s runs
         ``segments`` (None: every shard whole), in its reading order (the engine's)."""
         return [int(i) for i in _core.shard_rank_order(
             self.shards.shard_counts(self.skip_errors), segments, epoch, rank, world_size,
-            shuffle=self.shuffle, seed=self.seed, drop_last=self.drop_last,
+            shuffle=self.shuffle, seed=self.seed, drop_last=self.loader.drop_last,
             shuffle_buffer=self.shards.shuffle_buffer)[0]]
 
     def _runs(self, ids: Samples) -> Segments:
@@ -287,49 +382,42 @@ class ShardSource(Source):
                 out.append((shard, off, off + 1))
         return out
 
-    @property
-    def image_at(self) -> int | None:
-        return self.shards.image_field
-
     def new_epoch(self) -> None:
         """Also forget the restored epoch's sample runs."""
         super().new_epoch()
         self.segments = None
 
     def num_samples(self, epoch: int) -> int:
-        return int(self.core.epoch_samples(epoch))
-
-    def num_batches(self, epoch: int) -> int:
-        n = self.num_samples(epoch)
-        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+        return int(self.core.epoch_samples(epoch))  # type: ignore[attr-defined]
 
     def batch(self, item: tuple[Any, ...]) -> tuple[Any, ...]:
         """The Loader's tuple: ``(images, labels)``, or the shards' fields in order."""
         return self.shards.batch_tuple(item)
 
     def state(self) -> dict[str, Any]:
-        return {"drop_last": self.drop_last, "batch_size": self.batch_size,
+        return {"drop_last": self.loader.drop_last, "batch_size": self.loader.batch_size,
                 "epoch_segments": self.segments}
 
-    def resume(self, state: Mapping[str, Any], loader: Loader) -> int:
+    def resume(self, state: Mapping[str, Any]) -> int:
         """On the saved world size, the saved position; on another, batch 0 of the
         samples no rank had yielded, dealt over the Loader's world size."""
+        loader, size = self.loader, self.loader.batch_size
         check_saved(state, {"seed": loader.seed, "shuffle": loader.shuffle,
-                            "drop_last": loader.drop_last, "batch_size": loader.batch_size})
+                            "drop_last": loader.drop_last, "batch_size": size})
         epoch, batch, saved_on = int(state["epoch"]), int(state["batch"]), int(
             state["world_size"])
         segments = self._saved_runs(state)
         if saved_on != loader.world_size:
             segments = self.shards.unread_segments(
-                epoch, min(batch * self.batch_size, 1 << 62), world_size=saved_on,
-                shuffle=self.shuffle, seed=self.seed, drop_last=self.drop_last,
+                epoch, min(batch * size, 1 << 62), world_size=saved_on,
+                shuffle=self.shuffle, seed=self.seed, drop_last=loader.drop_last,
                 epoch_segments=segments, skip_errors=self.skip_errors)
             logger.info("resuming epoch %d on %d ranks (saved on %d): %d samples left to "
                         "read", epoch, loader.world_size, saved_on,
                         sum(e - b for _, b, e in segments))
             batch = 0
         if segments is not None:
-            self.core.set_epoch_segments(epoch, segments)
+            self.core.set_epoch_segments(epoch, segments)  # type: ignore[attr-defined]
         self.segments = segments
         return check_batch(batch, self.num_batches(epoch))
 
@@ -342,9 +430,3 @@ class ShardSource(Source):
             counts = self.shards.shard_counts(self.skip_errors)
             return [(int(s), 0, counts[int(s)]) for s in state["epoch_shards"]]
         return None
-
-    def lost(self, loader: Loader, epoch: int, batch: int, ranks: list[int]
-             ) -> list[int]:
-        """Sample ids, each rank's in its reading order."""
-        return [i for r in sorted(ranks) for i in self._order(
-            self.segments, epoch, r, loader.world_size)[batch * self.batch_size:]]

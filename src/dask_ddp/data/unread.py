@@ -22,8 +22,8 @@ Samples = Union[Sequence[int], "np.ndarray"]
 
 
 class DealReader(Protocol):
-    """What reads one deal: an engine loader, or a table's rows (:class:`~dask_ddp.data.
-    table.deals.Deal`)."""
+    """What reads one deal: an engine loader, a Source's reader, or a table's rows (a
+    ``Deal`` of ``data/table/deals.py``)."""
 
     def start_epoch(self, epoch: int, start: int, /) -> None: ...
 

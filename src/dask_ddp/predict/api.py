@@ -118,7 +118,11 @@ def predict(
           folder URL (an ``ImageFolder``, local or ``s3://``): images decoded and
           transformed by the C++ engine; the result is a Dask DataFrame with one row per
           sample (``key``: its path or URL, ``label``, the outputs), indexed by its
-          position in the dataset, a partition per ``partition_size`` samples or per shard.
+          position in the dataset, a partition per ``partition_size`` samples or per shard;
+        - a :class:`~dask_ddp.data.Source` (a data kind of its own): the input is the
+          item at its ``image_at`` (else the first) of each batch it reads; the result is
+          a Dask DataFrame of the outputs indexed by the samples' ids, a partition per
+          ``partition_size`` of them.
     batch_size
         Samples per forward call.
     columns
@@ -157,7 +161,7 @@ def predict(
         Images: the engine's pipeline (:mod:`dask_ddp.data.transforms`, fixed output size;
         no random ops for inference); default: the dataset's.
     partition_size
-        Images (lists, folders): samples per partition.
+        Images (lists, folders) and Sources: samples per partition.
     device
         Where the model runs; default: a GPU when the worker sees one, else the CPU.
         ``"cuda"`` or the default picks among the worker's visible GPUs: a worker's
@@ -208,10 +212,10 @@ def predict(
     from dask_ddp.predict import graphs as coll
 
     kind = Kind.IMAGES if isinstance(data, (str, os.PathLike)) else kind_of(data)
-    if kind not in (Kind.FRAME, Kind.ARRAY, Kind.IMAGES, Kind.SHARDS):
+    if kind not in (Kind.FRAME, Kind.ARRAY, Kind.IMAGES, Kind.SHARDS, Kind.SOURCE):
         raise TypeError(f"predict: data must be a Dask DataFrame, Series or Array, an image "
-                        f"dataset (ImageList, ImageFolder, TarShards) or a folder URL, not "
-                        f"{type(data).__name__}")
+                        f"dataset (ImageList, ImageFolder, TarShards), a folder URL or a "
+                        f"dask_ddp.data.Source, not {type(data).__name__}")
     if kind is not Kind.FRAME and columns is not None:
         raise ValueError("predict: columns= is for DataFrames")
     if kind is Kind.FRAME and channels_last:
@@ -227,6 +231,10 @@ def predict(
         result = coll.predict_frame(spec, data, columns, batch_size, on_error, layout)
     elif kind is Kind.ARRAY:
         result = coll.predict_array(spec, data, batch_size, on_error, layout)
+    elif kind is Kind.SOURCE:
+        from dask_ddp.predict.sources import predict_source
+
+        result = predict_source(spec, data, batch_size, partition_size, layout)
     else:
         result = coll.predict_dataset(spec, data, transform, batch_size, partition_size,
                                       on_error, layout)

@@ -34,7 +34,7 @@ from dask_ddp._launch.live.errors import LiveRecoveryError, is_peer_error
 from dask_ddp._launch.live.group import LiveGroup, current
 from dask_ddp._launch.live.handoff import SharedState
 from dask_ddp._launch.live.hooks import GradientHook
-from dask_ddp.data.redeal import Redealable, redealable
+from dask_ddp.data.loader import Loader
 
 if TYPE_CHECKING:
     import torch
@@ -51,9 +51,10 @@ class Attached:
         self.ddp = ddp
         self.optimizer = optimizer
         self.loader = loader
-        #: The loader as live recovery's Loader (a dask-ddp Loader), or None: a loader of
+        #: The loader as live recovery's Loader (every dask-ddp Loader is one, whatever its
+        #: Source: picked by the class, never by probing attributes), or None: a loader of
         #: another kind (a torch DataLoader) is checkpointed but its samples not redealt.
-        self.redeal: Redealable | None = redealable(loader)
+        self.redeal: Loader | None = loader if isinstance(loader, Loader) else None
         self.scheduler = scheduler
         #: The DDP comm hook and the current step's buckets.
         self.grads = GradientHook(group, ddp, self.end_of_backward)

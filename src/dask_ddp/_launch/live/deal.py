@@ -6,7 +6,8 @@ When members are lost mid-epoch, rank 0 names their unread samples of the epoch
 shares and the epoch's unread samples are dealt again over the bigger group
 (:meth:`LoaderDeal.after_join`); from the next epoch on each member reads as its new rank
 (:meth:`LoaderDeal.relayout`). The Loader is reached through the
-:class:`~dask_ddp.data.redeal.Redealable` Protocol only.
+:class:`~dask_ddp.data.Loader` class's methods only (every dask-ddp Loader is one; its
+Source answers for its kind of data).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import logging
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from dask_ddp.data.redeal import Redealable
+    from dask_ddp.data.loader import Loader
     from dask_ddp.data.unread import Samples
 
 logger = logging.getLogger(__name__)
@@ -34,7 +35,7 @@ class LoaderDeal:
         current epoch's layout.
     """
 
-    def __init__(self, loader: Redealable | None, joining: bool) -> None:
+    def __init__(self, loader: Loader | None, joining: bool) -> None:
         self.loader = loader
         #: Each member's rank in the layout the loader reads the current epoch with (a
         #: joining rank's own shard is no part of it), and the next epochs' layout once

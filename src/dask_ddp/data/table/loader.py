@@ -26,9 +26,8 @@ import torch
 from dask_ddp import _core
 from dask_ddp._pending import flush_pending
 from dask_ddp.data.device import stage_for
-from dask_ddp.data.loader import Loader
-from dask_ddp.data.process import check_made_here
-from dask_ddp.data.resume import check_batch, check_saved
+from dask_ddp.data.loader import Loader, check_made_here
+from dask_ddp.data.sources import check_batch, check_saved
 from dask_ddp.data.table.batches import EpochBatches
 from dask_ddp.data.table.deals import TableRows
 from dask_ddp.data.table.epoch import EpochRows

@@ -14,6 +14,8 @@ class FailureKind(str, enum.Enum):
     A ``str`` enum: ``err.kind == "lost"`` holds.
     """
 
+    REGROUP = "regroup"            # its live group could not go on (too few survivors, no
+                                   # agreement in time): the reason a live job ended
     LOST = "lost"                  # its worker left the cluster
     DIED = "died"                  # its process exited non-zero or was killed, unreported
     RAISED_FIRST = "raised-first"  # it raised before any other rank of its job did

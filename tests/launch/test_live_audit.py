@@ -379,3 +379,41 @@ def _check_exactly_once(audits: list[Audit], lost_at: dict[int, int], gens: list
         assert sum(c - 1 for c in repeats.values()) <= sum(deals), (
             f"epoch {epoch}: ids trained on more than once {repeats} (padding at most "
             f"{sum(deals)}); generations {gens}")
+
+
+@pytest.mark.parametrize("max_restarts", [0, 1])
+def test_a_second_loss_before_the_cluster_heals(client: Client, datasets: dict[str, Any],
+                                                tmp_path: Path, max_restarts: int) -> None:
+    """Rank 0's worker is SIGKILLed, and a second worker before the first is back (their
+    nannies restart both): one rank survives, fewer than ``min_workers=2``. The job says
+    so (no restart left) or restarts whole once the workers are back and completes; either
+    way the cluster heals to its size. (Under ``make stress``, beside its CPU hogs.)"""
+    _full_size(client)
+    out = tmp_path / "run"
+    out.mkdir()
+    run = Run(0, "kill-join", "images", victim=0, at_step=3, delay=0.0, hold_after=0)
+    (out / "plan").write_text(f"{run.victim} {run.at_step + 2} 0 2")  # rank 0 holds
+    job = dask_ddp.submit(client, audit_train, run.kind, datasets[run.kind], str(out),
+                          recovery="live", min_workers=2, max_workers=WORLD,
+                          max_restarts=max_restarts, name="audit-second-loss",
+                          progress=False)
+    wait_until(lambda: None if all((out / f"pid{r}").exists() for r in range(WORLD)) else
+               "a rank without its pid file", 120, "every rank to start")
+    workers = job.workers[:2]  # rank 0's, then rank 1's
+    pids = client.run(os.getpid, workers=workers)
+    wait_until(lambda: None if _step(out, 0) >= run.at_step else "rank 0 not there yet",
+               120, f"rank 0 to reach step {run.at_step}")
+    for w in workers:
+        os.kill(pids[w], signal.SIGKILL)
+    (out / "struck").write_text("")
+    if max_restarts == 0:
+        with pytest.raises(Exception, match="min_workers=2") as failed:
+            job.result(timeout=180)
+        assert "fewer than min_workers" in str(failed.value), failed.value
+    else:
+        (out / "plan").write_text("-1 0 0 0")  # the restarted attempt strikes no one
+        values = job.result(timeout=240)
+        assert len({v["hash"] for v in values}) == 1 and len(values) >= 2, values
+    wait_until(lambda: None if len(cluster_info(client)["workers"]) == WORLD else
+               f"{len(cluster_info(client)['workers'])} workers", 120,
+               f"the cluster to heal to {WORLD} workers")

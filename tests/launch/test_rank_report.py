@@ -219,6 +219,34 @@ def test_a_rank_whose_collective_broke_is_a_victim(tmp_path: Path) -> None:
     assert [m["broken"] for _, m in worker.events] == [True]
 
 
+def test_a_live_group_s_verdict_is_the_job_s_reason_over_its_lost_workers(
+        tmp_path: Path) -> None:
+    """A survivor's LiveRecoveryError (too few survivors), also raised from another error,
+    is its group's verdict: the rank's own error of kind ``regroup``, never replaced by a
+    lost worker's record, and the job's root cause among the lost ranks' errors."""
+    from dask_ddp._launch.live.errors import LiveRecoveryError
+    from dask_ddp._launch.root_cause import lost_error, pick_root
+
+    verdict = LiveRecoveryError("1 of 3 ranks survived (ranks [0, 1] of generation 0 "
+                                "lost), fewer than min_workers=2")
+    try:
+        try:
+            raise store_timeout()
+        except Exception as broke:
+            raise verdict from broke
+    except LiveRecoveryError as caught:
+        report = RankReport.raised("run", caught, claimed=False)
+    assert report.regroup_failed and not raised(KeyError("x")).regroup_failed
+    judge, _ = outcome()
+    write_report(str(tmp_path), report)
+    with pytest.raises(RankFailedError, match="fewer than min_workers=2") as info:
+        judge.of_exit(1, str(tmp_path), FakeRank(), [])  # type: ignore[arg-type]
+    assert info.value.kind is FailureKind.REGROUP
+    lost = [(r, lost_error("job", r, f"tcp://w:{r}")) for r in (0, 1)]
+    assert pick_root([*lost, (2, info.value)]) is info.value
+    assert pick_root(lost) is lost[0][1]  # without the verdict: the first lost rank
+
+
 def truncate_report_then_die() -> None:
     """In a rank: leave a report cut short (as a write killed midway would, were it not
     renamed into place), then be killed."""

@@ -88,10 +88,17 @@ class RankOutcome:
         if spec.options.command is not None and returncode == 0:
             return 0
         if report is not None and report.status is RankStatus.ERROR:
-            victim = report.peer_lost  # the rank's verdict, by its exception's type
+            # The rank's verdict, by its exception's type (its group's verdict that it
+            # cannot go on is no victim's error, whatever broke before it).
+            victim = report.peer_lost and not report.regroup_failed
             err = self.failed(report.phase, f"{report.type_name}: {report.message}",
                               report.own_exception(), report.traceback,
-                              claimed=report.claimed, broken=victim)
+                              claimed=report.claimed, broken=victim,
+                              regroup=report.regroup_failed)
+            if report.regroup_failed:
+                # Its live group's verdict that it cannot go on: the job's reason to end,
+                # which the workers it lost are not (it names them).
+                raise err
         elif (recorded := read_error_file(os.path.join(workdir, ERROR_FILE))) is not None:
             # A script whose main is decorated with torch's @record.
             message, tb = recorded
@@ -123,10 +130,11 @@ class RankOutcome:
         raise self.root_or(err, wait, broken=victim)
 
     def failed(self, phase: str, what: str, cause: BaseException | None, tb: str,
-               claimed: bool = False, died: bool = False,
-               broken: bool = False) -> RankFailedError:
+               claimed: bool = False, died: bool = False, broken: bool = False,
+               regroup: bool = False) -> RankFailedError:
         """The rank's error, published on the job's failure topic (``broken``: it says the
-        rank's collective broke, see :func:`~dask_ddp._launch.root_cause.better_record`)."""
+        rank's collective broke, see :func:`~dask_ddp._launch.root_cause.better_record`;
+        ``regroup``: its live group's verdict that it cannot go on)."""
         # A rank that gave up waiting for its peers: what they were doing is the diagnosis
         # (read before the abort below stops them; by the first rank to give up only, so
         # that many ranks timing out together do not all read every rank's stack).
@@ -145,7 +153,7 @@ class RankOutcome:
         msg += peers
         if cause is None and tb:
             cause = RemoteException(tb)
-        kind = (FailureKind.DIED if died else
+        kind = (FailureKind.REGROUP if regroup else FailureKind.DIED if died else
                 FailureKind.RAISED_FIRST if claimed else FailureKind.RAISED)
         err = RankFailedError(msg, spec.rank, spec.worker, tb, cause, kind)
         self._publish({**record_of(err), "broken": broken})

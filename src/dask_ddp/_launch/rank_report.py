@@ -14,7 +14,8 @@ written by an older dask-ddp, without a field added since, reads with that field
 A rank's error carries the rank's own verdict on it (:attr:`RankReport.peer_lost`, decided
 from the exception itself by :func:`~dask_ddp._launch.peer_loss.is_peer_error`): its
 supervisor reads the verdict, not the error's text. A leaf module, as the launch record's
-(it imports only the leaf :mod:`~dask_ddp._launch.peer_loss`): the rank imports it before
+(it imports only the leaves :mod:`~dask_ddp._launch.peer_loss` and
+:mod:`~dask_ddp._launch.live.errors`): the rank imports it before
 it runs anything.
 """
 
@@ -27,7 +28,8 @@ import os
 import pickle
 import traceback
 
-from dask_ddp._launch.peer_loss import is_peer_error
+from dask_ddp._launch.live.errors import LiveRecoveryError
+from dask_ddp._launch.peer_loss import chain, is_peer_error
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +72,11 @@ class RankReport:
         Whether the error came from a lost peer (``ERROR``): the rank's verdict on its
         exception, by type (:func:`~dask_ddp._launch.peer_loss.is_peer_error`). ``False``
         in a report written before the field existed.
+    regroup_failed
+        Whether the error is its live group's verdict that it cannot go on (a
+        :class:`~dask_ddp._launch.live.errors.LiveRecoveryError` along the exception's
+        causes: too few survivors, no agreement in time): the reason a live job ends,
+        which its lost workers are not (the group was there to survive them).
     """
 
     status: RankStatus
@@ -81,6 +88,7 @@ class RankReport:
     exception: bytes | None = None
     claimed: bool = False
     peer_lost: bool = False
+    regroup_failed: bool = False
 
     @classmethod
     def returned(cls, value: bytes) -> RankReport:
@@ -99,7 +107,8 @@ class RankReport:
             blob = None
         return cls(RankStatus.ERROR, phase=phase, type_name=type(exc).__name__,
                    message=str(exc), traceback="".join(traceback.format_exception(exc)),
-                   exception=blob, claimed=claimed, peer_lost=is_peer_error(exc))
+                   exception=blob, claimed=claimed, peer_lost=is_peer_error(exc),
+                   regroup_failed=any(isinstance(e, LiveRecoveryError) for e in chain(exc)))
 
     def own_exception(self) -> BaseException | None:
         """The rank's own exception, loaded back; ``None`` when there is none to load."""

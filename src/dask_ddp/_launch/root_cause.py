@@ -81,7 +81,7 @@ def root_error(record: Mapping[str, Any], secondary: JobError) -> JobError:
     kind = FailureKind(record["kind"])
     message = str(record["message"])
     tb = str(record.get("traceback") or "")
-    if tb and kind in (FailureKind.RAISED, FailureKind.RAISED_FIRST):
+    if tb and kind in (FailureKind.RAISED, FailureKind.RAISED_FIRST, FailureKind.REGROUP):
         message += f"\n\nTraceback from rank {record['rank']}:\n{tb.rstrip()}"
     own = str(secondary).split("\n\n")[0].split("\n(root cause")[0]
     message += f"\n\n(then {own})"

@@ -170,8 +170,10 @@ class LiveGroup:
             if self.uid not in decided:
                 raise LiveRecoveryError(f"generation {g + 1} was formed without this rank")
             if len(decided) < self.min_size:
+                gone = [u for u in old if u not in decided]
                 raise LiveRecoveryError(
-                    f"{len(decided)} ranks survived, fewer than min_workers={self.min_size}")
+                    f"{len(decided)} of {len(old)} ranks survived (ranks {gone} of "
+                    f"generation {g} lost), fewer than min_workers={self.min_size}")
             joined = [u for u in decided if u not in self.members]
             self.gens.admit(joined, Admission(generation=g + 1, changes=self.changes + 1))
             self.members = decided

@@ -118,7 +118,8 @@ test-py:
 # here. Not in CI; prints the count of failures. Repetition lives here (DASK_DDP_STRESS=1,
 # tests/stress.py): a fault test's every variant (victim rank 0 and 1, each on a fresh
 # cluster; `make test` runs one), the chaos tests' STRESS_CHAOS_RUNS random faults each
-# (DASK_DDP_CHAOS_RUNS; `make test` runs one smoke run of the faults no other test runs),
+# (DASK_DDP_CHAOS_RUNS; `make test` runs one smoke run beside the fault matrix,
+# docs/testing.md),
 # the live regroup test's STRESS_LIVE_TRIALS trials of two kills (DASK_DDP_LIVE_TRIALS; 4
 # in `make test`).
 STRESS_RUNS ?= 20
@@ -129,7 +130,8 @@ STRESS_TESTS ?= tests/launch/test_defects.py tests/launch/test_faults.py \
 	tests/launch/test_restarts.py tests/launch/test_command.py tests/results/test_results.py \
 	tests/results/test_lifecycle.py tests/results/test_results_e2e.py \
 	tests/launch/test_chaos.py tests/launch/test_chaos_live.py \
-	tests/launch/test_live_audit.py tests/launch/test_live_regroup.py
+	tests/launch/test_live_audit.py tests/launch/test_live_regroup.py \
+	tests/launch/test_fault_matrix.py
 stress: build
 	@mkdir -p $(BUILD)/stress; hogs=""; \
 	for i in $$(seq $(JOBS)); do $(PY) -c 'while True: pass' & hogs="$$hogs $$!"; done; \

@@ -246,9 +246,22 @@ def _progress(store: Any, uid: int) -> int:
     return int(store.get(key)) if store.check([key]) else 0
 
 
-def live_train(folder: str, steps: int, pause: float) -> dict[str, Any]:
+#: The rank that :func:`live_train` strikes (``hold_at``).
+VICTIM = 1
+#: How long a held victim waits to be struck before it fails the job (a bound, not a pause).
+HOLD_S = 120.0
+
+
+def live_train(folder: str, steps: int, pause: float, hold_at: int | None = None,
+               fault: str = "") -> dict[str, Any]:
     """A training function as the README's: a DDP model, SGD with momentum, a
-    Checkpointer, a plain loop; its pid and step in ``folder`` for the test to aim."""
+    Checkpointer, a plain loop; its pid and step in ``folder`` for the test to aim.
+
+    ``hold_at``: in the first attempt, rank :data:`VICTIM` stops before that step, writes
+    ``folder/holding`` and waits there (the others wait for it in their next all-reduce)
+    until the test wrote ``folder/struck`` or the rank was asked to leave; with
+    ``fault="raise"`` it raises there instead. Also a script's body (a live script's
+    ``init_process_group`` made the group)."""
     import torch
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -263,12 +276,32 @@ def live_train(folder: str, steps: int, pause: float) -> dict[str, Any]:
     gen = torch.Generator().manual_seed(1000 + start.rank)
     Path(folder, f"pid{start.rank}").write_text(str(os.getpid()))
     for step in range(steps):
+        if step == hold_at and start.rank == VICTIM and start.restart == 0:
+            if fault == "raise":
+                raise RuntimeError(f"rank {start.rank} raises at step {step}")
+            _hold(folder)
         train_step(model, opt, gen)
         Path(folder, f"step{start.rank}").write_text(str(step))
         time.sleep(pause)
     now = dask_ddp.rank_info()
     return {"hash": state_hash(model, opt), "first_rank": start.rank, "rank": now.rank,
-            "world": now.world_size, "generation": now.generation}
+            "world": now.world_size, "generation": now.generation, "restart": now.restart}
+
+
+def _hold(folder: str) -> None:
+    """Wait until ``folder/struck`` or a request to leave (a live rank whose worker
+    closes leaves at the top of its next step); :data:`HOLD_S` at most."""
+    from dask_ddp._launch.live import group as live
+
+    Path(folder, "holding").touch()
+    deadline = time.monotonic() + HOLD_S
+    while not Path(folder, "struck").exists():
+        group = live.current()
+        if group is not None and group.leaving:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"rank {VICTIM} held {HOLD_S} s in {folder}: never struck")
+        time.sleep(0.01)
 
 
 def audited_epoch(loader: Any, model: Any, opt: Any, folder: str, audit: str, first_rank: int,

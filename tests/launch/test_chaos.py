@@ -46,12 +46,13 @@ logger = logging.getLogger(__name__)
 
 STEPS = 40          # ~2 s of collectives per attempt
 FAULTS = ("worker", "rank", "raise", "stop", "client")
-#: ``make test``'s smoke run: the (fault, max_restarts) cells no deterministic test runs
-#: (a killed rank process without and with a restart, a frozen rank restarted, a killed
-#: client), in random order. The others each have a test of their own: a killed worker
+#: ``make test``'s smoke run, in random order: a killed rank process without a restart
+#: (through ``submit`` or the seed's API at random) and a killed client. Each fault has its
+#: deterministic test in the fault matrix (docs/testing.md): a killed rank and a frozen
+#: one, restarted or not (test_fault_matrix.py, test_stall.py), a killed worker
 #: (test_faults.py; restarted: test_elastic_job.py, test_restarts.py), a rank that raises
-#: (test_waits.py; restarted: test_elastic_job.py), a frozen rank (test_stall.py).
-SMOKE = (("rank", 0), ("rank", 1), ("stop", 1), ("client", 0))
+#: (test_dispatch.py; restarted: test_elastic_job.py).
+SMOKE = (("rank", 0), ("client", 0))
 #: ``DASK_DDP_CHAOS_RUNS=N`` (``make stress``): N runs, every fault without and with a
 #: restart, the pairs repeated.
 RUNS = int(os.environ.get("DASK_DDP_CHAOS_RUNS", "0")) or None

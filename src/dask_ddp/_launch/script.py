@@ -10,7 +10,9 @@ A job with ``recovery="live"`` (``dask-ddp run --recovery live``): the script's 
 ``init_process_group`` call makes the live group (reconfigurable, on the job's store on
 the scheduler; :mod:`dask_ddp._launch.live.group`) instead of torchrun's, with the script's
 backend and timeout, and its ``destroy_process_group`` (or its exit) first waits until
-the group's current members have all finished, as a function's ranks do. The script makes
+the group's current members have all finished, as a function's ranks do (a script that
+raised or exited non-zero does not wait; one that raised ends the job, as a function that
+raised does, instead of reading as a lost rank). The script makes
 its ``dask_ddp.Checkpointer(model, optimizer, loader=...)`` as a function would; a lost
 peer then costs the survivors one step, not the job.
 """
@@ -23,6 +25,8 @@ import os
 import runpy
 import socket
 import sys
+import traceback
+from collections.abc import Callable
 from datetime import timedelta
 from types import SimpleNamespace
 from typing import Any
@@ -46,8 +50,7 @@ def main(argv: list[str]) -> None:
         except Exception as exc:  # the script runs anyway, unwatched
             sys.stderr.write(f"dask-ddp: the rank's probe is not installed: {exc}\n")
     live_address = os.environ.get(STORE_ENV)
-    if live_address:
-        _live_group_for_the_script(live_address)
+    finish = _live_group_for_the_script(live_address) if live_address else None
     script = os.path.abspath(argv[0])
     sys.argv = list(argv)
     sys.path[0] = os.path.dirname(script)
@@ -60,6 +63,19 @@ def main(argv: list[str]) -> None:
         else:
             sys.stderr.write(f"{exc.code}\n")
             code = 1
+    except Exception as exc:
+        traceback.print_exc()
+        if finish is not None and workdir:
+            # A live rank that raised ends the job, as a function's does: its report says
+            # so (without one its exit would read as a lost rank, regrouped around).
+            from dask_ddp._launch.rank_report import RankReport, write_report
+
+            write_report(workdir, RankReport.raised("run", exc, claimed=False))
+        code = 1
+    if code != 0 and finish is not None:
+        # The live finish barrier waits for every member to finish: the others may be
+        # blocked on this failed rank in a collective, which never comes.
+        atexit.unregister(finish)
     _exit(code)
 
 
@@ -77,8 +93,9 @@ def _exit(code: int) -> None:
     os._exit(code)
 
 
-def _live_group_for_the_script(address: str) -> None:
-    """Make the script's ``init_process_group`` start the live group (see the module)."""
+def _live_group_for_the_script(address: str) -> Callable[[], None]:
+    """Make the script's ``init_process_group`` start the live group (see the module);
+    the finish barrier it runs at exit (``atexit``), which a failed rank drops."""
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
 
@@ -124,6 +141,7 @@ def _live_group_for_the_script(address: str) -> None:
     for module in modules:
         module.init_process_group = init_process_group
         module.destroy_process_group = destroy_process_group
+    return finish
 
 
 if __name__ == "__main__":

@@ -142,6 +142,8 @@ class Attached:
 
         if self.loader is None and torch.is_grad_enabled():
             self.boundary()
+        if self.grads.stale_group:  # DDP's forward broadcasts buffers over its group
+            self.grads.take_group()
 
     def _admit(self) -> None:
         """The group re-forms with the waiting ranks (a loss meanwhile: without them)."""
@@ -183,6 +185,11 @@ class Attached:
         """This rank joined at the group's ``committed`` step: its Checkpointer's
         ``restore()`` goes on from the user's step there."""
         self.joined_step = self.base_step + committed
+
+    def group_rebuilt(self) -> None:
+        """The default group is a new object: DDP takes it before its next forward (not
+        here, inside ``backward()`` or a step's top)."""
+        self.grads.stale_group = True
 
     def shared_state(self, joined: list[int], lost: list[int],
                      position: tuple[int, int]) -> SharedState:

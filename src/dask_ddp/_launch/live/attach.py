@@ -191,6 +191,13 @@ class Attached:
         here, inside ``backward()`` or a step's top)."""
         self.grads.stale_group = True
 
+    def drop_group(self) -> None:
+        """The groups were dropped for a group of this rank alone: DDP takes it now (a
+        regroup from inside ``backward()`` runs after DDP's final callback, and
+        ``_update_process_group`` resets the reducer for a step that did not succeed), so
+        that nothing holds the old group, which then closes its connections."""
+        self.grads.take_group()
+
     def shared_state(self, joined: list[int], lost: list[int],
                      position: tuple[int, int]) -> SharedState:
         """Rank 0: what every member takes besides the tensors (pickled over the group):

@@ -13,9 +13,12 @@ store, not over either group (:mod:`.generations`). Two ways to follow a change:
   objects over its members, a default group on the job's backend and a gloo control group
   beside it; the old ones are aborted first (``abort()``: no collective, which a group with
   a dead member could not complete), and DDP is given the new default group
-  (:attr:`Comms.rebuilds`). With gloo as the backend it stands in for NCCL: the same code
-  path on the CPU, at the cost of two group formations per change (about 15-25 ms for a
-  few ranks on one host) instead of one reconfigure.
+  (:attr:`Comms.rebuilds`). A rank that leaves a broken generation takes a group of itself
+  at once and gives it to DDP: an aborted gloo group closes its connections only once
+  nothing holds it, and a peer blocked on this rank waits until then. With gloo as the
+  backend it stands in for NCCL: the same code path on the CPU, at the cost of two group
+  formations per change (about 15-25 ms for a few ranks on one host) instead of one
+  reconfigure.
 """
 
 from __future__ import annotations
@@ -148,12 +151,21 @@ class Rebuilt:
         self._make(f"{PG_PREFIX}/r{generation}", rank, len(handles))
 
     def drop(self, generation: int, uid: int) -> None:
-        self._abort()
+        # Aborted, a gloo group keeps its connections while anything holds it (DDP does):
+        # only a freed one closes them, and a peer blocked on this rank waits until then
+        # (the group's timeout). So the rank takes a group of itself at once, which the
+        # caller gives DDP (see ``LiveGroup._go_solo``).
+        self._make(f"{PG_PREFIX}/drop{uid}/{generation}", 0, 1)
 
     def solo(self, uid: int) -> None:
         self._make(f"{PG_PREFIX}/solo{uid}", 0, 1)
 
     def _make(self, prefix: str, rank: int, world: int) -> None:
+        # Imported with a default group present (DDP's constructor imports it), torch's
+        # dynamo keeps references to that group for good: an aborted gloo group closes
+        # its connections only once freed, so the first group would hold its peers to the
+        # timeout. Imported before any group, it pins none.
+        import torch._dynamo  # noqa: F401
         import torch.distributed as dist
         from torch.distributed import PrefixStore
 
@@ -167,8 +179,9 @@ class Rebuilt:
 
     def _abort(self) -> None:
         """Abort every group of this rank (the default group, the control group and any
-        the user made over them): no collective, so a dead member cannot hold it up; a
-        collective blocked on them fails at once."""
+        the user made over them): no collective, so a dead member cannot hold it up (an
+        NCCL group's communicator is aborted; a gloo group's connections close once the
+        group is freed)."""
         import torch.distributed as dist
         from torch.distributed import distributed_c10d
 

@@ -323,6 +323,8 @@ class LiveGroup:
         """Drop this rank's connections of the broken generation at once (a group of
         this rank alone, or the groups aborted: see :meth:`~.comms.Comms.drop`)."""
         self.comms.drop(self.generation, self.uid)
+        if self.comms.rebuilds and self.attached is not None:
+            self.attached.drop_group()  # DDP lets the old group go: it closes its connections
 
 
 # -- this rank's objects ------------------------------------------------------------------

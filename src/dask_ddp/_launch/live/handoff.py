@@ -77,6 +77,10 @@ class Participant(Protocol):
         """The default group is a new object: DDP takes it before its next forward."""
         ...
 
+    def drop_group(self) -> None:
+        """The groups were dropped for a group of this rank alone: DDP takes it now."""
+        ...
+
 
 def hand_on(att: Participant | None, committed: int, rank: int, world: int, *,
             joined: list[int], lost: list[int], joining: bool,

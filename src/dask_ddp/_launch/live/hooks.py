@@ -293,8 +293,10 @@ class GradientHook:
     def take_group(self) -> None:
         """DDP takes the default group (a rebuilt one's new object, or a reconfigured
         one's new peers); every member does so at the same step, and DDP rebuilds its
-        buckets alike, from rank 0's order, after the next step. Before a forward, not
-        inside ``backward()``: its reducer's state is reset."""
+        buckets alike, from rank 0's order, after the next step. Its reducer's state is
+        reset: before a forward, or after DDP's final callback of a ``backward()`` that
+        failed (what torch's reset is for: a forward after a backward that did not
+        succeed)."""
         import torch.distributed as dist
 
         self.stale_group = False

@@ -148,19 +148,20 @@ class Rebuilt:
         return "ready"
 
     def form(self, generation: int, handles: list[str], rank: int) -> None:
-        self._make(f"{PG_PREFIX}/r{generation}", rank, len(handles))
+        self._make(f"{PG_PREFIX}/r{generation}", rank, len(handles), settle=True)
 
     def drop(self, generation: int, uid: int) -> None:
         # Aborted, a gloo group keeps its connections while anything holds it (DDP does):
         # only a freed one closes them, and a peer blocked on this rank waits until then
         # (the group's timeout). So the rank takes a group of itself at once, which the
-        # caller gives DDP (see ``LiveGroup._go_solo``).
-        self._make(f"{PG_PREFIX}/drop{uid}/{generation}", 0, 1)
+        # caller gives DDP (see ``LiveGroup._go_solo``). Not settled: a broken
+        # generation's kernels may wait for a dead peer, which only the abort releases.
+        self._make(f"{PG_PREFIX}/drop{uid}/{generation}", 0, 1, settle=False)
 
     def solo(self, uid: int) -> None:
-        self._make(f"{PG_PREFIX}/solo{uid}", 0, 1)
+        self._make(f"{PG_PREFIX}/solo{uid}", 0, 1, settle=True)
 
-    def _make(self, prefix: str, rank: int, world: int) -> None:
+    def _make(self, prefix: str, rank: int, world: int, *, settle: bool) -> None:
         # Imported with a default group present (DDP's constructor imports it), torch's
         # dynamo keeps references to that group for good: an aborted gloo group closes
         # its connections only once freed, so the first group would hold its peers to the
@@ -169,6 +170,8 @@ class Rebuilt:
         import torch.distributed as dist
         from torch.distributed import PrefixStore
 
+        if settle:
+            self._settle()
         self._abort()
         dist.init_process_group(self.backend, store=PrefixStore(prefix, self.store), rank=rank,
                                 world_size=world, timeout=timedelta(seconds=self.timeout))
@@ -176,6 +179,17 @@ class Rebuilt:
         # rendezvous is under the default group's prefix, unique to this generation.
         self._control = dist.new_group(backend="gloo",
                                        timeout=timedelta(seconds=self.timeout))
+
+    @staticmethod
+    def _settle() -> None:
+        """Let this rank's GPU work end before a healthy group is aborted (a planned
+        change, or a group of one after a drop): the host runs ahead of the GPU, and
+        ``ncclCommAbort`` ends the collectives still running there, which would leave the
+        last step's gradients half reduced. Nothing to wait for without CUDA."""
+        import torch
+
+        if torch.cuda.is_initialized():
+            torch.cuda.synchronize()
 
     def _abort(self) -> None:
         """Abort every group of this rank (the default group, the control group and any

@@ -187,8 +187,8 @@ class Attached:
         self.joined_step = self.base_step + committed
 
     def group_rebuilt(self) -> None:
-        """The default group is a new object: DDP takes it before its next forward (not
-        here, inside ``backward()`` or a step's top)."""
+        """The default group is a new object: DDP takes it before its next forward (every
+        member at the same step; a joiner's first step takes it with ``after_join``)."""
         self.grads.stale_group = True
 
     def drop_group(self) -> None:

@@ -18,17 +18,18 @@ from typing import Any
 STEPS = 40
 
 
-def state_hash(model: Any, opt: Any) -> str:
-    """A hash of parameters, buffers and the optimizer's state (bitwise)."""
+def state_hash(model: Any, opt: Any, buffers: bool = True) -> str:
+    """A hash of parameters, buffers (``buffers``) and the optimizer's state (bitwise)."""
     import torch
 
     h = hashlib.sha256()
-    for t in list(model.parameters()) + list(model.buffers()):
-        h.update(t.detach().numpy().tobytes())
+    for t in list(model.parameters()) + (list(model.buffers()) if buffers else []):
+        h.update(t.detach().cpu().numpy().tobytes())
     for _, s in sorted(opt.state_dict()["state"].items()):
         for k in sorted(s):
             v = s[k]
-            h.update(v.numpy().tobytes() if isinstance(v, torch.Tensor) else repr(v).encode())
+            h.update(v.cpu().numpy().tobytes() if isinstance(v, torch.Tensor)
+                     else repr(v).encode())
     return h.hexdigest()
 
 
@@ -65,7 +66,9 @@ def rank_main(port: int, uid: int, world: int, steps: int, out: str,
                                                     timedelta(seconds=30)))
     cap = int(store.get("max")) if store.check(["max"]) else None
     hold = int(store.get("hold")) if store.check(["hold"]) else None
-    group = live.LiveGroup(store, uid, world, timeout=20.0, max_size=cap)
+    # A trial may rebuild the groups every generation, gloo standing in for NCCL.
+    group = live.LiveGroup(store, uid, world, timeout=20.0, max_size=cap,
+                           rebuild=store.check(["rebuild"]))
     live.install(group)
     if joiner:
         group.start_joining()  # a group of itself until its attach() is admitted
@@ -105,9 +108,108 @@ def rank_main(port: int, uid: int, world: int, steps: int, out: str,
     tmp = Path(out, f"{uid}.tmp")
     tmp.write_text(json.dumps({
         "hash": state_hash(model, opt), "step": group.committed,
-        "generation": group.generation, "world": dist.get_world_size()}))
+        "generation": group.generation, "world": dist.get_world_size(),
+        "comms": type(group.comms).__name__}))
     tmp.rename(Path(out, f"{uid}.json"))
     os._exit(0)
+
+
+def two_group_main(port: int, uid: int, device: str, out: str) -> None:
+    """One of two ranks of a live group whose groups are rebuilt every generation (the
+    NCCL path): ``device`` ``"cuda"`` (NCCL, GPU ``uid``) or ``"cpu"`` (gloo standing in).
+    At step ``CHANGE`` rank 1's parameters are spoiled and both ranks re-form the group
+    at the next step's top (as a join word makes them): rank 0's state must reach rank 1
+    over the new groups. At step ``LEAVE`` both write their state's hash; rank 1 leaves
+    at its next step's top, and rank 0, once the store says so, goes on alone. Rank 0
+    writes its final state in ``out/0.json``."""
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from dask_ddp._launch.live import attach as live_attach
+    from dask_ddp._launch.live import group as live
+    from dask_ddp._launch.live.keys import DEAD_KEY
+
+    torch.set_num_threads(1)
+    dev = torch.device(device, uid) if device == "cuda" else torch.device("cpu")
+    if device == "cuda":
+        torch.cuda.set_device(dev)
+    store = dist.TCPStore("127.0.0.1", port, None, False, timedelta(seconds=30))
+    group = live.LiveGroup(store, uid, 2, backend="nccl" if device == "cuda" else "gloo",
+                           timeout=30.0, rebuild=True)
+    live.install(group)
+    group.start()
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.BatchNorm1d(64),
+                        nn.Linear(64, 4)).to(dev)
+    model = DDP(net, bucket_cap_mb=0.005)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    att = live_attach.attach(model, opt)
+    assert att is not None
+    gen = torch.Generator().manual_seed(1000 + uid)
+
+    def dump(name: str, **extra: Any) -> None:
+        Path(out, name).write_text(json.dumps({
+            # Not the buffers: BatchNorm's running stats are rank 0's at each forward's
+            # start (DDP broadcasts them over its group), then each rank's own batch's.
+            "hash": state_hash(model, opt, buffers=False), "step": group.committed,
+            "world": dist.get_world_size(), "comms": type(group.comms).__name__,
+            "backend": dist.get_backend(), **extra}))
+
+    for step in range(TWO_GROUP_STEPS):
+        if step == TWO_GROUP_CHANGE:
+            if uid == 1:
+                with torch.no_grad():
+                    for p in model.parameters():
+                        p.add_(1.0)
+            att.grads.admit = True  # both re-form the group at the next forward
+        if step == TWO_GROUP_LEAVE:
+            dump(f"{uid}.at_leave.json")
+            if uid == 1:
+                group.request_leave()  # at the next step's top
+            else:
+                deadline = time.monotonic() + 60
+                while not store.check([DEAD_KEY.format(uid=1)]):
+                    if time.monotonic() > deadline:
+                        raise TimeoutError("rank 1 did not leave within 60 s")
+                    time.sleep(0.01)
+                group.regroup("rank 1 left")
+        x = torch.randn(16, 32, generator=gen).to(dev)
+        loss = model(x).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    dump(f"{uid}.json", generation=group.generation)
+    os._exit(0)
+
+
+#: The two-group run's steps, the step of its planned change and of rank 1's leaving.
+TWO_GROUP_STEPS, TWO_GROUP_CHANGE, TWO_GROUP_LEAVE = 12, 3, 8
+
+
+def run_two_groups(device: str, out: Path, timeout: float = 90.0) -> dict[str, Any]:
+    """Run :func:`two_group_main`'s two ranks (processes of their own) on a store this
+    process hosts; their exit codes and what they wrote."""
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=30),
+                          wait_for_workers=False)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    procs = [subprocess.Popen(
+        [sys.executable, "-c", "import sys, live_util; live_util.two_group_main("
+         "int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4])",
+         str(store.port), str(uid), device, str(out)], env=env,
+        cwd=os.path.dirname(__file__)) for uid in (0, 1)]
+    try:
+        codes = [p.wait(timeout) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    files = {f.name: json.loads(f.read_text()) for f in out.glob("*.json")}
+    return {"codes": codes, "files": files}
 
 
 def zygote_main(port: int, world: int, trials: int, steps: int, out: str) -> None:
@@ -163,12 +265,13 @@ class Trials:
         self.zygote.wait()
 
     def run(self, kills: int, seed: int, timeout: float = 120.0,
-            join: bool = False) -> dict[str, Any]:
+            join: bool = False, rebuild: bool = False) -> dict[str, Any]:
         """One trial: ``join``: a rank (uid ``world``) started with the others joins the
         group at a random step (the members wait there until it asked); then ``kills``
         random ranks (rank 0 and the joiner included) SIGKILLed at random moments (a
         random step, then a random part of it: forward, backward, the optimizer, a
-        recovery)."""
+        recovery). ``rebuild``: the groups are rebuilt every generation, a gloo control
+        group beside the gradients' (the NCCL path, gloo standing in for NCCL)."""
         from torch.distributed import PrefixStore
 
         from dask_ddp._launch.live import generations
@@ -180,6 +283,8 @@ class Trials:
         if join:
             store.set("hold", str(rng.randrange(2, self.steps // 3)))
             store.set("max", str(self.world + 1))
+        if rebuild:
+            store.set("rebuild", "1")
         self.store.set(f"t{t}/go", "1")
         deadline = time.monotonic() + timeout
         while int(store.add("ready", 0)) < self.world:

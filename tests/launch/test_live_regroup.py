@@ -85,6 +85,38 @@ def test_a_joining_rank_takes_the_groups_state(tmp_path: Path) -> None:
         trials.close()
 
 
+def test_the_nccl_path_with_gloo_standing_in(tmp_path: Path) -> None:
+    # The groups NCCL needs, gloo standing in for NCCL's: every generation gets a new
+    # default group and a gloo control group beside it, the old ones aborted (no
+    # collective with a dead member), DDP given the new group before its next forward,
+    # and the handoff's header and pickled state over the control group. Four ranks (a
+    # survivor of a ring all-reduce may wait on another survivor, not on the dead rank:
+    # the one that regroups first must let its old group go at once, or the other waits
+    # for the group's timeout); two kills mid-epoch (seed 0: rank 0 among them, inside
+    # backward()), then a join and a kill after it: every survivor ends bit-identical,
+    # at every step, in the smaller (or bigger) group, each change within seconds.
+    trials = live_util.Trials(world=4, trials=2, out=tmp_path)
+    try:
+        for seed, join in ((0, False), (1, True)):
+            run = trials.run(kills=1 + (not join), seed=seed, join=join, rebuild=True)
+            results, gens = run["results"], run["generations"]
+            assert {r["comms"] for r in results.values()} == {"Rebuilt"}, results
+            assert len({r["hash"] for r in results.values()}) == 1, (
+                f"seed {seed}: survivors diverged after killing {run['killed']}: "
+                f"{json.dumps(results)}")
+            lost = sorted(u for g in gens for u in g.lost)
+            joined = sorted(u for g in gens for u in g.joined)
+            assert set(lost) <= set(run["killed"]) and joined == ([4] if join else []), gens
+            assert {(r["step"], r["world"]) for r in results.values()} == \
+                {(live_util.STEPS, 4 + join - len(lost))}, results
+            early = [k for k, m in zip(run["killed"], run["modes"], strict=True)
+                     if m != "late"]
+            assert set(early) <= set(lost), (run["killed"], run["modes"], gens)
+            assert all(g.recovery_s < 10 for g in gens), gens
+    finally:
+        trials.close()
+
+
 @pytest.mark.timeout(60)
 def test_a_change_is_recorded_by_every_member_of_the_new_group() -> None:
     # Two ranks of three lost 0.1 s apart: generation 1 (rank 2 lost) formed as ranks 0

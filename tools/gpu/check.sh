@@ -220,6 +220,11 @@ tests_step() {
   # Without --cpu this is a GPU machine; with it, CUDA is hidden, so what the run proves is
   # that the gpu tests collect and skip with their reason.
   [ "$mode" = gpu ] || export CUDA_VISIBLE_DEVICES=""
+  # The 2-GPU tests (tests/gpu/test_live_nccl.py: a live group on NCCL, a rank a GPU) run
+  # where the machine has 2 GPUs; with one they are reported skipped, with their reason.
+  if [ "$mode" = gpu ]; then
+    echo "GPUs: $("$vpy" -c 'import torch; print(torch.cuda.device_count())') (2 or more: the 2-GPU tests run)"
+  fi
   # A file that fails to import (a module this machine lacks) is reported, and fails the
   # step, without keeping the other files' tests from running.
   # The machine's own pytest plugins (its image may hold benchmark, cov, mock, xdist, ...)

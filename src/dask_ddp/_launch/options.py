@@ -166,11 +166,16 @@ class LaunchOptions:
         if self.recovery == "live":
             _compat.require_torch("recovery='live'")
         if self.recovery == "live" and self.backend not in ("auto", "gloo"):
-            # torch's ProcessGroupNCCL refuses enable_reconfigure, which the live group needs
+            # The live group rebuilds an NCCL group (live/comms.py), but a peer lost inside
+            # an NCCL all-reduce is not detected: the survivors' kernels wait for it.
+            why = ("a rank lost inside an NCCL all-reduce leaves the others' kernels "
+                   "waiting for it, which live recovery does not detect yet"
+                   if self.backend == "nccl" else
+                   "torch's MPI group is MPI_COMM_WORLD, which cannot change its members")
             raise ValueError(
                 f"recovery='live' runs on gloo (CUDA tensors included), got "
-                f"backend={self.backend!r}: torch's NCCL process group cannot be "
-                "reconfigured; use backend='auto' or 'gloo', or recovery='restart' for NCCL")
+                f"backend={self.backend!r}: {why}; use backend='auto' or 'gloo', or "
+                "recovery='restart' for NCCL")
         if self.recovery == "live" and self.command is not None and not (
                 self.command[0] in ("python", "python3") and len(self.command) > 1
                 and self.command[1].endswith(".py")):

@@ -135,8 +135,9 @@ def start_live(address: str, rank: int, world: int, record: Any,
 
     _compat.require_torch("recovery='live'")  # this worker's torch, which may be older
     store = live_store.connect(address, record.rendezvous_timeout)
-    # The live group is reconfigured on a change, which torch's NCCL group refuses: auto
-    # means gloo here, which also carries CUDA tensors (the options refuse an explicit NCCL).
+    # Auto means gloo here, which also carries CUDA tensors: on NCCL the live group would
+    # rebuild its groups (live/comms.py) but does not yet detect a rank lost inside an
+    # all-reduce (the options refuse an explicit NCCL).
     requested = "gloo" if record.backend == "auto" else record.backend
     backend = _join_devices(requested, store, rank, world, {})
     timeout = init_kwargs.get("timeout", timedelta(seconds=60))

@@ -143,6 +143,8 @@ class Attached:
 
         if self.loader is None and torch.is_grad_enabled():
             self.boundary()
+        if self.grads.stale_group:  # DDP's forward broadcasts buffers over its group
+            self.grads.take_group()
 
     def _admit(self) -> None:
         """The group re-forms with the waiting ranks (a loss meanwhile: without them)."""
@@ -184,6 +186,18 @@ class Attached:
         """This rank joined at the group's ``committed`` step: its Checkpointer's
         ``restore()`` goes on from the user's step there."""
         self.joined_step = self.base_step + committed
+
+    def group_rebuilt(self) -> None:
+        """The default group is a new object: DDP takes it before its next forward (every
+        member at the same step; a joiner's first step takes it with ``after_join``)."""
+        self.grads.stale_group = True
+
+    def drop_group(self) -> None:
+        """The groups were dropped for a group of this rank alone: DDP takes it now (a
+        regroup from inside ``backward()`` runs after DDP's final callback, and
+        ``_update_process_group`` resets the reducer for a step that did not succeed), so
+        that nothing holds the old group, which then closes its connections."""
+        self.grads.take_group()
 
     def shared_state(self, joined: list[int], lost: list[int],
                      position: tuple[int, int]) -> SharedState:

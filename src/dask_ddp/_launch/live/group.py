@@ -1,10 +1,12 @@
 """Live recovery inside a rank process: the group re-forms without a lost rank (internal).
 
 A job submitted with ``recovery="live"`` keeps its surviving rank processes when a rank
-is lost. The default process group is made with ``enable_reconfigure=True`` on a store
-that no rank hosts (the scheduler's, :mod:`~dask_ddp._launch.live.store`), so that
-``torch.distributed._reconfigure`` can give the same group object (the one the user's
-``DistributedDataParallel`` holds) a new set of peers, generation after generation.
+is lost. Its members are agreed on a store that no rank hosts (the scheduler's,
+:mod:`~dask_ddp._launch.live.store`); on gloo the default process group is made with
+``enable_reconfigure=True`` there, so that ``torch.distributed._reconfigure`` gives the
+same group object (the one the user's ``DistributedDataParallel`` holds) a new set of
+peers, generation after generation; a backend that cannot reconfigure (NCCL) gets new
+groups every generation, the gradients' beside a gloo control group (:mod:`.comms`).
 
 How the library regains control without a change to the user's loop: the
 :class:`~dask_ddp.Checkpointer` a training function makes calls
@@ -26,7 +28,7 @@ loader into this rank's :class:`LiveGroup`. The group's protocol, here:
   again over the bigger group.
 
 Its collaborators: :mod:`.generations` (the protocol's keys on the store),
-:mod:`.reconfigure` (torch's in-place reconfigure, and a rank alone: the solo fallback),
+:mod:`.comms` (the groups, reconfigured in place or rebuilt, and a rank alone),
 :mod:`.membership` (the member's state, the join queue, the way out) and
 :mod:`.handoff` (rank 0's state on every member, through the
 :class:`~.handoff.Participant` the Checkpointer attached).
@@ -40,7 +42,7 @@ import os
 import time
 from typing import Any, NoReturn
 
-from dask_ddp._launch.live import reconfigure
+from dask_ddp._launch.live import comms
 from dask_ddp._launch.live.errors import LiveRecoveryError, MemberLost, is_peer_error
 from dask_ddp._launch.live.generations import GenerationStore, mark_dead
 from dask_ddp._launch.live.handoff import Participant, hand_on
@@ -74,19 +76,24 @@ class LiveGroup:
     world_size
         The first group's size.
     backend
-        ``"gloo"`` (``"nccl"``: the same protocol with the communicator aborted and
-        re-made by the backend's reconfigure).
+        The gradients' backend: ``"gloo"`` (one group, reconfigured in place) or
+        ``"nccl"`` (rebuilt every generation, beside a gloo control group; see
+        :mod:`.comms`).
     timeout
         Seconds a regroup may take before it gives up (:class:`LiveRecoveryError`).
     min_size
         The fewest members the group may shrink to.
     max_size
         The most members it may grow to (ranks that join); ``None``: no joins.
+    rebuild
+        Give every generation new groups, the gradients' beside a gloo control group
+        (:class:`~.comms.Rebuilt`); ``None``: only for a backend whose group cannot be
+        reconfigured in place (``True`` with gloo: the NCCL path, gloo standing in).
     """
 
     def __init__(self, store: Any, uid: int, world_size: int, *, backend: str = "gloo",
                  timeout: float = 60.0, min_size: int = 1,
-                 max_size: int | None = None) -> None:
+                 max_size: int | None = None, rebuild: bool | None = None) -> None:
         self.store = store
         self.uid = uid
         self.members: list[int] = list(range(world_size))
@@ -110,6 +117,8 @@ class LiveGroup:
         #: The protocol's keys on the store, and the join requests there.
         self.gens = GenerationStore(store, uid, timeout)
         self.joins = JoinQueue(store, uid)
+        #: The process groups and how they follow a change (see :mod:`.comms`).
+        self.comms = comms.for_backend(backend, store, timeout, rebuild)
 
     # -- the group ----------------------------------------------------------------------
     @property
@@ -127,22 +136,20 @@ class LiveGroup:
         return self.members.index(self.uid)
 
     def start(self) -> None:
-        """Make the default process group (reconfigurable) with the first members."""
-        reconfigure.init_group(self.backend, self.store, self.rank, len(self.members),
-                               self.timeout)
-        if not reconfigure.supported():
-            raise LiveRecoveryError(
-                f"recovery='live' needs a backend that can reconfigure its group in place; "
-                f"{self.backend!r} in torch {reconfigure.torch_version()} cannot (use gloo, "
-                "or recovery='restart')")
+        """Make the groups with the first members (see :mod:`.comms`)."""
+        self.comms.start(self.rank, len(self.members))
         self._reconfigure()
         os.environ[GENERATION_ENV] = "0"
 
     def _reconfigure(self) -> None:
-        """Give the default group this generation's members (a collective over them)."""
+        """Give this generation's members their groups (a collective over them):
+        reconfigured in place, or rebuilt (DDP takes the new default group at its next
+        forward)."""
         g = self.generation
-        handles = self.gens.exchange_handles(g, self.members, reconfigure.handle())
-        reconfigure.reconfigure(g + 1, handles, self.timeout)
+        handles = self.gens.exchange_handles(g, self.members, self.comms.handle())
+        self.comms.form(g + 1, handles, self.rank)
+        if self.comms.rebuilds and self.attached is not None:
+            self.attached.group_rebuilt()
         os.environ["RANK"] = str(self.rank)
         os.environ["WORLD_SIZE"] = str(len(self.members))
 
@@ -223,7 +230,7 @@ class LiveGroup:
         """Rank 0's step and state on every member (see :func:`~.handoff.hand_on`)."""
         agreed, self.data_position = hand_on(
             self.attached, self.committed, self.rank, len(self.members), joined=joined,
-            lost=lost, joining=self.uid in joined)
+            lost=lost, joining=self.uid in joined, control=self.comms.control)
         return agreed
 
     def _record(self, cause: str, old: list[int], step: int, took: float) -> None:
@@ -244,8 +251,7 @@ class LiveGroup:
         self.members = [self.uid]
         self.generation = -1
         self.state = MemberState.JOINING
-        reconfigure.init_group(self.backend, self.store, 0, 1, self.timeout)
-        self._go_solo()  # a reconfigurable group has no communicator until reconfigured
+        self.comms.solo(self.uid)
 
     def join(self) -> None:
         """Ask to join, wait until a step boundary admits this rank, then take the
@@ -317,8 +323,10 @@ class LiveGroup:
 
     def _go_solo(self) -> None:
         """Drop this rank's connections of the broken generation at once (a group of
-        this rank alone: see :func:`~.reconfigure.go_solo`)."""
-        reconfigure.go_solo(self.generation, self.uid, self.timeout)
+        this rank alone, or the groups aborted: see :meth:`~.comms.Comms.drop`)."""
+        self.comms.drop(self.generation, self.uid)
+        if self.comms.rebuilds and self.attached is not None:
+            self.attached.drop_group()  # DDP lets the old group go: it closes its connections
 
 
 # -- this rank's objects ------------------------------------------------------------------

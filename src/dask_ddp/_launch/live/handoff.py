@@ -3,7 +3,16 @@
 Once a generation is formed, its rank 0 (the most advanced survivor) broadcasts its
 committed step, the epoch's position, the user's step counter, its parameters and
 buffers, and (pickled) its optimizer and LR scheduler state, torch's CPU generator and
-the samples to deal (:func:`hand_on`). The group
+the samples to deal (:func:`hand_on`).
+
+Each goes on the device its group needs. The header (an int64 tensor) and the pickled
+state go over the control group, gloo, from the CPU: the pickled state's tensors are
+copied to the CPU first (a pickled CUDA tensor would be unpickled onto rank 0's device
+index, another rank's GPU, and NCCL takes no CPU tensor); the optimizer's
+``load_state_dict`` moves them to its parameters' device. The parameters and buffers go
+over the gradients' group where they are (on the GPU with NCCL: no copy to the host and
+back, at the GPUs' bandwidth, and the new communicator's first collective checks it
+before the next step needs it). The group
 (:class:`~dask_ddp._launch.live.group.LiveGroup`) runs it; what it asks of the model,
 optimizer and loader hooked into it is :class:`Participant`
 (:class:`~dask_ddp._launch.live.attach.Attached` is one).
@@ -64,13 +73,23 @@ class Participant(Protocol):
         """This rank joined the group at its committed step ``committed``."""
         ...
 
+    def group_rebuilt(self) -> None:
+        """The default group is a new object: DDP takes it before its next forward."""
+        ...
+
+    def drop_group(self) -> None:
+        """The groups were dropped for a group of this rank alone: DDP takes it now."""
+        ...
+
 
 def hand_on(att: Participant | None, committed: int, rank: int, world: int, *,
-            joined: list[int], lost: list[int], joining: bool) -> tuple[int, tuple[int, int]]:
+            joined: list[int], lost: list[int], joining: bool,
+            control: Any = None) -> tuple[int, tuple[int, int]]:
     """Rank 0's committed step and state on every member (a collective of the new group);
     the agreed step and the group's position in the epoch. With ``joined`` ranks
     (``joining``: this rank is one), the epoch's unread samples are dealt again over the
-    new group; with ``lost`` ones, theirs are named for the survivors."""
+    new group; with ``lost`` ones, theirs are named for the survivors. ``control``: the
+    gloo group of the header and the pickled state (``None``: the default group, gloo)."""
     import torch
     import torch.distributed as dist
 
@@ -79,7 +98,7 @@ def hand_on(att: Participant | None, committed: int, rank: int, world: int, *,
     epoch, batch = att.position() if att is not None else (0, 0)
     base = att.base_step if att is not None else 0
     agreed_t = torch.tensor([committed, epoch, batch, base], dtype=torch.int64)
-    dist.broadcast(agreed_t, 0)
+    dist.broadcast(agreed_t, 0, group=control)
     agreed, position = int(agreed_t[0]), (int(agreed_t[1]), int(agreed_t[2]))
     if att is not None:
         att.base_step = int(agreed_t[3])
@@ -87,8 +106,22 @@ def hand_on(att: Participant | None, committed: int, rank: int, world: int, *,
             for t in att.tensors():
                 dist.broadcast(t, 0)
         box: list[SharedState | None] = [
-            att.shared_state(joined, lost, position) if rank == 0 else None]
-        dist.broadcast_object_list(box, 0)
+            on_cpu(att.shared_state(joined, lost, position)) if rank == 0 else None]
+        dist.broadcast_object_list(box, 0, group=control)
         att.take_shared_state(cast("SharedState", box[0]), rank, world,  # rank 0's, on all
                               joined=bool(joined), joining=joining)
     return agreed, position
+
+
+def on_cpu(obj: Any) -> Any:
+    """``obj`` with every tensor in its dicts, lists and tuples on the CPU (a CPU tensor
+    is itself: no copy on a CPU-only rank)."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return obj.cpu()
+    if type(obj) is dict:
+        return {k: on_cpu(v) for k, v in obj.items()}
+    if type(obj) in (list, tuple):
+        return type(obj)(on_cpu(v) for v in obj)
+    return obj

@@ -16,7 +16,10 @@
   memory without blocking and an event recorded after the copy (:class:`HostScalar`, as
   ``report()`` reads a CUDA metric), so the hook never makes the host wait for the GPU;
 - the first step after a join all-reduces every bucket as one tensor in parameter order
-  (:meth:`GradientHook.after_join`).
+  (:meth:`GradientHook.after_join`);
+- a change that rebuilt the default group (:mod:`.comms`) gives DDP the new one before its
+  next forward (:meth:`GradientHook.take_group`); the hook's own all-reduces always use
+  the current default group.
 """
 
 from __future__ import annotations
@@ -110,6 +113,9 @@ class GradientHook:
         #: must be copied before its all-reduce (DDP's gradient_as_bucket_view).
         self._works: list[Any] = []
         self.copy_local = bool(getattr(ddp, "gradient_as_bucket_view", True))
+        #: The default group was rebuilt by a change: DDP takes it before its next forward
+        #: (:meth:`take_group`).
+        self.stale_group = False
 
     def __call__(self, _state: Any, bucket: Any) -> Any:
         import torch
@@ -281,7 +287,17 @@ class GradientHook:
         """Every member and the joiner: the next step's gradients go in parameter order,
         and DDP takes the reconfigured group (it rebuilds its buckets alike, from rank
         0's order, at the step after)."""
+        self.in_order = True
+        self.take_group()
+
+    def take_group(self) -> None:
+        """DDP takes the default group (a rebuilt one's new object, or a reconfigured
+        one's new peers); every member does so at the same step, and DDP rebuilds its
+        buckets alike, from rank 0's order, after the next step. Its reducer's state is
+        reset: before a forward, or after DDP's final callback of a ``backward()`` that
+        failed (what torch's reset is for: a forward after a backward that did not
+        succeed)."""
         import torch.distributed as dist
 
-        self.in_order = True
-        self.ddp._update_process_group(dist.group.WORLD)  # noqa: SLF001 (DDP's only way to take a reconfigured group in place)
+        self.stale_group = False
+        self.ddp._update_process_group(dist.group.WORLD)  # noqa: SLF001 (DDP's only way to take a new or reconfigured group)

@@ -246,9 +246,11 @@ def _progress(store: Any, uid: int) -> int:
     return int(store.get(key)) if store.check([key]) else 0
 
 
-def live_train(folder: str, steps: int, pause: float) -> dict[str, Any]:
+def live_train(folder: str, steps: int, pause: float,
+               raise_at: tuple[int, int] | None = None) -> dict[str, Any]:
     """A training function as the README's: a DDP model, SGD with momentum, a
-    Checkpointer, a plain loop; its pid and step in ``folder`` for the test to aim."""
+    Checkpointer, a plain loop; its pid and step in ``folder`` for the test to aim.
+    ``raise_at=(rank, step)``: that rank raises at that step of the job's first attempt."""
     import torch
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -263,6 +265,8 @@ def live_train(folder: str, steps: int, pause: float) -> dict[str, Any]:
     gen = torch.Generator().manual_seed(1000 + start.rank)
     Path(folder, f"pid{start.rank}").write_text(str(os.getpid()))
     for step in range(steps):
+        if raise_at == (start.rank, step) and start.restart == 0:
+            raise RuntimeError(f"rank {start.rank} raises at step {step}, as the test asked")
         train_step(model, opt, gen)
         Path(folder, f"step{start.rank}").write_text(str(step))
         time.sleep(pause)

@@ -27,7 +27,7 @@ from datetime import timedelta
 from types import SimpleNamespace
 from typing import Any
 
-from dask_ddp._launch.live.keys import STORE_ENV
+from dask_ddp._launch.live.records import LiveStart
 
 logger = logging.getLogger(__name__)
 
@@ -45,9 +45,9 @@ def main(argv: list[str]) -> None:
             probe.install(workdir)
         except Exception as exc:  # the script runs anyway, unwatched
             sys.stderr.write(f"dask-ddp: the rank's probe is not installed: {exc}\n")
-    live_address = os.environ.get(STORE_ENV)
-    if live_address:
-        _live_group_for_the_script(live_address)
+        live = LiveStart.read(workdir)  # written by the supervisor when the policy regroups
+        if live is not None:
+            _live_group_for_the_script(live)
     script = os.path.abspath(argv[0])
     sys.argv = list(argv)
     sys.path[0] = os.path.dirname(script)
@@ -77,7 +77,7 @@ def _exit(code: int) -> None:
     os._exit(code)
 
 
-def _live_group_for_the_script(address: str) -> None:
+def _live_group_for_the_script(live_start: LiveStart) -> None:
     """Make the script's ``init_process_group`` start the live group (see the module)."""
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
@@ -113,7 +113,7 @@ def _live_group_for_the_script(address: str) -> None:
         record = SimpleNamespace(backend=str(backend) if backend else "auto",
                                  rendezvous_timeout=wait.total_seconds(),
                                  worker=socket.gethostname())
-        start_live(address, my_rank, my_world, record, {"timeout": wait})
+        start_live(live_start, my_rank, my_world, record, {"timeout": wait})
         atexit.register(finish)  # a script that never destroys its group
 
     def destroy_process_group(group: Any = None) -> None:

@@ -83,10 +83,9 @@ class Restart:
     def live_store(self) -> str | None:
         return None
 
-    @staticmethod
-    def fatal(statuses: Sequence[str], lost: Collection[int]) -> bool:
-        """A rank erred or was cancelled (also for its lost worker)."""
-        return any(s in ("error", "cancelled") for s in statuses)
+    #: A rank erred, or was cancelled other than for its lost worker (the policy answers
+    #: a lost worker: the watcher aborts the others unless it continues).
+    fatal = staticmethod(LiveWatch.fatal)
 
     @staticmethod
     def finished(statuses: Sequence[str], lost: Collection[int]) -> bool:

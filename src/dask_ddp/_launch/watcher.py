@@ -279,6 +279,7 @@ class Watcher:
         action = self._ask(FailureKind.STALLED, (frozen or found.stuck)[0], statuses,
                            len(frozen), frozen=bool(frozen))
         if action is Action.REGROUP and frozen:
+            self._stalls_met.add(tuple(found.stuck))
             await self.recovery.end_frozen(frozen, self.workers)
             return False
         if action is Action.CONTINUE:

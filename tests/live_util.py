@@ -358,7 +358,7 @@ HOLD_S = 120.0
 
 
 def live_train(folder: str, steps: int, pause: float, hold_at: int | None = None,
-               fault: str = "") -> dict[str, Any]:
+               fault: str = "", raise_at: tuple[int, int] | None = None) -> dict[str, Any]:
     """A training function as the README's: a DDP model, SGD with momentum, a
     Checkpointer, a plain loop; its pid and step in ``folder`` for the test to aim.
 
@@ -366,7 +366,8 @@ def live_train(folder: str, steps: int, pause: float, hold_at: int | None = None
     ``folder/holding`` and waits there (the others wait for it in their next all-reduce)
     until the test wrote ``folder/struck`` or the rank was asked to leave; with
     ``fault="raise"`` it raises there instead. Also a script's body (a live script's
-    ``init_process_group`` made the group)."""
+    ``init_process_group`` made the group). ``raise_at=(rank, step)``: that rank raises
+    at that step of the job's first attempt."""
     import torch
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -385,6 +386,8 @@ def live_train(folder: str, steps: int, pause: float, hold_at: int | None = None
             if fault == "raise":
                 raise RuntimeError(f"rank {start.rank} raises at step {step}")
             _hold(folder)
+        if raise_at == (start.rank, step) and start.restart == 0:
+            raise RuntimeError(f"rank {start.rank} raises at step {step}, as the test asked")
         train_step(model, opt, gen)
         Path(folder, f"step{start.rank}").write_text(str(step))
         time.sleep(pause)

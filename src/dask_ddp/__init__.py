@@ -26,7 +26,16 @@ from typing import TYPE_CHECKING
 from dask_ddp._lazy import attribute_loader, public_dir
 
 if TYPE_CHECKING:
-    from dask_ddp import checkpoint, data, dispatch, errors, predict, results, storage
+    from dask_ddp import (
+        checkpoint,
+        data,
+        dispatch,
+        errors,
+        predict,
+        recovery,
+        results,
+        storage,
+    )
     from dask_ddp._identity import RankInfo, rank_info
     from dask_ddp.checkpoint import (
         Checkpointer,
@@ -50,8 +59,8 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 _WHERE = {
-    **{m: f"dask_ddp.{m}" for m in ("checkpoint", "data", "dispatch", "errors", "results",
-                                    "storage")},
+    **{m: f"dask_ddp.{m}" for m in ("checkpoint", "data", "dispatch", "errors", "recovery",
+                                    "results", "storage")},
     **{n: f"dask_ddp._identity:{n}" for n in ("RankInfo", "rank_info")},
     **{n: f"dask_ddp.dispatch:{n}"
        for n in ("ElasticJob", "Job", "Restart", "run_command", "submit")},
@@ -71,7 +80,7 @@ __all__ = [
     "Checkpointer", "ElasticJob", "Evaluate", "GangStartError", "Job", "JobError",
     "RankAbortedError", "RankFailedError", "RankInfo", "Restart", "StallError",
     "WorkerLostError", "__version__", "checkpoint", "data", "dispatch", "errors",
-    "load_checkpoint", "predict", "rank_info", "report",
+    "load_checkpoint", "predict", "rank_info", "recovery", "report",
     "restore_training_state", "results", "run_command", "save_checkpoint", "storage", "submit",
     "training_state",
 ]

@@ -14,6 +14,8 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from dask_ddp._launch import policy
+
 logger = logging.getLogger("dask_ddp.cli")
 
 USAGE = """usage: dask-ddp COMMAND [ARGS...]
@@ -73,7 +75,7 @@ def _run_parser() -> argparse.ArgumentParser:
                    help="end the job when its ranks are blocked in a collective that can no "
                         "longer complete for this long ('none' turns it off; default the "
                         "dask-ddp.launch.stall-timeout key, 60 s)")
-    p.add_argument("--recovery", choices=("restart", "live"), default="restart",
+    p.add_argument("--recovery", choices=policy.NAMES, default=policy.RESTART.name,
                    help="live: a lost rank costs the others one step, not the job (the "
                         "script registers its model with dask_ddp.Checkpointer)")
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", type=_env_pair,

@@ -20,6 +20,7 @@ from dask_ddp._launch.elastic_job import ElasticJob
 from dask_ddp._launch.handle import JobHandle
 from dask_ddp._launch.job import Job, launch
 from dask_ddp._launch.options import FROM_CONFIG, LaunchOptions
+from dask_ddp._launch.policy import RecoveryPolicy
 from dask_ddp.errors import (
     GangStartError,
     JobError,
@@ -88,7 +89,7 @@ def submit(
     max_workers: int | None = None,
     elastic_timeout: float = 60.0,
     stall_timeout: float | str | timedelta | None = _FROM_CONFIG,
-    recovery: str = "restart",
+    recovery: str | RecoveryPolicy = "restart",
     **kwargs: Any,
 ) -> Job | ElasticJob:
     """Run ``fn(*args, **kwargs)`` as a DDP job: one process per rank, on Dask workers.
@@ -155,7 +156,7 @@ def submit(
         longer complete (every other rank blocked too, returned from ``fn`` or frozen) for
         this long. ``None`` turns it off; default ``dask-ddp.launch.stall-timeout`` (60 s).
         A rank that computes (rank 0's long evaluation) never counts as a stall.
-    recovery : {"restart", "live"}
+    recovery : {"restart", "live"} or RecoveryPolicy
         What a lost rank (process killed, worker lost) costs. ``"restart"``: the whole
         group starts again from the last checkpoint (``max_restarts``). ``"live"``: the
         surviving ranks keep their processes, model, optimizer and data; the group
@@ -164,7 +165,10 @@ def submit(
         ``job.generations``. Needs a ``DistributedDataParallel`` model registered with
         :class:`dask_ddp.Checkpointer`; falls back to ``max_restarts`` restarts when
         fewer than ``min_workers`` survive or the group cannot re-form. Needs torch 2.14
-        or newer (refused at once on an older one).
+        or newer (refused at once on an older one). A
+        :class:`~dask_ddp.recovery.RecoveryPolicy` of one's own (one function in a
+        :class:`~dask_ddp.recovery.Policy`) decides each event instead: see
+        :mod:`dask_ddp.recovery`.
 
     Returns
     -------
@@ -257,7 +261,7 @@ def run_command(
     timeout: float | None = None,
     rendezvous_timeout: float = 300.0,
     stall_timeout: float | str | timedelta | None = _FROM_CONFIG,
-    recovery: str = "restart",
+    recovery: str | RecoveryPolicy = "restart",
 ) -> list[int]:
     """Run a torchrun-style command on the cluster, one process per rank ("torchrun over Dask").
 

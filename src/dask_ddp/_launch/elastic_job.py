@@ -2,9 +2,10 @@
 
 Each attempt is a :class:`~dask_ddp._launch.job.Job` of its own (fresh rank processes and
 rendezvous), launched with the same :class:`~dask_ddp._launch.options.LaunchOptions`; a driver
-thread carries out what the failure policy (:mod:`dask_ddp._launch.policy`) decides after a
-failure, recording each failed attempt as a :class:`~dask_ddp.errors.Restart`, and starts the
-next attempt on the workers available then.
+thread carries out what the job's recovery policy (:mod:`dask_ddp._launch.policy`) decides
+about the attempt's root cause once it failed, recording each failed attempt as a
+:class:`~dask_ddp.errors.Restart`, and starts the next attempt on the workers available
+then.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from dask_ddp._launch import interrupt
 from dask_ddp._launch.job import Job, launch
 from dask_ddp._launch.options import LaunchOptions
 from dask_ddp._launch.placement import available_workers
-from dask_ddp._launch.policy import Decision, decide
+from dask_ddp._launch.policy import Action, RecoveryStatus, ask
 from dask_ddp._states import JobState
 from dask_ddp.errors import FailureKind, GangStartError, JobError, Restart, StallError
 
@@ -268,7 +269,7 @@ class ElasticJob:
                     record = Restart.of(len(self.attempts) - 1, err)
                     if self._cancelled:  # ranks stopped by cancel(): result() says so
                         return
-                    if decide(err, len(self.restarts), self.max_restarts) is Decision.RAISE:
+                    if self._decide(err) in (Action.RAISE, Action.CONTINUE):
                         self._fail(err, record)
                         return
                     self.restarts.append(record)
@@ -298,6 +299,14 @@ class ElasticJob:
             with self._changed:
                 self._done.set()
                 self._changed.notify_all()
+
+    def _decide(self, err: JobError) -> Action:
+        """The policy's answer to an attempt that ended with ``err``: ``RESTART`` (or
+        ``REGROUP``: a smaller group, from scratch) starts the next; ``RAISE`` (or
+        ``CONTINUE``: nothing runs to go on) ends the job."""
+        return ask(self.options.policy, RecoveryStatus.of(
+            err, restarts=len(self.restarts), max_restarts=self.max_restarts,
+            min_workers=self.options.min_workers or 1))
 
     def _restart(self, minimum: int, target: int | None) -> None:
         """Start the next attempt once enough workers are there. A worker chosen that

@@ -312,12 +312,15 @@ class Job:
         """Build the ranks' specs from their ``layout`` and submit them (their watcher
         then runs). Raises with nothing left running."""
         try:
-            # The ranks' options carry what the job's recovery needs (a live job's store).
-            self.options = options = self.watcher.set_recovery(recovery.for_job(
-                self.client, self.options, self.id, self.name, self.workers))
+            machinery = recovery.for_job(self.client, self.options, self.id, self.name,
+                                         self.workers)
+            self.watcher.set_recovery(machinery)
+            options = self.options
+            # The ranks' specs carry the job's options whole, and a live job's store.
             specs = rank_specs(options, layout, self.workers, job_id=self.id,
                                run_id=run_id or self.id, restart=restart,
-                               scheduler=self.client.scheduler.address)
+                               scheduler=self.client.scheduler.address,
+                               live_store=machinery.live_store)
             res = options.resources
             if options.stream_output:
                 # Subscribe before submitting, so no early line is missed.

@@ -8,7 +8,6 @@ job and every rank's supervisor read the same object.
 from __future__ import annotations
 
 import dataclasses
-import enum
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -16,21 +15,9 @@ from typing import Any
 import cloudpickle
 
 from dask_ddp import _compat
+from dask_ddp._launch.policy import RecoveryPolicy, policy_of
 
 BACKENDS = ("auto", "gloo", "nccl", "mpi")
-
-
-class RecoveryMode(enum.Enum):
-    """How a job meets the loss of a rank (``recovery=``); its value is the option's word.
-
-    The job's :mod:`~dask_ddp._launch.recovery` object is chosen once from it.
-    """
-
-    RESTART = "restart"  # a lost rank ends the attempt; ``max_restarts`` may start another
-    LIVE = "live"  # the survivors go on in a smaller group, and new workers join it
-
-
-RECOVERIES = tuple(m.value for m in RecoveryMode)
 #: ``stall_timeout`` not given: read ``dask-ddp.launch.stall-timeout``.
 FROM_CONFIG = "config"
 
@@ -113,7 +100,9 @@ class LaunchOptions:
     max_workers: int | None = None
     elastic_timeout: float = 60.0
     stall_timeout: float | None = None
-    recovery: str = "restart"
+    #: A built-in policy's word (``"restart"``, ``"live"``) or a
+    #: :class:`~dask_ddp._launch.policy.RecoveryPolicy`; :attr:`policy` is the policy.
+    recovery: str | RecoveryPolicy = "restart"
     #: ``(name, file, first line, last line)`` of the submitted function's code, to put
     #: the file and source lines back into a rank's traceback on the client
     #: (:func:`~dask_ddp._launch.payload.with_sources`).
@@ -134,9 +123,9 @@ class LaunchOptions:
                 f"output_dir={self.output_dir!r}, max_restarts={self.max_restarts})")
 
     @property
-    def recovery_mode(self) -> RecoveryMode:
-        """The job's :class:`RecoveryMode` (``recovery`` is checked when built)."""
-        return RecoveryMode(self.recovery)
+    def policy(self) -> RecoveryPolicy:
+        """The job's recovery policy (``recovery`` is checked when built)."""
+        return policy_of(self.recovery)
 
     def __post_init__(self) -> None:
         if (self.payload is None) == (self.command is None):
@@ -161,11 +150,18 @@ class LaunchOptions:
                 "give either n_workers/workers or min_workers/max_workers, not both "
                 f"(n_workers={self.n_workers}, workers={self.workers}, "
                 f"min_workers={self.min_workers}, max_workers={self.max_workers})")
-        if self.recovery not in RECOVERIES:
-            raise ValueError(f"recovery must be one of {RECOVERIES}, got {self.recovery!r}")
-        if self.recovery == "live":
-            _compat.require_torch("recovery='live'")
-        if self.recovery == "live" and self.backend not in ("auto", "gloo"):
+        policy = policy_of(self.recovery)  # raises naming a bad value
+        if policy.regroups:
+            self._check_regroups(policy.name)
+        if self.elastic_timeout < 0:
+            raise ValueError(f"elastic_timeout must be >= 0, got {self.elastic_timeout}")
+
+    def _check_regroups(self, name: str) -> None:
+        """A policy that regroups needs the live machinery: torch 2.14, gloo, a function
+        or a Python script."""
+        what = f"recovery={name!r}"
+        _compat.require_torch("recovery='live'")
+        if self.backend not in ("auto", "gloo"):
             # The live group rebuilds an NCCL group (live/comms.py), but a peer lost inside
             # an NCCL all-reduce is not detected: the survivors' kernels wait for it.
             why = ("a rank lost inside an NCCL all-reduce leaves the others' kernels "
@@ -173,17 +169,15 @@ class LaunchOptions:
                    if self.backend == "nccl" else
                    "torch's MPI group is MPI_COMM_WORLD, which cannot change its members")
             raise ValueError(
-                f"recovery='live' runs on gloo (CUDA tensors included), got "
+                f"{what} runs on gloo (CUDA tensors included), got "
                 f"backend={self.backend!r}: {why}; use backend='auto' or 'gloo', or "
                 "recovery='restart' for NCCL")
-        if self.recovery == "live" and self.command is not None and not (
+        if self.command is not None and not (
                 self.command[0] in ("python", "python3") and len(self.command) > 1
                 and self.command[1].endswith(".py")):
-            raise ValueError("recovery='live' needs a Python script, 'python SCRIPT.py ...' "
+            raise ValueError(f"{what} needs a Python script, 'python SCRIPT.py ...' "
                              "(its init_process_group makes the live group), got "
                              f"{' '.join(self.command[:2])!r}")
-        if self.elastic_timeout < 0:
-            raise ValueError(f"elastic_timeout must be >= 0, got {self.elastic_timeout}")
 
     @classmethod
     def build(cls, *, workers: Sequence[str] | None = None,

@@ -37,6 +37,10 @@ class RankSpec:
     workers: tuple[str, ...]     # every rank's worker, in rank order
     master_addr: str
     scheduler: str
+    #: The address of the job's live store on the scheduler, when its policy regroups.
+    live_store: str | None = None
+    #: The rank joins a running live group (it was added to a running job).
+    joins: bool = False
 
     @property
     def worker(self) -> str:
@@ -148,15 +152,17 @@ def rank_layout(workers: Sequence[str], nprocs_per_worker: int) -> list[dict[str
 
 def rank_specs(options: LaunchOptions, layout: Sequence[Mapping[str, Any]],
                workers: Sequence[str], *, job_id: str, run_id: str, restart: int,
-               scheduler: str) -> list[RankSpec]:
+               scheduler: str, live_store: str | None = None) -> list[RankSpec]:
     """The spec of every rank of ``layout`` (:func:`rank_layout`) of attempt ``restart``,
-    in rank order; ``workers``: every rank's worker (rank 0's host is the master)."""
+    in rank order; ``workers``: every rank's worker (rank 0's host is the master);
+    ``live_store``: the job's live store, when its policy regroups."""
     return [RankSpec(
         options=options, job_id=job_id, run_id=run_id, restart=restart,
         rank=i["rank"], local_rank=i["local_rank"], local_world_size=i["local_world_size"],
         group_rank=i["group_rank"], group_world_size=i["group_world_size"],
         proc_index=i["proc_index"], workers=tuple(workers),
-        master_addr=worker_host(layout[0]["worker"]), scheduler=scheduler) for i in layout]
+        master_addr=worker_host(layout[0]["worker"]), scheduler=scheduler,
+        live_store=live_store) for i in layout]
 
 
 def available_workers(client: Any, resources: Mapping[str, float] | None,

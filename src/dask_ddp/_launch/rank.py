@@ -25,7 +25,7 @@ from datetime import timedelta
 from typing import Any
 
 from dask_ddp._launch import gpu_placement
-from dask_ddp._launch.live.keys import JOIN_ENV, MAX_ENV, MIN_ENV, STORE_ENV
+from dask_ddp._launch.live.records import LiveStart
 from dask_ddp._launch.rank_report import RankReport, write_report
 
 PARENT_POLL_S = 0.5
@@ -123,35 +123,34 @@ def _finish_barrier(store: Any, world: int) -> None:
                 raise
 
 
-def start_live(address: str, rank: int, world: int, record: Any,
-                init_kwargs: dict[str, Any]) -> Any:
-    """``recovery="live"``: the default group, reconfigurable, on the job's store on the
-    scheduler; every Checkpointer made then hooks its model and optimizer into it."""
+def start_live(live: LiveStart, rank: int, world: int, record: Any,
+               init_kwargs: dict[str, Any]) -> Any:
+    """A job whose recovery policy regroups (``recovery="live"``): the default group,
+    reconfigurable, on the job's store on the scheduler (``live``, written by the
+    supervisor); every Checkpointer made then hooks its model and optimizer into it."""
     from dask_ddp import _compat
     from dask_ddp._launch.live import attach as live_attach
-    from dask_ddp._launch.live import group as live
+    from dask_ddp._launch.live import group as live_group
     from dask_ddp._launch.live import store as live_store
     from dask_ddp.checkpoint import resume
 
     _compat.require_torch("recovery='live'")  # this worker's torch, which may be older
-    store = live_store.connect(address, record.rendezvous_timeout)
+    store = live_store.connect(live.store, record.rendezvous_timeout)
     # Auto means gloo here, which also carries CUDA tensors: on NCCL the live group would
     # rebuild its groups (live/comms.py) but does not yet detect a rank lost inside an
     # all-reduce (the options refuse an explicit NCCL).
     requested = "gloo" if record.backend == "auto" else record.backend
     backend = _join_devices(requested, store, rank, world, {})
     timeout = init_kwargs.get("timeout", timedelta(seconds=60))
-    cap = os.environ.get(MAX_ENV)
-    group = live.LiveGroup(store, rank, world, backend=backend,
-                           timeout=timeout.total_seconds(),
-                           min_size=int(os.environ.get(MIN_ENV, "1")),
-                           max_size=int(cap) if cap else None)
-    live.install(group)
+    group = live_group.LiveGroup(store, rank, world, backend=backend,
+                                 timeout=timeout.total_seconds(), min_size=live.min_size,
+                                 max_size=live.max_size)
+    live_group.install(group)
     resume.on_checkpointer(live_attach.attach)
     # A worker that closes (retire_workers, a spot notice) SIGTERMs its rank: it leaves
     # at its next step boundary instead of dying inside a step.
     signal.signal(signal.SIGTERM, lambda *_: group.request_leave())
-    if os.environ.get(JOIN_ENV):
+    if live.join:
         group.start_joining()  # a group of one until its Checkpointer joins the job's
     else:
         group.start()
@@ -202,11 +201,11 @@ def main(workdir: str) -> None:
 
         timeout = timedelta(seconds=record.rendezvous_timeout)
         # A peer frozen before the function starts leaves this rank waiting here: a stall.
-        live_address = os.environ.get(STORE_ENV)
+        live = LiveStart.read(workdir)
         with probe.waiting_for_peers("rendezvous"):
-            if live_address is not None:
+            if live is not None:
                 phase = "init_process_group"
-                store = start_live(live_address, rank, world, record, init_kwargs)
+                store = start_live(live, rank, world, record, init_kwargs)
             else:
                 store = dist.TCPStore(os.environ["MASTER_ADDR"],
                                       int(os.environ["MASTER_PORT"]), world, False, timeout)
@@ -220,7 +219,7 @@ def main(workdir: str) -> None:
         value = fn(*args, **kwargs)
         phase = "teardown"
         probe.mark_returned()
-        if live_address is not None:
+        if live is not None:
             finish_live()
         else:
             _finish_barrier(store, world)

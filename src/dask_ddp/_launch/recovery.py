@@ -1,23 +1,22 @@
-"""What a job does when a rank ends: :class:`Restart` or :class:`Live` (internal).
+"""The machinery a job's recovery policy needs on the client: :class:`Restart` or
+:class:`Live` (internal).
 
-The job's :class:`~dask_ddp._launch.options.RecoveryMode` picks one of them once, when the
-job starts (:func:`for_job`); the watcher (:mod:`dask_ddp._launch.watcher`) then calls it at
-fixed points of its loop, the same for both, instead of branching on the mode:
+What an event leads to is the job's policy's to say (:mod:`dask_ddp._launch.policy`);
+this is what carries a ``REGROUP`` out. A job whose policy regroups gets :class:`Live`
+(its store on the scheduler, its generations, new workers joining), any other
+:class:`Restart` (nothing to keep: an attempt ends or goes on whole); :func:`for_job`
+chooses once, when the job starts. The watcher (:mod:`dask_ddp._launch.watcher`) then
+calls it at fixed points of its loop, the same for both:
 
-- ``env``: the ranks' environment entries it needs (at the start);
+- ``live_store``: the live store's address the ranks' specs carry (at the start);
 - ``fatal``: whether the ranks' task states so far end the job (each poll);
 - ``left``, ``gone``: the ranks whose worker left, beyond those the scheduler no longer
   knows (each worker check);
 - ``grow``, ``publish``: after each worker check (a live group takes new workers, and the
   job page hears of its membership changes);
-- ``aborts_on_loss``: whether a lost worker's rank aborts its peers;
-- ``stalled``: a stall found; whether the mode dealt with it (else it ends the job);
+- ``frozen``, ``end_frozen``: the frozen ranks of a stall, and ending them (a ``REGROUP``);
 - ``finished``, ``values``: whether the ended ranks make a success, and its values;
 - ``close``: the job ended (cleanup).
-
-:class:`Restart` is the seed's behaviour: any rank that fails ends the attempt, and
-:func:`dask_ddp._launch.policy.decide` (pure) says whether another attempt starts.
-:class:`Live` keeps the survivors going (see :mod:`dask_ddp._launch.live.watch`).
 """
 
 from __future__ import annotations
@@ -27,10 +26,9 @@ import logging
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Protocol
 
-from dask_ddp._launch.live.keys import JOIN_ENV
 from dask_ddp._launch.live.records import Generation
 from dask_ddp._launch.live.watch import LiveWatch
-from dask_ddp._launch.options import LaunchOptions, RecoveryMode
+from dask_ddp._launch.options import LaunchOptions
 from dask_ddp._launch.placement import RankSpec
 from dask_ddp._launch.rank_process import kill_rank
 from dask_ddp._launch.stall import Stall
@@ -56,11 +54,11 @@ class Ranks(Protocol):
 class Recovery(Protocol):
     """The fixed points at which the watcher asks the job's recovery (see the module)."""
 
-    mode: RecoveryMode
-    #: Whether a lost worker's rank aborts the other ranks.
-    aborts_on_loss: bool
+    @property
+    def live_store(self) -> str | None:
+        """The job's live store on the scheduler (``None``: the job does not regroup)."""
+        ...
 
-    def env(self) -> dict[str, str]: ...
     def fatal(self, statuses: Sequence[str], lost: Collection[int]) -> bool: ...
     def finished(self, statuses: Sequence[str], lost: Collection[int]) -> bool: ...
     def values(self, values: Sequence[Any]) -> list[Any]: ...
@@ -69,7 +67,8 @@ class Recovery(Protocol):
     async def publish(self) -> None: ...
     async def grow(self, statuses: Sequence[str], left: Mapping[str, int],
                    ranks: Ranks) -> None: ...
-    async def stalled(self, found: Stall, workers: Sequence[str]) -> bool: ...
+    def frozen(self, found: Stall) -> list[int]: ...
+    async def end_frozen(self, frozen: Sequence[int], workers: Sequence[str]) -> None: ...
     async def close(self) -> None: ...
     async def read_generations(self) -> list[Generation]: ...
     @property
@@ -77,19 +76,16 @@ class Recovery(Protocol):
 
 
 class Restart:
-    """``recovery="restart"``: a rank that raised, died or lost its worker ends the attempt
-    (its peers are aborted); an :class:`~dask_ddp.ElasticJob` may start another."""
+    """A policy that never regroups: a rank that raised or died ends the attempt (its
+    peers are aborted); an :class:`~dask_ddp.ElasticJob` may start another."""
 
-    mode = RecoveryMode.RESTART
-    aborts_on_loss = True
+    @property
+    def live_store(self) -> str | None:
+        return None
 
-    def env(self) -> dict[str, str]:
-        return {}
-
-    @staticmethod
-    def fatal(statuses: Sequence[str], lost: Collection[int]) -> bool:
-        """A rank erred or was cancelled (also for its lost worker)."""
-        return any(s in ("error", "cancelled") for s in statuses)
+    #: A rank erred, or was cancelled other than for its lost worker (the policy answers
+    #: a lost worker: the watcher aborts the others unless it continues).
+    fatal = staticmethod(LiveWatch.fatal)
 
     @staticmethod
     def finished(statuses: Sequence[str], lost: Collection[int]) -> bool:
@@ -113,8 +109,11 @@ class Restart:
                    ranks: Ranks) -> None:
         return None  # an attempt keeps its ranks
 
-    async def stalled(self, found: Stall, workers: Sequence[str]) -> bool:
-        return False  # the stall ends the job
+    def frozen(self, found: Stall) -> list[int]:
+        return []  # nothing ends a frozen rank: the stall is the job's
+
+    async def end_frozen(self, frozen: Sequence[int], workers: Sequence[str]) -> None:
+        return None
 
     async def close(self) -> None:
         return None
@@ -128,23 +127,21 @@ class Restart:
 
 
 class Live:
-    """``recovery="live"``: a rank that left (its process died, its worker left) does not
-    end the job, its peers go on in a smaller group; a worker new to the job gets a rank
-    that joins it (below ``max_workers``); a frozen rank is killed rather than stalling the
-    job. A rank that *raised* still ends it. The store and generations are
+    """A policy that regroups: a rank its policy regroups without (its process died, its
+    worker left, it froze) does not end the job, its peers go on in a smaller group; a
+    worker new to the job gets a rank that joins it (below ``max_workers``). A rank that
+    *raised* still ends it. The store and generations are
     :class:`~dask_ddp._launch.live.watch.LiveWatch`'s.
     """
-
-    mode = RecoveryMode.LIVE
-    aborts_on_loss = False
 
     def __init__(self, watch: LiveWatch, options: LaunchOptions, name: str) -> None:
         self.watch = watch
         self.options = options
         self.name = name
 
-    def env(self) -> dict[str, str]:
-        return self.watch.env()
+    @property
+    def live_store(self) -> str:
+        return self.watch.address
 
     def fatal(self, statuses: Sequence[str], lost: Collection[int]) -> bool:
         return self.watch.fatal(statuses, lost)
@@ -180,16 +177,17 @@ class Live:
             rank = len(workers) - 1
             ranks.add_rank(dataclasses.replace(
                 template, rank=rank, group_rank=rank, group_world_size=len(workers),
-                local_rank=0, local_world_size=1, proc_index=0, workers=workers,
-                options=dataclasses.replace(template.options,
-                                            env={**template.options.env, JOIN_ENV: "1"})))
+                local_rank=0, local_world_size=1, proc_index=0, workers=workers, joins=True))
             await self.watch.joined(ranks.workers, left)
             logger.warning("job %r: rank %d starts on %s to join the group", self.name, rank,
                            worker)
 
-    async def stalled(self, found: Stall, workers: Sequence[str]) -> bool:
+    def frozen(self, found: Stall) -> list[int]:
+        return self.watch.frozen(found)
+
+    async def end_frozen(self, frozen: Sequence[int], workers: Sequence[str]) -> None:
         # The frozen ranks are killed: the others re-form without them.
-        return await self.watch.end_frozen(found, workers)
+        await self.watch.end_frozen(frozen, workers)
 
     async def close(self) -> None:
         await self.watch.close()
@@ -204,9 +202,9 @@ class Live:
 
 def for_job(client: Any, options: LaunchOptions, job_id: str, name: str,
             workers: Sequence[str]) -> Restart | Live:
-    """The recovery of a job starting on ``workers``, chosen once from its options (a live
-    job's store opens on the scheduler here)."""
-    if options.recovery_mode is RecoveryMode.LIVE:
+    """The recovery machinery of a job starting on ``workers``, chosen once from its
+    policy (the store of a job whose policy regroups opens on the scheduler here)."""
+    if options.policy.regroups:
         return Live(LiveWatch(client, job_id, workers, options.waits.scheduler_call,
                               min_size=options.min_workers or 1,
                               max_size=options.max_workers, kill_rank=kill_rank),

@@ -31,7 +31,7 @@ from datetime import timedelta
 from types import SimpleNamespace
 from typing import Any
 
-from dask_ddp._launch.live.keys import STORE_ENV
+from dask_ddp._launch.live.records import LiveStart
 
 logger = logging.getLogger(__name__)
 
@@ -49,8 +49,9 @@ def main(argv: list[str]) -> None:
             probe.install(workdir)
         except Exception as exc:  # the script runs anyway, unwatched
             sys.stderr.write(f"dask-ddp: the rank's probe is not installed: {exc}\n")
-    live_address = os.environ.get(STORE_ENV)
-    finish = _live_group_for_the_script(live_address) if live_address else None
+    # Written by the supervisor when the policy regroups.
+    live = LiveStart.read(workdir) if workdir else None
+    finish = _live_group_for_the_script(live) if live is not None else None
     script = os.path.abspath(argv[0])
     sys.argv = list(argv)
     sys.path[0] = os.path.dirname(script)
@@ -93,7 +94,7 @@ def _exit(code: int) -> None:
     os._exit(code)
 
 
-def _live_group_for_the_script(address: str) -> Callable[[], None]:
+def _live_group_for_the_script(live_start: LiveStart) -> Callable[[], None]:
     """Make the script's ``init_process_group`` start the live group (see the module);
     the finish barrier it runs at exit (``atexit``), which a failed rank drops."""
     import torch.distributed as dist
@@ -130,7 +131,7 @@ def _live_group_for_the_script(address: str) -> Callable[[], None]:
         record = SimpleNamespace(backend=str(backend) if backend else "auto",
                                  rendezvous_timeout=wait.total_seconds(),
                                  worker=socket.gethostname())
-        start_live(address, my_rank, my_world, record, {"timeout": wait})
+        start_live(live_start, my_rank, my_world, record, {"timeout": wait})
         atexit.register(finish)  # a script that never destroys its group
 
     def destroy_process_group(group: Any = None) -> None:

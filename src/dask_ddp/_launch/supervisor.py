@@ -28,12 +28,12 @@ from dask_ddp._dashboard.sampler import RankSampler
 from dask_ddp._launch import probe
 from dask_ddp._launch.activity import ActivityReporter
 from dask_ddp._launch.live import leave as live_leave
-from dask_ddp._launch.live.keys import JOIN_ENV, STORE_ENV
 from dask_ddp._launch.live.loss import LossRecorder
-from dask_ddp._launch.live.records import LiveLeft
+from dask_ddp._launch.live.records import LiveLeft, LiveStart
 from dask_ddp._launch.names import output_topic
 from dask_ddp._launch.outcome import RankOutcome
 from dask_ddp._launch.placement import RankSpec
+from dask_ddp._launch.policy import RecoveryStatus
 from dask_ddp._launch.rank_process import (
     RankProcess,
     rank_command,
@@ -118,11 +118,25 @@ class _Supervisor:
         self.outcome = RankOutcome(spec, worker, self.client, self.rendezvous)
         #: The rank's activity on the job's progress topic.
         self.activity = ActivityReporter(spec, worker)
-        #: A live job's record of its rank's loss (its store connected before the rank
-        #: starts); None for other jobs.
-        address = spec.options.env.get(STORE_ENV)
-        self.live = (None if address is None else
-                     LossRecorder(address, spec.rank, spec.job_name, self.waits.scheduler_call))
+        #: The record of its rank's loss, when the job's policy regroups (its store
+        #: connected before the rank starts); None for other jobs.
+        self.live = self._loss_recorder(spec)
+
+    def _loss_recorder(self, spec: RankSpec) -> LossRecorder | None:
+        opts = spec.options
+        if not opts.policy.regroups:
+            return None
+        if spec.live_store is None:
+            raise RuntimeError(f"rank {spec.rank} of job {spec.job_name!r}: its policy "
+                               f"{opts.policy.name!r} regroups, but its spec names no live "
+                               "store")
+        # The rank's death as this process sees it: the group's size is not known here
+        # (the group checks min_workers again as it re-forms).
+        died = RecoveryStatus(kind=FailureKind.DIED, rank=spec.rank, restarts=spec.restart,
+                              max_restarts=opts.max_restarts,
+                              min_workers=opts.min_workers or 1, live_workers=None)
+        return LossRecorder(spec.live_store, spec.rank, spec.job_name,
+                            self.waits.scheduler_call, policy=opts.policy, died=died)
 
     # -- the task -----------------------------------------------------------------------
     def run(self) -> Any:
@@ -130,7 +144,7 @@ class _Supervisor:
         clean_orphans()
         workdir = self.workdir = create_workdir(spec.job_id, spec.rank)
         try:
-            if spec.options.env.get(JOIN_ENV):
+            if spec.joins:
                 port = 0  # joins a live job's running group through its store alone
             elif spec.rank == 0:
                 port = self.rendezvous.host()
@@ -160,6 +174,11 @@ class _Supervisor:
         read_fd, write_fd = os.pipe()
         env["DASK_DDP_CHANNEL_FD"] = str(write_fd)
         argv = rank_command(spec, workdir, env)
+        if self.live is not None:
+            assert spec.live_store is not None  # checked with the recorder
+            # The part of the job's options the rank's live group needs.
+            LiveStart(store=spec.live_store, min_size=opts.min_workers or 1,
+                      max_size=opts.max_workers, join=spec.joins).write(workdir)
         try:
             rank = RankProcess.start(argv, env, rank_cwd(spec), (write_fd,), opts.stream_output,
                                      job_id=spec.job_id, job_name=spec.job_name,

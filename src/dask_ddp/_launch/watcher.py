@@ -7,15 +7,16 @@ worker that left fails its rank, a stall ends the job (when ``stall_timeout`` is
 a job ends with one error naming the failing rank instead of hanging. At the end it reads
 the ranks' values and removes everything the job left on the scheduler.
 
-What a rank's end means for the job is the job's recovery's to say
-(:mod:`dask_ddp._launch.recovery`): the loop calls it at the same points whatever the mode.
+What a lost worker or a stall leads to is the job's recovery policy's to say
+(:mod:`dask_ddp._launch.policy`): the loop asks it once per event and carries out its
+answer, with the machinery of a policy that regroups or of one that does not
+(:mod:`dask_ddp._launch.recovery`), called at the same points whatever the policy.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import threading
 import time
@@ -33,6 +34,7 @@ from dask_ddp._launch.names import (
 )
 from dask_ddp._launch.options import LaunchOptions, LaunchWaits
 from dask_ddp._launch.placement import RankSpec
+from dask_ddp._launch.policy import Action, RecoveryStatus, ask
 from dask_ddp._launch.recovery import Recovery, Restart
 from dask_ddp._launch.root_cause import lost_error, pick_root, record_of
 from dask_ddp._launch.supervisor import read_job_stacks, run_rank
@@ -53,7 +55,7 @@ class Watcher:
     client
         The job's (synchronous) client; the loop runs on its event loop.
     options
-        The job's options (with its recovery's environment entries).
+        The job's options (its recovery policy among them).
     job_id
         The job.
     workers
@@ -94,6 +96,8 @@ class Watcher:
         self._finished_at: dict[int, float] = {}
         #: The stall that ended the job, if one did.
         self.stall: StallError | None = None
+        #: The stuck ranks of stalls the policy let go on (asked once per stall).
+        self._stalls_met: set[tuple[int, ...]] = set()
         #: Every rank finished: the job's outcome, fixed (a later loss changes nothing).
         self.all_finished = False
         self.cancelled = False
@@ -103,13 +107,10 @@ class Watcher:
         self.done = threading.Event()
 
     # -- submitting ----------------------------------------------------------------------
-    def set_recovery(self, recovery: Recovery) -> LaunchOptions:
-        """Use the job's ``recovery`` (chosen once as the job starts; closed with it);
-        the options its ranks get: the job's, with the recovery's environment entries."""
+    def set_recovery(self, recovery: Recovery) -> None:
+        """Use the job's ``recovery`` machinery (chosen once as the job starts; closed
+        with it)."""
         self.recovery = recovery
-        self.options = dataclasses.replace(self.options,
-                                           env={**self.options.env, **recovery.env()})
-        return self.options
 
     def start(self, specs: list[RankSpec], resources: list[dict[str, float] | None],
               handle: Any) -> None:
@@ -204,10 +205,8 @@ class Watcher:
                         aborted = True
                     if time.monotonic() >= next_check:
                         next_check = time.monotonic() + waits.worker_check
-                        found = await self._check(statuses, handle)
-                        # A live job goes on without a lost worker's rank.
-                        if found and not aborted and (self.recovery.aborts_on_loss
-                                                      or self.stall is not None):
+                        # The policy may let the others go on without a lost rank.
+                        if await self._check(statuses, handle) and not aborted:
                             await self._bounded(self.set_abort())
                             aborted = True
                 except Exception as exc:
@@ -227,18 +226,18 @@ class Watcher:
             self.done.set()
 
     async def _check(self, statuses: list[str], handle: Any) -> bool:
-        """The periodic checks: lost workers, the recovery's growth, a stall; whether a
-        rank was found lost or stalled."""
+        """The periodic checks: lost workers, the recovery's growth, a stall; whether the
+        policy's answer to what was found ends the attempt."""
         left = await self._bounded(self.recovery.left())
-        found = await self._bounded(self._check_workers(statuses, left))
+        lost, ends = await self._bounded(self._check_workers(statuses, left))
         await self._bounded(self.recovery.publish())
         before = len(self.futures)
         await self._bounded(self.recovery.grow(statuses, left, self))
         if len(self.futures) > before:
             registry.remember(handle, [f.key for f in self.futures[before:]])
-        if not found and self.options.stall_timeout is not None:
-            found = await self._check_stall(statuses)
-        return found
+        if not lost and self.options.stall_timeout is not None:
+            ends = await self._check_stall(statuses)
+        return ends
 
     async def _read_values(self) -> None:
         statuses = [f.status for f in self.futures]
@@ -274,9 +273,19 @@ class Watcher:
                 self._finished_at.setdefault(r, now)
         finished = {r: t for r, t in self._finished_at.items() if statuses[r] == "finished"}
         found = stall.find_stall(self.states, finished, len(self.workers), now, timeout)
-        if found is None or self.stall is not None:
+        if found is None or self.stall is not None or tuple(found.stuck) in self._stalls_met:
             return False
-        if await self.recovery.stalled(found, self.workers):
+        frozen = self.recovery.frozen(found)
+        action = self._ask(FailureKind.STALLED, (frozen or found.stuck)[0], statuses,
+                           len(frozen), frozen=bool(frozen))
+        if action is Action.REGROUP and frozen:
+            self._stalls_met.add(tuple(found.stuck))
+            await self.recovery.end_frozen(frozen, self.workers)
+            return False
+        if action is Action.CONTINUE:
+            logger.warning("job %r: ranks %s stalled in %s; its recovery policy lets the job "
+                           "go on", self.name, found.stuck, found.collective)
+            self._stalls_met.add(tuple(found.stuck))
             return False
         try:
             stacks = await asyncio.wait_for(self.read_stacks(self.options.waits.stacks_timeout),
@@ -304,9 +313,11 @@ class Watcher:
             return JobState.FAILED
         return JobState.CANCELLED if statuses - {"finished"} else JobState.DONE
 
-    async def _check_workers(self, statuses: list[str], left: Mapping[str, int]) -> bool:
+    async def _check_workers(self, statuses: list[str],
+                             left: Mapping[str, int]) -> tuple[list[int], bool]:
         """Detect ranks whose worker left; cancel their futures (else they stay pending).
-        ``left``: a live job's count of workers that left at each address."""
+        ``left``: a live job's count of workers that left at each address. Returns the
+        ranks found lost, and whether the policy's answer ends the attempt."""
         present = await self.client.scheduler.ncores(workers=sorted(set(self.workers)))
         gone = set(self.recovery.gone(self.workers, left))
         lost = [r for r, w in enumerate(self.workers)
@@ -314,6 +325,9 @@ class Watcher:
                 and r not in self.lost]
         for r in lost:
             self.lost[r] = lost_error(self.name, r, self.workers[r])
+        # One question per lost rank: whether its peers go on without it.
+        ends = any(self._ask(FailureKind.LOST, r, statuses, 0) in (Action.RESTART, Action.RAISE)
+                   for r in lost)
         for r in lost:
             # Tell the other ranks' supervisors the root cause: a rank that failed because
             # its peer vanished then reports it at once instead of waiting for one.
@@ -324,7 +338,18 @@ class Watcher:
             await self.client.cancel([self.futures[r] for r in lost], asynchronous=True,
                                      reason="dask-ddp worker lost",
                                      msg="; ".join(str(self.lost[r]) for r in lost))
-        return bool(lost)
+        return lost, ends
+
+    def _ask(self, kind: FailureKind, rank: int, statuses: Sequence[str], leaving: int, *,
+             frozen: bool = False) -> Action:
+        """The policy's answer to ``kind`` met by ``rank``; ``leaving``: ranks still
+        running that leave with it (the frozen ranks of a stall)."""
+        running = sum(1 for r, s in enumerate(statuses) if s == "pending" and r not in self.lost)
+        opts = self.options
+        return ask(opts.policy, RecoveryStatus(
+            kind=kind, rank=rank, restarts=self.specs[0].restart if self.specs else 0,
+            max_restarts=opts.max_restarts, min_workers=opts.min_workers or 1,
+            live_workers=max(running - leaving, 0), frozen=frozen))
 
     async def _cleanup(self) -> None:
         await self.recovery.close()

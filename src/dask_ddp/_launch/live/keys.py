@@ -2,21 +2,15 @@
 
 The keys of a live job's store (on the scheduler, :mod:`~dask_ddp._launch.live.store`),
 which the ranks, their supervisors and the scheduler read and write, and the environment
-variables the client sets for the ranks: one place, so a reader and a writer of a name
+variable the group sets for ``rank_info``: one place, so a reader and a writer of a name
 cannot drift apart.
 """
 
 from __future__ import annotations
 
-# -- environment variables: set by the client (``LiveWatch.env``), read in the ranks ------
-#: The address of the job's store on the scheduler; set only in a live job.
-STORE_ENV = "DASK_DDP_LIVE_STORE"
-#: ``min_workers``: the fewest members the group may shrink to.
-MIN_ENV = "DASK_DDP_LIVE_MIN"
-#: ``max_workers``: the most members it may grow to (unset: no joins).
-MAX_ENV = "DASK_DDP_LIVE_MAX"
-#: Set in a rank started to join a running group.
-JOIN_ENV = "DASK_DDP_LIVE_JOIN"
+# -- environment variables ----------------------------------------------------------------
+# A rank learns that its job regroups, its store, sizes and whether it joins from its
+# ``LiveStart`` record (:mod:`~dask_ddp._launch.live.records`), never from a variable.
 #: The rank's membership changes so far, for ``rank_info().generation`` (set by the group).
 GENERATION_ENV = "DASK_DDP_GENERATION"
 

@@ -3,7 +3,8 @@
 Each is frozen, and both sides import it: a :class:`Generation` (written by the group's
 members on the store, read by the client), an :class:`Admission` (written by the members
 that admit a joining rank, read by that rank), and :class:`LiveLeft` (what the supervisor
-of a rank that left returns to the client). What comes from the store is checked as it
+of a rank that left returns to the client), and a :class:`LiveStart` (written by a rank's
+supervisor into its work directory, read by the rank). What comes from the store is checked as it
 is read: the store is shared with the job's ranks.
 """
 
@@ -11,7 +12,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from typing import Any
+
+#: A live rank's :class:`LiveStart` in its work directory.
+LIVE_FILE = "live.json"
 
 
 def _object(text: str | bytes, what: str) -> dict[str, Any]:
@@ -91,3 +96,38 @@ class LiveLeft:
 
     rank: int
     reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class LiveStart:
+    """How a rank of a job whose policy regroups starts its live group: the part of the
+    job's options it needs (``min_workers``, ``max_workers``), the job's store, and
+    whether it joins a running group. Its supervisor writes it into the rank's work
+    directory; a rank without one starts a plain process group."""
+
+    store: str
+    min_size: int = 1
+    max_size: int | None = None
+    join: bool = False
+
+    def write(self, workdir: str) -> None:
+        with open(os.path.join(workdir, LIVE_FILE), "w") as f:
+            json.dump(dataclasses.asdict(self), f)
+
+    @classmethod
+    def read(cls, workdir: str) -> LiveStart | None:
+        """The rank's record in ``workdir``, or ``None`` when it has none; checked (a
+        record that is not one raises :class:`ValueError` naming the file)."""
+        path = os.path.join(workdir, LIVE_FILE)
+        try:
+            with open(path) as f:
+                text = f.read()
+        except FileNotFoundError:
+            return None
+        try:
+            raw = _object(text, "a live start record")
+            cap = raw["max_size"]
+            return cls(store=str(raw["store"]), min_size=int(raw["min_size"]),
+                       max_size=None if cap is None else int(cap), join=bool(raw["join"]))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"{path} is not a live start record: {exc}") from exc

@@ -1,7 +1,7 @@
 """The client side of a live job: which ends of ranks the job survives (internal).
 
-A :class:`~dask_ddp._launch.job.Job` launched with ``recovery="live"`` holds a
-:class:`LiveWatch`. Its watcher asks it whether the ranks' states so far end the job:
+A :class:`~dask_ddp._launch.job.Job` whose recovery policy regroups (``recovery="live"``)
+holds a :class:`LiveWatch`. Its watcher asks it whether the ranks' states so far end the job:
 a rank that *left* (its process died: its supervisor returns :class:`LiveLeft`; its
 worker left: the watcher cancels its task) does not, while the others go on in a smaller
 group; a rank that *raised* (the training function's own error, or the survivors' failed
@@ -21,7 +21,6 @@ from typing import Any
 from dask_ddp._dashboard import events as dashboard
 from dask_ddp._launch.live import leave as live_leave
 from dask_ddp._launch.live import store as live_store
-from dask_ddp._launch.live.keys import MAX_ENV, MIN_ENV, STORE_ENV
 from dask_ddp._launch.live.records import Generation, LiveLeft
 from dask_ddp._launch.placement import GONE, choose_workers
 from dask_ddp._launch.stall import Stall, activity
@@ -70,13 +69,6 @@ class LiveWatch:
         self.ended: set[int] = set()
         #: The membership changes, read from the store as the job ends.
         self.generations: list[Generation] = []
-
-    def env(self) -> dict[str, str]:
-        """The ranks' and supervisors' environment entries of the live store."""
-        env = {STORE_ENV: self.address, MIN_ENV: str(self.min_size)}
-        if self.max_size is not None:
-            env[MAX_ENV] = str(self.max_size)
-        return env
 
     async def workers_left(self) -> dict[str, int]:
         """How many times a worker left at each of the job's addresses (the scheduler's
@@ -137,13 +129,14 @@ class LiveWatch:
         """The survivors' return values, in rank order (the ranks that left omitted)."""
         return [v for v in values if not isinstance(v, LiveLeft)]
 
-    async def end_frozen(self, found: Stall, workers: Sequence[str]) -> bool:
-        """A stall whose stuck ranks include frozen ones (SIGSTOP, a hung host): kill
-        those, so their peers' collectives fail at once and the group re-forms without
-        them; whether there were any (else the stall ends the job as usual)."""
-        frozen = [r for r in found.stuck if activity(found.states[r]) is RankActivity.FROZEN]
-        if not frozen:
-            return False
+    @staticmethod
+    def frozen(found: Stall) -> list[int]:
+        """The stuck ranks of a stall that are frozen (SIGSTOP, a hung host)."""
+        return [r for r in found.stuck if activity(found.states[r]) is RankActivity.FROZEN]
+
+    async def end_frozen(self, frozen: Sequence[int], workers: Sequence[str]) -> None:
+        """Kill the ``frozen`` ranks (:meth:`frozen`), so their peers' collectives fail at
+        once and the group re-forms without them."""
         for rank in frozen:
             if rank in self.ended:
                 continue
@@ -152,7 +145,6 @@ class LiveWatch:
                            "on without it", self.job_id, rank)
             await self.client.run(self.kill_rank, self.job_id, rank, workers=[workers[rank]],
                                   on_error="return")
-        return True
 
     async def publish(self) -> None:
         """Tell the job page about generations it has not seen (never raises)."""

@@ -328,6 +328,8 @@ class Watcher:
         # One question per lost rank: whether its peers go on without it.
         ends = any(self._ask(FailureKind.LOST, r, statuses, 0) in (Action.RESTART, Action.RAISE)
                    for r in lost)
+        if ends and lost and self.options.policy.regroups:
+            self._too_few(statuses)
         for r in lost:
             # Tell the other ranks' supervisors the root cause: a rank that failed because
             # its peer vanished then reports it at once instead of waiting for one.
@@ -339,6 +341,22 @@ class Watcher:
                                      reason="dask-ddp worker lost",
                                      msg="; ".join(str(self.lost[r]) for r in lost))
         return lost, ends
+
+    def _too_few(self, statuses: Sequence[str]) -> None:
+        """A regrouping job ended by lost workers: where fewer than ``min_workers`` ranks
+        still run, its root cause says so (kind ``regroup``, as a survivor's own verdict
+        would), not merely that the first of them lost its worker."""
+        running = sum(1 for r, s in enumerate(statuses) if s == "pending" and r not in self.lost)
+        least = self.options.min_workers or 1
+        if running >= least:
+            return
+        every = sorted(self.lost)  # this check's and earlier checks' lost ranks
+        first = every[0]
+        gone = ", ".join(f"rank {r} (worker {self.workers[r]})" for r in every)
+        self.lost[first] = WorkerLostError(
+            f"job {self.name!r}: live recovery cannot go on: {running} of {len(statuses)} "
+            f"ranks still run after the workers of {gone} left the cluster, fewer than "
+            f"min_workers={least}", first, self.workers[first], kind=FailureKind.REGROUP)
 
     def _ask(self, kind: FailureKind, rank: int, statuses: Sequence[str], leaving: int, *,
              frozen: bool = False) -> Action:

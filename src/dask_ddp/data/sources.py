@@ -52,6 +52,7 @@ class Loader(Protocol):
     prefetch: int
     rank: int
     world_size: int
+    epoch: int
 
 
 def pipeline(dataset: Source | ImageList | TarShards | Subset[Any],

@@ -8,7 +8,7 @@ partition (:mod:`~dask_ddp.data.table.reads`: :mod:`~dask_ddp.data.table.fetch` 
 tables, :mod:`~dask_ddp.data.table.parquet` for Parquet), the next window requested while
 the current one is gathered; with the cache, the partitions are held once per host
 (:mod:`~dask_ddp.data.table.host_cache`). The next epoch's plan and first window are made
-while the current epoch is gathered. A background thread (:mod:`~dask_ddp.data.table.feed`)
+while the current epoch is gathered. A background thread (the :class:`TableReader`'s)
 hands each window's batches to the engine (:mod:`~dask_ddp.data.table.batches`), whose own
 thread gathers them (GIL released) into tensors that own their buffers; the training loop
 takes each with one call.
@@ -20,6 +20,7 @@ import copy
 import dataclasses
 import inspect
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -31,9 +32,8 @@ from dask_ddp import _core
 from dask_ddp.data.loader import Loader
 from dask_ddp.data.sources import Source, check_batch, check_saved
 from dask_ddp.data.table import plan
-from dask_ddp.data.table.batches import EpochBatches
+from dask_ddp.data.table.batches import POLL_S, EpochBatches
 from dask_ddp.data.table.epoch import EpochRows
-from dask_ddp.data.table.feed import Feed
 from dask_ddp.data.table.layout import BatchLayout
 from dask_ddp.data.table.reads import WindowReads, cache_wanted
 
@@ -53,37 +53,50 @@ _SHUFFLES = (True, False, "local")
 ORDER_VERSION = 2
 #: Rows and their window ids, as the plan gives them.
 Rows = tuple[np.ndarray, np.ndarray]
+#: Seconds a reader waits for its feeding thread to stop.
+JOIN_S = 60
 
 
 class TableReader:
     """A :class:`~dask_ddp.data.sources.Reader` of a table's rows (``rows(epoch)``: the
-    rows and their window ids), fed to the engine by a thread (:class:`Feed`) started at
-    the first :meth:`next` of an epoch; ``own``: the rank's own share (its next epoch's
-    plan made ahead, and a pass counted for the persist hint)."""
+    rows and their window ids): at the first :meth:`next` of an epoch a thread of its own
+    feeds their batches (:meth:`EpochBatches.produce`) into an engine stream of
+    ``prefetch`` batches, which :meth:`next` takes; ``own``: the rank's own share (its
+    next epoch's plan made ahead, and a pass counted for the persist hint)."""
 
     skipped = 0
 
     def __init__(self, source: TableSource, rows: Callable[[int], Rows], *, own: bool) -> None:
         self.source, self.rows, self.own = source, rows, own
-        self._feed: Feed | None = None
         self._epoch, self._at, self._done = 0, 0, False
+        self._stream: Any = None  # the current pass's, with its thread, stop and errors
+        self._thread: threading.Thread | None = None
+        self._stop, self._errors = threading.Event(), list[BaseException]()
 
     def start_epoch(self, epoch: int, start: int, /) -> None:
-        """Read ``epoch`` from its batch ``start`` on (the feed of another stops)."""
-        self._stop()
+        """Read ``epoch`` from its batch ``start`` on (the pass of another stops)."""
+        self._end()
         self._epoch, self._at, self._done = int(epoch), int(start), False
 
     def next(self) -> tuple[Any, ...] | None:
-        """The next batch's engine item (its position at 2), None at the end or once
-        closed."""
+        """The next batch's engine item (its position at 2), the GIL released while it
+        waits; None at the end or once closed. An exception that ended the feeding thread
+        is raised after the batches before it."""
         if self._done:
             return None
-        if self._feed is None:
-            self._feed = self._start()
+        if self._thread is None:
+            self._start()
         t0 = time.monotonic()
-        item = self._feed.next()
+        while True:
+            try:
+                item = self._stream.next(POLL_S)
+                break
+            except TimeoutError:
+                continue  # the reads wait at most FETCH_TIMEOUT_S, then raise
         if item is None:
             self._done = True
+            if self._errors:
+                raise self._errors[0]
             return None
         at, self._at = self._at, self._at + 1
         if at == 0:
@@ -91,7 +104,7 @@ class TableReader:
                          self.source.loader.rank, self._epoch, time.monotonic() - t0)
         return item, None, at
 
-    def _start(self) -> Feed:
+    def _start(self) -> None:
         src, epoch = self.source, self._epoch
         ahead = None
         if self.own:
@@ -100,20 +113,32 @@ class TableReader:
             # (not for an epoch resumed on another world size: the next one is ordinary).
             if src.resumed is None:
                 ahead = lambda: src.plan.rows(epoch + 1, None)  # noqa: E731
-        return Feed(src.batches, src.loader.prefetch, self._at, epoch,
-                    lambda: self.rows(epoch), ahead, name=f"dask-ddp-table-{src.loader.rank}")
+        self._stream, self._stop, self._errors = (src.batches.stream(src.loader.prefetch),
+                                                  threading.Event(), [])
+        self._thread = threading.Thread(
+            target=src.batches.produce, name=f"dask-ddp-table-{src.loader.rank}", daemon=True,
+            args=(self._stream, self._stop, self._at, epoch, lambda: self.rows(epoch),
+                  self._errors, ahead))
+        self._thread.start()
 
-    def _stop(self) -> None:
-        feed, self._feed = self._feed, None
-        if feed is not None:
-            feed.close(self.source.loader.rank)
+    def _end(self) -> None:
+        """:meth:`close`, then wait for the feeding thread (a warning past ``JOIN_S``)."""
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            self.close()
+            thread.join(timeout=JOIN_S)
+            if thread.is_alive():
+                logger.warning("rank %d: the table's feeding thread did not stop within "
+                               "%d s (a read of the table is still waiting)",
+                               self.source.loader.rank, JOIN_S)
 
     def close(self) -> None:
-        """End the pass: stop the feed (from any thread: a :meth:`next` waiting returns
-        None); a later :meth:`start_epoch` reads again."""
+        """End the pass: stop the feeding thread and close the stream (from any thread: a
+        :meth:`next` waiting returns None); a later :meth:`start_epoch` reads again."""
         self._done = True
-        if (feed := self._feed) is not None:
-            feed.cancel()
+        self._stop.set()
+        if (stream := self._stream) is not None:
+            stream.close()
 
 
 class TableSource(Source):
@@ -166,6 +191,9 @@ class TableSource(Source):
             shuffle=self.shuffle,
             gather_ahead=loader.num_threads > 1 or torch.cuda.is_available())
         return super(TableSource, own).opened(loader, stage)
+
+    def __repr__(self) -> str:
+        return f"TableSource({self.table!r}, shuffle={self.shuffle!r}, window={self.window})"
 
     def hint_persist(self) -> None:
         """Warn once, at the second pass, that a table neither persisted nor cached is
@@ -220,7 +248,8 @@ class TableSource(Source):
     def lost(self, epoch: int, batch: int, ranks: list[int]) -> list[int]:
         bs = self.loader.batch_size
         return np.concatenate([np.zeros(0, np.int64)] + [
-            self.order(epoch, r, 0)[batch * bs:] for r in sorted(ranks)]).tolist()
+            self.order(epoch, r, self.loader.world_size)[batch * bs:]
+            for r in sorted(ranks)]).tolist()
 
     def new_epoch(self) -> None:
         """Also end a resume on another world size (it applies to its own epoch only)."""
@@ -242,7 +271,7 @@ class TableSource(Source):
         state: dict[str, Any] = {
             "batch_size": loader.batch_size, "drop_last": loader.drop_last,
             "window": self.window, "rows": len(self.table), "order": ORDER_VERSION}
-        if self.resumed is not None and self.resumed["epoch"] == loader.epoch:  # type: ignore[attr-defined]
+        if self.resumed is not None and self.resumed["epoch"] == loader.epoch:
             # A resumed epoch resumed again: positions count from the resumed start.
             state["resumed_from"] = dict(self.resumed)
         if self.plan.pieces is not None:

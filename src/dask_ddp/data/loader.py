@@ -281,7 +281,8 @@ class Loader(metaclass=_ByKind):
 
     def __iter__(self) -> Iterator[tuple[Any, ...]]:
         """Batches of ``(images, labels)``; for a :class:`TarShards` with ``fields``, a
-        tuple in the order of its fields."""
+        tuple in the order of its fields; for a table, as
+        :class:`~dask_ddp.data.TableLoader` says."""
         check_made_here(self._made_in)
         start, self._start_batch = self._start_batch, 0
         core, (early, self._early) = self._source.core, (self._early, None)
@@ -480,5 +481,7 @@ class Loader(metaclass=_ByKind):
         return self._stage.channels_last
 
     def __repr__(self) -> str:
+        if "_source" not in self.__dict__:  # opened later, not yet
+            return f"Loader({self.__dict__['_opens']!r}) (opened on first use)"
         return (f"Loader({self.dataset!r}, batch_size={self.batch_size}, rank={self.rank}/"
                 f"{self.world_size}, num_threads={self.num_threads}, prefetch={self.prefetch})")

@@ -86,6 +86,7 @@ def test_a_pending_loader_answers_as_the_loader_it_builds(client: Any) -> None:
     channels_last False, and end_reads skipped the stage's drop)."""
     made = Loader(_frame(), 25, features=["a", "b"], label="id", device="cpu",
                   channels_last=True, shuffle=False)
+    assert repr(made).endswith("(opened on first use)") and "_source" not in made.__dict__
     for loader in (made, pickle.loads(pickle.dumps(made))):
         try:
             assert type(loader) is Loader and isinstance(loader, TableLoader)

@@ -35,8 +35,8 @@ def rank_passes(table: Any, cols: int, epochs: int) -> dict[str, list[list[float
     for mode in ("ahead", "inline", "ahead", "inline"):
         loader = Loader(table, batch_size=1024, shuffle=True, seed=0, features=_features(cols),
                         label="y")
-        loader._batches = dataclasses.replace(loader._batches,
-                                              gather_ahead=mode == "ahead")
+        loader._source.batches = dataclasses.replace(loader._source.batches,
+                                                     gather_ahead=mode == "ahead")
         spent = []
         for epoch in range(epochs):
             loader.set_epoch(epoch)

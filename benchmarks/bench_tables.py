@@ -120,7 +120,7 @@ def ours_rank(table: Any, cols: int, batch: int, epochs: int, cache: bool | None
 
     # The cache's memory: partitions read from the source by this rank, the files of the
     # host's cache (one copy per host), and this rank's share of its pages (PSS).
-    reads = loader._reads
+    reads = loader._source.reads
     host = reads.host
     files = sum(os.path.getsize(os.path.join(host.directory, f))
                 for f in os.listdir(host.directory) if f.endswith(".rec")) if host else 0

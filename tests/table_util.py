@@ -160,7 +160,7 @@ def read_host_cached(table: Any, epochs: int = 2, kill_rank: int = -1, marker: s
     from dask_ddp.data import Loader
 
     loader = Loader(table, cache=True, **loader_kwargs)
-    host = loader._reads
+    host = loader._source.reads
     out: dict[str, Any] = {"epochs": []}
     for epoch in range(epochs):
         loader.set_epoch(epoch)

@@ -7,8 +7,8 @@
 - :class:`TarShards` (WebDataset tar shards) and :func:`write_shards` (write them on Dask).
 - :class:`Loader`: decode and transform in C++ threads; batches as tensors.
 - :class:`Table`: a Dask DataFrame or Array, or Parquet files, for the Loader (rows read
-  where Dask holds them, gathered into batches in C++); ``Loader(table)`` returns a
-  :class:`TableLoader`, the Loader subclass for tables.
+  where Dask holds them, gathered into batches in C++); ``Loader(table)`` is made by
+  :class:`TableLoader`, with the table's options.
 - :class:`Source`: the seam of a data kind; ``Loader(source)`` reads any (see the user
   guide's "Adding a data kind").
 - :mod:`dask_ddp.data.transforms`: the transforms the Loader runs.

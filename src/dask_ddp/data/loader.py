@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.data import Subset
@@ -33,8 +33,8 @@ from dask_ddp._identity import process_group
 from dask_ddp._pending import flush_pending
 from dask_ddp.data import transforms as T
 from dask_ddp.data.datasets import ImageList
-from dask_ddp.data.device import DeviceStage, default_threads, stage_for
-from dask_ddp.data.loader_type import InitSignature, loader_type
+from dask_ddp.data.device import default_threads, stage_for
+from dask_ddp.data.loader_type import InitSignature, maker_of
 from dask_ddp.data.shards import TarShards
 from dask_ddp.data.sources import pipeline, source_for
 from dask_ddp.data.unread import Samples, UnreadDeals
@@ -92,11 +92,24 @@ def check_made_here(made_in: int, what: str = "this Loader") -> None:
             "or Pool task that reads it)")
 
 
-class Loader:
+class _ByKind(type):
+    """``Loader(dataset, ...)``: made by the maker of ``dataset``'s kind when it has
+    options of its own (``data/loader_type.py``: a :class:`~dask_ddp.data.TableLoader`
+    for a :class:`~dask_ddp.data.Table`), else by the Loader's ``__init__``."""
+
+    def __call__(cls, dataset: Any = None, *args: Any, **kwargs: Any) -> Any:
+        maker = maker_of(dataset)
+        if maker is not None:
+            return maker(dataset, *args, **kwargs)
+        return super().__call__(dataset, *args, **kwargs)
+
+
+class Loader(metaclass=_ByKind):
     """Iterate over an image dataset in batches, with the work done in C++ threads.
 
-    ``Loader(table, ...)`` over a :class:`~dask_ddp.data.Table` returns a
-    :class:`~dask_ddp.data.TableLoader`, with options and batches of its own.
+    ``Loader(table, ...)`` over a :class:`~dask_ddp.data.Table` is made by
+    :class:`~dask_ddp.data.TableLoader`, with options and batches of its own (a Loader
+    over the table's Source).
 
     Parameters
     ----------
@@ -164,13 +177,6 @@ class Loader:
     #: boundary, ``_launch/live/attach.py``).
     before_batch: Callable[[], None] | None = None
 
-    def __new__(cls, dataset: Any = None, *args: Any, **kwargs: Any) -> Loader:
-        """A Loader of the subclass that reads ``dataset`` (see ``data/loader_type.py``):
-        a :class:`~dask_ddp.data.TableLoader` for a :class:`~dask_ddp.data.Table`."""
-        kind = loader_type(cls, dataset)
-        # Python runs kind.__init__ on an instance of cls; another Loader is made here.
-        return super().__new__(kind) if issubclass(kind, cls) else kind(dataset, *args, **kwargs)
-
     def __init__(self, dataset: ImageList | TarShards | Subset[Any], batch_size: int, *,
                  transform: T.Transform | None = None, shuffle: bool = True, seed: int = 0,
                  rank: int | None = None, world_size: int | None = None,
@@ -182,10 +188,23 @@ class Loader:
         chosen, ops = pipeline(dataset, transform)
         if on_error not in _ON_ERROR:
             raise ValueError(f"on_error must be one of {_ON_ERROR}, got {on_error!r}")
-        stage = stage_for(device, channels_last, pin_memory, ops=ops, buffers=prefetch + 2)
-        self._init_reading(batch_size, shuffle=bool(shuffle), seed=seed, rank=rank,
-                           world_size=world_size, drop_last=drop_last,
-                           num_threads=num_threads, prefetch=prefetch, stage=stage)
+        for name, value in (("batch_size", batch_size), ("prefetch", prefetch),
+                            ("num_threads", 1 if num_threads is None else num_threads)):
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        rank, world_size = rank_and_world(rank, world_size)
+        stage = self._stage = stage_for(device, channels_last, pin_memory, ops=ops,
+                                        buffers=prefetch + 2)
+        self.batch_size, self.seed, self.drop_last = int(batch_size), int(seed), bool(drop_last)
+        self.shuffle: bool | str = bool(shuffle)  # a table's may be "local" (TableLoader)
+        self.rank, self.world_size = int(rank), int(world_size)
+        self.num_threads, self.prefetch = int(num_threads or default_threads(stage)), int(prefetch)
+        self.epoch = 0
+        self._position = 0  # batches handed out in the current epoch (of a deal: of it)
+        self._start_batch = 0  # the batch the next iteration starts at
+        self._made_in = os.getpid()  # a fork()ed child reads none of its parent's Loaders
+        #: The (rank, world size) of a :meth:`reshard`, taken at the next epoch.
+        self._next_layout: tuple[int, int] | None = None
         self.dataset, self.transform, self.on_error = dataset, chosen, on_error
         self.pin_memory = stage.device is None and (torch.cuda.is_available()
                                                     if pin_memory is None else bool(pin_memory))
@@ -199,26 +218,34 @@ class Loader:
         #: (:meth:`_start_early`); anything else that starts its epochs clears it.
         self._early: tuple[Any, int] | None = None
 
-    def _init_reading(self, batch_size: int, *, shuffle: bool | str, seed: int,
-                      rank: int | None, world_size: int | None, drop_last: bool,
-                      num_threads: int | None, prefetch: int, stage: DeviceStage) -> None:
-        """The options and position every Loader has (images, tar shards, tables)."""
-        for name, value in (("batch_size", batch_size), ("prefetch", prefetch),
-                            ("num_threads", 1 if num_threads is None else num_threads)):
-            if value < 1:
-                raise ValueError(f"{name} must be >= 1, got {value}")
-        rank, world_size = rank_and_world(rank, world_size)
-        self._stage = stage
-        self.batch_size, self.seed, self.drop_last = int(batch_size), int(seed), bool(drop_last)
-        self.shuffle = shuffle  # bool for images; a TableLoader's may also be "local"
-        self.rank, self.world_size = int(rank), int(world_size)
-        self.num_threads, self.prefetch = int(num_threads or default_threads(stage)), int(prefetch)
-        self.epoch = 0
-        self._position = 0  # batches handed out in the current epoch (of a deal: of it)
-        self._start_batch = 0  # the batch the next iteration starts at
-        self._made_in = os.getpid()  # a fork()ed child reads none of its parent's Loaders
-        #: The (rank, world size) of a :meth:`reshard`, taken at the next epoch.
-        self._next_layout: tuple[int, int] | None = None
+    @classmethod
+    def opened_later(cls, opens: Any, keep_alive: Any = None) -> Loader:
+        """A Loader that ``opens.open(loader)`` makes on first use, in the process that
+        uses it (a table's made on the client over a Dask collection: see
+        ``data/table/pending.py``); it pickles as ``opens``. ``keep_alive``: what
+        :func:`dask_ddp.submit` keeps alive while the job runs (the collection)."""
+        loader = cls.__new__(cls)
+        loader.__dict__.update(_opens=opens, _dask_ddp_keep_alive=keep_alive)
+        return loader
+
+    if not TYPE_CHECKING:  # the Loader's attributes stay typed
+        def __getattr__(self, name: str) -> Any:
+            # Only for an attribute not set: a Loader opened later opens at the first.
+            opens = self.__dict__.pop("_opens", None)  # none while it opens
+            if opens is None or name.startswith("__") or "_source" in self.__dict__:
+                raise AttributeError(f"{type(self).__name__!r} object has no attribute "
+                                     f"{name!r}")
+            try:
+                opens.open(self)
+            finally:
+                self.__dict__["_opens"] = opens
+            return getattr(self, name)
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        opens = self.__dict__.get("_opens")
+        if opens is None:
+            return super().__reduce_ex__(protocol)
+        return (type(self).opened_later, (opens,))
 
     def __len__(self) -> int:
         """Batches per epoch for this rank (for tar shards: in the current epoch)."""
@@ -254,7 +281,8 @@ class Loader:
 
     def __iter__(self) -> Iterator[tuple[Any, ...]]:
         """Batches of ``(images, labels)``; for a :class:`TarShards` with ``fields``, a
-        tuple in the order of its fields."""
+        tuple in the order of its fields; for a table, as
+        :class:`~dask_ddp.data.TableLoader` says."""
         check_made_here(self._made_in)
         start, self._start_batch = self._start_batch, 0
         core, (early, self._early) = self._source.core, (self._early, None)
@@ -426,22 +454,19 @@ class Loader:
         recovery: a rank that joins mid-epoch has the epoch's unread samples, named by
         :meth:`lost_samples`, dealt again over the bigger group)."""
         self._stage.drop()
-        own = not self._deals.cut(self.epoch, self._position)  # else: the deal read stops
-        self._stop_reads(own)
-        if own:
-            self._position = len(self)
-
-    def _stop_reads(self, own: bool) -> None:
-        """Stop what :meth:`end_reads` ends (``own``: the epoch's own share was read)."""
         self._early = None
-        if own:
+        if not self._deals.cut(self.epoch, self._position):  # else: the deal read stops
             self._source.core.start_epoch(self.epoch, len(self))
+            self._position = len(self)
 
     def close(self) -> None:
         """Stop the engine's threads (batches already handed out stay valid) and free the
         buffers lent to them (with a device: their share of the pinned-memory budget).
         Safe from any thread, also while another waits for a batch (that iteration then
         raises ``ValueError``: the loader is closed), and twice."""
+        if "_source" not in self.__dict__:  # opened later, never opened
+            return
+        self._early = None  # a table's reader reads again from its next start_epoch
         self._source.close()
         self._stage.close()
 
@@ -456,5 +481,7 @@ class Loader:
         return self._stage.channels_last
 
     def __repr__(self) -> str:
+        if "_source" not in self.__dict__:  # opened later, not yet
+            return f"Loader({self.__dict__['_opens']!r}) (opened on first use)"
         return (f"Loader({self.dataset!r}, batch_size={self.batch_size}, rank={self.rank}/"
                 f"{self.world_size}, num_threads={self.num_threads}, prefetch={self.prefetch})")

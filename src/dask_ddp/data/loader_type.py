@@ -1,13 +1,13 @@
 """What kind of data a dataset is (:func:`kind_of`, asked by ``Loader`` and ``predict``), and
-which Loader reads it (internal).
+what makes the Loader of a kind whose options are not the Loader's own (internal).
 
-``Loader(dataset, ...)`` returns a Loader of the subclass that reads the kind, as
-``pathlib.Path(...)`` makes a ``PosixPath``: a :class:`~dask_ddp.data.TableLoader` for a
-:class:`~dask_ddp.data.Table`, a pending one for a Dask collection (checked on the client,
-built in the rank), else a :class:`~dask_ddp.data.Loader` (images, tar shards): one name to
-call, one type to check (``isinstance(loader, Loader)``), one protocol. Classes are named
-here, never imported: a class whose module was not imported has no instance, and the
-subclasses' modules import the Loader's, never the reverse.
+``Loader(dataset, ...)`` is always a :class:`~dask_ddp.data.Loader` (one class, never
+subclassed, over the kind's :class:`~dask_ddp.data.Source`); a table's takes options of its
+own (``features``, ``window``, ...), so ``Loader(table, ...)`` is made by
+:class:`~dask_ddp.data.TableLoader`, and ``Loader(<Dask collection>, ...)`` by the pending
+one (checked on the client, opened in the rank). Classes are named here, never imported: a
+class whose module was not imported has no instance, and the tables' modules import the
+Loader's, never the reverse.
 """
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ import enum
 import importlib
 import inspect
 import sys
+from collections.abc import Callable
 from typing import Any
 
-__all__ = ["InitSignature", "Kind", "kind_of", "loader_type", "not_a_dataset"]
+__all__ = ["InitSignature", "Kind", "kind_of", "maker_of", "not_a_dataset"]
 
 
 class Kind(enum.Enum):
@@ -37,10 +38,10 @@ _CLASSES = {Kind.SOURCE: "dask_ddp.data.sources:Source",
             Kind.SHARDS: "dask_ddp.data.shards:TarShards",
             Kind.IMAGES: "dask_ddp.data.datasets:ImageList",
             Kind.TABLE: "dask_ddp.data.table.table:Table"}
-#: The Loader subclass of each kind that has one (the others: the Loader itself).
-_LOADERS = {Kind.TABLE: "dask_ddp.data.table.loader:TableLoader",
-            Kind.FRAME: "dask_ddp.data.table.pending:PendingTableLoader",
-            Kind.ARRAY: "dask_ddp.data.table.pending:PendingTableLoader"}
+#: What makes the Loader of each kind with options of its own (the others: the Loader).
+_MAKERS = {Kind.TABLE: "dask_ddp.data.table.loader:TableLoader",
+           Kind.FRAME: "dask_ddp.data.table.pending:pending_loader",
+           Kind.ARRAY: "dask_ddp.data.table.pending:pending_loader"}
 
 
 def _is_a(data: object, where: str) -> bool:
@@ -87,13 +88,10 @@ def not_a_dataset(dataset: object) -> str | None:
     return None
 
 
-def loader_type(cls: type[Any], dataset: object) -> type[Any]:
-    """The class of the Loader that ``cls(dataset, ...)`` makes.
-
-    ``cls`` itself, or the subclass of it that reads ``dataset``'s kind; or, for a user's
-    subclass of the Loader given a dataset another Loader reads (a table), that Loader,
-    which is not a subclass of ``cls``: the caller then makes it with the arguments
-    (Python runs no ``__init__`` on an object that is not an instance of ``cls``).
+def maker_of(dataset: object) -> Callable[..., Any] | None:
+    """What makes ``Loader(dataset, ...)`` when ``dataset``'s kind has options of its own
+    (a table, a Dask collection), called with the same arguments; None: the Loader's
+    own ``__init__``.
 
     Raises
     ------
@@ -104,20 +102,17 @@ def loader_type(cls: type[Any], dataset: object) -> type[Any]:
     if wrong is not None:
         raise TypeError(wrong)
     kind = kind_of(dataset)
-    where = None if kind is None else _LOADERS.get(kind)
+    where = None if kind is None else _MAKERS.get(kind)
     if where is None:
-        return cls
+        return None
     module, _, name = where.partition(":")
-    own: type[Any] = getattr(importlib.import_module(module), name)
-    if kind in (Kind.FRAME, Kind.ARRAY):
-        # A Dask collection: checked against its table here, built where it is used.
-        return own if issubclass(own, cls) else cls
-    return cls if issubclass(cls, own) else own
+    maker: Callable[..., Any] = getattr(importlib.import_module(module), name)
+    return maker
 
 
 class InitSignature:
-    """``inspect.signature(cls)`` reads ``cls.__init__``'s parameters: the generic
-    ``__new__`` (which picks the subclass) would otherwise hide them."""
+    """``inspect.signature(cls)`` reads ``cls.__init__``'s parameters: the metaclass's
+    generic ``__call__`` (which picks the maker) would otherwise hide them."""
 
     def __get__(self, obj: object, owner: type) -> inspect.Signature:
         sig = inspect.signature(owner.__init__)  # type: ignore[misc]

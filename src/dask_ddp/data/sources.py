@@ -52,6 +52,7 @@ class Loader(Protocol):
     prefetch: int
     rank: int
     world_size: int
+    epoch: int
 
 
 def pipeline(dataset: Source | ImageList | TarShards | Subset[Any],
@@ -103,8 +104,9 @@ def source_for(dataset: Source | ImageList | TarShards | Subset[Any], loader: Lo
 
 class Reader(DealReader, Protocol):
     """What reads a Source's samples batch by batch (``start_epoch(epoch, start)``: read
-    ``epoch`` from its batch ``start`` on; ``close``): an engine loader, or an
-    :class:`IdReader` over :meth:`Source.read`."""
+    ``epoch`` from its batch ``start`` on; ``close``): an engine loader, an
+    :class:`IdReader` over :meth:`Source.read`, or a table's feeding thread
+    (``data/table/loader.py``'s ``TableReader``)."""
 
     skipped: int
 

@@ -22,8 +22,8 @@ Samples = Union[Sequence[int], "np.ndarray"]
 
 
 class DealReader(Protocol):
-    """What reads one deal: an engine loader, a Source's reader, or a table's rows (a
-    ``Deal`` of ``data/table/deals.py``)."""
+    """What reads one deal: a Source's reader (an engine loader, an ``IdReader``, a
+    table's ``TableReader``)."""
 
     def start_epoch(self, epoch: int, start: int, /) -> None: ...
 
@@ -37,7 +37,7 @@ R_co = TypeVar("R_co", bound=DealReader, covariant=True)
 class Dealer(Protocol[R_co]):
     """What deals samples of an epoch (positions in an image list, sample ids of tar
     shards, a table's rows) as rank ``rank`` of ``world_size``: the reader of a deal, and
-    the samples it reads in its order (a Loader's Source, or a table's ``TableRows``)."""
+    the samples it reads in its order (a Loader's Source)."""
 
     def deal_reader(self, epoch: int, samples: Samples, rank: int, world: int, /) -> R_co: ...
 

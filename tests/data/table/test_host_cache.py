@@ -74,12 +74,12 @@ def test_two_ranks_read_each_partition_once_per_host(client: Any, monkeypatch: A
     for rank, got in enumerate(results):
         loader = TableLoader(table, 256, shuffle=True, seed=5, rank=rank, world_size=2,
                              cache=True)
-        assert loader._reads.cache == {}
+        assert loader._source.reads.cache == {}
         want = []
         for epoch in range(2):
             loader.set_epoch(epoch)
             want.append([b["id"].tolist() for b in loader])
-        assert loader._reads.host is None and loader._reads.fetched == PARTS
+        assert loader._source.reads.host is None and loader._source.reads.fetched == PARTS
         loader.close()
         assert got["epochs"] == want, f"rank {rank}"
     _gone(_job_dir(job))

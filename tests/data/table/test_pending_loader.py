@@ -81,14 +81,15 @@ def _counted(drop: Any, calls: list[int]) -> Any:
 
 def test_a_pending_loader_answers_as_the_loader_it_builds(client: Any) -> None:
     """What the Loader class defines (``device``, ``channels_last``, ``before_batch``, the
-    stage its ``end_reads`` drops) is the built loader's, on the client and as a rank
-    receives it: through the proxy, the class defaults used to answer (device None,
+    stage its ``end_reads`` drops) is the opened loader's, on the client and as a rank
+    receives it (through the former proxy, the class defaults answered: device None,
     channels_last False, and end_reads skipped the stage's drop)."""
     made = Loader(_frame(), 25, features=["a", "b"], label="id", device="cpu",
                   channels_last=True, shuffle=False)
+    assert repr(made).endswith("(opened on first use)") and "_source" not in made.__dict__
     for loader in (made, pickle.loads(pickle.dumps(made))):
         try:
-            assert type(loader).__name__ == "PendingTableLoader"
+            assert type(loader) is Loader and isinstance(loader, TableLoader)
             assert loader.device == torch.device("cpu")
             assert loader.channels_last is True
 

@@ -70,7 +70,7 @@ def test_cache_reads_each_partition_once_and_keeps_the_order(client: Any) -> Non
     for cache in (True, False):
         loader = TableLoader(table, 256, shuffle=True, seed=3, rank=1, world_size=2,
                              cache=cache)
-        reader = loader._reads.reader()
+        reader = loader._source.reads.reader()
         starts: list[int] = []
         start = reader.start
 
@@ -104,12 +104,12 @@ def test_cache_is_off_when_the_rows_exceed_the_configured_size(client: Any) -> N
     ddf = _frame(1000, 2).persist()
     table = dask_ddp.data.Table(ddf, client=client)
     with dask.config.set({"dask-ddp.data.table-cache": "1 KiB"}):
-        assert TableLoader(table, 10, rank=0, world_size=1)._reads.cache is None
+        assert TableLoader(table, 10, rank=0, world_size=1)._source.reads.cache is None
     with dask.config.set({"dask-ddp.data.table-cache": "1 MiB"}):
-        assert TableLoader(table, 10, rank=0, world_size=1)._reads.cache == {}
+        assert TableLoader(table, 10, rank=0, world_size=1)._source.reads.cache == {}
     with dask.config.set({"dask-ddp.data.table-cache": 0}):
-        assert TableLoader(table, 10, rank=0, world_size=1)._reads.cache is None
-        assert TableLoader(table, 10, rank=0, world_size=1, cache=True)._reads.cache == {}
+        assert TableLoader(table, 10, rank=0, world_size=1)._source.reads.cache is None
+        assert TableLoader(table, 10, rank=0, world_size=1, cache=True)._source.reads.cache == {}
 
 
 def test_kwargs_and_dispatch_run_and_unshuffled_order(client: Any) -> None:

@@ -1,5 +1,6 @@
-"""TableLoader (data/table/loader.py): what ``Loader(table)`` returns is a documented,
-public subclass of Loader, made once; read here from Parquet files, without a cluster."""
+"""TableLoader (data/table/loader.py): what ``Loader(table)`` returns is the Loader over
+the table's Source, made once, and ``TableLoader`` is its documented public name; read
+here from Parquet files, without a cluster."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import pytest
 import torch
 
 import dask_ddp
-from dask_ddp.data import Loader, Table, TableLoader
+from dask_ddp.data import Loader, Source, Table, TableLoader
+from dask_ddp.data.table.loader import TableSource
 from table_util import parquet_table
 
 pa = pytest.importorskip("pyarrow")
@@ -32,8 +34,9 @@ def _ids(loader: Loader) -> list[int]:
 def test_loader_of_a_table_is_a_table_loader(table: Table) -> None:
     loader = Loader(table, 32, shuffle=True, seed=1, rank=0, world_size=1)
     try:
-        assert type(loader) is TableLoader
-        assert isinstance(loader, Loader)
+        assert type(loader) is Loader  # one Loader, never subclassed
+        assert isinstance(loader, TableLoader)
+        assert isinstance(loader._source, TableSource)
         assert sorted(_ids(loader)) == list(range(ROWS))
         assert loader.skipped == 0
     finally:
@@ -43,23 +46,22 @@ def test_loader_of_a_table_is_a_table_loader(table: Table) -> None:
 def test_table_loader_is_public_and_documented() -> None:
     assert "TableLoader" in dask_ddp.data.__all__
     assert dask_ddp.data.TableLoader is TableLoader
-    assert issubclass(TableLoader, Loader)
     assert TableLoader.__doc__ is not None and "Loader(table" in TableLoader.__doc__
-    assert Loader.__new__.__doc__ is not None and "TableLoader" in Loader.__new__.__doc__
     assert "TableLoader" in (Loader.__doc__ or "")
 
 
 def test_made_once_whichever_way_it_is_called(table: Table, monkeypatch: Any) -> None:
     """Loader(table), TableLoader(table) and a user's Loader subclass given a table each
-    run TableLoader.__init__ once and read the same batches."""
+    run Loader.__init__ once, over a TableSource, and read the same batches; an image
+    Loader is no TableLoader."""
     calls: list[int] = []
-    init = TableLoader.__init__
+    init = Loader.__init__
 
-    def counting(self: TableLoader, *args: Any, **kwargs: Any) -> None:
+    def counting(self: Loader, *args: Any, **kwargs: Any) -> None:
         calls.append(1)
         init(self, *args, **kwargs)
 
-    monkeypatch.setattr(TableLoader, "__init__", counting)
+    monkeypatch.setattr(Loader, "__init__", counting)
 
     class Mine(Loader):
         pass
@@ -69,11 +71,27 @@ def test_made_once_whichever_way_it_is_called(table: Table, monkeypatch: Any) ->
         calls.clear()
         loader = make(table, 50, shuffle=True, seed=3, rank=0, world_size=1)
         try:
-            assert type(loader) is TableLoader and calls == [1], (make, calls)
+            assert type(loader) is Loader and calls == [1], (make, calls)
+            assert isinstance(loader, TableLoader)
             seen.append(_ids(loader))
         finally:
             loader.close()
     assert seen[0] == seen[1] == seen[2]
+    other = Loader(Ids(), 5, rank=0, world_size=1)
+    try:
+        assert not isinstance(other, TableLoader) and not isinstance(object(), TableLoader)
+    finally:
+        other.close()
+
+
+class Ids(Source):
+    """Another kind: ten ids."""
+
+    def __len__(self) -> int:
+        return 10
+
+    def read(self, ids: Any) -> tuple[Any, ...]:
+        return (np.asarray(ids),)
 
 
 @pytest.fixture
@@ -109,7 +127,7 @@ def test_every_batch_is_the_plans_rows(mixed: Table, cache: bool, shuffle: Any,
             try:
                 for epoch in (0, 1):
                     loader.set_epoch(epoch)
-                    plan = loader._rank_rows()[0]
+                    plan = loader._source.plan.rows(epoch, None)[0]
                     n = len(plan) - len(plan) % 33 if drop_last else len(plan)
                     batches = list(loader)
                     assert len(batches) == len(loader) == -(-n // 33)

@@ -13,7 +13,9 @@ also exported by :mod:`dask_ddp.data`. The modules:
 - ``plan``: which rows each rank reads in an epoch, in which order.
 - ``host_cache``: the partitions kept once per host (files in /dev/shm every local rank
   maps).
-- ``loader``: :class:`TableLoader`, the :class:`~dask_ddp.data.Loader` over a Table.
+- ``loader``: ``TableSource``, the :class:`~dask_ddp.data.Source` of a Table, and
+  :class:`TableLoader`, which makes the :class:`~dask_ddp.data.Loader` over one;
+  ``pending``, a table's Loader made on the client over a Dask collection.
 """
 
 from __future__ import annotations

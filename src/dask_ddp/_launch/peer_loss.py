@@ -60,6 +60,14 @@ PEER_ERROR_PHRASES = ("gloo", "nccl", "connection reset", "connection closed", "
                       "broken pipe", "socket timeout", "connection refused", "timed out")
 
 
+
+class LiveRecoveryError(RuntimeError):
+    """The live group could not re-form (too few survivors, no agreement in time): the
+    job falls back to a whole-group restart. Defined here, with the other verdicts on a
+    rank's end, so that a rank's report (a leaf) can tell it without importing the live
+    group; :mod:`dask_ddp._launch.live.errors` is where the group raises it from."""
+
+
 def chain(exc: BaseException) -> Iterator[BaseException]:
     """``exc`` and the exceptions it was raised from or while handling, as a traceback
     prints them: ``__cause__``, else ``__context__`` unless suppressed (``from None``)."""

@@ -14,8 +14,7 @@ written by an older dask-ddp, without a field added since, reads with that field
 A rank's error carries the rank's own verdict on it (:attr:`RankReport.peer_lost`, decided
 from the exception itself by :func:`~dask_ddp._launch.peer_loss.is_peer_error`): its
 supervisor reads the verdict, not the error's text. A leaf module, as the launch record's
-(it imports only the leaves :mod:`~dask_ddp._launch.peer_loss` and
-:mod:`~dask_ddp._launch.live.errors`): the rank imports it before
+(it imports only the leaf :mod:`~dask_ddp._launch.peer_loss`): the rank imports it before
 it runs anything.
 """
 
@@ -28,8 +27,7 @@ import os
 import pickle
 import traceback
 
-from dask_ddp._launch.live.errors import LiveRecoveryError
-from dask_ddp._launch.peer_loss import chain, is_peer_error
+from dask_ddp._launch.peer_loss import LiveRecoveryError, chain, is_peer_error
 
 logger = logging.getLogger(__name__)
 

@@ -10,14 +10,9 @@ held there, not here.
 
 from __future__ import annotations
 
-from dask_ddp._launch.peer_loss import is_peer_error
+from dask_ddp._launch.peer_loss import LiveRecoveryError, is_peer_error
 
 __all__ = ["LiveRecoveryError", "MemberLost", "is_peer_error"]
-
-
-class LiveRecoveryError(RuntimeError):
-    """The group could not re-form (too few survivors, no agreement in time): the job
-    falls back to a whole-group restart."""
 
 
 class MemberLost(Exception):

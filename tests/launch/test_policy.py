@@ -48,8 +48,9 @@ def test_the_words_name_the_built_ins_and_only_them() -> None:
     assert set(BUILT_IN) == set(NAMES)
 
 
+# Ids without addresses: every xdist process must collect the same names.
 @pytest.mark.parametrize("value", ["elastic", "", 3, None, object(), always_regroup],
-                         ids=repr)
+                         ids=["elastic", "empty", "3", "None", "an-object", "a-function"])
 def test_a_value_that_is_no_policy_is_refused_naming_it(value: object) -> None:
     with pytest.raises(ValueError, match=r"recovery must be one of \('restart', 'live'\) "
                                          r"or a RecoveryPolicy.*got " + repr(value)[:20]

@@ -245,6 +245,9 @@ def test_a_rendezvous_timeout_names_the_rank_that_never_came(client: Client) -> 
     finally:
         release.set()
     assert busy.result(timeout=30) is True
+    # Let go of it now: a future still held keeps its key wanted, and a later test that
+    # kills its worker would see it recomputed as a task with no worker (a lease's leftover).
+    busy.release()
     with pytest.raises(dask_ddp.JobError):
         job.result(timeout=60)
     wait_until(lambda: client.run_on_scheduler(active_tasks, job.id), 30,

@@ -294,6 +294,14 @@ class Loader(metaclass=_ByKind):
         self._start_early()
         flush_pending()  # the epoch's metrics reported as CUDA values
 
+    def _cancel_early(self) -> None:
+        """Stop the early start of :meth:`_start_early`, dropping what it decoded (a
+        benchmark that times one epoch's own work at a time)."""
+        if self._early is not None:
+            core, epoch = self._early
+            self._early = None
+            core.start_epoch(epoch, self._source.num_batches(epoch))
+
     def _start_early(self) -> None:
         """At an epoch's end, start decoding the epoch the loop most likely reads next,
         while it evaluates, saves or reports: the next one where the loop calls

@@ -150,6 +150,7 @@ def rank_main(side: str, pattern: str, counts: str, rounds: int, workers: int) -
         t0 = time.perf_counter()
         images = sum(int(x.shape[0]) for x, _ in loader)
         spent = time.perf_counter() - t0
+        getattr(loader, "_cancel_early", lambda: None)()  # each epoch its own work (bench_loader)
         dist.barrier()
         sys.stdout.write(json.dumps({"epoch": epoch, "images": images, "s": spent}) + "\n")
         sys.stdout.flush()
@@ -275,6 +276,7 @@ def array_epochs(loader: Any, rounds: int) -> list[float]:
         n = sum(int(batch[0].shape[0]) for batch in loader)
         if epoch:
             rates.append(n / (time.perf_counter() - t0))
+        getattr(loader, "_cancel_early", lambda: None)()  # each epoch its own work (bench_loader)
     return rates
 
 

@@ -95,6 +95,7 @@ def ours_rank(table: Any, cols: int, batch: int, epochs: int, cache: bool | None
                 first = time.perf_counter() - t0
             rows += len(y)
         times.append(time.perf_counter() - start)
+        getattr(loader, "_cancel_early", lambda: None)()  # each epoch its own work (bench_loader)
     # The floor: this rank's rows already one tensor, batches by permuted indexing.
     n = rows
     xs = torch.randn(n, cols)

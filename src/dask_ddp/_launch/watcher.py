@@ -342,11 +342,15 @@ class Watcher:
                                      msg="; ".join(str(self.lost[r]) for r in lost))
         return lost, ends
 
+    def _running(self, statuses: Sequence[str]) -> int:
+        """The ranks still running: pending, and not lost with their worker."""
+        return sum(1 for r, s in enumerate(statuses) if s == "pending" and r not in self.lost)
+
     def _too_few(self, statuses: Sequence[str]) -> None:
         """A regrouping job ended by lost workers: where fewer than ``min_workers`` ranks
         still run, its root cause says so (kind ``regroup``, as a survivor's own verdict
         would), not merely that the first of them lost its worker."""
-        running = sum(1 for r, s in enumerate(statuses) if s == "pending" and r not in self.lost)
+        running = self._running(statuses)
         least = self.options.min_workers or 1
         if running >= least:
             return
@@ -362,7 +366,7 @@ class Watcher:
              frozen: bool = False) -> Action:
         """The policy's answer to ``kind`` met by ``rank``; ``leaving``: ranks still
         running that leave with it (the frozen ranks of a stall)."""
-        running = sum(1 for r, s in enumerate(statuses) if s == "pending" and r not in self.lost)
+        running = self._running(statuses)
         opts = self.options
         return ask(opts.policy, RecoveryStatus(
             kind=kind, rank=rank, restarts=self.specs[0].restart if self.specs else 0,

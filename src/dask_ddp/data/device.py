@@ -589,7 +589,10 @@ def default_threads(stage: DeviceStage | None) -> int:
     """A Loader's default engine threads: this rank's share of the host's cores, less one
     for the training loop when batches go to a GPU (its thread launches the step's kernels
     and the copies, and a decode thread on its core delays every launch)."""
-    cores = cores_per_rank()
-    if stage is not None and stage.stream is not None:
-        return max(1, cores - 1)
-    return cores
+    return decode_share(cores_per_rank(), stage is not None and stage.stream is not None)
+
+
+def decode_share(cores: int, gpu: bool) -> int:
+    """Decode threads for ``cores``: one fewer on a GPU, where the thread that launches
+    every kernel and copy needs a core of its own (a Loader's default, predict's tasks)."""
+    return max(1, cores - 1) if gpu else cores

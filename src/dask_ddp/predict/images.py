@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from dask_ddp import storage
-from dask_ddp.data.device import DeviceStage
+from dask_ddp.data.device import DeviceStage, decode_share
 from dask_ddp.data.engine import ImageSource, resolve_dataset, sample_layout
 from dask_ddp.data.loader import Loader
 from dask_ddp.data.loader_type import Kind, kind_of
@@ -184,9 +184,7 @@ def predict_images(part: ListPart | ShardPart, spec: cache.ModelSpec, opts: Imag
 
     model, device = cache.model_for(spec)
     threads = cache.thread_share(spec)
-    # On a GPU the task's thread launches every kernel and copy: a decode thread on each
-    # core of its share would delay each launch (as a Loader's default_threads leaves one).
-    decode = max(1, threads - 1) if device.type == "cuda" else threads
+    decode = decode_share(threads, device.type == "cuda")
     taken: list[torch.Tensor] = []
     if isinstance(part, ListPart):
         n, first = len(part.keys), part.prefix + part.keys[0]

@@ -160,13 +160,10 @@ def failed(done: list[subprocess.CompletedProcess[str]]) -> str:
 
 if __name__ == "__main__":
     main(sys.argv[1], json.loads(sys.argv[2]))
-    # End as the launcher's ranks end (dask_ddp._launch.rank._exit): exit handlers run, but
-    # no interpreter teardown. In CI (2026-11-28) rank 1 once ended by SIGABRT after its
-    # peer had passed the final barrier (its stderr was not kept): a teardown that races a
-    # peer already gone is the likeliest cause. What these tests check is done by then.
-    import atexit
+    # End as the launcher's ranks end: exit handlers run, but no interpreter teardown. In
+    # CI (2026-11-28) rank 1 once ended by SIGABRT after its peer had passed the final
+    # barrier (its stderr was not kept): a teardown that races a peer already gone is the
+    # likeliest cause. What these tests check is done by then.
+    from dask_ddp._launch.rank import _exit
 
-    sys.stdout.flush()
-    sys.stderr.flush()
-    atexit._run_exitfuncs()  # noqa: SLF001 (os._exit skips them)
-    os._exit(0)
+    _exit(0)

@@ -126,6 +126,24 @@ def test_the_tail_equals_the_engines_float_pipeline(folder: Path) -> None:
             torch.testing.assert_close(out, f, rtol=0, atol=2e-6)
 
 
+@pytest.mark.parametrize("mean", [None, (0.485, 0.456, 0.406)])
+def test_the_tail_is_one_op_equal_to_the_cast_then_the_arithmetic(mean: Any) -> None:
+    """The fused tail (uint8 read, float written in the asked layout, one op) gives the
+    same floats, bit for bit, as the cast followed by the scale (and the normalisation)."""
+    tail = DeviceTail(mean, None if mean is None else (0.229, 0.224, 0.225))
+    u = torch.randint(0, 256, (3, 3, 7, 5), dtype=torch.uint8)
+    x = u.to(torch.float32)
+    if mean is None:
+        want = x * (1.0 / 255.0)
+    else:
+        scale, neg_shift = tail._constants(torch.device("cpu"))
+        want = torch.addcmul(neg_shift, x, scale)
+    for fmt in (torch.contiguous_format, torch.channels_last):
+        out = tail.apply(u, fmt)
+        assert out.dtype == torch.float32 and out.is_contiguous(memory_format=fmt)
+        assert torch.equal(out, want)
+
+
 # ---- device="cpu": the stage's path, batches and accounting as without it ---------------
 
 

@@ -135,14 +135,20 @@ class DeviceTail:
         default_factory=dict, compare=False, repr=False)
 
     def apply(self, images: torch.Tensor, memory_format: torch.memory_format) -> torch.Tensor:
-        """``images`` (uint8, N x 3 x H x W) as float32 on their device, normalised."""
-        x = images.to(dtype=torch.float32, memory_format=memory_format)
+        """``images`` (uint8, N x 3 x H x W) as float32 on their device, normalised, in
+        ``memory_format``: one kernel, which reads the uint8 and writes the float output in
+        its layout (the cast and the layout change happen in the op's loads and stores).
+
+        float32 whatever autocast says: the batch is made before the step's autocast
+        region runs, and a bf16 batch would be a change of what ``Loader`` hands out that
+        no public option asks for (autocast casts at the model's first op anyway)."""
+        out = torch.empty(images.shape, dtype=torch.float32, device=images.device,
+                          memory_format=memory_format)
         if self.mean is None or self.std is None:
-            return x.mul_(1.0 / 255.0)
-        # (x / 255 - mean) / std in one in-place pass after the cast (two kernels in all):
-        # x * (1 / (255 std)) - mean / std, as addcmul(-mean / std, x, 1 / (255 std)).
-        scale, neg_shift = self._constants(x.device)
-        return torch.addcmul(neg_shift, x, scale, out=x)
+            return torch.mul(images, 1.0 / 255.0, out=out)
+        # (x / 255 - mean) / std = x * (1 / (255 std)) - mean / std.
+        scale, neg_shift = self._constants(out.device)
+        return torch.addcmul(neg_shift, images, scale, out=out)
 
     def _constants(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """The per-channel scale and negated shift on ``device``, made once per device (a

@@ -63,7 +63,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-R = TypeVar("R", bound="_core.ImageLoader")
+#: What the stage lends buffers to: an engine image loader or a table's batch stream.
+R = TypeVar("R", bound="_core.ImageLoader | _core.TableBatches")
 
 def resolve_device(device: str | torch.device | None) -> torch.device | None:
     """The torch device a Loader's ``device=`` names (``None``: host tensors, as before).
@@ -416,15 +417,29 @@ class DeviceStage:
         self.holds = 1 if self._cuda else 0
 
     def reader(self, make: Callable[[list[Op]], R]) -> R:
-        """``make(engine_ops)``, an engine image loader, lent ``buffers`` page-locked
-        buffers on a GPU within the host's budget (else it keeps its own): the engine
-        decodes into them, the copy needs no staging. Their budget comes back as they are
-        freed: the engine closed (or freed) and no batch of it held any more."""
-        core = make(list(self.engine_ops))
+        """``make(engine_ops)``, an engine image loader, :meth:`lend`-ed buffers."""
+        return self.lend(make(list(self.engine_ops)))
+
+    def lend(self, core: R) -> R:
+        """``core`` (an engine image loader, a table's batch stream: what has
+        ``batch_buffer_bytes`` and ``adopt_buffers``) lent ``buffers`` page-locked buffers
+        on a GPU within the host's budget (else it keeps its own): the engine writes
+        batches into them, the copy needs no staging. A buffer goes back to the engine only
+        when its batch is freed (the stage holds it until its copy completed); the budget
+        comes back as they are freed: the engine closed and no batch of it held any more."""
         buffers = self.pinned_buffers(self._buffers, int(core.batch_buffer_bytes))
         if buffers is not None:
             core.adopt_buffers(buffers)
         return core
+
+    def staged(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` (a field the engine stacked in memory of its own) copied into a lent
+        buffer of its size: page-locked on a GPU, so its copy neither waits for the host
+        nor for the stage's stream; ``x`` itself without a lender or past the budget."""
+        lent = self.pinned_buffers(1, x.nbytes) if x.nbytes else None
+        if lent is None:
+            return x
+        return torch.from_numpy(lent[0]).view(x.dtype).view(x.shape).copy_(x)
 
     def pinned_buffers(self, count: int, nbytes: int) -> list[np.ndarray] | None:
         """``count`` page-locked uint8 buffers of ``nbytes`` for the engine's pool, as

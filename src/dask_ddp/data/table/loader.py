@@ -113,8 +113,9 @@ class TableReader:
             # (not for an epoch resumed on another world size: the next one is ordinary).
             if src.resumed is None:
                 ahead = lambda: src.plan.rows(epoch + 1, None)  # noqa: E731
-        self._stream, self._stop, self._errors = (src.batches.stream(src.loader.prefetch),
-                                                  threading.Event(), [])
+        # Gathered into the stage's lent buffers (page-locked on a GPU).
+        self._stream, self._stop, self._errors = (
+            src.stage.lend(src.batches.stream(src.loader.prefetch)), threading.Event(), [])
         self._thread = threading.Thread(
             target=src.batches.produce, name=f"dask-ddp-table-{src.loader.rank}", daemon=True,
             args=(self._stream, self._stop, self._at, epoch, lambda: self.rows(epoch),

@@ -4,8 +4,9 @@
 // cache's files (map_records, write_records, HostLock: table/host_cache.h).
 //
 // A window keeps its source arrays alive (the shared-memory mappings of the partitions'
-// rows); each gather copies the picked rows into new buffers with the GIL released, which
-// cross to torch through DLPack without a copy (the tensor owns its buffer).
+// rows); each gather copies the picked rows into new buffers (TableBatches: into buffers
+// the caller lent while one is free) with the GIL released, which cross to torch through
+// DLPack without a copy (the tensor holds its buffer, or its share of the lent one).
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>

@@ -10,8 +10,8 @@ the current one is gathered; with the cache, the partitions are held once per ho
 (:mod:`~dask_ddp.data.table.host_cache`). The next epoch's plan and first window are made
 while the current epoch is gathered. A background thread (the :class:`TableReader`'s)
 hands each window's batches to the engine (:mod:`~dask_ddp.data.table.batches`), whose own
-thread gathers them (GIL released) into tensors that own their buffers; the training loop
-takes each with one call.
+thread gathers them (GIL released) into buffers the device stage lends (else its own); the
+training loop takes each with one call.
 """
 
 from __future__ import annotations

@@ -414,7 +414,8 @@ def test_shard_fields_cross_in_lent_buffers_freed_with_their_batches(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A shard's .npy and .cls fields are copied into buffers the stage lends (the engine
     stacks them apart), held as long as the batch: the host path's batches, and the budget
-    back to the engine's buffers after each epoch and to nothing at close()."""
+    back to the engine's buffers after each epoch and a reshard, and to nothing at
+    close()."""
     from dask_ddp.data import write_shards
 
     _lending(monkeypatch)
@@ -438,6 +439,10 @@ def test_shard_fields_cross_in_lent_buffers_freed_with_their_batches(
         assert n == len(loader) == 5
         del x, y
         assert PinnedBudget.used() == base + engine
+    loader.reshard(0, 2)  # the new layout's engine lent its buffers, the old one's freed
+    loader.set_epoch(3)
+    assert sum(1 for _ in loader) == len(loader) == 3
+    assert PinnedBudget.used() == base + engine
     loader.close()
     host.close()
     assert PinnedBudget.used() == base

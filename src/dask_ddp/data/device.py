@@ -430,7 +430,7 @@ class DeviceStage:
     def staged(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` (a field the engine stacked apart) in a lent buffer of its size (page-locked
         on a GPU), or ``x`` itself without a lender or past the budget."""
-        lent = self.pinned_buffers(1, x.nbytes) if x.nbytes else None
+        lent = self.pinned_buffers(1, x.nbytes)
         if lent is None:
             return x
         return torch.from_numpy(lent[0]).view(x.dtype).view(x.shape).copy_(x)

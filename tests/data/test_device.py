@@ -583,6 +583,24 @@ def test_pinned_buffers_hold_the_budget_while_their_engines_live(folder: Path) -
 
 
 @pytest.mark.gpu
+def test_the_tail_runs_as_one_kernel_on_a_gpu() -> None:
+    """uint8 in, normalised float32 out in channels_last: one kernel (the cast, the layout
+    and the arithmetic in it), where the cast then the arithmetic took two."""
+    from torch.profiler import ProfilerActivity, profile
+
+    tail = DeviceTail((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+    u = torch.randint(0, 256, (4, 3, 32, 32), dtype=torch.uint8, device="cuda")
+    tail.apply(u, torch.channels_last)  # the constants made on the device first
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        out = tail.apply(u, torch.channels_last)
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert len(kernels) == 1, [e.name for e in kernels]
+    assert out.is_contiguous(memory_format=torch.channels_last)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("kind", ["table", "shard fields"])
 def test_tables_and_shard_fields_cross_from_pinned_memory_without_a_wait(
         tmp_path: Path, kind: str) -> None:

@@ -139,20 +139,6 @@ void PyLoader::Close() {
 
 namespace {
 
-// A lent buffer: one-dimensional uint8 host memory (a pinned torch tensor's numpy view).
-using LentArray = nb::ndarray<uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
-
-// The engine keeps each lent array referenced while its pool may write or read it; the
-// last reference can go on an engine thread, so it is dropped under the GIL (and left
-// alone once the interpreter is gone).
-std::shared_ptr<void> KeepAlive(const LentArray& array) {
-  return std::shared_ptr<void>(new LentArray(array), [](void* p) {
-    if (!nb::is_alive()) return;
-    nb::gil_scoped_acquire gil;
-    delete static_cast<LentArray*>(p);
-  });
-}
-
 void AdoptBuffers(PyLoader& self, const std::vector<LentArray>& arrays) {
   std::shared_ptr<pipeline::Loader> loader = self.checked();
   std::vector<pipeline::ExternalBuffer> lent;

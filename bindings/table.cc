@@ -4,8 +4,9 @@
 // cache's files (map_records, write_records, HostLock: table/host_cache.h).
 //
 // A window keeps its source arrays alive (the shared-memory mappings of the partitions'
-// rows); each gather copies the picked rows into new buffers with the GIL released, which
-// cross to torch through DLPack without a copy (the tensor owns its buffer).
+// rows); each gather copies the picked rows into new buffers (TableBatches: into buffers
+// the caller lent while one is free) with the GIL released, which cross to torch through
+// DLPack without a copy (the tensor holds its buffer, or its share of the lent one).
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
@@ -54,13 +55,14 @@ std::vector<Output> MakeOutputs(std::vector<OutputSpec>& specs) {
   return outputs;
 }
 
-// A torch tensor of n rows owning `data` (allocated with new[]; freed with the tensor).
-nb::object ToTensor(std::unique_ptr<uint8_t[]> buffer, const Output& o, size_t n) {
+// A torch tensor of n rows holding `data` (its own block, or a lent buffer's part: the
+// buffer goes back to the stream once every tensor of its batch is freed).
+nb::object ToTensor(std::shared_ptr<uint8_t[]> buffer, const Output& o, size_t n) {
   std::vector<size_t> shape{n};
   shape.insert(shape.end(), o.tail.begin(), o.tail.end());
-  uint8_t* data = buffer.release();
-  nb::capsule owner(data, [](void* p) noexcept { delete[] static_cast<uint8_t*>(p); });
-  return nb::ndarray<nb::pytorch>(data, shape.size(), shape.data(), owner, nullptr, o.dtype)
+  uint8_t* data = buffer.get();
+  return nb::ndarray<nb::pytorch>(data, shape.size(), shape.data(), OwnerOf(std::move(buffer)),
+                                  nullptr, o.dtype)
       .cast();
 }
 
@@ -238,6 +240,13 @@ class TableBatches {
   }
 
   uint64_t jobs_done() const { return stream_->jobs_done(); }
+  size_t batch_buffer_bytes() const { return stream_->batch_buffer_bytes(); }
+
+  void AdoptBuffers(const std::vector<LentArray>& arrays) {
+    std::vector<table::LentBuffer> lent;
+    for (const LentArray& a : arrays) lent.push_back({a.data(), a.size(), KeepAlive(a)});
+    ThrowIfError(stream_->AdoptBuffers(std::move(lent)));
+  }
 
  private:
   // Drops the windows of finished jobs (their records are no longer read). The deque is
@@ -539,7 +548,14 @@ void init_table(nb::module_& m) {
       .def("next", &TableBatches::Next, "timeout_s"_a,
            "The next batch, None after the last; TimeoutError after timeout_s without one.")
       .def("close", &TableBatches::Close, "Stop the thread; push and next return at once.")
-      .def_prop_ro("jobs_done", &TableBatches::jobs_done, "Windows whose batches are out.");
+      .def_prop_ro("jobs_done", &TableBatches::jobs_done, "Windows whose batches are out.")
+      .def_prop_ro("batch_buffer_bytes", &TableBatches::batch_buffer_bytes,
+                   "Bytes of one batch's outputs (each at a 64-byte boundary): what each lent\n"
+                   "buffer must hold.")
+      .def("adopt_buffers", &TableBatches::AdoptBuffers, "buffers"_a,
+           "Lend the stream memory for batches (1-D uint8 CPU arrays, 8-byte aligned, of at\n"
+           "least batch_buffer_bytes each, e.g. pinned torch tensors' numpy views): used while\n"
+           "one is free, each back once its batch's tensors are freed; dropped after close().");
 }
 
 }  // namespace ddp::py

@@ -355,3 +355,17 @@ class TableBatches:
     @property
     def jobs_done(self) -> int:
         """Windows whose batches are out."""
+
+    @property
+    def batch_buffer_bytes(self) -> int:
+        """
+        Bytes of one batch's outputs (each at a 64-byte boundary): what each lent
+        buffer must hold.
+        """
+
+    def adopt_buffers(self, buffers: Sequence[Annotated[NDArray[numpy.uint8], dict(shape=(None,), order='C', device='cpu')]]) -> None:
+        """
+        Lend the stream memory for batches (1-D uint8 CPU arrays, 8-byte aligned, of at
+        least batch_buffer_bytes each, e.g. pinned torch tensors' numpy views): used while
+        one is free, each back once its batch's tensors are freed; dropped after close().
+        """

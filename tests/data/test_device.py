@@ -126,6 +126,24 @@ def test_the_tail_equals_the_engines_float_pipeline(folder: Path) -> None:
             torch.testing.assert_close(out, f, rtol=0, atol=2e-6)
 
 
+@pytest.mark.parametrize("mean", [None, (0.485, 0.456, 0.406)])
+def test_the_tail_is_one_op_equal_to_the_cast_then_the_arithmetic(mean: Any) -> None:
+    """The fused tail (uint8 read, float written in the asked layout, one op) gives the
+    same floats, bit for bit, as the cast followed by the scale (and the normalisation)."""
+    tail = DeviceTail(mean, None if mean is None else (0.229, 0.224, 0.225))
+    u = torch.randint(0, 256, (3, 3, 7, 5), dtype=torch.uint8)
+    x = u.to(torch.float32)
+    if mean is None:
+        want = x * (1.0 / 255.0)
+    else:
+        scale, neg_shift = tail._constants(torch.device("cpu"))
+        want = torch.addcmul(neg_shift, x, scale)
+    for fmt in (torch.contiguous_format, torch.channels_last):
+        out = tail.apply(u, fmt)
+        assert out.dtype == torch.float32 and out.is_contiguous(memory_format=fmt)
+        assert torch.equal(out, want)
+
+
 # ---- device="cpu": the stage's path, batches and accounting as without it ---------------
 
 
@@ -337,6 +355,99 @@ def test_the_budget_returns_after_reshard_set_epoch_and_close(
     assert PinnedBudget.used() == base
 
 
+def _lending(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Loaders' stages on the CPU that lend buffers as a GPU's do (pageable here)."""
+    monkeypatch.setattr(loader_module, "stage_for", lambda device, channels_last, pin, **kw: (
+        DeviceStage(torch.device("cpu"), host_buffer=_plain, **kw) if device else
+        DeviceStage(None, **kw)))
+
+
+def test_a_tables_batches_are_gathered_into_lent_buffers_and_recycled(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each pass over a table gathers its batches into prefetch + 2 buffers the stage lends
+    (its outputs side by side, at 64-byte boundaries), each back in the engine once its
+    batch is freed: the host path's batches, no more buffers over epochs, and the budget
+    back once a pass ends (also after a reshard) and at close()."""
+    pq = pytest.importorskip("pyarrow.parquet")
+    pa = pytest.importorskip("pyarrow")
+    from dask_ddp.data import Table
+
+    _lending(monkeypatch)
+    ids = np.arange(300, dtype=np.int64)
+    pq.write_table(pa.table({"id": ids, "x": (ids * 0.5).astype(np.float32)}),
+                   tmp_path / "t.parquet", row_group_size=64)
+    table = Table.from_parquet(str(tmp_path / "t.parquet"))
+    lent = 4 * pinned_block_bytes(32 * 4 + 32 * 8)  # x (float32), then y at byte 128
+
+    def read(loader: Loader, epoch: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        loader.set_epoch(epoch)
+        got, ptrs = [], set()
+        for x, y in loader:
+            assert y.data_ptr() == x.data_ptr() + 128, "not in one lent buffer"
+            assert PinnedBudget.used() == base + lent  # this pass's; the last one's freed
+            ptrs.add(x.data_ptr())
+            got.append((x.clone(), y.clone()))
+        assert len(ptrs) <= 4, "more buffers than lent"
+        del x, y  # the epoch's end closed the pass: its buffers go with its last batch
+        assert PinnedBudget.used() == base
+        return got
+
+    base = PinnedBudget.used()
+    host = Loader(table, 32, features=["x"], label="id", seed=2, prefetch=2)
+    loader = Loader(table, 32, features=["x"], label="id", seed=2, prefetch=2,
+                    num_threads=1, device="cpu")
+    for epoch in range(3):
+        host.set_epoch(epoch)
+        want = [(x.clone(), y.clone()) for x, y in host]
+        got = read(loader, epoch)
+        assert len(got) == len(want)
+        for (x, y), (hx, hy) in zip(got, want, strict=True):
+            assert torch.equal(x, hx) and torch.equal(y, hy)
+    loader.reshard(0, 2)
+    assert len(read(loader, 3)) == len(loader)
+    loader.close()
+    host.close()
+    assert PinnedBudget.used() == base
+
+
+def test_shard_fields_cross_in_lent_buffers_freed_with_their_batches(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shard's .npy and .cls fields are copied into buffers the stage lends (the engine
+    stacks them apart), held as long as the batch: the host path's batches, and the budget
+    back to the engine's buffers after each epoch and a reshard, and to nothing at
+    close()."""
+    from dask_ddp.data import write_shards
+
+    _lending(monkeypatch)
+    samples = [{"npy": np.arange(6, dtype=np.float32).reshape(2, 3) + i, "cls": i}
+               for i in range(20)]
+    ds = write_shards(samples, str(tmp_path / "f-{:06d}.tar"), samples_per_shard=7)
+    base = PinnedBudget.used()
+    host = Loader(ds, 4, seed=1)
+    loader = Loader(ds, 4, seed=1, prefetch=2, num_threads=1, device="cpu")
+    engine = PinnedBudget.used() - base
+    fields = pinned_block_bytes(4 * 6 * 4) + pinned_block_bytes(4 * 8)
+    assert engine == 4 * pinned_block_bytes(loader._source.core.batch_buffer_bytes)
+    for epoch in range(3):
+        host.set_epoch(epoch)
+        loader.set_epoch(epoch)
+        n = 0
+        for (x, y), (hx, hy) in zip(loader, host, strict=True):
+            assert torch.equal(x, hx) and torch.equal(y, hy) and y.dtype == torch.int64
+            assert PinnedBudget.used() == base + engine + fields  # this batch's alone
+            n += 1
+        assert n == len(loader) == 5
+        del x, y
+        assert PinnedBudget.used() == base + engine
+    loader.reshard(0, 2)  # the new layout's engine lent its buffers, the old one's freed
+    loader.set_epoch(3)
+    assert sum(1 for _ in loader) == len(loader) == 3
+    assert PinnedBudget.used() == base + engine
+    loader.close()
+    host.close()
+    assert PinnedBudget.used() == base
+
+
 def test_past_the_budget_a_loader_keeps_pageable_buffers(
         folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import dask
@@ -469,6 +580,60 @@ def test_pinned_buffers_hold_the_budget_while_their_engines_live(folder: Path) -
     del images, labels
     loader.close()
     assert PinnedBudget.used() == base
+
+
+@pytest.mark.gpu
+def test_the_tail_runs_as_one_kernel_on_a_gpu() -> None:
+    """uint8 in, normalised float32 out in channels_last: one kernel (the cast, the layout
+    and the arithmetic in it), where the cast then the arithmetic took two."""
+    from torch.profiler import ProfilerActivity, profile
+
+    tail = DeviceTail((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+    u = torch.randint(0, 256, (4, 3, 32, 32), dtype=torch.uint8, device="cuda")
+    tail.apply(u, torch.channels_last)  # the constants made on the device first
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        out = tail.apply(u, torch.channels_last)
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert len(kernels) == 1, [e.name for e in kernels]
+    assert out.is_contiguous(memory_format=torch.channels_last)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["table", "shard fields"])
+def test_tables_and_shard_fields_cross_from_pinned_memory_without_a_wait(
+        tmp_path: Path, kind: str) -> None:
+    """A table's columns and a shard's fields leave page-locked memory, so their copies are
+    asynchronous: one queued behind a long kernel on the stage's stream is still pending
+    when the loop has its batch (a copy from pageable memory waits for the stream first)."""
+    from dask_ddp.data import write_shards
+
+    if kind == "table":
+        pq = pytest.importorskip("pyarrow.parquet")
+        pa = pytest.importorskip("pyarrow")
+        from dask_ddp.data import Table
+
+        ids = np.arange(256, dtype=np.int64)
+        pq.write_table(pa.table({"y": ids, "x": ids.astype(np.float32)}),
+                       tmp_path / "t.parquet", row_group_size=64)
+        loader = Loader(Table.from_parquet(str(tmp_path / "t.parquet")), 32, features=["x"],
+                        label="y", device="cuda")
+    else:
+        samples = [{"npy": np.full((2, 3), i, np.float32), "cls": i} for i in range(64)]
+        ds = write_shards(samples, str(tmp_path / "f-{:06d}.tar"), samples_per_shard=16)
+        loader = Loader(ds, 8, device="cuda")
+    stage = loader._stage
+    loader.set_epoch(0)
+    it = iter(loader)
+    next(it)
+    with torch.cuda.stream(stage.stream):
+        torch.cuda._sleep(2_000_000_000)  # about a second of GPU time ahead of the copy
+    next(it)
+    event, host = stage._held._held[-1]
+    assert all(t.is_pinned() for t in host if isinstance(t, torch.Tensor))
+    assert not event.query(), "the copy waited for the stream (pageable memory)"
+    loader.close()
 
 
 @pytest.mark.gpu

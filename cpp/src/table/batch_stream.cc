@@ -2,10 +2,24 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
+#include <mutex>
 #include <string>
 #include <utility>
 
 namespace ddp::table {
+namespace {
+
+size_t Aligned(size_t bytes) { return (bytes + 63) / 64 * 64; }
+
+}  // namespace
+
+struct BatchStream::Lent {
+  ProcessOwner owner;
+  std::mutex mu;
+  std::vector<LentBuffer> free;
+  bool closed = false;  // buffers coming back are dropped
+};
 
 BatchStream::BatchStream(std::vector<size_t> output_row_bytes, size_t batch_size,
                          size_t prefetch, size_t max_jobs, GatherPool* pool, bool ahead)
@@ -14,7 +28,8 @@ BatchStream::BatchStream(std::vector<size_t> output_row_bytes, size_t batch_size
       prefetch_(std::max<size_t>(1, prefetch)),
       max_jobs_(std::max<size_t>(1, max_jobs)),
       pool_(pool),
-      ahead_(ahead) {
+      ahead_(ahead),
+      lent_(std::make_shared<Lent>()) {
   if (ahead_) worker_ = std::thread([this] { Run(); });
 }
 
@@ -99,6 +114,13 @@ void BatchStream::Close() {
     closed_ = true;
     changed_.notify_all();
   }
+  std::vector<LentBuffer> lent;
+  {
+    std::lock_guard<std::mutex> g(lent_->mu);
+    lent_->closed = true;
+    lent.swap(lent_->free);
+  }
+  lent.clear();  // their keepers run outside the lock
   std::lock_guard<std::mutex> join(join_mu_);  // two threads closing at once join once
   if (worker_.joinable() && worker_.get_id() != std::this_thread::get_id()) worker_.join();
 }
@@ -140,12 +162,64 @@ void BatchStream::Run() {
   changed_.notify_all();
 }
 
+size_t BatchStream::batch_buffer_bytes() const {
+  size_t total = 0;
+  for (size_t bytes : output_row_bytes_) total += Aligned(batch_size_ * bytes);
+  return total;
+}
+
+Status BatchStream::AdoptBuffers(std::vector<LentBuffer> buffers) {
+  const size_t need = batch_buffer_bytes();
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    if (buffers[i].data == nullptr || buffers[i].size < need) {
+      return InvalidArgumentError("table batches: lent buffer " + std::to_string(i) + " holds " +
+                                  std::to_string(buffers[i].size) + " bytes; a batch's outputs need " +
+                                  std::to_string(need));
+    }
+    if (reinterpret_cast<uintptr_t>(buffers[i].data) % alignof(int64_t) != 0) {
+      return InvalidArgumentError("table batches: lent buffer " + std::to_string(i) +
+                                  " is not 8-byte aligned");
+    }
+  }
+  std::lock_guard<std::mutex> g(lent_->mu);
+  if (lent_->closed) return CancelledError("table batches: the stream is closed");
+  for (LentBuffer& b : buffers) lent_->free.push_back(std::move(b));
+  return Status::Ok();
+}
+
+std::shared_ptr<uint8_t[]> BatchStream::TakeLent() const {
+  std::lock_guard<std::mutex> g(lent_->mu);
+  if (lent_->free.empty()) return nullptr;
+  LentBuffer b = std::move(lent_->free.back());
+  lent_->free.pop_back();
+  uint8_t* data = b.data;
+  return std::shared_ptr<uint8_t[]>(data, [pool = lent_, b](uint8_t*) mutable {
+    // In a fork()ed child the buffer goes (this process's copy) without the lock, which a
+    // parent's thread that does not exist here may hold.
+    if (!pool->owner.here()) return;
+    std::unique_lock<std::mutex> lock(pool->mu);
+    if (!pool->closed) {
+      pool->free.push_back(std::move(b));
+      return;
+    }
+    lock.unlock();
+    b = LentBuffer();  // its keeper runs outside the lock
+  });
+}
+
 Status BatchStream::Gather(const BatchJob& job, size_t begin, size_t rows, Batch* batch) const {
   batch->rows = rows;
   batch->outputs.clear();
   std::vector<uint8_t*> outs;
+  std::shared_ptr<uint8_t[]> lease = TakeLent();
+  size_t at = 0;
   for (size_t bytes : output_row_bytes_) {
-    batch->outputs.emplace_back(new uint8_t[std::max<size_t>(1, rows * bytes)]);
+    if (lease != nullptr) {
+      batch->outputs.emplace_back(lease, lease.get() + at);  // shares the lease
+      at += Aligned(batch_size_ * bytes);
+    } else {
+      batch->outputs.emplace_back(new uint8_t[std::max<size_t>(1, rows * bytes)]);
+    }
     outs.push_back(batch->outputs.back().get());
   }
   return GatherRows(*job.layout, std::span<const int32_t>(job.segment).subspan(begin, rows),

@@ -7,6 +7,11 @@
 // ahead of the consumer; Next() hands them out in order. Neither the jobs nor the batches
 // touch the caller's interpreter: the consumer's only work per batch is one Next().
 //
+// Memory the caller lends (AdoptBuffers: e.g. page-locked host memory a GPU copies from
+// without staging) holds a batch's outputs while one is free; a lent buffer comes back to
+// the stream when the batch's last output is freed, so a batch still held (e.g. while its
+// copy runs) is never gathered over. With none free, a batch gets blocks of its own.
+//
 // Jobs finish in the order pushed: jobs_done() counts them, so a caller keeping the
 // job's buffers alive (the segments' records) releases them once their job is done.
 #pragma once
@@ -33,9 +38,19 @@ struct BatchJob {
   std::vector<int64_t> row;                    // the row of each position in its segment
 };
 
+// Memory lent for batches; `keep` holds whatever keeps `data` valid, dropped once no
+// batch can use the memory any more.
+struct LentBuffer {
+  uint8_t* data = nullptr;
+  size_t size = 0;
+  std::shared_ptr<void> keep;
+};
+
 struct Batch {
   size_t rows = 0;
-  std::vector<std::unique_ptr<uint8_t[]>> outputs;  // rows * output_row_bytes[o] each
+  // rows * output_row_bytes[o] bytes each: blocks of its own, or parts of one lent buffer
+  // (the outputs share its lease).
+  std::vector<std::shared_ptr<uint8_t[]>> outputs;
 };
 
 class BatchStream {
@@ -73,7 +88,17 @@ class BatchStream {
   uint64_t jobs_done() const;
   size_t batch_size() const { return batch_size_; }
 
+  // Bytes of a lent buffer: every output of a full batch, each at a 64-byte boundary.
+  size_t batch_buffer_bytes() const;
+  // Lends the stream memory for batches (see the top). InvalidArgument naming the buffer
+  // if one is null, smaller than batch_buffer_bytes() or not 8-byte aligned. After
+  // Close() a lent buffer is dropped as its batch is freed.
+  Status AdoptBuffers(std::vector<LentBuffer> buffers);
+
  private:
+  struct Lent;  // the lent buffers not in use, shared with the batches' leases
+  // A free lent buffer as one lease (null: none free).
+  std::shared_ptr<uint8_t[]> TakeLent() const;
   void Run();
   // Next() without a thread: the next batch gathered here.
   Status NextInline(Batch* batch, bool* end, double timeout_s);
@@ -101,6 +126,7 @@ class BatchStream {
   bool worker_done_ = false;         // the thread has ended (finished, an error or closed)
   bool closed_ = false;
   const bool ahead_;
+  const std::shared_ptr<Lent> lent_;
   // Without a thread: the job being cut into batches, and its next row.
   std::optional<BatchJob> current_;
   size_t cursor_ = 0;

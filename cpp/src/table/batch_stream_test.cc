@@ -227,6 +227,61 @@ TEST(BatchStreamInline, GathersOnlyWhenAskedAndFreesAJobWithItsLastBatch) {
   EXPECT_TRUE(end);
 }
 
+TEST_P(BatchStreamTest, LentBuffersHoldBatchesAndComeBackOnlyWhenTheBatchIsFreed) {
+  const std::vector<int64_t> rows = {30, 20};
+  Records t(rows);
+  BatchStream stream({8, 4}, 16, 1, 2, nullptr, GetParam());
+  // Outputs at 64-byte boundaries: 16 * 8 = 128 bytes, then 16 * 4 = 64.
+  ASSERT_EQ(stream.batch_buffer_bytes(), 192u);
+  std::vector<uint8_t> small(100);
+  Status st = stream.AdoptBuffers({{small.data(), small.size(), nullptr}});
+  EXPECT_EQ(st.code(), Code::kInvalidArgument);
+  EXPECT_NE(st.message().find("lent buffer 0 holds 100 bytes"), std::string::npos) << st.message();
+  alignas(64) static uint8_t memory[2][192];
+  auto kept = std::make_shared<int>(0);  // what keeps the memory alive: dropped after Close
+  ASSERT_TRUE(stream.AdoptBuffers({{memory[0], 192, kept}, {memory[1], 192, kept}}).ok());
+  const BatchJob job = ShuffledJob(t, rows, 3);
+  ASSERT_TRUE(stream.Push(job).ok());
+  stream.Finish();
+  const std::vector<int32_t> want = Values(job);
+  std::vector<int32_t> got;
+  std::vector<Batch> held;
+  int lent_batches = 0;
+  auto lent = [&](const Batch& b) {
+    return (b.outputs[0].get() == memory[0] || b.outputs[0].get() == memory[1]) &&
+           b.outputs[1].get() == b.outputs[0].get() + 128;
+  };
+  while (true) {
+    Batch b;
+    bool end = false;
+    ASSERT_TRUE(stream.Next(&b, &end).ok());
+    if (end) break;
+    for (size_t i = 0; i < b.rows; ++i) {
+      int32_t y;
+      std::memcpy(&y, b.outputs[1].get() + 4 * i, 4);
+      got.push_back(y);
+    }
+    lent_batches += lent(b);
+    held.push_back(std::move(b));
+    // Two batches held: a third is gathered into blocks of its own, never over either.
+    if (held.size() == 3) {
+      EXPECT_TRUE(lent(held[0]) && lent(held[1]));
+      EXPECT_NE(held[0].outputs[0].get(), held[1].outputs[0].get());
+      EXPECT_FALSE(lent(held[2]));
+      held.erase(held.begin(), held.begin() + 2);  // both buffers come back
+    }
+  }
+  EXPECT_EQ(got, want);  // 50 rows: 16, 16, 16 (own blocks), then 2 in a lent buffer
+  EXPECT_EQ(lent_batches, 3);
+  ASSERT_EQ(held.size(), 2u);
+  EXPECT_TRUE(!lent(held[0]) && lent(held[1]));
+  EXPECT_EQ(kept.use_count(), 3);  // the stream's free one and the held batch's
+  stream.Close();
+  EXPECT_EQ(kept.use_count(), 2);  // the free one dropped at Close
+  held.clear();
+  EXPECT_EQ(kept.use_count(), 1);  // a batch freed after Close drops its buffer
+}
+
 INSTANTIATE_TEST_SUITE_P(AheadAndInline, BatchStreamTest, testing::Bool(),
                          [](const testing::TestParamInfo<bool>& param) {
                            return param.param ? "Ahead" : "Inline";

@@ -13,8 +13,10 @@ memory. The stage sits between the engine and the loop and owns everything of th
   shared by the ranks on the host; at torch's block size, a power of two) until the engine
   frees it (closed, or replaced at a reshard or a new epoch). Past the budget the Loader
   falls back to pageable buffers with one warning. Image batches and their labels are
-  decoded into them (the labels after the images, in the same buffer); tar shards' other
-  fields and tables' columns are pageable, and their copies wait for the host.
+  decoded into them (the labels after the images, in the same buffer), a table's columns
+  gathered into them (:meth:`DeviceStage.lend`, one loan for every kind); tar shards'
+  other fields, stacked by the engine once decoded, are copied into lent buffers of their
+  size (:meth:`DeviceStage.staged`). A copy from pageable memory would wait for the host.
 - **A copy stream of its own.** Each batch crosses the bus on the stage's CUDA stream,
   ``non_blocking``; the step's stream waits on an event, not the host. The copy of the next
   batch is issued when the loop asks for it, while the GPU still runs the step before (the
@@ -63,7 +65,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-R = TypeVar("R", bound="_core.ImageLoader")
+#: What the stage lends buffers to: an engine image loader or a table's batch stream.
+R = TypeVar("R", bound="_core.ImageLoader | _core.TableBatches")
 
 def resolve_device(device: str | torch.device | None) -> torch.device | None:
     """The torch device a Loader's ``device=`` names (``None``: host tensors, as before).
@@ -135,14 +138,15 @@ class DeviceTail:
         default_factory=dict, compare=False, repr=False)
 
     def apply(self, images: torch.Tensor, memory_format: torch.memory_format) -> torch.Tensor:
-        """``images`` (uint8, N x 3 x H x W) as float32 on their device, normalised."""
-        x = images.to(dtype=torch.float32, memory_format=memory_format)
+        """``images`` (uint8, N x 3 x H x W) as float32 on their device, normalised, in
+        ``memory_format``, by one op that reads uint8 and writes the float layout (float32:
+        no public option asks for bf16; autocast casts at the model's first op)."""
+        out = torch.empty(images.shape, dtype=torch.float32, device=images.device,
+                          memory_format=memory_format)
         if self.mean is None or self.std is None:
-            return x.mul_(1.0 / 255.0)
-        # (x / 255 - mean) / std in one in-place pass after the cast (two kernels in all):
-        # x * (1 / (255 std)) - mean / std, as addcmul(-mean / std, x, 1 / (255 std)).
-        scale, neg_shift = self._constants(x.device)
-        return torch.addcmul(neg_shift, x, scale, out=x)
+            return torch.mul(images, 1.0 / 255.0, out=out)
+        scale, neg_shift = self._constants(out.device)  # (x / 255 - mean) / std
+        return torch.addcmul(neg_shift, images, scale, out=out)
 
     def _constants(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """The per-channel scale and negated shift on ``device``, made once per device (a
@@ -381,8 +385,8 @@ class DeviceStage:
         The image pipeline of the engine loaders this stage reads (none for tables): on
         a GPU its float tail runs on the device (:func:`split_tail`).
     buffers
-        Page-locked buffers lent to each engine loader made by :meth:`reader` (on a
-        GPU; ``prefetch + 2`` for a Loader).
+        Page-locked buffers lent to each engine loader or table pass (:meth:`lend`, on
+        a GPU; ``prefetch + 2`` for a Loader).
     pin_memory
         Without a device: copy each host batch's tensors to pinned memory.
     host_buffer
@@ -410,15 +414,26 @@ class DeviceStage:
         self.holds = 1 if self._cuda else 0
 
     def reader(self, make: Callable[[list[Op]], R]) -> R:
-        """``make(engine_ops)``, an engine image loader, lent ``buffers`` page-locked
-        buffers on a GPU within the host's budget (else it keeps its own): the engine
-        decodes into them, the copy needs no staging. Their budget comes back as they are
-        freed: the engine closed (or freed) and no batch of it held any more."""
-        core = make(list(self.engine_ops))
+        """``make(engine_ops)``, an engine image loader, :meth:`lend`-ed buffers."""
+        return self.lend(make(list(self.engine_ops)))
+
+    def lend(self, core: R) -> R:
+        """``core`` (an engine image loader or a table's batch stream) lent ``buffers``
+        page-locked buffers on a GPU within the host's budget (else it keeps its own) to
+        write batches into: each goes back to it when its batch is freed (held here until
+        its copy completed), and to the budget once ``core`` is closed."""
         buffers = self.pinned_buffers(self._buffers, int(core.batch_buffer_bytes))
         if buffers is not None:
             core.adopt_buffers(buffers)
         return core
+
+    def staged(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` (a field the engine stacked apart) in a lent buffer of its size (page-locked
+        on a GPU), or ``x`` itself without a lender or past the budget."""
+        lent = self.pinned_buffers(1, x.nbytes)
+        if lent is None:
+            return x
+        return torch.from_numpy(lent[0]).view(x.dtype).view(x.shape).copy_(x)
 
     def pinned_buffers(self, count: int, nbytes: int) -> list[np.ndarray] | None:
         """``count`` page-locked uint8 buffers of ``nbytes`` for the engine's pool, as
@@ -523,9 +538,9 @@ class DeviceStage:
         # the allocator hands out a block the consumer used only after the consumer's work
         # on it (record_stream below, on every tensor yielded).
         with torch.cuda.stream(self.stream):
-            # The image batch last: a copy from pageable memory (a shard's fields, a table's
-            # columns) first waits for the stream's work (CUDA's rule for pageable
-            # sources), which must not be this batch's image copy.
+            # The image batch last: a copy from pageable memory (past the budget, a table's
+            # features of several dtypes) first waits for the stream's work (CUDA's rule
+            # for pageable sources), which must not be this batch's image copy.
             order = sorted(range(len(batch)), key=lambda i: i == image_at)
             moved = {i: _to_device(batch[i], self.device) for i in order}
             out = self._shaped([moved[i] for i in range(len(batch))], image_at)

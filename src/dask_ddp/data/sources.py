@@ -393,8 +393,12 @@ class ShardSource(Source):
         return int(self.core.epoch_samples(epoch))  # type: ignore[attr-defined]
 
     def batch(self, item: tuple[Any, ...]) -> tuple[Any, ...]:
-        """The Loader's tuple: ``(images, labels)``, or the shards' fields in order."""
-        return self.shards.batch_tuple(item)
+        """The Loader's tuple: ``(images, labels)``, or the shards' fields in order (their
+        tensors but the images in lent buffers: :meth:`DeviceStage.staged`)."""
+        out = self.shards.batch_tuple(item)
+        return out if self.shards.fields is None else tuple(
+            self.stage.staged(x) if i != self.image_at and isinstance(x, torch.Tensor) else x
+            for i, x in enumerate(out))
 
     def state(self) -> dict[str, Any]:
         return {"drop_last": self.loader.drop_last, "batch_size": self.loader.batch_size,

@@ -6,7 +6,7 @@ consecutive ones (:class:`~dask_ddp.data.table.window.Window`). A window's reads
 ahead of the window being gathered, and a window is dropped (its rows freed) once its
 batches are out. The batches of each window go to the engine in one call
 (:class:`dask_ddp._core.TableBatches`): its own thread gathers them (GIL released) into
-tensors that own their buffers, ``prefetch`` batches ahead of the training loop, whose
+the device stage's lent buffers or its own, ``prefetch`` batches ahead of the loop, whose
 only work per batch is one call (or, for a rank with one core, that call gathers the
 batch); a batch across windows goes alone, over their segments.
 """

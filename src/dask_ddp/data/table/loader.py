@@ -10,8 +10,8 @@ the current one is gathered; with the cache, the partitions are held once per ho
 (:mod:`~dask_ddp.data.table.host_cache`). The next epoch's plan and first window are made
 while the current epoch is gathered. A background thread (the :class:`TableReader`'s)
 hands each window's batches to the engine (:mod:`~dask_ddp.data.table.batches`), whose own
-thread gathers them (GIL released) into tensors that own their buffers; the training loop
-takes each with one call.
+thread gathers them (GIL released) into buffers the device stage lends (else its own); the
+training loop takes each with one call.
 """
 
 from __future__ import annotations
@@ -113,8 +113,9 @@ class TableReader:
             # (not for an epoch resumed on another world size: the next one is ordinary).
             if src.resumed is None:
                 ahead = lambda: src.plan.rows(epoch + 1, None)  # noqa: E731
-        self._stream, self._stop, self._errors = (src.batches.stream(src.loader.prefetch),
-                                                  threading.Event(), [])
+        # Gathered into the stage's lent buffers (page-locked on a GPU).
+        self._stream, self._stop, self._errors = (
+            src.stage.lend(src.batches.stream(src.loader.prefetch)), threading.Event(), [])
         self._thread = threading.Thread(
             target=src.batches.produce, name=f"dask-ddp-table-{src.loader.rank}", daemon=True,
             args=(self._stream, self._stop, self._at, epoch, lambda: self.rows(epoch),

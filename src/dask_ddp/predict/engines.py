@@ -1,18 +1,20 @@
 """One engine image loader per worker thread, kept from one partition's task to the next.
 
 Building an engine loader starts its decode and fetch threads, allocates its batch buffers
-(pinned ones lent by the device stage on a GPU) and takes the store: 25-40 ms before the
-first image. A thread that runs many partitions of image lists builds one and hands it
-each partition's keys (``ImageLoader.restart``), as long as the partitions' engines would
-be alike: the same store, transform ops, batch size, decode threads, prefetch, error
-handling and device (:class:`EngineKey`). A task whose engine differs closes the cached
-one and builds its own, which stays cached in its place.
+(pinned ones lent by the device stage on a GPU, with the stage's CUDA stream) and takes
+the store, before the first image is read. A thread that runs many partitions of image
+lists builds one and hands it each partition's keys (``ImageLoader.restart``), as long as
+the partitions' engines would be alike: the same store, transform ops, batch size, decode
+threads, prefetch, error handling and device (:class:`EngineKey`). A task whose engine
+differs closes the cached one and builds its own, which stays cached in its place.
 
 The cache holds at most one engine per thread, idle between tasks: a task takes it out
 while it reads and puts it back only when its partition was read to the end, so a task
 that fails (its model raised, a bad image, a cancellation) closes its engine rather than
 keep one whose traceback Dask may hold. The engine is closed when its thread ends (the
-thread's locals go) or at interpreter exit.
+thread's locals go) or at interpreter exit. An idle engine keeps what a reading one holds:
+its threads (asleep), ``prefetch`` batch buffers (pinned ones in the host's pinned budget)
+and its decode buffers.
 
 Tar shards keep an engine per partition: a partition is one shard, and a shard engine's
 samples are its source's (``restart`` is for key lists).

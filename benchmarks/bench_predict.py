@@ -20,7 +20,8 @@ Workloads (the issue's, sizes by flag), on a LocalCluster of WORKERS workers x 1
    table (``--lookup-rows`` rows, 16.8 M parameters, 64 MiB: an embedding of 2**20 x 16
    indexed by a hash of the first feature, then the MLP), which the naive map ships to
    every task (target: a >= 3x c and a >= 1.0x b).
-2. images: IMAGES JPEGs (160x120) in class folders, a small CNN at 64 px:
+2. images: IMAGES JPEGs (160x120) in class folders, a small CNN at 64 px, in partitions of
+   ``--image-partition`` images (default: a quarter of a worker's share):
    a. ``dask_ddp.predict(ImageFolder(dir), transform=Resize+ToTensor)`` (the engine decodes);
    b. hand-written ``map_partitions`` over the paths with PIL and torchvision transforms
       (target: a >= 1.5x b);
@@ -55,7 +56,8 @@ skipped with a note when ``ray.data`` cannot be imported (``make bench-deps``) o
 Each figure is the best of --repeat runs (samples/s). Run:
 
     python benchmarks/bench_predict.py [--rows 2000000] [--cols 32] [--parts 16]
-        [--batch 4096] [--lookup-rows 500000] [--images 4000] [--workers 2] [--repeat 3]
+        [--batch 4096] [--lookup-rows 500000] [--images 4000] [--image-partition N]
+        [--workers 2] [--repeat 3]
         [--resnet] [--no-ray] [--json PATH]
     python benchmarks/bench_predict.py --gpu [--gpu-images 32768] [--photos DIR]
         [--gpu-rows predict,model,loader,dataloader] [--json PATH]
@@ -426,7 +428,7 @@ def bench_images(client: Any, args: argparse.Namespace, folder: str, resnet: boo
     size, build = (224, make_resnet) if resnet else (64, make_cnn)
     what = "ResNet-18 at 224 px" if resnet else "small CNN at 64 px"
     ds = ImageFolder(folder)
-    n, part = len(ds), max(1, len(ds) // (4 * args.workers))
+    n, part = len(ds), args.image_partition or max(1, len(ds) // (4 * args.workers))
     tf = T.Compose([T.Resize((size, size)), T.ToTensor()])
     paths = dd.from_pandas(pd.DataFrame({"path": [p for p, _ in ds.samples]}),
                            chunksize=part)
@@ -674,6 +676,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--lookup-rows", type=int, default=500_000,
                    help="rows for the lookup model (0: skip it)")
     p.add_argument("--images", type=int, default=4000)
+    p.add_argument("--image-partition", type=int, default=0,
+                   help="images per partition (0: a quarter of a worker's share)")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--resnet", action="store_true")

@@ -107,6 +107,17 @@ void PyLoader::StartEpoch(uint64_t epoch, int64_t start_batch) {
   ThrowIfError(st);
 }
 
+void PyLoader::Restart(std::vector<std::string> keys, std::vector<int64_t> labels) {
+  std::shared_ptr<pipeline::Loader> loader = checked();
+  Status st;
+  {
+    nb::gil_scoped_release release;
+    st = loader->Restart(std::move(keys), std::move(labels));
+    loader.reset();  // the last reference may join threads: not under the GIL
+  }
+  ThrowIfError(st);
+}
+
 nb::object PyLoader::Next() {
   std::shared_ptr<pipeline::Loader> loader = checked();
   Result<std::optional<pipeline::Batch>> r = [&] {
@@ -195,6 +206,12 @@ void init_loader(nb::module_& m) {
            "requests in flight for remote stores (0: the store's option).")
       .def("start_epoch", &PyLoader::StartEpoch, "epoch"_a, "start_batch"_a = 0,
            "Start (or restart) an epoch at a batch; cancels work in flight.")
+      .def("restart", &PyLoader::Restart, "keys"_a, "labels"_a,
+           "Read `keys` (labels[i] for keys[i], under the same store) from now on, keeping "
+           "the threads, batch buffers (lent ones too) and options: cancels work in flight; "
+           "next() returns None until start_epoch() starts the new list. Batches already "
+           "returned stay as they are. ValueError for a loader over tar shards or a closed "
+           "one, or when the counts of keys and labels differ.")
       .def("next", &PyLoader::Next, nb::sig("def next(self) -> tuple[torch.Tensor, torch.Tensor, int] | None"),
            "The next (images, labels, batch_index), or None at the epoch's end. Raises "
            "ValueError if the loader is (or gets) closed meanwhile.")

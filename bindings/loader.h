@@ -45,6 +45,7 @@ class PyLoader {
            const std::vector<OpSpec>& ops, const PyLoaderArgs& a);
 
   void StartEpoch(uint64_t epoch, int64_t start_batch);
+  void Restart(std::vector<std::string> keys, std::vector<int64_t> labels);
   // (images, labels, batch_index[, fields]) or None at the epoch's end.
   nanobind::object Next();
   void Close();

@@ -129,6 +129,11 @@ class ImageLoader:
     def start_epoch(self, epoch: int, start_batch: int = 0) -> None:
         """Start (or restart) an epoch at a batch; cancels work in flight."""
 
+    def restart(self, keys: Sequence[str], labels: Sequence[int]) -> None:
+        """
+        Read `keys` (labels[i] for keys[i], under the same store) from now on, keeping the threads, batch buffers (lent ones too) and options: cancels work in flight; next() returns None until start_epoch() starts the new list. Batches already returned stay as they are. ValueError for a loader over tar shards or a closed one, or when the counts of keys and labels differ.
+        """
+
     def next(self) -> tuple[torch.Tensor, torch.Tensor, int] | None:
         """
         The next (images, labels, batch_index), or None at the epoch's end. Raises ValueError if the loader is (or gets) closed meanwhile.

@@ -1,6 +1,7 @@
 """dask_ddp.predict on a GPU worker (skipped where CUDA is missing): a DataFrame and an image
-folder on the GPU equal to the CPU's outputs (bf16 + channels_last within bf16's step), the
-process's TF32 settings restored after the tasks, and the model built on the worker only.
+folder on the GPU equal to the CPU's outputs (bf16 + channels_last within bf16's step, its
+partitions read by one engine per worker thread), the process's TF32 settings restored
+after the tasks, and the model built on the worker only.
 The models assert that their input is on CUDA (and channels_last where asked), so these
 tests fail where predict feeds a GPU model host tensors; the output's layout is given, as
 the meta device and the probe's zero sample would not pass those checks."""
@@ -19,6 +20,7 @@ from distributed import Client
 import dask_ddp
 from cluster_util import client_fixture
 from dask_ddp.data import ImageFolder
+from dask_ddp.predict.engines import engine_info
 from dask_ddp.predict.precision import tf32_precisions
 from images import file_putter, write_folder
 from predict_util import (
@@ -59,10 +61,15 @@ def test_a_frame_on_the_gpu_equals_the_cpu(client: Client) -> None:
 def test_images_in_bf16_and_channels_last_on_the_gpu(client: Client, tmp_path: Path) -> None:
     write_folder(file_putter(str(tmp_path)), ["a", "b", "c"], 30)
     ds = ImageFolder(str(tmp_path), transform=TRANSFORM)
-    out = dask_ddp.predict(CudaChannelsLastCnn, ds, partition_size=32, batch_size=8,
+    out = dask_ddp.predict(CudaChannelsLastCnn, ds, partition_size=8, batch_size=8,
                            device="cuda", precision="bf16", channels_last=True,
                            output_shape=(5,), output_dtype=np.float32)
+    before = client.run(engine_info)
     got = out.compute()
+    # A worker thread's engine (its pinned buffers lent, its stage's stream) read on.
+    after = client.run(engine_info)
+    built, reused = (sum(after[w][k] - before[w][k] for w in after) for k in ("built", "reused"))
+    assert 1 <= built <= 2 and built + reused == out.npartitions == 12
     columns = [f"out_{i}" for i in range(5)]
     assert list(got.index) == list(range(90))
     want, labels = engine_outputs(ds)

@@ -1,6 +1,7 @@
 """dask_ddp.predict over image datasets on a real LocalCluster: a local ImageFolder and tar
 shards decoded by the engine, compared with the engine's Loader in this process; bad images;
-a forward that raises leaves no engine running behind the traceback that keeps its error."""
+a forward that raises leaves no engine running behind the traceback that keeps its error;
+a worker thread reads an image list's partitions with one engine, closed with its thread."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from distributed import Client
 import dask_ddp
 from cluster_util import client_fixture
 from dask_ddp.data import ImageFolder, TarShards
+from dask_ddp.predict.engines import close_engine, engine_info
 from images import encode, file_putter, photo, write_folder
 from predict_util import (
     TRANSFORM,
@@ -102,6 +104,11 @@ class RaisesOnTheSecondBatch(TinyCnn):
         return super().forward(x)
 
 
+class RaisesOnItsSecondBatch(RaisesOnTheSecondBatch):
+    """The same, for a test of its own (the worker's model cache keeps one instance of a
+    model class, and its count of calls, across tests)."""
+
+
 def native_threads() -> set[int]:
     """The ids of this process's threads that Python did not start (the engine's are)."""
     python = {t.native_id for t in threading.enumerate()}
@@ -124,3 +131,68 @@ def test_a_failed_forward_leaves_no_engine_behind_its_traceback(tmp_path: Path) 
     assert caught.value.__traceback__ is not None
     wait_until(lambda: native_threads() - before, 60,
                "the engine's threads outlive the failed task")
+
+
+def engine_counts(client: Client) -> dict[str, int]:
+    """The engines the cluster's workers built and reused, summed, and those open now."""
+    got = client.run(engine_info)
+    return {k: sum(info[k] for info in got.values()) for k in ("built", "reused", "open")}
+
+
+def test_a_worker_thread_reuses_its_engine_across_partitions(client: Client,
+                                                             tmp_path: Path) -> None:
+    written = write_folder(file_putter(str(tmp_path)), ["cat", "dog"], 11)
+    ds = ImageFolder(str(tmp_path), transform=TRANSFORM)
+    want, labels = engine_outputs(ds)
+    threads = sum(client.nthreads().values())
+    columns = [f"out_{i}" for i in range(5)]
+    for batch_size in (3, 4):  # the second call's options differ: engines built anew
+        before = engine_counts(client)
+        out = dask_ddp.predict(TinyCnn, ds, partition_size=2, batch_size=batch_size)
+        got = out.compute()
+        after = engine_counts(client)
+        built, reused = after["built"] - before["built"], after["reused"] - before["reused"]
+        # One engine per worker thread at most, every other partition a reuse of one.
+        assert 1 <= built <= threads and built + reused == out.npartitions == 11
+        assert after["open"] <= threads
+        assert list(got.index) == list(range(22))
+        assert list(got["key"]) == [str(tmp_path / k) for k, _ in written]
+        assert list(got["label"]) == list(labels)
+        assert_close_f32(got[columns].to_numpy(), want)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads in /proc")
+def test_the_cached_engine_is_the_only_one_left_and_goes_with_a_failure_or_its_thread(
+        tmp_path: Path) -> None:
+    write_folder(file_putter(str(tmp_path)), ["a", "b"], 7)
+    ds = ImageFolder(str(tmp_path), transform=TRANSFORM)
+    layout = {"output_shape": (5,), "output_dtype": np.float32, "partition_size": 3}
+    # In this process (the sync scheduler): torch's threads and the folder's store once,
+    # then no engine of this thread's left.
+    dask_ddp.predict(TinyCnn, ds, batch_size=2, **layout).compute(scheduler="sync")
+    close_engine()
+    none = native_threads()
+
+    def run(model: type[TinyCnn]) -> tuple[int, int]:
+        start = engine_info()
+        dask_ddp.predict(model, ds, batch_size=2, **layout).compute(scheduler="sync")
+        end = engine_info()
+        return end["built"] - start["built"], end["reused"] - start["reused"]
+
+    assert run(TinyCnn) == (1, 4)  # 5 partitions, one engine
+    cached = native_threads() - none
+    assert cached  # its decode threads, waiting for the next partition
+    assert run(TinyCnn) == (0, 5)
+    assert native_threads() - none == cached  # the same threads read every partition
+    with pytest.raises(RuntimeError, match="second batch") as caught:
+        run(RaisesOnItsSecondBatch)
+    assert caught.value.__traceback__ is not None  # kept, as Dask keeps a failed task's
+    wait_until(lambda: native_threads() - none, 60, "the failed task's engine's threads")
+    assert engine_info()["open"] == 0
+    # A thread's engine is closed when the thread ends.
+    worker = threading.Thread(target=run, args=(TinyCnn,))
+    worker.start()
+    worker.join(60)
+    assert not worker.is_alive()
+    wait_until(lambda: native_threads() - none, 60, "the ended thread's engine's threads")
+    assert engine_info()["open"] == 0

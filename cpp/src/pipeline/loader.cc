@@ -126,7 +126,7 @@ struct Loader::BatchState {
   std::shared_ptr<BufferLease> lease;
   std::vector<int64_t> samples;  // dataset indices, one per slot
   std::vector<Status> status;    // per slot, written by the worker that owns the slot
-  std::vector<int64_t> labels;   // per slot, from a SampleSource
+  std::vector<int64_t> labels;   // per slot (the keys' labels, or a SampleSource's)
   std::vector<std::vector<SampleField>> fields;  // per slot, from a SampleSource
   std::vector<std::string> urls;                 // per slot, from a SampleSource
   std::atomic<int64_t> remaining{0};
@@ -174,6 +174,7 @@ Loader::Loader(std::shared_ptr<Store> store, std::vector<std::string> keys, std:
                image::Pipeline pipeline, const LoaderOptions& options, DistributedSampler sampler)
     : store_(std::move(store)), keys_(std::move(keys)), labels_(std::move(labels)),
       pipeline_(std::move(pipeline)), opt_(options), sampler_(std::move(sampler)) {
+  key_samples_ = sampler_.num_samples();
   pool_ = std::make_shared<BufferPool>(pipeline_.sample_bytes() * static_cast<size_t>(opt_.batch_size),
                                        static_cast<size_t>(opt_.batch_size), static_cast<size_t>(opt_.prefetch));
   int n = opt_.num_threads > 0 ? opt_.num_threads : static_cast<int>(std::thread::hardware_concurrency());
@@ -281,6 +282,33 @@ Status Loader::StartEpoch(uint64_t epoch, int64_t start_batch) {
   return Status::Ok();
 }
 
+Status Loader::Restart(std::vector<std::string> keys, std::vector<int64_t> labels) {
+  DDP_RETURN_IF_ERROR(CheckProcess());
+  if (source_) {
+    return FailedPreconditionError("Loader::Restart: this loader reads a sample source (e.g. tar shards), "
+                                   "not a key list; make a new one for other samples");
+  }
+  if (keys.size() != labels.size()) {
+    return InvalidArgumentError("Loader::Restart: " + std::to_string(keys.size()) + " keys but " +
+                                std::to_string(labels.size()) + " labels");
+  }
+  DDP_ASSIGN_OR_RETURN(DistributedSampler sampler,
+                       DistributedSampler::Create(static_cast<int64_t>(keys.size()), opt_.sampler));
+  std::unique_lock<std::mutex> lock(mu_);
+  if (stop_) return ClosedError();
+  // After the cancellation no task and no fetch runs (busy_ == 0) and none is queued: no
+  // thread reads keys_ until the next StartEpoch schedules batches of the new list.
+  CancelLocked(lock);
+  ++generation_;
+  keys_ = std::move(keys);
+  labels_ = std::move(labels);
+  sampler_ = std::move(sampler);
+  key_samples_ = sampler_.num_samples();
+  order_.clear();
+  next_schedule_ = next_deliver_ = end_batch_ = 0;
+  return Status::Ok();
+}
+
 void Loader::ScheduleLocked() {
   const auto bs = static_cast<int64_t>(opt_.batch_size);
   const auto prefetch = static_cast<size_t>(opt_.prefetch);
@@ -297,7 +325,11 @@ void Loader::ScheduleLocked() {
     const int64_t n = std::min<int64_t>(bs, static_cast<int64_t>(order_.size()) - start);
     b->samples.assign(order_.begin() + start, order_.begin() + start + n);
     b->status.resize(static_cast<size_t>(n));
-    if (source_) {
+    if (!source_) {
+      // Copied under mu_: Next() reads them without it, and Restart may swap labels_.
+      b->labels.reserve(static_cast<size_t>(n));
+      for (int64_t i : b->samples) b->labels.push_back(labels_[static_cast<size_t>(i)]);
+    } else {
       b->labels.resize(static_cast<size_t>(n), -1);
       b->fields.resize(static_cast<size_t>(n));
       b->urls.resize(static_cast<size_t>(n));
@@ -544,7 +576,7 @@ Result<std::optional<Batch>> Loader::Next() {
       if (static_cast<int64_t>(s) != kept) {
         std::memmove(buf.images() + kept * sb, buf.images() + s * sb, sb);
       }
-      buf.labels()[kept] = source_ ? b->labels[s] : labels_[static_cast<size_t>(b->samples[s])];
+      buf.labels()[kept] = b->labels[s];
       ++kept;
     }
     skipped_ += skipped;

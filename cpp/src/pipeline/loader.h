@@ -129,7 +129,7 @@ class Loader {
   Loader& operator=(const Loader&) = delete;
 
   const image::Pipeline& pipeline() const { return pipeline_; }
-  int64_t num_samples() const { return source_ ? source_->NumSamples(source_epoch_.load()) : sampler_.num_samples(); }
+  int64_t num_samples() const { return source_ ? source_->NumSamples(source_epoch_.load()) : key_samples_.load(); }
   int64_t num_batches() const;
   // Samples skipped since the loader was made (on_error="skip").
   int64_t skipped() const { return skipped_.load() + (source_ ? source_->skipped() : 0); }
@@ -146,6 +146,18 @@ class Loader {
   // time (the Python side serialises calls); a concurrent StartEpoch makes it kCancelled,
   // a concurrent Shutdown kFailedPrecondition ("closed").
   Result<std::optional<Batch>> Next();
+
+  // Replaces the keys of a loader made over a Store (labels[i] belongs to keys[i]),
+  // keeping its threads, batch buffers (lent ones too), store and options: a caller that
+  // reads many short lists with one pipeline (predict's partitions) builds one loader.
+  // Cancels work in flight as StartEpoch does; Next() then returns the end until the next
+  // StartEpoch, which reads the new list (the sampler's options as made, over its size).
+  // Safe while the caller holds batches of the previous list: they own their buffers and
+  // stay as delivered (they count against `prefetch` until released, as always). A
+  // concurrent Next() fails with kCancelled. FailedPrecondition for a loader over a
+  // SampleSource (its samples are the source's) or a closed one; InvalidArgument when
+  // the counts of keys and labels differ.
+  Status Restart(std::vector<std::string> keys, std::vector<int64_t> labels);
 
   // Bytes of one batch's buffer (its images, then its labels at a 64-byte boundary): what
   // each lent buffer must hold at least.
@@ -192,6 +204,7 @@ class Loader {
   std::shared_ptr<BufferPool> pool_;
   std::shared_ptr<SampleSource> source_;  // set: samples come from it, not from keys_
   std::atomic<uint64_t> source_epoch_{0};  // epoch_, readable without mu_ (num_samples)
+  std::atomic<int64_t> key_samples_{0};    // sampler_.num_samples(), readable without mu_
 
   std::mutex mu_;
   std::condition_variable work_cv_;   // workers wait here for tasks

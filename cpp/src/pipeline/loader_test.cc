@@ -294,6 +294,109 @@ TEST(Loader, RestartMidEpochAndDestroyWithWorkInFlight) {
   EXPECT_EQ(l->StartEpoch(0, 11).code(), Code::kOutOfRange);
 }
 
+// Parts of one image list, as predict reads them: keys [begin, end) with their labels.
+Fixture Part(const Fixture& f, size_t begin, size_t end) {
+  return {f.store, std::vector<std::string>(f.keys.begin() + begin, f.keys.begin() + end),
+          std::vector<int64_t>(f.labels.begin() + begin, f.labels.begin() + end)};
+}
+
+TEST(Loader, RestartReadsANewListAsANewLoaderWould) {
+  Fixture f = MakeImages(23);
+  LoaderOptions o;
+  o.batch_size = 4;
+  o.num_threads = 2;
+  o.sampler.seed = 5;
+  for (bool batched : {false, true}) {
+    o.batched_fetch = batched;
+    auto l = Loader::Create(f.store, {}, {}, TrainPipeline(), o).value();
+    EXPECT_EQ(l->num_batches(), 0);
+    EXPECT_TRUE(RunEpoch(*l, 0).empty());
+    for (auto [begin, end] : {std::pair<size_t, size_t>{0, 10}, {10, 23}, {3, 4}, {0, 0}, {0, 23}}) {
+      Fixture part = Part(f, begin, end);
+      ASSERT_TRUE(l->Restart(part.keys, part.labels).ok());
+      EXPECT_EQ(l->num_samples(), static_cast<int64_t>(end - begin));
+      auto fresh = Loader::Create(f.store, part.keys, part.labels, TrainPipeline(), o).value();
+      EXPECT_EQ(l->num_batches(), fresh->num_batches());
+      EXPECT_EQ(RunEpoch(*l, 2), RunEpoch(*fresh, 2)) << "keys [" << begin << ", " << end << ")";
+    }
+  }
+}
+
+TEST(Loader, RestartWhileBatchesOfThePreviousListAreHeldLeavesThemAsDelivered) {
+  Fixture f = MakeImages(30);
+  LoaderOptions o;
+  o.batch_size = 3;
+  o.prefetch = 2;
+  o.num_threads = 2;
+  Fixture a = Part(f, 0, 15), b = Part(f, 15, 30);
+  auto l = Loader::Create(f.store, a.keys, a.labels, TrainPipeline(), o).value();
+  ASSERT_TRUE(l->StartEpoch(0).ok());
+  // Two batches held (every buffer of `prefetch`), the rest of the list still in flight.
+  std::vector<Batch> held;
+  std::vector<std::pair<std::vector<float>, std::vector<int64_t>>> copies;
+  for (int i = 0; i < 2; ++i) {
+    auto r = l->Next();
+    ASSERT_TRUE(r.ok() && r->has_value()) << r.status().ToString();
+    const auto* p = static_cast<const float*>((*r)->images);
+    copies.emplace_back(std::vector<float>(p, p + (*r)->size * 3 * 16 * 16),
+                        std::vector<int64_t>((*r)->labels, (*r)->labels + (*r)->size));
+    held.push_back(std::move(**r));
+  }
+  ASSERT_TRUE(l->Restart(b.keys, b.labels).ok());
+  // The end until the next StartEpoch, which reads the new list whole.
+  auto end = l->Next();
+  ASSERT_TRUE(end.ok());
+  EXPECT_FALSE(end->has_value());
+  o.num_threads = 1;
+  Epoch want = RunEpoch(*Loader::Create(f.store, b.keys, b.labels, TrainPipeline(), o).value(), 0);
+  EXPECT_EQ(RunEpoch(*l, 0), want);
+  for (size_t i = 0; i < held.size(); ++i) {
+    const auto* p = static_cast<const float*>(held[i].images);
+    EXPECT_EQ(std::vector<float>(p, p + copies[i].first.size()), copies[i].first) << "batch " << i;
+    EXPECT_EQ(std::vector<int64_t>(held[i].labels, held[i].labels + held[i].size), copies[i].second);
+  }
+}
+
+// A SampleSource of no samples: its loader's samples are not a key list.
+class NoSamples final : public SampleSource {
+ public:
+  Result<std::vector<int64_t>> Order(uint64_t) override { return std::vector<int64_t>{}; }
+  int64_t NumSamples(uint64_t) const override { return 0; }
+  Status Fetch(std::span<const int64_t>, const SampleCallback&, const std::atomic<bool>&) override {
+    return Status::Ok();
+  }
+};
+
+TEST(Loader, RestartRefusesWhatItCannotReadNamingIt) {
+  Fixture f = MakeImages(6);
+  LoaderOptions o;
+  o.batch_size = 2;
+  o.num_threads = 1;
+  auto l = Loader::Create(f.store, f.keys, f.labels, TrainPipeline(), o).value();
+  ASSERT_TRUE(l->StartEpoch(0).ok());
+  ASSERT_TRUE(l->Next().ok());
+  Status st = l->Restart({"a", "b", "c"}, {0, 1});
+  EXPECT_EQ(st.code(), Code::kInvalidArgument);
+  EXPECT_NE(st.message().find("3 keys but 2 labels"), std::string::npos) << st.ToString();
+  // A refused restart changed nothing: the epoch goes on over the list as made.
+  int64_t batches = 1;
+  for (;;) {
+    auto r = l->Next();
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    if (!r->has_value()) break;
+    ++batches;
+  }
+  EXPECT_EQ(batches, 3);
+  auto shards = Loader::Create(std::make_shared<NoSamples>(), TrainPipeline(), o).value();
+  st = shards->Restart(f.keys, f.labels);
+  EXPECT_EQ(st.code(), Code::kFailedPrecondition);
+  EXPECT_NE(st.message().find("sample source"), std::string::npos) << st.ToString();
+  l->Shutdown();
+  st = l->Restart(f.keys, f.labels);
+  EXPECT_EQ(st.code(), Code::kFailedPrecondition);
+  EXPECT_NE(st.message().find("closed"), std::string::npos) << st.ToString();
+}
+
 // A store whose every Get takes a while, so Next() is really waiting when it is closed.
 class SlowStore final : public Store {
  public:

@@ -108,6 +108,12 @@ class ImageSource:
                                  list(ops), skip_errors=skip_errors,
                                  skip_missing=skip_errors and self.skip_missing, **options)
 
+    def restart(self, engine: Any) -> None:
+        """Make ``engine`` (one :meth:`loader` made over the same store, with the same
+        ``skip_errors``) read these samples from its next epoch, keeping its threads and
+        buffers (``ImageLoader.restart``)."""
+        engine.restart(list(self.keys), list(self.labels))
+
 
 def sample_layout(ops: Sequence[Op]) -> tuple[tuple[int, ...], torch.dtype]:
     """The shape and dtype of one sample the engine makes with ``ops`` (nothing read)."""

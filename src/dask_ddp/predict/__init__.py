@@ -12,11 +12,11 @@ The rooms: ``api`` (the public function), ``graphs`` (the collections), ``model`
 per-worker model cache, keyed by model and device, and threads), ``devices`` (a task's
 GPU among the worker's visible ones), ``precision`` (autocast and TF32 per task),
 ``weights`` (checkpoints), ``tables`` (the DataFrame and Array path), ``images`` (the
-engine's image path), ``sources`` (any data Source, read by a Loader), ``outputs``
-(output layouts), ``shapes`` (the output's shape on the meta device or from a probe
-task), ``forward`` (the batched forward, GPU outputs copied
-back through pinned buffers and events), ``heap`` (glibc's heap kept for reuse while a
-model runs in a Dask worker), ``skips`` (skip counts), ``evaluate``.
+engine's image path), ``engines`` (a worker thread's engine, kept across partitions),
+``sources`` (any data Source, read by a Loader), ``outputs`` (output layouts), ``shapes``
+(the output's shape on the meta device or from a probe task), ``forward`` (the batched
+forward, GPU outputs copied back through pinned buffers and events), ``heap`` (glibc's
+heap kept for reuse while a model runs in a Dask worker), ``skips`` (skip counts), ``evaluate``.
 
 The package is callable: ``dask_ddp.predict(model, data, ...)`` is
 :func:`dask_ddp.predict.api.predict`, whichever of the package or the function a

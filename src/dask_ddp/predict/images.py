@@ -5,7 +5,9 @@ An :class:`~dask_ddp.data.ImageList` (or ``ImageFolder``, ``S3ImageFolder``, a t
 :class:`~dask_ddp.data.TarShards` gives one partition per shard. A partition's task
 runs the engine's loader over its samples in order (``shuffle=False``, decode threads
 sized like torch's) and the model over each batch as it arrives, so a partition holds at
-most the loader's ``prefetch`` batches decoded at once, never all its images.
+most the loader's ``prefetch`` batches decoded at once, never all its images. The
+partitions of an image list that one worker thread runs share one engine, handed each
+partition's keys (:mod:`.engines`); a shard's partition builds its own.
 
 For an image list the engine is handed each sample's position in the partition as its
 label, so the batches it returns say which samples they hold, also when ``on_error="skip"``
@@ -33,6 +35,7 @@ from dask_ddp.data.loader_type import Kind, kind_of
 from dask_ddp.data.shards import TarShards
 from dask_ddp.data.sources import pipeline
 from dask_ddp.predict import model as cache
+from dask_ddp.predict.engines import EngineKey, engine_for
 from dask_ddp.predict.forward import forward
 from dask_ddp.predict.heap import warm_heap
 from dask_ddp.predict.outputs import Layout
@@ -114,9 +117,13 @@ _stores_lock = threading.Lock()
 _stores: dict[tuple[str, bool, str], storage.Store] = {}
 
 
+def _store_key(part: ListPart) -> tuple[str, bool, str]:
+    return part.root, part.anon, repr(part.storage_options)
+
+
 def _store(part: ListPart) -> storage.Store:
     """The part's store, opened once per worker process and root."""
-    key = (part.root, part.anon, repr(part.storage_options))
+    key = _store_key(part)
     with _stores_lock:
         store = _stores.get(key)
         if store is None:
@@ -130,30 +137,35 @@ def _list_batches(part: ListPart, opts: ImageOptions, threads: int, device: torc
                   taken: list[torch.Tensor]) -> Generator[tuple[int, torch.Tensor]]:
     """A list part's image batches, on ``device`` through the device stage (on a GPU:
     uint8 over the bus, the float tail there, written in ``channels_last`` if asked, the
-    copy on a stream of its own)."""
+    copy on a stream of its own), read by this thread's engine (:mod:`.engines`)."""
     n = len(part.keys)
-    stage = DeviceStage(device, channels_last=channels_last, ops=opts.ops,
-                        buffers=opts.prefetch + 2)
     source = ImageSource(_store(part), part.keys, range(n), part.skip_missing)
-    engine = stage.reader(lambda ops: source.loader(
-        ops, batch_size=opts.batch_size, shuffle=False, rank=0, world_size=1,
-        drop_last=False, num_threads=threads, prefetch=opts.prefetch + stage.holds,
-        skip_errors=opts.on_error == "skip", max_side=opts.max_side))
+    skip = opts.on_error == "skip"
+    key = EngineKey(_store_key(part), opts.ops, opts.batch_size, threads, opts.prefetch, skip,
+                    part.skip_missing, opts.max_side, str(device), channels_last)
 
-    def host() -> Generator[tuple[torch.Tensor]]:
-        engine.start_epoch(0, 0)
-        while (item := engine.next()) is not None:
-            taken.append(item[1].clone())  # each sample's position in the part
-            yield (item[0],)
+    def make() -> tuple[DeviceStage, Any]:
+        stage = DeviceStage(device, channels_last=channels_last, ops=opts.ops,
+                            buffers=opts.prefetch + 2)
+        return stage, stage.reader(lambda ops: source.loader(
+            ops, batch_size=opts.batch_size, shuffle=False, rank=0, world_size=1,
+            drop_last=False, num_threads=threads, prefetch=opts.prefetch + stage.holds,
+            skip_errors=skip, max_side=opts.max_side))
 
-    try:
-        with stage.over(host()) as moved:
+    with engine_for(key, source, make) as cached:
+        engine = cached.engine
+
+        def host() -> Generator[tuple[torch.Tensor]]:
+            engine.start_epoch(0, 0)
+            while (item := engine.next()) is not None:
+                taken.append(item[1].clone())  # each sample's position in the part
+                yield (item[0],)
+
+        with cached.stage.over(host()) as moved:
             done = 0
             for (images,) in moved:
                 yield done, images
                 done += len(images)
-    finally:
-        engine.close()
 
 
 def _shard_batches(part: ShardPart, opts: ImageOptions, threads: int, device: torch.device,

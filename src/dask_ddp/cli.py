@@ -14,7 +14,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from dask_ddp._launch import policy
+from dask_ddp._launch.wire import policy
 
 logger = logging.getLogger("dask_ddp.cli")
 
@@ -174,7 +174,7 @@ def stacks_main(argv: Sequence[str]) -> int:
     logging.basicConfig(level=logging.WARNING, format="dask-ddp: %(message)s")
     from distributed import Client
 
-    from dask_ddp._launch.stacks import collect_stacks
+    from dask_ddp._launch.worker.stacks import collect_stacks
 
     try:
         with Client(opts.scheduler, timeout=opts.timeout) as client:

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 import live_util
-from dask_ddp._launch.live.keys import member_key
-from dask_ddp._launch.live.records import Generation
+from dask_ddp._launch.wire.live_keys import member_key
+from dask_ddp._launch.wire.live_records import Generation
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
@@ -128,8 +128,8 @@ def test_a_change_is_recorded_by_every_member_of_the_new_group() -> None:
 
     from torch.distributed import TCPStore
 
-    from dask_ddp._launch.live import generations
-    from dask_ddp._launch.live import group as live
+    from dask_ddp._launch.rank.live import generations
+    from dask_ddp._launch.rank.live import group as live
 
     store = TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=10),
                      wait_for_workers=False)

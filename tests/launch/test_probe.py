@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dask_ddp._launch import probe
+from dask_ddp._launch.rank import probe
 from dask_ddp._states import RankActivity
 
 pytestmark = [pytest.mark.timeout(30)]
@@ -66,7 +66,7 @@ def test_latest_c10d_of_a_dump_and_its_round_trip(tmp_path: Path) -> None:
 
 RECORDED = """
 import os, sys, time
-from dask_ddp._launch import probe
+from dask_ddp._launch.rank import probe
 probe.install(sys.argv[1])
 import torch, torch.distributed as dist
 store = dist.HashStore()
@@ -101,7 +101,7 @@ def test_the_probe_reads_the_flight_recorder_of_a_real_process_group(
 
 
 def test_the_flight_recorder_is_on_unless_the_user_sized_it() -> None:
-    from dask_ddp._launch.rank_env import collective_defaults
+    from dask_ddp._launch.worker.rank_env import collective_defaults
 
     added = collective_defaults({})
     assert added["TORCH_FR_BUFFER_SIZE"] == "64"

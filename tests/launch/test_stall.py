@@ -22,8 +22,8 @@ from distributed import Client
 import dask_ddp
 from cluster_util import client_fixture, rank_processes, sleep_only, wait_rank_processes
 from dask_ddp import dispatch
-from dask_ddp._launch.names import progress_topic
-from dask_ddp._launch.stall import find_stall
+from dask_ddp._launch.client.stall import find_stall
+from dask_ddp._launch.wire.names import progress_topic
 from launch_util import (
     collectives_forever,
     long_eval_on_rank0,
@@ -236,7 +236,7 @@ def test_stall_rule() -> None:
 def test_launch_waits_come_from_the_config() -> None:
     import dask
 
-    from dask_ddp._launch.options import LaunchOptions
+    from dask_ddp._launch.wire.options import LaunchOptions
 
     with dask.config.set({"dask-ddp.launch.term-grace": "750 ms",
                           "dask-ddp.launch.stall-timeout": None}):
@@ -291,7 +291,7 @@ def test_a_scripts_stall_is_found_too(client: Client, tmp_path: Any) -> None:
 
 INSTALL_ORDER = """
 import faulthandler, os, sys
-from dask_ddp._launch import probe
+from dask_ddp._launch.rank import probe
 workdir = sys.argv[1]
 register = faulthandler.register
 def checked(*args, **kwargs):
@@ -319,7 +319,7 @@ def test_the_stacks_file_appears_only_with_its_handler(tmp_path: Path) -> None:
 def test_a_rank_whose_work_dir_goes_while_its_stacks_are_read(tmp_path: Path) -> None:
     # A job that ends while its stacks are read (a result timeout, a cancel) removes its
     # ranks' work dirs: the read says so instead of failing with the missing file.
-    from dask_ddp._launch import probe
+    from dask_ddp._launch.rank import probe
 
     (tmp_path / probe.STACKS_FILE).write_text("")
     ignores = subprocess.Popen(

@@ -84,7 +84,7 @@ def worker_fates(client: Client, limit: int = 40) -> str:
 #: A rank forked by a warm template is named so (``prctl(PR_SET_NAME)``) and its command line
 #: reads as a cold rank's; the template's own command line names its module.
 WARM_RANK_NAME = "ddp-rank-"
-TEMPLATE_MARKER = "dask_ddp._launch.worker.warm"
+TEMPLATE_MARKER = "dask_ddp._launch.rank.warm_template"
 
 
 def _cluster_processes(scheduler: str, match: Any) -> list[psutil.Process]:

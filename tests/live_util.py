@@ -274,7 +274,7 @@ class Trials:
         group beside the gradients' (the NCCL path, gloo standing in for NCCL)."""
         from torch.distributed import PrefixStore
 
-        from dask_ddp._launch.rank.live import generations
+        from dask_ddp._launch.wire import live_store
 
         t, self.trial = self.trial, self.trial + 1
         os.makedirs(self.out / str(t), exist_ok=True)
@@ -317,7 +317,7 @@ class Trials:
                 modes.append("late" if late else "signal")
                 time.sleep(rng.random() * 0.015)
                 os.kill(pids[victim], signal.SIGKILL)
-            generations.mark_dead(store, victim)  # what its supervisor does
+            live_store.mark_dead(store, victim)  # what its supervisor does
             alive.remove(victim)
             killed.append(victim)
         results: dict[int, Any] = {}
@@ -329,7 +329,7 @@ class Trials:
             time.sleep(0.01)
             results[u] = json.loads(path.read_text())
         return {"killed": killed, "modes": modes, "results": results,
-                "generations": generations.read_generations(store)}
+                "generations": live_store.read_generations(store)}
 
     def _check(self, deadline: float, what: str) -> None:
         if time.monotonic() > deadline or self.zygote.poll() is not None:

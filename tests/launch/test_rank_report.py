@@ -20,7 +20,6 @@ from distributed import Client
 
 import dask_ddp
 from cluster_util import client_fixture
-from dask_ddp._launch.client.placement import RankSpec
 from dask_ddp._launch.wire.options import LaunchOptions
 from dask_ddp._launch.wire.rank_report import (
     REPORT_FILE,
@@ -30,6 +29,7 @@ from dask_ddp._launch.wire.rank_report import (
     read_report,
     write_report,
 )
+from dask_ddp._launch.wire.rank_spec import RankSpec
 from dask_ddp._launch.worker.outcome import RankOutcome
 from dask_ddp.errors import FailureKind, RankFailedError, RemoteException
 from launch_util import store_timeout

@@ -24,9 +24,9 @@ from cluster_util import (
 )
 from dask_ddp._channel.rank_writer import Forwarder
 from dask_ddp._cluster import cluster_info
-from dask_ddp._launch.client.placement import RankSpec
 from dask_ddp._launch.wire.names import master_variable_name
 from dask_ddp._launch.wire.options import LaunchOptions
+from dask_ddp._launch.wire.rank_spec import RankSpec
 from dask_ddp._launch.worker import workdir
 from launch_util import active_tasks, wait_until
 from waits import ABORT_POLL

@@ -56,19 +56,14 @@ def mark_cancelled(job_id: str) -> None:
             _installed = True
 
 
-def live_ranks(job_id: str) -> int:
-    """On a worker: how many rank processes of ``job_id`` are still running."""
-    from dask_ddp._launch.worker.rank_process import running_ranks
-
-    return sum(r.job_id == job_id and r.returncode is None for r in running_ranks())
-
-
 def wait_ranks_gone(client: Any, job_id: str, workers: list[str], timeout: float,
                     poll: float = 0.25) -> bool:
     """Wait up to ``timeout`` seconds until no worker runs a rank process of the job."""
     deadline = time.monotonic() + timeout
     while True:
         try:
+            from dask_ddp._launch.worker.rank_process import live_ranks
+
             counts = client.run(live_ranks, job_id, workers=sorted(set(workers)),
                                 on_error="return", wait=True)
             if all(c == 0 for c in counts.values() if isinstance(c, int)):

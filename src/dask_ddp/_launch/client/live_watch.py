@@ -13,6 +13,7 @@ running group at a step boundary (:meth:`LiveWatch.new_workers`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -21,8 +22,14 @@ from typing import Any
 from dask_ddp._dashboard import events as dashboard
 from dask_ddp._launch.client.placement import GONE, choose_workers
 from dask_ddp._launch.client.stall import Stall, activity
-from dask_ddp._launch.scheduler import live_stores as live_store
+from dask_ddp._launch.scheduler.live_stores import LiveStores
 from dask_ddp._launch.wire.live_records import Generation, LiveLeft
+from dask_ddp._launch.wire.live_store import (
+    CLOSE_HANDLER,
+    GENERATIONS_HANDLER,
+    LEFT_HANDLER,
+    OPEN_HANDLER,
+)
 from dask_ddp._launch.worker import live_leave
 from dask_ddp._states import RankActivity
 from dask_ddp.errors import GangStartError
@@ -59,7 +66,7 @@ class LiveWatch:
         self.min_size = min_size
         self.max_size = max_size
         self.job_id = job_id
-        self.address = live_store.open_store(client, job_id, list(workers), bound)
+        self.address = open_store(client, job_id, list(workers), bound)
         live_leave.install(client)  # a closing worker lets its live ranks leave first
         #: How many times a worker had left at each rank's address when the rank was
         #: placed there: a worker restarted at its address (a fixed port) is a new worker,
@@ -73,7 +80,7 @@ class LiveWatch:
     async def workers_left(self) -> dict[str, int]:
         """How many times a worker left at each of the job's addresses (the scheduler's
         count; one call per watcher poll, for :meth:`gone` and :meth:`new_workers`)."""
-        return await live_store.workers_left(self.client, self.job_id)
+        return await workers_left(self.client, self.job_id)
 
     async def new_workers(self, workers: Sequence[str], busy: Collection[str], active: int,
                           resources: Mapping[str, float] | None,
@@ -103,7 +110,7 @@ class LiveWatch:
     async def joined(self, workers: Sequence[str], left: Mapping[str, int]) -> None:
         """A rank joined on ``workers[-1]``: the scheduler marks it lost with its worker."""
         self.rank_left.append(left.get(workers[-1], 0))
-        await live_store.set_workers(self.client, self.job_id, list(workers))
+        await set_workers(self.client, self.job_id, list(workers))
 
     def gone(self, workers: Sequence[str], left: Mapping[str, int]) -> list[int]:
         """The ranks whose worker left since they were placed, also when a new worker is
@@ -163,9 +170,53 @@ class LiveWatch:
             await self.publish()
         except Exception as exc:
             logger.warning("live job %s: reading its generations failed: %s", self.job_id, exc)
-        await live_store.close_store(self.client, self.job_id)
+        await close_store(self.client, self.job_id)
 
     async def read(self) -> list[Generation]:
         """The generations so far (while the job runs)."""
-        texts = await live_store.read_generations(self.client, self.job_id)
+        texts = await read_generation_texts(self.client, self.job_id)
         return [Generation.from_json(t) for t in texts]
+
+
+# -- the job's store on the scheduler, through its handlers --------------------------------
+
+def install_stores(client: Any) -> None:
+    """Put the live stores on ``client``'s scheduler (idempotent)."""
+    client.register_plugin(LiveStores())
+
+
+def open_store(client: Any, job_id: str, workers: list[str], bound: float) -> str:
+    """Job ``job_id``'s store address (a new store on the scheduler)."""
+    try:
+        install_stores(client)
+        # The first job on a scheduler waits for its import of torch.
+        return str(client.sync(getattr(client.scheduler, OPEN_HANDLER), job_id=job_id,
+                               workers=list(workers), callback_timeout=max(bound, 120.0)))
+    except Exception as exc:
+        raise RuntimeError(
+            "recovery='live' could not start the job's store on the scheduler "
+            f"{client.scheduler.address} (it needs torch importable there): "
+            f"{type(exc).__name__}: {exc}") from exc
+
+
+async def set_workers(client: Any, job_id: str, workers: list[str]) -> None:
+    """Tell job ``job_id``'s store the worker of every rank (one joined)."""
+    await getattr(client.scheduler, OPEN_HANDLER)(job_id=job_id, workers=list(workers))
+
+
+async def read_generation_texts(client: Any, job_id: str) -> list[str]:
+    """Job ``job_id``'s generation records (JSON), from the scheduler; [] on failure."""
+    with contextlib.suppress(Exception):
+        return list(await getattr(client.scheduler, GENERATIONS_HANDLER)(job_id=job_id))
+    return []
+
+
+async def workers_left(client: Any, job_id: str) -> dict[str, int]:
+    """How many times a worker left at each address of job ``job_id``'s ranks."""
+    return dict(await getattr(client.scheduler, LEFT_HANDLER)(job_id=job_id))
+
+
+async def close_store(client: Any, job_id: str) -> None:
+    """Stop job ``job_id``'s store (never raises)."""
+    with contextlib.suppress(Exception):
+        await getattr(client.scheduler, CLOSE_HANDLER)(job_id=job_id)

@@ -27,10 +27,10 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Protocol
 
 from dask_ddp._launch.client.live_watch import LiveWatch
-from dask_ddp._launch.client.placement import RankSpec
 from dask_ddp._launch.client.stall import Stall
 from dask_ddp._launch.wire.live_records import Generation
 from dask_ddp._launch.wire.options import LaunchOptions
+from dask_ddp._launch.wire.rank_spec import RankSpec
 from dask_ddp._launch.worker.rank_process import kill_rank
 
 logger = logging.getLogger(__name__)

@@ -34,6 +34,7 @@ import dataclasses
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from dask_ddp._launch.wire.stack_request import stacks_text
 from dask_ddp._states import RankActivity
 from dask_ddp.errors import FailureKind, StallError
 
@@ -213,15 +214,6 @@ def c10d_text(stall: Stall, now: float) -> str:
                      f"{c10d.get('group')!r}, issued {now - float(c10d.get('since', now)):.0f} "
                      f"s ago, {done}")
     return "\n".join(lines)
-
-
-def stacks_text(stacks: Mapping[int, str], workers: list[str]) -> str:
-    """The ranks' stacks as one block of text, rank by rank."""
-    blocks = []
-    for rank in sorted(stacks):
-        where = f" on worker {workers[rank]}" if rank < len(workers) else ""
-        blocks.append(f"--- rank {rank}{where} ---\n{stacks[rank].rstrip()}")
-    return "\n".join(blocks)
 
 
 def stacks_note(read: Callable[[], Mapping[int, str]], workers: list[str]) -> str:

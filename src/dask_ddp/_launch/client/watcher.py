@@ -25,20 +25,22 @@ from typing import Any
 
 from dask_ddp._dashboard import events as dashboard
 from dask_ddp._launch.client import interrupt, registry, stall
-from dask_ddp._launch.client.placement import RankSpec
 from dask_ddp._launch.client.recovery import Recovery, Restart
-from dask_ddp._launch.scheduler import job_guard as scheduler_plugin
 from dask_ddp._launch.wire.names import (
+    FORGET_HANDLER,
     abort_event_name,
     failure_topic,
     master_variable_name,
     output_topic,
     progress_topic,
+    rank_key,
 )
 from dask_ddp._launch.wire.options import LaunchOptions, LaunchWaits
 from dask_ddp._launch.wire.policy import Action, RecoveryStatus, ask
+from dask_ddp._launch.wire.rank_spec import RankSpec
 from dask_ddp._launch.wire.root_cause import lost_error, pick_root, record_of
-from dask_ddp._launch.worker.supervisor import read_job_stacks, run_rank
+from dask_ddp._launch.wire.stack_request import read_job_stacks
+from dask_ddp._launch.worker.supervisor import run_rank
 from dask_ddp._states import JobState
 from dask_ddp.errors import FailureKind, StallError, WorkerLostError
 
@@ -131,7 +133,7 @@ class Watcher:
         # Pinned, never moved, never retried: a rank belongs to its worker; if that worker
         # goes, the job fails (the loop notices) instead of waiting forever.
         self.futures.append(self.client.submit(
-            run_rank, spec, key=scheduler_plugin.rank_key(self.name, self.job_id, spec.rank),
+            run_rank, spec, key=rank_key(self.name, self.job_id, spec.rank),
             workers=[spec.worker], allow_other_workers=False, pure=False, retries=0,
             resources=resources))
 
@@ -406,7 +408,8 @@ async def clear_job(client: Any, job_id: str, futures: Sequence[Any], name: str,
     # No task of an ended job stays on the scheduler (a pinned task of a lost worker
     # would wait in no-worker and ask an adaptive cluster for workers).
     # A "lost" future (its rank finished, then its worker died with the value) is not
-    # cancelled: the scheduler's JobGuard errs it with the loss (see scheduler_plugin.py).
+    # cancelled: the scheduler's JobGuard errs it with the loss (see
+    # :mod:`dask_ddp._launch.scheduler.job_guard`).
     left = [f for f in futures if f.status not in FUTURE_ENDED]
     if left:
         with contextlib.suppress(Exception):
@@ -429,7 +432,7 @@ async def clear_job(client: Any, job_id: str, futures: Sequence[Any], name: str,
 
 async def forget_topics(client: Any, waits: LaunchWaits, *topics: str) -> None:
     """Have the scheduler drop these event topics of an ended job ``waits.forget_delay``
-    seconds from now (see scheduler_plugin.py)."""
+    seconds from now (see :mod:`dask_ddp._launch.scheduler.job_guard`)."""
     with contextlib.suppress(Exception):
-        await asyncio.wait_for(getattr(client.scheduler, scheduler_plugin.FORGET_HANDLER)(
+        await asyncio.wait_for(getattr(client.scheduler, FORGET_HANDLER)(
             topics=list(topics), delay=waits.forget_delay), waits.scheduler_call)

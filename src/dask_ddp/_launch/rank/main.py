@@ -131,7 +131,7 @@ def start_live(live: LiveStart, rank: int, world: int, record: Any,
     from dask_ddp import _compat
     from dask_ddp._launch.rank.live import attach as live_attach
     from dask_ddp._launch.rank.live import group as live_group
-    from dask_ddp._launch.scheduler import live_stores as live_store
+    from dask_ddp._launch.wire import live_store
     from dask_ddp.checkpoint import resume
 
     _compat.require_torch("recovery='live'")  # this worker's torch, which may be older

@@ -1,4 +1,6 @@
-"""What a rank is doing, seen from its supervisor: its collective state and live stacks.
+"""The rank's probe: its collective state and live stacks, for its supervisor to read
+(internal; the file's layout is :mod:`dask_ddp._launch.wire.probe_file`, the supervisor's
+reader :mod:`dask_ddp._launch.worker.probe`).
 
 - **Collective state**: the rank process wraps the collectives of ``torch.distributed``
   (:data:`COLLECTIVES`) so that entering and leaving one writes three numbers into a small
@@ -40,40 +42,29 @@ import json
 import mmap
 import os
 import pickle
-import signal
-import struct
 import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from dask_ddp._states import RankActivity
-
-#: The collectives of ``torch.distributed`` whose calls are tracked.
-COLLECTIVES = (
-    "all_reduce", "all_gather", "all_gather_object", "all_gather_into_tensor",
-    "all_to_all", "all_to_all_single", "barrier", "monitored_barrier", "broadcast",
-    "broadcast_object_list", "gather", "gather_object", "reduce", "reduce_scatter",
-    "reduce_scatter_tensor", "scatter", "scatter_object_list", "send", "recv",
-    "batch_isend_irecv", "rendezvous",
+from dask_ddp._launch.wire.collective_env import collective_defaults
+from dask_ddp._launch.wire.probe_file import (
+    C10D_AT,
+    C10D_HEAD,
+    C10D_MAX,
+    COLLECTIVES,
+    FILE_SIZE,
+    FIRST_COLLECTIVE,
+    LAYOUT,
+    RETURNED,
+    STACKS_FILE,
+    STACKS_SIGNAL,
+    STATE_FILE,
+    WORKING,
 )
-#: States in the file: working (in the function, outside a collective), returned (the
-#: function returned; the rank waits for its peers), then one per collective.
-WORKING, RETURNED, FIRST_COLLECTIVE = 0, 1, 2
-STATE_FILE = "probe.bin"
-STACKS_FILE = "stacks.txt"
-STACKS_SIGNAL = signal.SIGUSR2
-_LAYOUT = struct.Struct("<QdI4x")  # change counter, since (CLOCK_MONOTONIC), state
-#: The rank's latest c10d collective: a counter (odd while being written), the length of
-#: the JSON that follows, at this offset of the file.
-_C10D_AT = 64
-_C10D_HEAD = struct.Struct("<QI4x")
-_C10D_MAX = 4096
-_FILE_SIZE = _C10D_AT + _C10D_HEAD.size + _C10D_MAX
+
 #: How often the probe's thread reads the flight recorder (seconds).
 C10D_POLL_S = 0.5
-
-# -------------------------------------------------------------------------- rank side
 
 
 class _State:
@@ -82,8 +73,8 @@ class _State:
     def __init__(self, path: str) -> None:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
-            os.ftruncate(fd, _FILE_SIZE)
-            self.map = mmap.mmap(fd, _FILE_SIZE)
+            os.ftruncate(fd, FILE_SIZE)
+            self.map = mmap.mmap(fd, FILE_SIZE)
         finally:
             os.close(fd)
         self.changes = 0
@@ -93,17 +84,17 @@ class _State:
 
     def set(self, state: int) -> None:
         self.changes += 1
-        _LAYOUT.pack_into(self.map, 0, self.changes, time.monotonic(), state)
+        LAYOUT.pack_into(self.map, 0, self.changes, time.monotonic(), state)
 
     def set_c10d(self, record: dict[str, Any]) -> None:
         """Write the rank's latest c10d collective (one writer: the probe's thread)."""
-        blob = json.dumps(record, separators=(",", ":")).encode()[:_C10D_MAX]
+        blob = json.dumps(record, separators=(",", ":")).encode()[:C10D_MAX]
         self.c10d_changes += 1  # odd: a reader retries
-        _C10D_HEAD.pack_into(self.map, _C10D_AT, self.c10d_changes, len(blob))
-        start = _C10D_AT + _C10D_HEAD.size
+        C10D_HEAD.pack_into(self.map, C10D_AT, self.c10d_changes, len(blob))
+        start = C10D_AT + C10D_HEAD.size
         self.map[start:start + len(blob)] = blob
         self.c10d_changes += 1
-        _C10D_HEAD.pack_into(self.map, _C10D_AT, self.c10d_changes, len(blob))
+        C10D_HEAD.pack_into(self.map, C10D_AT, self.c10d_changes, len(blob))
 
     def wrap(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         state = FIRST_COLLECTIVE + COLLECTIVES.index(name)
@@ -202,8 +193,6 @@ def install(workdir: str) -> None:
     global _state, _stacks_file
     import faulthandler
 
-    from dask_ddp._launch.worker.rank_env import collective_defaults
-
     # The rank's environment has them (rank_env); a script started some other way, or a
     # user's os.environ edit before this, may not: before torch makes a process group.
     for key, value in collective_defaults(os.environ).items():
@@ -255,119 +244,3 @@ def mark_returned() -> None:
         _state.set(RETURNED)
 
 
-# -------------------------------------------------------------------- supervisor side
-
-
-class RankState:
-    """What the supervisor reads of its rank: ``(activity, collective, seconds in it)``."""
-
-    def __init__(self, workdir: str) -> None:
-        self.path = os.path.join(workdir, STATE_FILE)
-        self.map: mmap.mmap | None = None
-
-    def read(self) -> tuple[RankActivity, str, float] | None:
-        """``(activity, collective, seconds in it)``: :attr:`RankActivity.WORKING`,
-        :attr:`RankActivity.RETURNED`, or :attr:`RankActivity.BLOCKED` with the name of the
-        collective the rank is inside (its supervisor reports it as blocked only once it
-        waited there long enough); ``None`` when the rank has not written its file (not
-        started yet, or a command)."""
-        if not self._open():
-            return None
-        assert self.map is not None
-        for _ in range(3):  # a read racing a write: read again
-            changes, since, state = _LAYOUT.unpack_from(self.map, 0)
-            if _LAYOUT.unpack_from(self.map, 0)[0] == changes:
-                break
-        age = max(0.0, time.monotonic() - since)
-        if state == WORKING:
-            return (RankActivity.WORKING, "", age)
-        if state == RETURNED:
-            return (RankActivity.RETURNED, "", age)
-        index = state - FIRST_COLLECTIVE
-        name = COLLECTIVES[index] if 0 <= index < len(COLLECTIVES) else f"collective {index}"
-        return (RankActivity.BLOCKED, name, age)
-
-    def read_c10d(self) -> dict[str, Any] | None:
-        """The rank's latest c10d collective as its probe's thread last wrote it
-        (:func:`latest_c10d`'s plain data), or ``None`` (none yet, or no flight recorder)."""
-        if not self._open():
-            return None
-        assert self.map is not None
-        start = _C10D_AT + _C10D_HEAD.size
-        for _ in range(5):  # a read racing the thread's write: read again
-            changes, length = _C10D_HEAD.unpack_from(self.map, _C10D_AT)
-            if changes == 0 or length > _C10D_MAX:
-                return None
-            blob = self.map[start:start + length]
-            if changes % 2 == 0 and _C10D_HEAD.unpack_from(self.map, _C10D_AT)[0] == changes:
-                try:
-                    record = json.loads(blob)
-                except ValueError:
-                    return None
-                return record if isinstance(record, dict) else None
-            time.sleep(0.001)
-        return None
-
-    def _open(self) -> bool:
-        if self.map is None:
-            try:
-                with open(self.path, "rb") as f:
-                    self.map = mmap.mmap(f.fileno(), _FILE_SIZE, access=mmap.ACCESS_READ)
-            except (OSError, ValueError):
-                return False
-        return True
-
-    def close(self) -> None:
-        if self.map is not None:
-            with contextlib.suppress(Exception):
-                self.map.close()
-            self.map = None
-
-
-def is_stopped(pid: int) -> bool:
-    """True when process ``pid`` is stopped (SIGSTOP, a debugger)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return False
-    # "pid (comm) S ...": the state follows the last ')' (comm may hold one).
-    fields = stat[stat.rfind(b")") + 2:].split()
-    return bool(fields) and fields[0] in (b"T", b"t")
-
-
-def read_stacks(pid: int, workdir: str, timeout: float) -> str:
-    """The Python stack of every thread of rank process ``pid`` (blocking, up to
-    ``timeout`` seconds)."""
-    path = os.path.join(workdir, STACKS_FILE)
-    if is_stopped(pid):
-        return "(no stack: the rank process is stopped (SIGSTOP or a debugger); it is frozen)"
-    if not os.path.exists(path):
-        return "(no stack: the rank process does not answer stack requests: a command, " \
-               "or it has not started its Python yet)"
-    try:
-        return _ask_stacks(pid, path, timeout)
-    except FileNotFoundError:  # its job ended meanwhile: the supervisor removed the dir
-        return "(no stack: the rank's work dir is gone: its job ended)"
-
-
-def _ask_stacks(pid: int, path: str, timeout: float) -> str:
-    """Signal the rank, then read ``path`` once its size stood still for 0.2 s."""
-    with open(path, "r+") as f:
-        f.truncate(0)
-    try:
-        os.kill(pid, STACKS_SIGNAL)
-    except ProcessLookupError:
-        return "(no stack: the rank process has exited)"
-    deadline = time.monotonic() + timeout
-    size, stable_since = -1, time.monotonic()
-    while time.monotonic() < deadline:
-        time.sleep(0.05)
-        now_size = os.path.getsize(path)
-        if now_size != size:
-            size, stable_since = now_size, time.monotonic()
-        elif size > 0 and time.monotonic() - stable_since >= 0.2:
-            break
-    with open(path, errors="replace") as f:
-        text = f.read()
-    return text.rstrip() or f"(no stack: the rank process did not answer within {timeout:g} s)"

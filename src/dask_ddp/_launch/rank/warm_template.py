@@ -1,6 +1,6 @@
 """The template process of warm rank starts, and what crosses its sockets (internal).
 
-``python -m dask_ddp._launch.worker.warm CONTROL_FD WORKER_PID`` runs :func:`main` here: it
+``python -m dask_ddp._launch.rank.warm_template CONTROL_FD WORKER_PID`` runs :func:`main` here: it
 imports what a rank imports, then forks a rank for each :class:`StartRequest` the worker
 sends, reports each rank's exit (:class:`Reply`) without reaping it, and reaps it once
 told (:class:`Reap`). The worker's side, and why it is built so:
@@ -13,7 +13,6 @@ import contextlib
 import ctypes
 import dataclasses
 import os
-import pickle
 import selectors
 import signal
 import socket
@@ -22,56 +21,12 @@ import threading
 import time
 import traceback
 from collections.abc import Mapping
-from typing import Any
+
+from dask_ddp._launch.wire.warm_protocol import Reap, Reply, StartRequest, recv, send
 
 #: How often the template looks at its parent.
 PARENT_POLL_S = 0.5
-_MAX_MESSAGE = 1 << 20
 _PR_SET_NAME = 15
-
-
-# -- what crosses the sockets ----------------------------------------------------------------
-
-@dataclasses.dataclass(frozen=True)
-class StartRequest:
-    """Start one rank; sent with its fds: rank connection, channel, stdout, stderr."""
-
-    env: dict[str, str]
-    cwd: str
-    workdir: str
-    channel_fd: int
-    affinity: tuple[int, ...] | None
-
-
-@dataclasses.dataclass(frozen=True)
-class Reply:
-    """From a template: ``ready`` (on its control socket), and on a rank connection
-    ``started`` (``pid``), ``refused`` (``message``), ``exited`` (``code``, not reaped
-    yet) and ``reaped`` (``code``). ``code`` is a Popen return code (``-N``: signal N)."""
-
-    kind: str
-    pid: int = 0
-    code: int = 0
-    message: str = ""
-
-
-@dataclasses.dataclass(frozen=True)
-class Reap:
-    """To a template, on a rank connection: reap the rank once it exited."""
-
-
-def send(sock: socket.socket, message: object, fds: list[int] | None = None) -> None:
-    data = pickle.dumps(message)
-    if fds:
-        socket.send_fds(sock, [data], fds)
-    else:
-        sock.sendall(data)
-
-
-def recv(sock: socket.socket) -> tuple[Any, list[int]]:
-    """One message and its fds; ``(None, [])`` when the peer closed its end."""
-    data, fds, _, _ = socket.recv_fds(sock, _MAX_MESSAGE, 8)
-    return (pickle.loads(data) if data else None), fds
 
 
 # -- the template -------------------------------------------------------------------------------
@@ -311,7 +266,7 @@ def _retitle(rank: str, argv: list[str], env: Mapping[str, str]) -> None:
 
 
 def main(argv: list[str]) -> None:
-    """``python -m dask_ddp._launch.worker.warm CONTROL_FD WORKER_PID [ROOM]``."""
+    """``python -m dask_ddp._launch.rank.warm_template CONTROL_FD WORKER_PID [ROOM]``."""
     from dask_ddp._launch.rank.tether import die_with_parent
 
     control_fd, parent = int(argv[0]), int(argv[1])
@@ -329,3 +284,7 @@ def main(argv: list[str]) -> None:
     gc.freeze()  # the ranks' collections leave the template's objects (and pages) alone
     send(control, Reply("ready", pid=os.getpid(), message=f"{seconds:.2f}"))
     serve(control, parent)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:3])

@@ -22,26 +22,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import time
 from typing import Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
+from dask_ddp._launch.wire.names import FORGET_HANDLER, RANK_KEY
 from dask_ddp.errors import FailureKind, WorkerLostError
 
 logger = logging.getLogger(__name__)
-
-#: The scheduler handler the job's cleanup calls (``topics=[...]``).
-FORGET_HANDLER = "dask_ddp_forget_topics"
-#: A rank's key: ``f"{job name}-{job id}-{rank}"`` (the id is a uuid4's 32 hex digits).
-RANK_KEY = re.compile(r"^(?P<name>.+)-(?P<id>[0-9a-f]{32})-(?P<rank>\d+)$")
-
-
-def rank_key(name: str, job_id: str, rank: int) -> str:
-    """The key of rank ``rank``'s task of the job ``job_id`` named ``name``."""
-    return f"{name}-{job_id}-{rank}"
-
 
 def lost_value_error(key: str, worker: str) -> WorkerLostError | None:
     """The error of a finished rank whose value left with ``worker`` (``None``: not a rank)."""

@@ -12,7 +12,6 @@ jobs it served (a killed worker's supervisor cannot say so itself).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import importlib
 import logging
 import time
@@ -22,15 +21,17 @@ from urllib.parse import urlparse
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
-logger = logging.getLogger(__name__)
+from dask_ddp._launch.wire.live_store import (
+    CLOSE_HANDLER,
+    GENERATIONS_HANDLER,
+    LEFT_HANDLER,
+    MAX_GENERATIONS,
+    OPEN_HANDLER,
+    generation_texts,
+    mark_dead,
+)
 
-OPEN_HANDLER = "dask_ddp_live_open"
-CLOSE_HANDLER = "dask_ddp_live_close"
-GENERATIONS_HANDLER = "dask_ddp_live_generations"
-LEFT_HANDLER = "dask_ddp_live_left"
-#: The ranks' and supervisors' environment variable with the store's ``host:port``.
-#: Generation records read back per call, at most (a store answers what ranks wrote).
-MAX_GENERATIONS = 10_000
+logger = logging.getLogger(__name__)
 
 
 class LiveStores(SchedulerPlugin):
@@ -86,16 +87,12 @@ class LiveStores(SchedulerPlugin):
 
     def generations(self, job_id: str) -> list[str]:
         """Job ``job_id``'s generation records (JSON texts), oldest first."""
-        from dask_ddp._launch.rank.live.generations import generation_texts
-
         entry = self._stores.get(job_id)
         if entry is None:
             return []
         return generation_texts(entry[0], MAX_GENERATIONS)
 
     def remove_worker(self, scheduler: Any, worker: str, **kwargs: Any) -> None:
-        from dask_ddp._launch.rank.live.generations import mark_dead
-
         for job_id, (store, workers) in self._stores.items():
             if worker in workers:
                 left = self._left.setdefault(job_id, {})
@@ -105,52 +102,3 @@ class LiveStores(SchedulerPlugin):
                     mark_dead(store, uid)
                     logger.warning("live job: rank %d's worker %s left at %.3f", uid, worker,
                                    time.time())
-
-
-def connect(address: str, timeout: float = 60.0) -> Any:
-    """A client of the live store at ``host:port``."""
-    from torch.distributed import TCPStore
-
-    host, port = address.rsplit(":", 1)
-    return TCPStore(host, int(port), None, False, timedelta(seconds=timeout))
-
-
-def install(client: Any) -> None:
-    """Put the live stores on ``client``'s scheduler (idempotent)."""
-    client.register_plugin(LiveStores())
-
-
-def open_store(client: Any, job_id: str, workers: list[str], bound: float) -> str:
-    """Job ``job_id``'s store address (a new store on the scheduler)."""
-    try:
-        install(client)
-        # The first job on a scheduler waits for its import of torch.
-        return str(client.sync(getattr(client.scheduler, OPEN_HANDLER), job_id=job_id,
-                               workers=list(workers), callback_timeout=max(bound, 120.0)))
-    except Exception as exc:
-        raise RuntimeError(
-            "recovery='live' could not start the job's store on the scheduler "
-            f"{client.scheduler.address} (it needs torch importable there): "
-            f"{type(exc).__name__}: {exc}") from exc
-
-
-async def set_workers(client: Any, job_id: str, workers: list[str]) -> None:
-    """Tell job ``job_id``'s store the worker of every rank (one joined)."""
-    await getattr(client.scheduler, OPEN_HANDLER)(job_id=job_id, workers=list(workers))
-
-
-async def read_generations(client: Any, job_id: str) -> list[str]:
-    """Job ``job_id``'s generation records (JSON), from the scheduler; [] on failure."""
-    with contextlib.suppress(Exception):
-        return list(await getattr(client.scheduler, GENERATIONS_HANDLER)(job_id=job_id))
-    return []
-
-
-async def workers_left(client: Any, job_id: str) -> dict[str, int]:
-    """How many times a worker left at each address of job ``job_id``'s ranks."""
-    return dict(await getattr(client.scheduler, LEFT_HANDLER)(job_id=job_id))
-
-
-async def close_store(client: Any, job_id: str) -> None:
-    with contextlib.suppress(Exception):
-        await getattr(client.scheduler, CLOSE_HANDLER)(job_id=job_id)

@@ -2,6 +2,18 @@
 
 from __future__ import annotations
 
+import re
+
+#: The scheduler handler the job's cleanup calls (``topics=[...]``).
+FORGET_HANDLER = "dask_ddp_forget_topics"
+#: A rank's key: ``f"{job name}-{job id}-{rank}"`` (the id is a uuid4's 32 hex digits).
+RANK_KEY = re.compile(r"^(?P<name>.+)-(?P<id>[0-9a-f]{32})-(?P<rank>\d+)$")
+
+
+def rank_key(name: str, job_id: str, rank: int) -> str:
+    """The key of rank ``rank``'s task of the job ``job_id`` named ``name``."""
+    return f"{name}-{job_id}-{rank}"
+
 
 def abort_event_name(job_id: str) -> str:
     """The job-wide abort ``distributed.Event``: set, every rank stops."""

@@ -13,9 +13,9 @@ import logging
 import time
 from typing import Any
 
-from dask_ddp._launch.client.placement import RankSpec
-from dask_ddp._launch.rank import probe
 from dask_ddp._launch.wire.names import progress_topic
+from dask_ddp._launch.wire.rank_spec import RankSpec
+from dask_ddp._launch.worker import probe
 from dask_ddp._launch.worker.rank_process import RankProcess
 from dask_ddp._states import RankActivity
 

@@ -1,13 +1,13 @@
 """A live rank's loss, recorded by its supervisor the moment its process is gone (internal).
 
 The survivors of a live job re-form once a lost member is recorded dead on the job's store
-(:func:`~dask_ddp._launch.rank.live.group.mark_dead`). A rank whose process died (it left no
+(:func:`~dask_ddp._launch.wire.live_store.mark_dead`). A rank whose process died (it left no
 report: it neither returned nor raised, :mod:`dask_ddp._launch.wire.rank_report`) is an event
 its job's recovery policy answers, once, here: ``REGROUP`` records it at once, from a
 thread that waits for the process's exit (:meth:`LossRecorder.watch`), and again as the
 supervisor winds the rank up, before its output and records (the survivors wait for this
 record, not for them). A rank whose worker dies with its supervisor is recorded by the
-scheduler (:mod:`.store`).
+scheduler (:mod:`dask_ddp._launch.scheduler.live_stores`).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import logging
 import threading
 from typing import Any
 
-from dask_ddp._launch.rank.live.group import mark_dead
-from dask_ddp._launch.scheduler import live_stores as live_store
+from dask_ddp._launch.wire import live_store
+from dask_ddp._launch.wire.live_store import mark_dead
 from dask_ddp._launch.wire.policy import Action, RecoveryPolicy, RecoveryStatus, ask
 from dask_ddp._launch.wire.rank_report import has_report
 from dask_ddp.errors import FailureKind

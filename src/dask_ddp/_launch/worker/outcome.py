@@ -26,10 +26,10 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from dask_ddp._launch.client.placement import RankSpec
 from dask_ddp._launch.wire.names import failure_topic
 from dask_ddp._launch.wire.peer_loss import text_says_peer_lost
 from dask_ddp._launch.wire.rank_report import RankStatus, read_report
+from dask_ddp._launch.wire.rank_spec import RankSpec
 from dask_ddp._launch.wire.root_cause import (
     better_record,
     lost_error,

@@ -5,7 +5,7 @@ A failed rank reaches the client as one error naming the rank, its worker and it
 traceback; Dask's worker also logs every failed task as a "Compute Failed" block with an
 escaped repr of the same error, one per rank. :class:`QuietRankFailures`, a worker plugin
 the launcher registers, filters those blocks for dask-ddp's rank tasks only (their keys
-match :data:`~dask_ddp._launch.scheduler.job_guard.RANK_KEY`); every other task's failure is
+match :data:`~dask_ddp._launch.wire.names.RANK_KEY`); every other task's failure is
 logged as before.
 """
 
@@ -16,7 +16,7 @@ from typing import Any
 
 from distributed.diagnostics.plugin import WorkerPlugin
 
-from dask_ddp._launch.scheduler.job_guard import RANK_KEY
+from dask_ddp._launch.wire.names import RANK_KEY
 
 #: The logger of Dask's worker that writes "Compute Failed".
 WORKER_LOGGER = "distributed.worker"

@@ -25,6 +25,8 @@ import socket
 import subprocess
 from collections.abc import Iterator, Mapping
 
+from dask_ddp._launch.wire.collective_env import collective_defaults
+
 logger = logging.getLogger(__name__)
 
 # What the nanny adds when the configuration leaves PYTHONHASHSEED unset or "0"
@@ -41,30 +43,6 @@ TORCHRUN_VARIABLES = frozenset({
     "TORCHELASTIC_ENABLE_FILE_TIMER", "TORCHELASTIC_TIMER_FILE", "TORCH_ELASTIC_WORKER_IDENTIFIER",
     "TORCHELASTIC_SIGNALS_TO_HANDLE",
 })
-
-#: What the launcher sets for torch's collectives unless the job or the worker did (docs,
-#: "Stalls, live stacks and waits"). The flight recorder keeps each process group's last
-#: collectives (gloo's too, the reducer's gradient all-reduce included) in a ring the
-#: probe reads for stall detection; 64 entries cost about what 2000 do per collective
-#: and keep each read small. An NCCL rank whose collective times out is torn down and
-#: exits (torchrun's choice, so the supervisor sees it end) after the watchdog dumped the
-#: ring of its last collectives (the probe points the dump into the rank's work directory).
-COLLECTIVE_DEFAULTS = {
-    "TORCH_FR_BUFFER_SIZE": "64",
-    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
-    "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
-}
-#: torch's older name of the flight recorder's size: a user who set it keeps it.
-_FR_ALIASES = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
-
-
-def collective_defaults(env: Mapping[str, str]) -> dict[str, str]:
-    """The variables of :data:`COLLECTIVE_DEFAULTS` that ``env`` leaves unset."""
-    added = {k: v for k, v in COLLECTIVE_DEFAULTS.items() if k not in env}
-    if any(name in env for name in _FR_ALIASES):
-        added.pop("TORCH_FR_BUFFER_SIZE", None)
-    return added
-
 
 def pre_spawn_defaults() -> dict[str, str]:
     """The values Dask's nanny puts in a worker's environment before spawning it.
@@ -163,7 +141,9 @@ def rank_environment(worker_env: Mapping[str, str], nanny_env: Mapping[str, str]
         Ranks on this host: with more than one, ``OMP_NUM_THREADS`` is 1 unless set, as
         torchrun does (each rank's intra-op threads would otherwise take every core).
 
-    The collectives' settings (:data:`COLLECTIVE_DEFAULTS`) fill in what is left unset.
+    The collectives' settings
+    (:data:`~dask_ddp._launch.wire.collective_env.COLLECTIVE_DEFAULTS`) fill in what is left
+    unset.
     """
     dropped = nanny_injected(worker_env, nanny_env, defaults)
     env = {k: v for k, v in worker_env.items() if k not in dropped}

@@ -27,10 +27,9 @@ import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import IO
 
-from dask_ddp._launch.client.placement import RankSpec, worker_host
-from dask_ddp._launch.rank import probe
 from dask_ddp._launch.wire.launch_record import LaunchRecord
-from dask_ddp._launch.worker import collective_dump, oom, rank_env, warm
+from dask_ddp._launch.wire.rank_spec import RankSpec, worker_host
+from dask_ddp._launch.worker import collective_dump, oom, probe, rank_env, warm
 
 #: torch's ``@record`` writes a failing rank's traceback here (``TORCHELASTIC_ERROR_FILE``).
 ERROR_FILE = "error.json"
@@ -256,6 +255,11 @@ def running_ranks() -> list[RankProcess]:
     """The ranks this worker supervises now."""
     with _running_lock:
         return list(_RUNNING.values())
+
+
+def live_ranks(job_id: str) -> int:
+    """On a worker: how many rank processes of ``job_id`` are still running."""
+    return sum(r.job_id == job_id and r.returncode is None for r in running_ranks())
 
 
 def kill_rank(job_id: str, rank: int) -> bool:

@@ -18,8 +18,8 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from dask_ddp._launch.client.placement import RankSpec
 from dask_ddp._launch.wire.names import abort_event_name, master_variable_name
+from dask_ddp._launch.wire.rank_spec import RankSpec
 
 logger = logging.getLogger(__name__)
 

@@ -1,11 +1,10 @@
-"""Reading the live Python stacks of a job's ranks, across the cluster (internal).
+"""A worker's answer to a stack request, and a rank's view of its peers' stacks (internal).
 
-Each rank answers a stack request through its probe
-(:func:`dask_ddp._launch.rank.probe.read_stacks`);
-:func:`collect_stacks` runs on a worker (``client.run``) and asks the ranks that worker
-supervises; :func:`read_job_stacks` asks every worker of a job. Used by ``dask-ddp stacks``,
-the client's :class:`~dask_ddp.Job`, the stall rule and a rank that gave up waiting for its
-peers (:func:`peer_stacks_text`).
+:func:`collect_stacks` runs on a worker (``client.run``, see
+:mod:`dask_ddp._launch.wire.stack_request`) and asks the ranks that worker supervises,
+each through its probe (:func:`dask_ddp._launch.worker.probe.read_stacks`).
+:func:`peer_stacks_text` is what a rank that gave up waiting for its peers adds to its
+error.
 """
 
 from __future__ import annotations
@@ -13,8 +12,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from dask_ddp._launch.client import stall
-from dask_ddp._launch.client.placement import RankSpec
+from dask_ddp._launch.wire.rank_spec import RankSpec
+from dask_ddp._launch.wire.stack_request import read_job_stacks, stacks_text
 from dask_ddp._launch.worker import rank_process
 
 
@@ -35,18 +34,6 @@ async def collect_stacks(job: str, timeout: float,
     return found
 
 
-async def read_job_stacks(client: Any, job_id: str, workers: list[str],
-                          timeout: float) -> dict[int, str]:
-    """The live stacks of job ``job_id``'s running ranks on ``workers``, by rank."""
-    replies = await client.run(collect_stacks, job_id, timeout, workers=sorted(set(workers)),
-                               on_error="return", asynchronous=True)
-    stacks: dict[int, str] = {}
-    for reply in replies.values():
-        if isinstance(reply, dict) and job_id in reply:
-            stacks.update(reply[job_id]["stacks"])
-    return dict(sorted(stacks.items()))
-
-
 def peer_stacks_text(client: Any, spec: RankSpec, wait: float) -> str:
     """The other ranks' live stacks, and the ranks with no process, as the text a rank's
     error ends with (read from a worker's thread, up to ``wait`` seconds)."""
@@ -59,7 +46,7 @@ def peer_stacks_text(client: Any, spec: RankSpec, wait: float) -> str:
     text = ""
     if stacks:
         text += ("\n\nPython stacks of the other ranks still running:\n"
-                 + stall.stacks_text(stacks, list(spec.workers)))
+                 + stacks_text(stacks, list(spec.workers)))
     missing = [r for r in range(len(spec.workers)) if r != spec.rank and r not in stacks]
     if missing:
         text += ("\n\nranks with no process running: "

@@ -25,12 +25,11 @@ from typing import Any
 from dask_ddp._channel.rank_writer import Forwarder
 from dask_ddp._channel.wire import metrics_topic
 from dask_ddp._dashboard.sampler import RankSampler
-from dask_ddp._launch.client.placement import RankSpec
-from dask_ddp._launch.rank import probe
 from dask_ddp._launch.wire.live_records import LiveLeft, LiveStart
 from dask_ddp._launch.wire.names import output_topic
 from dask_ddp._launch.wire.policy import RecoveryStatus
-from dask_ddp._launch.worker import live_leave
+from dask_ddp._launch.wire.rank_spec import RankSpec
+from dask_ddp._launch.worker import live_leave, probe
 from dask_ddp._launch.worker.activity import ActivityReporter
 from dask_ddp._launch.worker.live_loss import LossRecorder
 from dask_ddp._launch.worker.outcome import RankOutcome
@@ -41,12 +40,8 @@ from dask_ddp._launch.worker.rank_process import (
     rank_environment,
 )
 from dask_ddp._launch.worker.rendezvous import Rendezvous, RendezvousTimeout
-from dask_ddp._launch.worker.stacks import read_job_stacks
 from dask_ddp._launch.worker.workdir import clean_orphans, create_workdir, remove_workdir
 from dask_ddp.errors import FailureKind, RankAbortedError
-
-# read_job_stacks lives in dask_ddp._launch.worker.stacks; the job still imports it from here.
-__all__ = ["read_job_stacks", "run_rank"]
 
 logger = logging.getLogger(__name__)
 

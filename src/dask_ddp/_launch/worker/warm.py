@@ -2,7 +2,7 @@
 
 A rank started cold (``python -m dask_ddp._launch.rank.main WORKDIR``) spends ~2 s starting
 Python and importing torch before the user's function runs. A worker instead keeps a
-*template* process, ``python -m dask_ddp._launch.worker.warm``, that has imported torch,
+*template* process, ``python -m dask_ddp._launch.rank.warm_template``, that has imported torch,
 ``torch.distributed``, cloudpickle and the rank module and then waits; each rank is a
 ``fork()`` of it that becomes exactly what the cold start would have been. This module
 is the worker's side; the template's is :mod:`dask_ddp._launch.rank.warm_template`.
@@ -78,7 +78,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import IO, Any
 
-from dask_ddp._launch.rank.warm_template import Reap, StartRequest, recv, send
+from dask_ddp._launch.wire.warm_protocol import Reap, StartRequest, recv, send
 
 logger = logging.getLogger(__name__)
 
@@ -262,7 +262,7 @@ class _Template:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         environment = dict(template_environment(env, os.environ))
         environment["DASK_DDP_WARM_ROOM"] = " " * ENVIRON_ROOM
-        argv = [sys.executable, "-m", "dask_ddp._launch.worker.warm", str(theirs.fileno()),
+        argv = [sys.executable, "-m", "dask_ddp._launch.rank.warm_template", str(theirs.fileno()),
                 str(os.getpid()), " " * TITLE_ROOM]
         try:
             self.proc = _in_launcher_thread(lambda: subprocess.Popen(
@@ -485,10 +485,3 @@ def _launcher_loop(requests: queue.SimpleQueue[tuple[Callable[[], Any],
             answer.put((True, fn()))
         except BaseException as exc:
             answer.put((False, exc))
-
-
-if __name__ == "__main__":
-    # The template: ``python -m dask_ddp._launch.worker.warm CONTROL_FD WORKER_PID [ROOM]``.
-    from dask_ddp._launch.rank import warm_template
-
-    warm_template.main(sys.argv[1:3])

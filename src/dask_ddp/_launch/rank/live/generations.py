@@ -6,14 +6,13 @@ reconfigure handles, each survivor reports its committed step, the first complet
 proposal (``compare_set``) fixes the members, the members admit the ranks that join and
 record the change (:class:`~dask_ddp._launch.wire.live_records.Generation`), and at the end
 each says it finished. :class:`GenerationStore` reads and writes those keys for one
-member (:class:`~dask_ddp._launch.rank.live.group.LiveGroup` runs the protocol); the
-functions below read the records back (the scheduler, tests) and record a loss (a
-supervisor, the scheduler).
+member (:class:`~dask_ddp._launch.rank.live.group.LiveGroup` runs the protocol); the records
+are read back, and a loss recorded, by :mod:`dask_ddp._launch.wire.live_store` (the
+scheduler, a supervisor).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
 from typing import Any
@@ -28,38 +27,10 @@ from dask_ddp._launch.wire.live_keys import (
     member_key,
 )
 from dask_ddp._launch.wire.live_records import Admission, Generation
+from dask_ddp._launch.wire.live_store import mark_dead
 
 #: How often a survivor reads the store while the generation is being accounted for.
 POLL_S = 0.005
-
-
-def mark_dead(store: Any, uid: int) -> None:
-    """Record member ``uid`` as lost (its supervisor or the scheduler; never raises)."""
-    with contextlib.suppress(Exception):
-        store.set(DEAD_KEY.format(uid=uid), "1")
-
-
-def generation_texts(store: Any, limit: int = 10_000) -> list[str]:
-    """The generation records on ``store`` (JSON), oldest first.
-
-    Generation ``g + 1`` was tried once generation ``g``'s members were decided (its
-    ``members`` key): the group's own generations, some of which broke while forming or
-    changed nobody (no record), are read up to the first never tried; at most ``limit``
-    records and ``4 * limit`` generations.
-    """
-    out: list[str] = []
-    for g in range(4 * limit):
-        if len(out) >= limit or not store.check([member_key(g, "members", 0)]):
-            break
-        key = GEN_KEY.format(g=g + 1)
-        if store.check([key]):
-            out.append(store.get(key).decode())
-    return out
-
-
-def read_generations(store: Any, limit: int = 10_000) -> list[Generation]:
-    """The generation records on ``store``, oldest first (bounded by ``limit``)."""
-    return [Generation.from_json(t) for t in generation_texts(store, limit)]
 
 
 class GenerationStore:

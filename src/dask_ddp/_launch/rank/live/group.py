@@ -44,7 +44,7 @@ from typing import Any, NoReturn
 
 from dask_ddp._launch.rank.live import comms
 from dask_ddp._launch.rank.live.errors import LiveRecoveryError, MemberLost, is_peer_error
-from dask_ddp._launch.rank.live.generations import GenerationStore, mark_dead
+from dask_ddp._launch.rank.live.generations import GenerationStore
 from dask_ddp._launch.rank.live.handoff import Participant, hand_on
 from dask_ddp._launch.rank.live.membership import (
     JoinQueue,
@@ -54,9 +54,6 @@ from dask_ddp._launch.rank.live.membership import (
 )
 from dask_ddp._launch.wire.live_keys import GENERATION_ENV
 from dask_ddp._launch.wire.live_records import Admission
-
-# ``mark_dead`` is read from here by the supervisor (its home is :mod:`.generations`).
-__all__ = ["LiveGroup", "current", "install", "mark_dead"]
 
 logger = logging.getLogger(__name__)
 

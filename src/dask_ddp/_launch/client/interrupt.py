@@ -26,6 +26,8 @@ import time
 import weakref
 from typing import Any
 
+from dask_ddp._launch.wire.entry_points import LIVE_RANKS
+
 logger = logging.getLogger(__name__)
 
 #: Jobs cancelled in this process, newest last (bounded: an old id matters no more).
@@ -62,9 +64,7 @@ def wait_ranks_gone(client: Any, job_id: str, workers: list[str], timeout: float
     deadline = time.monotonic() + timeout
     while True:
         try:
-            from dask_ddp._launch.worker.rank_process import live_ranks
-
-            counts = client.run(live_ranks, job_id, workers=sorted(set(workers)),
+            counts = client.run(LIVE_RANKS, job_id, workers=sorted(set(workers)),
                                 on_error="return", wait=True)
             if all(c == 0 for c in counts.values() if isinstance(c, int)):
                 return True

@@ -27,11 +27,10 @@ from dask_ddp._launch.client import interrupt, payload, recovery, registry, stal
 from dask_ddp._launch.client.output import RankOutput
 from dask_ddp._launch.client.placement import choose_workers, rank_layout, rank_specs
 from dask_ddp._launch.client.watcher import Watcher, gather_values
-from dask_ddp._launch.scheduler import job_guard as scheduler_plugin
+from dask_ddp._launch.wire.entry_points import JOB_GUARD, QUIET_RANK_FAILURES, WORKDIR_CLEANER
 from dask_ddp._launch.wire.live_records import Generation
 from dask_ddp._launch.wire.names import output_topic, progress_topic
 from dask_ddp._launch.wire.options import LaunchOptions
-from dask_ddp._launch.worker import quiet, workdir
 from dask_ddp._states import JobState
 from dask_ddp.errors import JobError, Restart, StallError
 
@@ -361,9 +360,9 @@ def launch(client: Any, options: LaunchOptions, *, workers: list[str] | None = N
     job = Job(client, options, uuid.uuid4().hex, [i["worker"] for i in layout],
               keep_values=keep_values, keep_alive=keep_alive)
     prepare_channel(client, job.id, options.storage)
-    workdir.install_cleaner(client)
-    scheduler_plugin.install(client)
-    quiet.install(client)
+    WORKDIR_CLEANER.install(client)
+    JOB_GUARD.install(client)
+    QUIET_RANK_FAILURES.install(client)
     dashboard.install(client)
     try:
         dashboard.job_started(client, job_id=job.id, run_id=run_id or job.id, name=job.name,

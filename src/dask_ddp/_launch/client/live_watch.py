@@ -22,7 +22,7 @@ from typing import Any
 from dask_ddp._dashboard import events as dashboard
 from dask_ddp._launch.client.placement import GONE, choose_workers
 from dask_ddp._launch.client.stall import Stall, activity
-from dask_ddp._launch.scheduler.live_stores import LiveStores
+from dask_ddp._launch.wire.entry_points import LEAVE_BEFORE_CLOSE, LIVE_STORES
 from dask_ddp._launch.wire.live_records import Generation, LiveLeft
 from dask_ddp._launch.wire.live_store import (
     CLOSE_HANDLER,
@@ -30,7 +30,6 @@ from dask_ddp._launch.wire.live_store import (
     LEFT_HANDLER,
     OPEN_HANDLER,
 )
-from dask_ddp._launch.worker import live_leave
 from dask_ddp._states import RankActivity
 from dask_ddp.errors import GangStartError
 
@@ -67,7 +66,7 @@ class LiveWatch:
         self.max_size = max_size
         self.job_id = job_id
         self.address = open_store(client, job_id, list(workers), bound)
-        live_leave.install(client)  # a closing worker lets its live ranks leave first
+        LEAVE_BEFORE_CLOSE.install(client)  # a closing worker lets its live ranks leave first
         #: How many times a worker had left at each rank's address when the rank was
         #: placed there: a worker restarted at its address (a fixed port) is a new worker,
         #: which may host a joining rank; the one whose rank process was killed may not.
@@ -180,15 +179,10 @@ class LiveWatch:
 
 # -- the job's store on the scheduler, through its handlers --------------------------------
 
-def install_stores(client: Any) -> None:
-    """Put the live stores on ``client``'s scheduler (idempotent)."""
-    client.register_plugin(LiveStores())
-
-
 def open_store(client: Any, job_id: str, workers: list[str], bound: float) -> str:
     """Job ``job_id``'s store address (a new store on the scheduler)."""
     try:
-        install_stores(client)
+        LIVE_STORES.install(client)
         # The first job on a scheduler waits for its import of torch.
         return str(client.sync(getattr(client.scheduler, OPEN_HANDLER), job_id=job_id,
                                workers=list(workers), callback_timeout=max(bound, 120.0)))

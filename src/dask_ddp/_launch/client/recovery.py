@@ -28,10 +28,10 @@ from typing import Any, Protocol
 
 from dask_ddp._launch.client.live_watch import LiveWatch
 from dask_ddp._launch.client.stall import Stall
+from dask_ddp._launch.wire.entry_points import KILL_RANK
 from dask_ddp._launch.wire.live_records import Generation
 from dask_ddp._launch.wire.options import LaunchOptions
 from dask_ddp._launch.wire.rank_spec import RankSpec
-from dask_ddp._launch.worker.rank_process import kill_rank
 
 logger = logging.getLogger(__name__)
 
@@ -207,6 +207,6 @@ def for_job(client: Any, options: LaunchOptions, job_id: str, name: str,
     if options.policy.regroups:
         return Live(LiveWatch(client, job_id, workers, options.waits.scheduler_call,
                               min_size=options.min_workers or 1,
-                              max_size=options.max_workers, kill_rank=kill_rank),
+                              max_size=options.max_workers, kill_rank=KILL_RANK),
                     options, name)
     return Restart()

@@ -26,6 +26,7 @@ from typing import Any
 from dask_ddp._dashboard import events as dashboard
 from dask_ddp._launch.client import interrupt, registry, stall
 from dask_ddp._launch.client.recovery import Recovery, Restart
+from dask_ddp._launch.wire.entry_points import RUN_RANK
 from dask_ddp._launch.wire.names import (
     FORGET_HANDLER,
     abort_event_name,
@@ -40,7 +41,6 @@ from dask_ddp._launch.wire.policy import Action, RecoveryStatus, ask
 from dask_ddp._launch.wire.rank_spec import RankSpec
 from dask_ddp._launch.wire.root_cause import lost_error, pick_root, record_of
 from dask_ddp._launch.wire.stack_request import read_job_stacks
-from dask_ddp._launch.worker.supervisor import run_rank
 from dask_ddp._states import JobState
 from dask_ddp.errors import FailureKind, StallError, WorkerLostError
 
@@ -133,7 +133,7 @@ class Watcher:
         # Pinned, never moved, never retried: a rank belongs to its worker; if that worker
         # goes, the job fails (the loop notices) instead of waiting forever.
         self.futures.append(self.client.submit(
-            run_rank, spec, key=rank_key(self.name, self.job_id, spec.rank),
+            RUN_RANK, spec, key=rank_key(self.name, self.job_id, spec.rank),
             workers=[spec.worker], allow_other_workers=False, pure=False, retries=0,
             resources=resources))
 

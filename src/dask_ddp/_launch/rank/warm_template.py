@@ -22,6 +22,7 @@ import time
 import traceback
 from collections.abc import Mapping
 
+from dask_ddp._launch.wire.entry_points import RANK_MODULE
 from dask_ddp._launch.wire.warm_protocol import Reap, Reply, StartRequest, recv, send
 
 #: How often the template looks at its parent.
@@ -219,7 +220,7 @@ def _become_rank(request: StartRequest, fds: list[int]) -> None:
     from dask_ddp._launch.rank import main as rank
 
     sys.argv = [rank.__file__, workdir]
-    sys.orig_argv = [sys.executable, "-m", "dask_ddp._launch.rank.main", workdir]
+    sys.orig_argv = [sys.executable, "-m", RANK_MODULE, workdir]
     sys.path[0] = os.getcwd()  # what ``python -m`` puts first
     random.seed()
     if "numpy.random" in sys.modules:

@@ -27,6 +27,7 @@ from typing import Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
+from dask_ddp._launch.wire.entry_points import JOB_GUARD, RUN_RANK, path_of
 from dask_ddp._launch.wire.names import FORGET_HANDLER, RANK_KEY
 from dask_ddp.errors import FailureKind, WorkerLostError
 
@@ -54,7 +55,7 @@ class JobGuard(SchedulerPlugin):
     watcher's to report.
     """
 
-    name = "dask-ddp-job-guard"
+    name = JOB_GUARD.name
     idempotent = True
 
     def __init__(self) -> None:
@@ -95,8 +96,7 @@ class JobGuard(SchedulerPlugin):
         ts = self.scheduler.tasks.get(key) if self.scheduler is not None else None
         func = getattr(getattr(ts, "run_spec", None), "func", None)
         return (ts is not None and not ts.loose_restrictions
-                and getattr(func, "__name__", "") == "run_rank"
-                and getattr(func, "__module__", "") == "dask_ddp._launch.worker.supervisor")
+                and path_of(func) == RUN_RANK.path)
 
     def _err(self, key: str) -> None:
         scheduler = self.scheduler
@@ -120,8 +120,3 @@ class JobGuard(SchedulerPlugin):
             logger.exception("dask-ddp: could not fail the lost rank task %r", key)
             return
         logger.warning("%s", error)
-
-
-def install(client: Any) -> None:
-    """Put the guard on ``client``'s scheduler (idempotent: one cheap round trip)."""
-    client.register_plugin(JobGuard())

@@ -21,6 +21,7 @@ from urllib.parse import urlparse
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
+from dask_ddp._launch.wire.entry_points import LIVE_STORES
 from dask_ddp._launch.wire.live_store import (
     CLOSE_HANDLER,
     GENERATIONS_HANDLER,
@@ -37,7 +38,7 @@ logger = logging.getLogger(__name__)
 class LiveStores(SchedulerPlugin):
     """One ``TCPStore`` server per running live job, on the scheduler (see the module)."""
 
-    name = "dask-ddp-live-stores"
+    name = LIVE_STORES.name
     idempotent = True
 
     def __init__(self) -> None:

@@ -12,13 +12,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from dask_ddp._launch.wire.entry_points import COLLECT_STACKS
+
 
 async def read_job_stacks(client: Any, job_id: str, workers: list[str],
                           timeout: float) -> dict[int, str]:
     """The live stacks of job ``job_id``'s running ranks on ``workers``, by rank."""
-    from dask_ddp._launch.worker.stacks import collect_stacks
-
-    replies = await client.run(collect_stacks, job_id, timeout, workers=sorted(set(workers)),
+    replies = await client.run(COLLECT_STACKS, job_id, timeout, workers=sorted(set(workers)),
                                on_error="return", asynchronous=True)
     stacks: dict[int, str] = {}
     for reply in replies.values():

@@ -30,6 +30,8 @@ from typing import Any
 
 from distributed.diagnostics.plugin import WorkerPlugin
 
+from dask_ddp._launch.wire.entry_points import LEAVE_BEFORE_CLOSE
+
 logger = logging.getLogger(__name__)
 
 #: How often the wait looks whether they left.
@@ -92,14 +94,9 @@ async def let_ranks_leave() -> list[int]:
 class LeaveBeforeClose(WorkerPlugin):
     """Hold a closing worker until its live ranks have left (see the module)."""
 
-    name = "dask-ddp-live-leave"
+    name = LEAVE_BEFORE_CLOSE.name
     idempotent = True
 
     async def teardown(self, worker: Any) -> None:
         if _running():
             await let_ranks_leave()
-
-
-def install(client: Any) -> None:
-    """Put :class:`LeaveBeforeClose` on every worker, present and future (idempotent)."""
-    client.register_plugin(LeaveBeforeClose())

@@ -16,6 +16,7 @@ from typing import Any
 
 from distributed.diagnostics.plugin import WorkerPlugin
 
+from dask_ddp._launch.wire.entry_points import QUIET_RANK_FAILURES
 from dask_ddp._launch.wire.names import RANK_KEY
 
 #: The logger of Dask's worker that writes "Compute Failed".
@@ -35,15 +36,10 @@ class RankFailureFilter(logging.Filter):
 class QuietRankFailures(WorkerPlugin):
     """Installs :class:`RankFailureFilter` in each worker (idempotent, by name)."""
 
-    name = "dask-ddp-quiet-rank-failures"
+    name = QUIET_RANK_FAILURES.name
     idempotent = True
 
     def setup(self, worker: Any) -> None:
         log = logging.getLogger(WORKER_LOGGER)
         if not any(isinstance(f, RankFailureFilter) for f in log.filters):
             log.addFilter(RankFailureFilter())
-
-
-def install(client: Any) -> None:
-    """Register the plugin on ``client``'s cluster (present and future workers)."""
-    client.register_plugin(QuietRankFailures())

@@ -27,19 +27,17 @@ import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import IO
 
+from dask_ddp._launch.wire.entry_points import RANK_MODULE, SCRIPT_MODULE, TETHER_SCRIPT
 from dask_ddp._launch.wire.launch_record import LaunchRecord
 from dask_ddp._launch.wire.rank_spec import RankSpec, worker_host
 from dask_ddp._launch.worker import collective_dump, oom, probe, rank_env, warm
 
 #: torch's ``@record`` writes a failing rank's traceback here (``TORCHELASTIC_ERROR_FILE``).
 ERROR_FILE = "error.json"
-#: The launcher's folder (``dask_ddp/_launch``).
-_LAUNCH = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: The folder holding the ``dask_ddp`` package (``src/`` in a checkout): the ranks'
 #: ``PYTHONPATH`` starts with it, so a rank imports the worker's dask-ddp.
-PACKAGE_ROOT = os.path.dirname(os.path.dirname(_LAUNCH))
-#: ``python tether.py CMD ...``: a command rank dies with its supervisor.
-TETHER = os.path.join(_LAUNCH, "rank", "tether.py")
+PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))))
 
 # Rank processes alive in this worker, killed if the worker process exits under us.
 _LIVE: weakref.WeakSet[subprocess.Popen[bytes]] = weakref.WeakSet()
@@ -61,16 +59,16 @@ def rank_command(spec: RankSpec, workdir: str, env: dict[str, str]) -> list[str]
                      backend=opts.backend, pass_local_rank=opts.pass_local_rank,
                      sys_path=tuple(sys.path), worker=spec.worker,
                      rendezvous_timeout=opts.rendezvous_timeout).write(workdir)
-        return [sys.executable, "-m", "dask_ddp._launch.rank.main", workdir]
+        return [sys.executable, "-m", RANK_MODULE, workdir]
     argv = list(opts.command)
     if argv[0] in ("python", "python3"):
         argv[0] = sys.executable  # the worker's Python, where dask-ddp is installed
         if len(argv) > 1 and argv[1].endswith(".py") and os.path.isfile(argv[1]):
             # A script runs behind the probe (stall detection, live stacks).
-            argv[1:2] = ["-m", "dask_ddp._launch.rank.script", argv[1]]
+            argv[1:2] = ["-m", SCRIPT_MODULE, argv[1]]
             env["DASK_DDP_WORKDIR"] = workdir
     if sys.platform.startswith("linux"):
-        argv = [sys.executable, TETHER, *argv]
+        argv = [sys.executable, TETHER_SCRIPT, *argv]
     return argv
 
 
@@ -152,7 +150,7 @@ def start_process(argv: Sequence[str], env: Mapping[str, str], cwd: str,
     A function's rank is forked from this worker's warm template when it can be
     (:mod:`~dask_ddp._launch.worker.warm`), else started afresh.
     """
-    if list(argv[1:3]) == ["-m", "dask_ddp._launch.rank.main"] and "DASK_DDP_CHANNEL_FD" in env:
+    if list(argv[1:3]) == ["-m", RANK_MODULE] and "DASK_DDP_CHANNEL_FD" in env:
         proc = warm.start_rank(env, cwd, argv[3], int(env["DASK_DDP_CHANNEL_FD"]),
                                capture_output)
         if proc is not None:

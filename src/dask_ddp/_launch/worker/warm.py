@@ -78,6 +78,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import IO, Any
 
+from dask_ddp._launch.wire.entry_points import RANK_MODULE, TEMPLATE_MODULE
 from dask_ddp._launch.wire.warm_protocol import Reap, StartRequest, recv, send
 
 logger = logging.getLogger(__name__)
@@ -262,7 +263,7 @@ class _Template:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         environment = dict(template_environment(env, os.environ))
         environment["DASK_DDP_WARM_ROOM"] = " " * ENVIRON_ROOM
-        argv = [sys.executable, "-m", "dask_ddp._launch.rank.warm_template", str(theirs.fileno()),
+        argv = [sys.executable, "-m", TEMPLATE_MODULE, str(theirs.fileno()),
                 str(os.getpid()), " " * TITLE_ROOM]
         try:
             self.proc = _in_launcher_thread(lambda: subprocess.Popen(
@@ -325,7 +326,7 @@ class _Template:
             return problem
         conn.settimeout(None)
         return WarmProcess(reply.pid, conn, None, None,
-                           [sys.executable, "-m", "dask_ddp._launch.rank.main", request.workdir])
+                           [sys.executable, "-m", RANK_MODULE, request.workdir])
 
     def stop(self) -> None:
         """End the template (its ranks die with it)."""

@@ -19,6 +19,7 @@ from typing import Any
 
 from distributed.diagnostics.plugin import WorkerPlugin
 
+from dask_ddp._launch.wire.entry_points import WORKDIR_CLEANER
 from dask_ddp.data.table import host_cache
 
 logger = logging.getLogger(__name__)
@@ -87,7 +88,7 @@ def clean_orphans(root: str | None = None) -> list[str]:
 class WorkdirCleaner(WorkerPlugin):
     """Removes the work dirs of dead workers when a worker joins (see the module)."""
 
-    name = "dask-ddp-workdir-cleaner"
+    name = WORKDIR_CLEANER.name
     idempotent = True
 
     def setup(self, worker: Any) -> None:

@@ -85,8 +85,8 @@ def _plugin(path: str) -> Any:
     return resolve(path)()
 
 
-class SchedulerPluginRef(SchedulerPlugin):
-    """A scheduler plugin by the path of its class, and its ``name`` (see the module)."""
+class _PluginRef:
+    """A plugin by the path of its class, and its ``name`` (see the module)."""
 
     idempotent = True
 
@@ -99,27 +99,17 @@ class SchedulerPluginRef(SchedulerPlugin):
         return (_plugin, (self.path,))
 
     def install(self, client: Any) -> None:
-        """Put the plugin on ``client``'s scheduler (idempotent: one cheap round trip)."""
+        """Put the plugin on ``client``'s cluster: on its scheduler, or on every worker,
+        present and future (idempotent: one cheap round trip)."""
         client.register_plugin(self)
 
 
-class WorkerPluginRef(WorkerPlugin):
-    """A worker plugin by the path of its class, and its ``name`` (see the module)."""
+class SchedulerPluginRef(_PluginRef, SchedulerPlugin):
+    """A scheduler plugin by the path of its class (see the module)."""
 
-    idempotent = True
 
-    def __init__(self, path: str, name: str) -> None:
-        _checked(path)
-        self.path = path
-        self.name = name
-
-    def __reduce__(self) -> tuple[Any, tuple[str]]:
-        return (_plugin, (self.path,))
-
-    def install(self, client: Any) -> None:
-        """Put the plugin on every worker of ``client``'s cluster, present and future
-        (idempotent)."""
-        client.register_plugin(self)
+class WorkerPluginRef(_PluginRef, WorkerPlugin):
+    """A worker plugin by the path of its class (see the module)."""
 
 
 # -- run on a worker ---------------------------------------------------------------------

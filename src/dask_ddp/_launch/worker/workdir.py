@@ -93,8 +93,3 @@ class WorkdirCleaner(WorkerPlugin):
 
     def setup(self, worker: Any) -> None:
         clean_orphans()
-
-
-def install_cleaner(client: Any) -> None:
-    """Have every worker, present and future, clean up after dead ones (idempotent)."""
-    client.register_plugin(WorkdirCleaner())

@@ -1,6 +1,6 @@
 """Rank start-up: what a rank process imports before the user's function runs.
 
-A rank is ``python -m dask_ddp._launch.rank WORKDIR``: it imports its own module, then
+A rank is ``python -m dask_ddp._launch.rank.main WORKDIR``: it imports its own module, then
 ``torch.distributed`` and cloudpickle, unpickles the user's function (whose globals name
 ``dask_ddp``) and calls it; a training function then reads ``dask_ddp.rank_info()`` and
 calls ``dask_ddp.report()``. This benchmark runs exactly those imports in a fresh process
@@ -50,7 +50,7 @@ LINE = re.compile(r"import time:\s+(\d+) \|\s+(\d+) \|( *)(\S+)")
 def rank_module(src: str) -> str:
     """The rank's module in the tree at ``src`` (it moved into ``_launch/``)."""
     if os.path.exists(os.path.join(src, "dask_ddp", "_launch", "rank.py")):
-        return "dask_ddp._launch.rank"
+        return "dask_ddp._launch.rank.main"
     return "dask_ddp._rank"
 
 

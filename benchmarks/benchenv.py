@@ -43,7 +43,9 @@ def env_differences(baseline: Mapping[str, str], rank: Mapping[str, str]) -> lis
     The launchers' own variables (torchrun's and ``DASK_DDP_*``, Ray's ``RAY_*``) are left
     out: they differ by design.
     """
-    from dask_ddp._launch.rank_env import TORCHRUN_VARIABLES  # here: baselines need not import it
+    from dask_ddp._launch.worker.rank_env import (
+        TORCHRUN_VARIABLES,  # here: baselines need not import it
+    )
 
     def ours(key: str) -> bool:
         return key in TORCHRUN_VARIABLES or key.startswith(("DASK_DDP_", "RAY_"))

@@ -84,7 +84,7 @@ def worker_fates(client: Client, limit: int = 40) -> str:
 #: A rank forked by a warm template is named so (``prctl(PR_SET_NAME)``) and its command line
 #: reads as a cold rank's; the template's own command line names its module.
 WARM_RANK_NAME = "ddp-rank-"
-TEMPLATE_MARKER = "dask_ddp._launch.warm"
+TEMPLATE_MARKER = "dask_ddp._launch.rank.warm_template"
 
 
 def _cluster_processes(scheduler: str, match: Any) -> list[psutil.Process]:
@@ -106,7 +106,8 @@ def _cluster_processes(scheduler: str, match: Any) -> list[psutil.Process]:
     return found
 
 
-def rank_processes(scheduler: str, marker: str = "dask_ddp._launch.rank") -> list[psutil.Process]:
+def rank_processes(scheduler: str,
+                   marker: str = "dask_ddp._launch.rank.main") -> list[psutil.Process]:
     """Live rank processes of jobs on the cluster at ``scheduler``.
 
     Matched by ``marker`` in the command line, or (the rank module's marker) by a warm
@@ -115,7 +116,7 @@ def rank_processes(scheduler: str, marker: str = "dask_ddp._launch.rank") -> lis
     def is_rank(name: str, cmd: str) -> bool:
         if marker in cmd:
             return True
-        return marker == "dask_ddp._launch.rank" and name.startswith(WARM_RANK_NAME)
+        return marker == "dask_ddp._launch.rank.main" and name.startswith(WARM_RANK_NAME)
 
     return _cluster_processes(scheduler, is_rank)
 
@@ -137,7 +138,7 @@ def _described(procs: list[psutil.Process]) -> list[tuple[int, list[str]]]:
 
 
 def wait_no_rank_processes(scheduler: str, timeout: float = 30.0,
-                           marker: str = "dask_ddp._launch.rank") -> None:
+                           marker: str = "dask_ddp._launch.rank.main") -> None:
     """Fail unless every rank process of the cluster is gone within ``timeout`` seconds."""
     wait_until(lambda: _described(rank_processes(scheduler, marker)), timeout,
                "rank processes still running")
@@ -151,7 +152,7 @@ def wait_no_template_processes(scheduler: str, timeout: float = 30.0) -> None:
 
 
 def wait_rank_processes(scheduler: str, n: int, timeout: float = 60.0,
-                        marker: str = "dask_ddp._launch.rank") -> None:
+                        marker: str = "dask_ddp._launch.rank.main") -> None:
     """Wait until at least ``n`` rank processes of the cluster run."""
     def fewer() -> str | None:
         running = len(rank_processes(scheduler, marker))

@@ -164,6 +164,6 @@ if __name__ == "__main__":
     # CI (2026-11-28) rank 1 once ended by SIGABRT after its peer had passed the final
     # barrier (its stderr was not kept): a teardown that races a peer already gone is the
     # likeliest cause. What these tests check is done by then.
-    from dask_ddp._launch.rank import _exit
+    from dask_ddp._launch.rank.main import _exit
 
     _exit(0)

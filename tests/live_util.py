@@ -56,10 +56,10 @@ def rank_main(port: int, uid: int, world: int, steps: int, out: str,
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from dask_ddp._launch.live import attach as live_attach
-    from dask_ddp._launch.live import group as live
-    from dask_ddp._launch.live.keys import JOIN_COUNT
-    from dask_ddp._launch.live.membership import JOIN_CHECK_S
+    from dask_ddp._launch.rank.live import attach as live_attach
+    from dask_ddp._launch.rank.live import group as live
+    from dask_ddp._launch.rank.live.membership import JOIN_CHECK_S
+    from dask_ddp._launch.wire.live_keys import JOIN_COUNT
 
     torch.set_num_threads(1)
     store = dist.PrefixStore(prefix, dist.TCPStore("127.0.0.1", port, None, False,
@@ -127,9 +127,9 @@ def two_group_main(port: int, uid: int, device: str, out: str) -> None:
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from dask_ddp._launch.live import attach as live_attach
-    from dask_ddp._launch.live import group as live
-    from dask_ddp._launch.live.keys import DEAD_KEY
+    from dask_ddp._launch.rank.live import attach as live_attach
+    from dask_ddp._launch.rank.live import group as live
+    from dask_ddp._launch.wire.live_keys import DEAD_KEY
 
     torch.set_num_threads(1)
     dev = torch.device(device, uid) if device == "cuda" else torch.device("cpu")
@@ -219,7 +219,7 @@ def zygote_main(port: int, world: int, trials: int, steps: int, out: str) -> Non
     import torch  # noqa: F401 - imported once, before the forks
     import torch.distributed as dist
 
-    from dask_ddp._launch.live import group as live  # noqa: F401
+    from dask_ddp._launch.rank.live import group as live  # noqa: F401
 
     store = dist.TCPStore("127.0.0.1", port, None, False, timedelta(seconds=30))
 
@@ -274,7 +274,7 @@ class Trials:
         group beside the gradients' (the NCCL path, gloo standing in for NCCL)."""
         from torch.distributed import PrefixStore
 
-        from dask_ddp._launch.live import generations
+        from dask_ddp._launch.wire import live_store
 
         t, self.trial = self.trial, self.trial + 1
         os.makedirs(self.out / str(t), exist_ok=True)
@@ -317,7 +317,7 @@ class Trials:
                 modes.append("late" if late else "signal")
                 time.sleep(rng.random() * 0.015)
                 os.kill(pids[victim], signal.SIGKILL)
-            generations.mark_dead(store, victim)  # what its supervisor does
+            live_store.mark_dead(store, victim)  # what its supervisor does
             alive.remove(victim)
             killed.append(victim)
         results: dict[int, Any] = {}
@@ -329,7 +329,7 @@ class Trials:
             time.sleep(0.01)
             results[u] = json.loads(path.read_text())
         return {"killed": killed, "modes": modes, "results": results,
-                "generations": generations.read_generations(store)}
+                "generations": live_store.read_generations(store)}
 
     def _check(self, deadline: float, what: str) -> None:
         if time.monotonic() > deadline or self.zygote.poll() is not None:
@@ -399,7 +399,7 @@ def live_train(folder: str, steps: int, pause: float, hold_at: int | None = None
 def _hold(folder: str) -> None:
     """Wait until ``folder/struck`` or a request to leave (a live rank whose worker
     closes leaves at the top of its next step); :data:`HOLD_S` at most."""
-    from dask_ddp._launch.live import group as live
+    from dask_ddp._launch.rank.live import group as live
 
     Path(folder, "holding").touch()
     deadline = time.monotonic() + HOLD_S

@@ -59,7 +59,7 @@ def test_a_rank_left_running_restarts_the_cluster(lease: Any) -> None:
         # What a rank process of the cluster looks like to the checks: its module on its
         # command line, the cluster's scheduler in its environment; nothing will stop it.
         stray = subprocess.Popen(
-            [sys.executable, "-c", "import time; time.sleep(600)", "dask_ddp._launch.rank"],
+            [sys.executable, "-c", "import time; time.sleep(600)", "dask_ddp._launch.rank.main"],
             env={**os.environ, "DASK_DDP_SCHEDULER": addr})
     try:
         assert len(SESSION.restarts) > restarts

@@ -12,7 +12,7 @@ import pytest
 
 import dask_ddp
 from dask_ddp import _compat
-from dask_ddp._launch.options import LaunchOptions
+from dask_ddp._launch.wire.options import LaunchOptions
 
 LIVE = "recovery='live'"
 
@@ -67,7 +67,7 @@ def test_a_rank_with_an_older_torch_refuses_live_before_its_group(
     """The rank checks its own torch (its worker's may be older than the client's)."""
     from types import SimpleNamespace
 
-    from dask_ddp._launch import rank
+    from dask_ddp._launch.rank import main as rank
 
     monkeypatch.setattr(_compat, "installed_torch", lambda: "2.4.1+cu121")
     record = SimpleNamespace(backend="gloo", rendezvous_timeout=1.0, worker="w")

@@ -2,7 +2,7 @@
 
 The package declares ``torch>=2.4``; a feature that needs more is listed in
 :data:`TORCH_NEEDS` and refused where a job is made (``submit``, ``dispatch.run``,
-``run_command``: :class:`~dask_ddp._launch.options.LaunchOptions`) with the installed
+``run_command``: :class:`~dask_ddp._launch.wire.options.LaunchOptions`) with the installed
 version and the needed one, and again in the rank, whose worker may have another torch.
 """
 

@@ -85,7 +85,7 @@ def rank_info() -> RankInfo:
 
 
 #: Set by dask-ddp's rank process to the index of the GPU its launcher placed it on
-#: (:mod:`dask_ddp._launch.gpu_placement`), after ``torch.cuda.set_device`` selected it.
+#: (:mod:`dask_ddp._launch.rank.gpu_placement`), after ``torch.cuda.set_device`` selected it.
 DEVICE_ENV = "DASK_DDP_CUDA_DEVICE"
 
 

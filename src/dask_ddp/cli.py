@@ -14,7 +14,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from dask_ddp._launch import policy
+from dask_ddp._launch.wire import policy
 
 logger = logging.getLogger("dask_ddp.cli")
 
@@ -174,11 +174,11 @@ def stacks_main(argv: Sequence[str]) -> int:
     logging.basicConfig(level=logging.WARNING, format="dask-ddp: %(message)s")
     from distributed import Client
 
-    from dask_ddp._launch.stacks import collect_stacks
+    from dask_ddp._launch.wire.entry_points import COLLECT_STACKS
 
     try:
         with Client(opts.scheduler, timeout=opts.timeout) as client:
-            replies = client.run(collect_stacks, opts.job, opts.timeout, on_error="return")
+            replies = client.run(COLLECT_STACKS, opts.job, opts.timeout, on_error="return")
     except (OSError, TimeoutError) as exc:
         logger.error("cannot reach the scheduler at %s: %s", opts.scheduler, exc)
         return 1

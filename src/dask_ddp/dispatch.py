@@ -1,6 +1,6 @@
 """Launching a job's ranks on Dask: seed-compatible :func:`run`, :func:`submit` and
-:func:`run_command` (the public functions; the job lives in :mod:`dask_ddp._launch.job` and
-:mod:`dask_ddp._launch.elastic_job`).
+:func:`run_command` (the public functions; the job lives in :mod:`dask_ddp._launch.client.job` and
+:mod:`dask_ddp._launch.client.elastic_job`).
 
 Each rank runs in its own process, started and watched by a supervisor task pinned to its
 worker. A job ends with one error naming the failing rank instead of hanging.
@@ -15,12 +15,12 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from dask_ddp._launch import payload, registry
-from dask_ddp._launch.elastic_job import ElasticJob
-from dask_ddp._launch.handle import JobHandle
-from dask_ddp._launch.job import Job, launch
-from dask_ddp._launch.options import FROM_CONFIG, LaunchOptions
-from dask_ddp._launch.policy import RecoveryPolicy
+from dask_ddp._launch.client import payload, registry
+from dask_ddp._launch.client.elastic_job import ElasticJob
+from dask_ddp._launch.client.handle import JobHandle
+from dask_ddp._launch.client.job import Job, launch
+from dask_ddp._launch.wire.options import FROM_CONFIG, LaunchOptions
+from dask_ddp._launch.wire.policy import RecoveryPolicy
 from dask_ddp.errors import (
     GangStartError,
     JobError,

@@ -23,7 +23,7 @@ level: it is pickled with the job's options and asked in the client and in the w
 
 from __future__ import annotations
 
-from dask_ddp._launch.policy import (
+from dask_ddp._launch.wire.policy import (
     LIVE,
     NAMES,
     RESTART,

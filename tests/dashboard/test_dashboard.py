@@ -268,7 +268,7 @@ def test_stall_event_from_the_launcher(client: object) -> None:
 
 
 def test_stall_record_on_the_failure_topic(client: object) -> None:
-    from dask_ddp._launch.names import failure_topic
+    from dask_ddp._launch.wire.names import failure_topic
 
     root = dashboard_root(client)
     job = dask_ddp.submit(client, report_loop, 1000, 0.1, name="stall-ended",

@@ -173,7 +173,7 @@ def test_failed_job_page(client: Any) -> None:
 
 
 def test_stalled_job_page(client: Any) -> None:
-    from dask_ddp._launch.names import failure_topic
+    from dask_ddp._launch.wire.names import failure_topic
 
     def stall_then_cancel(job: Any) -> None:
         job.cancel()

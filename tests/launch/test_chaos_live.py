@@ -32,7 +32,7 @@ from distributed import Client, LocalCluster
 import dask_ddp
 from cluster_util import client_fixture, rank_processes, worker_fates
 from dask_ddp._cluster import cluster_info
-from dask_ddp._launch.workdir import clean_orphans
+from dask_ddp._launch.worker.workdir import clean_orphans
 from images import file_putter, write_folder
 from launch_util import active_tasks, results_topics, wait_until, work_dirs
 from waits import WORKER_CHECK

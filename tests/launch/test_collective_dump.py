@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dask_ddp._launch import collective_dump
+from dask_ddp._launch.worker import collective_dump
 
 
 def _entry(seq: int, retired: bool) -> dict[str, object]:

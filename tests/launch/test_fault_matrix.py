@@ -39,7 +39,7 @@ import dask_ddp
 import live_util
 from cluster_util import client_fixture
 from dask_ddp import dispatch
-from dask_ddp._launch.workdir import clean_orphans
+from dask_ddp._launch.worker.workdir import clean_orphans
 from launch_util import work_dirs
 from waits import STALL_TIMEOUT, WORKER_CHECK, wait_until
 

@@ -22,7 +22,7 @@ from distributed import Client, LocalCluster
 
 import dask_ddp
 from cluster_util import wait_no_rank_processes
-from dask_ddp._launch import rank_env as _rankenv
+from dask_ddp._launch.worker import rank_env as _rankenv
 
 pytest.importorskip("lightning")
 pytest.importorskip("accelerate")

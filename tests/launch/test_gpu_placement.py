@@ -1,4 +1,4 @@
-"""Which GPU each rank takes and the backend that follows (``_launch/gpu_placement.py``),
+"""Which GPU each rank takes and the backend that follows (``_launch/rank/gpu_placement.py``),
 over made-up hosts and GPU UUIDs: the layouts a user meets on a GPU box (LocalCluster on
 one GPU, several workers without dask-cuda, dask-cuda's per-worker visibility, several
 ranks per worker, several hosts), then every small layout against a brute-force matching.
@@ -14,8 +14,7 @@ from datetime import timedelta
 import pytest
 from torch.distributed import TCPStore
 
-from dask_ddp._launch import rank_env
-from dask_ddp._launch.gpu_placement import (
+from dask_ddp._launch.rank.gpu_placement import (
     AUTO_WITH_NCCL,
     RankGpus,
     Shared,
@@ -23,6 +22,7 @@ from dask_ddp._launch.gpu_placement import (
     gather,
     place,
 )
+from dask_ddp._launch.worker import rank_env
 
 
 def uuids(host: str, n: int) -> list[str]:

@@ -1,4 +1,4 @@
-"""Ctrl-C in a client waiting for a job (_launch/interrupt.py): a real client process
+"""Ctrl-C in a client waiting for a job (_launch/client/interrupt.py): a real client process
 gets a real SIGINT; the job is cancelled, its ranks stopped, the user told once, and the
 job page says cancelled."""
 

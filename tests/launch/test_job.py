@@ -1,4 +1,4 @@
-"""The client's Job (``_launch/job.py``) owns its state: no reference cycle keeps a finished
+"""The client's Job (``_launch/client/job.py``) owns its state: no reference cycle keeps a finished
 job, or its rank tasks on the scheduler, once its caller dropped it."""
 
 from __future__ import annotations

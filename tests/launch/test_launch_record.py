@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dask_ddp._launch.launch_record import RECORD_FILE, LaunchRecord, LaunchRecordError
+from dask_ddp._launch.wire.launch_record import RECORD_FILE, LaunchRecord, LaunchRecordError
 
 pytestmark = [pytest.mark.timeout(30)]
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from dask_ddp._launch.live.attach import Attached
+from dask_ddp._launch.rank.live.attach import Attached
 from dask_ddp.data import ImageList, Loader
 from dask_ddp.data import transforms as T
 from dask_ddp.data.unread import rank_indices

@@ -70,7 +70,7 @@ def audit_train(kind: str, data: Any, folder: str) -> dict[str, Any]:
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from dask_ddp._launch.live import group as live
+    from dask_ddp._launch.rank.live import group as live
     from dask_ddp.data import ImageList, Loader, Source, TableLoader, TarShards
     from dask_ddp.data import transforms as T
 

@@ -1,4 +1,4 @@
-"""A live rank's gradient hook (_launch/live/hooks.py), without a process group: a bucket's
+"""A live rank's gradient hook (_launch/rank/live/hooks.py), without a process group: a bucket's
 all-reduce ended as a real torch future, rank 0's join word kept and read at the next
 step's top. On a GPU the hook's callback makes the host wait for the GPU nowhere (torch's
 sync debug mode raises on a sync there)."""
@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from dask_ddp._launch.live.hooks import GradientHook, HostScalar
+from dask_ddp._launch.rank.live.hooks import GradientHook, HostScalar
 
 pytestmark = [pytest.mark.timeout(60)]
 

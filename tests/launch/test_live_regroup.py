@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 import live_util
-from dask_ddp._launch.live.keys import member_key
-from dask_ddp._launch.live.records import Generation
+from dask_ddp._launch.wire.live_keys import member_key
+from dask_ddp._launch.wire.live_records import Generation
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
@@ -128,8 +128,8 @@ def test_a_change_is_recorded_by_every_member_of_the_new_group() -> None:
 
     from torch.distributed import TCPStore
 
-    from dask_ddp._launch.live import generations
-    from dask_ddp._launch.live import group as live
+    from dask_ddp._launch.rank.live import group as live
+    from dask_ddp._launch.wire import live_store
 
     store = TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=10),
                      wait_for_workers=False)
@@ -145,7 +145,7 @@ def test_a_change_is_recorded_by_every_member_of_the_new_group() -> None:
     formed(1, [0, 1, 2], [0, 1], record=True)  # rank 1 of the new group writes it
     formed(2, [0, 1], [1], record=False)       # broke while forming
     formed(3, [0, 1], [1], record=True)
-    gens = generations.read_generations(store)
+    gens = live_store.read_generations(store)
     assert [(g.generation, g.lost, g.world_size, g.step) for g in gens] == \
         [(1, (2,), 2, 10), (2, (0,), 1, 30)], gens
     # The first record written stays: another member's write of the same change is a
@@ -153,6 +153,6 @@ def test_a_change_is_recorded_by_every_member_of_the_new_group() -> None:
     other = live.LiveGroup(store, 0, 3)
     other.members, other.generation, other.changes = [0, 1], 1, 1
     other._record("another cause", [0, 1, 2], 10, 0.5)
-    assert [g.cause for g in generations.read_generations(store)] == ["lost {2}", "lost {0}"]
-    assert [Generation.from_json(t) for t in generations.generation_texts(store)] == gens
-    assert generations.read_generations(store, limit=1) == gens[:1]
+    assert [g.cause for g in live_store.read_generations(store)] == ["lost {2}", "lost {0}"]
+    assert [Generation.from_json(t) for t in live_store.generation_texts(store)] == gens
+    assert live_store.read_generations(store, limit=1) == gens[:1]

@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 
 import dask_ddp
-from dask_ddp._launch.options import LaunchWaits
+from dask_ddp._launch.wire.options import LaunchWaits
 from waits import FAST_LAUNCH_WAITS
 
 ROOT = Path(dask_ddp.__file__).parents[2]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import cloudpickle
 import pytest
 
-from dask_ddp._launch.options import LaunchOptions
+from dask_ddp._launch.wire.options import LaunchOptions
 
 PAYLOAD = cloudpickle.dumps((print, (), {}))
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import cloudpickle
 
-from dask_ddp._launch.options import LaunchOptions
-from dask_ddp._launch.placement import RankSpec
+from dask_ddp._launch.wire.options import LaunchOptions
+from dask_ddp._launch.wire.rank_spec import RankSpec
 
 SECRET = "Sup3rSecretPw"
 

@@ -1,4 +1,4 @@
-"""The submitted call checked on the client (_launch/payload.py): a typo in a submit
+"""The submitted call checked on the client (_launch/client/payload.py): a typo in a submit
 option, an argument the function does not take and what cannot be pickled fail at once,
 naming it; a rank's traceback names the user's file and source line."""
 
@@ -16,7 +16,7 @@ import pytest
 
 import dask_ddp
 from cluster_util import client_fixture
-from dask_ddp._launch import payload
+from dask_ddp._launch.client import payload
 
 client = client_fixture(2)
 
@@ -46,7 +46,7 @@ def test_a_typo_in_a_submit_option_fails_at_once(client: Any) -> None:
 
 
 def test_a_near_miss_taken_by_kwargs_warns(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, "dask_ddp._launch.payload"):
+    with caplog.at_level(logging.WARNING, "dask_ddp._launch.client.payload"):
         payload.check_call(_train_any, (1,), {"max_restart": 2, "other": 1},
                            ["max_restarts", "output_dir"])
     assert [r.getMessage() for r in caplog.records] == [

@@ -1,4 +1,4 @@
-"""The launcher's one test of a lost peer (_launch/peer_loss.py), as the rank decides it
+"""The launcher's one test of a lost peer (_launch/wire/peer_loss.py), as the rank decides it
 with the exception in hand (its report's verdict, a live group's collective): by torch's
 error types along the exception's chain, gloo's transport error by its exact shape, never
 a user's own words (no cluster). The gloo texts are torch 2.14's, from a gloo group of two
@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 import torch.distributed as dist
 
-from dask_ddp._launch.live.errors import LiveRecoveryError, MemberLost
-from dask_ddp._launch.live.errors import is_peer_error as live_is_peer_error
-from dask_ddp._launch.peer_loss import chain, is_peer_error, text_says_peer_lost
+from dask_ddp._launch.rank.live.errors import LiveRecoveryError, MemberLost
+from dask_ddp._launch.rank.live.errors import is_peer_error as live_is_peer_error
+from dask_ddp._launch.wire.peer_loss import chain, is_peer_error, text_says_peer_lost
 from launch_util import store_timeout
 
 pytestmark = [pytest.mark.timeout(30)]

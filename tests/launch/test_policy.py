@@ -1,4 +1,4 @@
-"""The recovery policy's seam (``_launch/policy.py``): resolving ``recovery=``, asking a
+"""The recovery policy's seam (``_launch/wire/policy.py``): resolving ``recovery=``, asking a
 policy, and the status of a failed attempt; the built-ins' decisions are in
 ``test_recovery_policy.py``."""
 
@@ -9,8 +9,8 @@ import pickle
 
 import pytest
 
-from dask_ddp._launch.options import LaunchOptions
-from dask_ddp._launch.policy import (
+from dask_ddp._launch.wire.options import LaunchOptions
+from dask_ddp._launch.wire.policy import (
     BUILT_IN,
     LIVE,
     NAMES,
@@ -89,7 +89,7 @@ def test_ask_refuses_an_answer_that_is_no_action() -> None:
 def test_ask_restarts_for_a_regroup_without_the_live_machinery(
         caplog: pytest.LogCaptureFixture) -> None:
     status = RecoveryStatus(FailureKind.LOST, rank=1)
-    with caplog.at_level(logging.WARNING, logger="dask_ddp._launch.policy"):
+    with caplog.at_level(logging.WARNING, logger="dask_ddp._launch.wire.policy"):
         assert ask(Policy("eager", always_regroup), status) is Action.RESTART
     assert "'eager' answered REGROUP but does not regroup" in caplog.text
     assert ask(Policy("eager", always_regroup, regroups=True), status) is Action.REGROUP

@@ -10,24 +10,26 @@ from pathlib import Path
 
 import pytest
 
-from dask_ddp._launch import probe
+from dask_ddp._launch.rank import probe
+from dask_ddp._launch.wire import probe_file
+from dask_ddp._launch.worker.probe import RankState
 from dask_ddp._states import RankActivity
 
 pytestmark = [pytest.mark.timeout(30)]
 
 
 def test_reader_names_the_activity_with_the_enum(tmp_path: Path) -> None:
-    reader = probe.RankState(str(tmp_path))
+    reader = RankState(str(tmp_path))
     try:
         assert reader.read() is None  # the rank has not written its file yet
-        writer = probe._State(str(tmp_path / probe.STATE_FILE))
+        writer = probe._State(str(tmp_path / probe_file.STATE_FILE))
         seen = reader.read()
         assert seen is not None and seen[:2] == (RankActivity.WORKING, "")
-        writer.set(probe.FIRST_COLLECTIVE + probe.COLLECTIVES.index("all_reduce"))
+        writer.set(probe_file.FIRST_COLLECTIVE + probe_file.COLLECTIVES.index("all_reduce"))
         seen = reader.read()
         assert seen is not None and seen[:2] == (RankActivity.BLOCKED, "all_reduce")
         assert seen[2] >= 0.0
-        writer.set(probe.RETURNED)
+        writer.set(probe_file.RETURNED)
         seen = reader.read()
         assert seen is not None and seen[0] is RankActivity.RETURNED
         # The progress topic carries the plain value.
@@ -53,9 +55,9 @@ def test_latest_c10d_of_a_dump_and_its_round_trip(tmp_path: Path) -> None:
     assert record == {"seq": 8, "group": "0", "name": "gloo:all_reduce", "since": 2e9,
                       "done": False, "counts": {"0": 8, "1": 2}}
     assert probe.latest_c10d({}) is None  # no process group yet: no entries
-    reader = probe.RankState(str(tmp_path))
+    reader = RankState(str(tmp_path))
     try:
-        writer = probe._State(str(tmp_path / probe.STATE_FILE))
+        writer = probe._State(str(tmp_path / probe_file.STATE_FILE))
         assert reader.read_c10d() is None  # not written yet
         writer.set_c10d(record)
         assert reader.read_c10d() == record
@@ -66,14 +68,15 @@ def test_latest_c10d_of_a_dump_and_its_round_trip(tmp_path: Path) -> None:
 
 RECORDED = """
 import os, sys, time
-from dask_ddp._launch import probe
+from dask_ddp._launch.rank import probe
 probe.install(sys.argv[1])
 import torch, torch.distributed as dist
 store = dist.HashStore()
 dist.init_process_group("gloo", store=store, rank=0, world_size=1)
 for _ in range(3):
     dist.all_reduce(torch.ones(1))
-reader = probe.RankState(sys.argv[1])
+from dask_ddp._launch.worker.probe import RankState
+reader = RankState(sys.argv[1])
 deadline = time.monotonic() + 30
 while time.monotonic() < deadline:
     seen = reader.read_c10d()
@@ -101,7 +104,7 @@ def test_the_probe_reads_the_flight_recorder_of_a_real_process_group(
 
 
 def test_the_flight_recorder_is_on_unless_the_user_sized_it() -> None:
-    from dask_ddp._launch.rank_env import collective_defaults
+    from dask_ddp._launch.wire.collective_env import collective_defaults
 
     added = collective_defaults({})
     assert added["TORCH_FR_BUFFER_SIZE"] == "64"

@@ -19,7 +19,7 @@ import dask_ddp
 from cluster_util import client_fixture, wait_no_rank_processes
 from dask_ddp import _identity
 from dask_ddp._cluster import cluster_info
-from dask_ddp._launch import rank_env as _rankenv
+from dask_ddp._launch.worker import rank_env as _rankenv
 
 pytestmark = [pytest.mark.dask, pytest.mark.timeout(180)]
 
@@ -215,7 +215,7 @@ def test_dask_worker_started_with_the_variable_keeps_it() -> None:
 # -- torchrun's whole contract ---------------------------------------------------------------
 
 def test_rank_layout_numbers_hosts_as_torchrun_numbers_nodes() -> None:
-    from dask_ddp._launch.placement import rank_layout
+    from dask_ddp._launch.client.placement import rank_layout
 
     workers = ["tcp://10.0.0.2:1", "tcp://10.0.0.3:1", "tcp://10.0.0.2:2"]
     layout = rank_layout(workers, nprocs_per_worker=2)

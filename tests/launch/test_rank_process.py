@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from dask_ddp._launch import rank_process
-from dask_ddp._launch.rank_process import RankProcess
+from dask_ddp._launch.worker import rank_process
+from dask_ddp._launch.worker.rank_process import RankProcess
 
 pytestmark = [pytest.mark.timeout(60)]
 

@@ -20,10 +20,8 @@ from distributed import Client
 
 import dask_ddp
 from cluster_util import client_fixture
-from dask_ddp._launch.options import LaunchOptions
-from dask_ddp._launch.outcome import RankOutcome
-from dask_ddp._launch.placement import RankSpec
-from dask_ddp._launch.rank_report import (
+from dask_ddp._launch.wire.options import LaunchOptions
+from dask_ddp._launch.wire.rank_report import (
     REPORT_FILE,
     RankReport,
     RankStatus,
@@ -31,6 +29,8 @@ from dask_ddp._launch.rank_report import (
     read_report,
     write_report,
 )
+from dask_ddp._launch.wire.rank_spec import RankSpec
+from dask_ddp._launch.worker.outcome import RankOutcome
 from dask_ddp.errors import FailureKind, RankFailedError, RemoteException
 from launch_util import store_timeout
 
@@ -224,8 +224,8 @@ def test_a_live_group_s_verdict_is_the_job_s_reason_over_its_lost_workers(
     """A survivor's LiveRecoveryError (too few survivors), also raised from another error,
     is its group's verdict: the rank's own error of kind ``regroup``, never replaced by a
     lost worker's record, and the job's root cause among the lost ranks' errors."""
-    from dask_ddp._launch.live.errors import LiveRecoveryError
-    from dask_ddp._launch.root_cause import lost_error, pick_root
+    from dask_ddp._launch.rank.live.errors import LiveRecoveryError
+    from dask_ddp._launch.wire.root_cause import lost_error, pick_root
 
     verdict = LiveRecoveryError("1 of 3 ranks survived (ranks [0, 1] of generation 0 "
                                 "lost), fewer than min_workers=2")

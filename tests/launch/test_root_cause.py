@@ -1,11 +1,11 @@
 """The root-cause order of a job's failure records (the supervisors' and the seed-style
-gather's choice, _launch/root_cause.py), on records as the failure topic holds them."""
+gather's choice, _launch/wire/root_cause.py), on records as the failure topic holds them."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from dask_ddp._launch.root_cause import better_record
+from dask_ddp._launch.wire.root_cause import better_record
 from dask_ddp.errors import FailureKind
 
 

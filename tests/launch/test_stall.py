@@ -22,8 +22,8 @@ from distributed import Client
 import dask_ddp
 from cluster_util import client_fixture, rank_processes, sleep_only, wait_rank_processes
 from dask_ddp import dispatch
-from dask_ddp._launch.names import progress_topic
-from dask_ddp._launch.stall import find_stall
+from dask_ddp._launch.client.stall import find_stall
+from dask_ddp._launch.wire.names import progress_topic
 from launch_util import (
     collectives_forever,
     long_eval_on_rank0,
@@ -236,7 +236,7 @@ def test_stall_rule() -> None:
 def test_launch_waits_come_from_the_config() -> None:
     import dask
 
-    from dask_ddp._launch.options import LaunchOptions
+    from dask_ddp._launch.wire.options import LaunchOptions
 
     with dask.config.set({"dask-ddp.launch.term-grace": "750 ms",
                           "dask-ddp.launch.stall-timeout": None}):
@@ -291,16 +291,17 @@ def test_a_scripts_stall_is_found_too(client: Client, tmp_path: Any) -> None:
 
 INSTALL_ORDER = """
 import faulthandler, os, sys
-from dask_ddp._launch import probe
+from dask_ddp._launch.rank import probe
+from dask_ddp._launch.wire.probe_file import STACKS_FILE
 workdir = sys.argv[1]
 register = faulthandler.register
 def checked(*args, **kwargs):
-    named = os.path.exists(os.path.join(workdir, probe.STACKS_FILE))
+    named = os.path.exists(os.path.join(workdir, STACKS_FILE))
     print("stacks file named before the handler" if named else "handler first", flush=True)
     return register(*args, **kwargs)
 faulthandler.register = checked
 probe.install(workdir)
-print("named" if os.path.exists(os.path.join(workdir, probe.STACKS_FILE)) else "unnamed")
+print("named" if os.path.exists(os.path.join(workdir, STACKS_FILE)) else "unnamed")
 """
 
 
@@ -319,16 +320,17 @@ def test_the_stacks_file_appears_only_with_its_handler(tmp_path: Path) -> None:
 def test_a_rank_whose_work_dir_goes_while_its_stacks_are_read(tmp_path: Path) -> None:
     # A job that ends while its stacks are read (a result timeout, a cancel) removes its
     # ranks' work dirs: the read says so instead of failing with the missing file.
-    from dask_ddp._launch import probe
+    from dask_ddp._launch.wire import probe_file
+    from dask_ddp._launch.worker import probe
 
-    (tmp_path / probe.STACKS_FILE).write_text("")
+    (tmp_path / probe_file.STACKS_FILE).write_text("")
     ignores = subprocess.Popen(
         [sys.executable, "-c", "import signal, time\n"
-         f"signal.signal({int(probe.STACKS_SIGNAL)}, signal.SIG_IGN)\nprint(flush=True)\n"
+         f"signal.signal({int(probe_file.STACKS_SIGNAL)}, signal.SIG_IGN)\nprint(flush=True)\n"
          "time.sleep(60)"], stdout=subprocess.PIPE)
     try:
         assert ignores.stdout is not None and ignores.stdout.readline()  # handler set
-        remover = threading.Timer(0.3, (tmp_path / probe.STACKS_FILE).unlink)
+        remover = threading.Timer(0.3, (tmp_path / probe_file.STACKS_FILE).unlink)
         remover.start()
         text = probe.read_stacks(ignores.pid, str(tmp_path), 5.0)
         remover.join()

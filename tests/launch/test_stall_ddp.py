@@ -20,7 +20,7 @@ from distributed import Client
 import dask_ddp
 from cluster_util import client_fixture
 from dask_ddp import dispatch
-from dask_ddp._launch.stall import find_stall, in_c10d, stall_error, where_c10d
+from dask_ddp._launch.client.stall import find_stall, in_c10d, stall_error, where_c10d
 from launch_util import (
     ddp_compute_after_backward,
     ddp_frozen_inside_allreduce,

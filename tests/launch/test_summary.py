@@ -1,4 +1,4 @@
-"""A job in a REPL or notebook (_launch/summary.py and Job's own views): its repr, its
+"""A job in a REPL or notebook (_launch/client/summary.py and Job's own views): its repr, its
 HTML, every rank's state while it runs, and report() numbering the steps itself."""
 
 from __future__ import annotations

@@ -24,10 +24,10 @@ from cluster_util import (
 )
 from dask_ddp._channel.rank_writer import Forwarder
 from dask_ddp._cluster import cluster_info
-from dask_ddp._launch import workdir
-from dask_ddp._launch.names import master_variable_name
-from dask_ddp._launch.options import LaunchOptions
-from dask_ddp._launch.placement import RankSpec
+from dask_ddp._launch.wire.names import master_variable_name
+from dask_ddp._launch.wire.options import LaunchOptions
+from dask_ddp._launch.wire.rank_spec import RankSpec
+from dask_ddp._launch.worker import workdir
 from launch_util import active_tasks, wait_until
 from waits import ABORT_POLL
 
@@ -39,7 +39,7 @@ client = client_fixture(2)
 def master_port_without_variable(job_id: str, rendezvous_timeout: float) -> str:
     """In a worker: rank 0's Event says the address is published, but the Variable is gone
     (the job ended between the two): a rank's supervisor must not wait forever."""
-    from dask_ddp._launch.supervisor import _Supervisor
+    from dask_ddp._launch.worker.supervisor import _Supervisor
 
     worker = get_worker()
     Event(master_variable_name(job_id)).set()

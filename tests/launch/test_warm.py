@@ -1,4 +1,4 @@
-"""Warm rank starts (dask_ddp._launch.warm): real templates forking real rank processes."""
+"""Warm rank starts (dask_ddp._launch.worker.warm): real templates forking real rank processes."""
 
 from __future__ import annotations
 
@@ -27,9 +27,9 @@ from cluster_util import (
     template_processes,
     wait_rank_processes,
 )
-from dask_ddp._launch import warm
-from dask_ddp._launch.launch_record import LaunchRecord
-from dask_ddp._launch.rank_report import RankStatus, read_report
+from dask_ddp._launch.wire.launch_record import LaunchRecord
+from dask_ddp._launch.wire.rank_report import RankStatus, read_report
+from dask_ddp._launch.worker import warm
 from waits import wait_until
 
 SCHEDULER = "tcp://warm-test:1"
@@ -120,7 +120,7 @@ def start(fn: Callable[..., Any], args: tuple[Any, ...], rank: int, world: int, 
     try:
         if cold:
             proc: subprocess.Popen[bytes] | None = subprocess.Popen(
-                [sys.executable, "-m", "dask_ddp._launch.rank", workdir], env=env,
+                [sys.executable, "-m", "dask_ddp._launch.rank.main", workdir], env=env,
                 pass_fds=(w,), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 start_new_session=True, cwd=os.getcwd())
         else:
@@ -272,7 +272,7 @@ def test_exit_codes_signals_and_reaping(templates: None) -> None:
         p = psutil.Process(proc.pid)
         seen = (p.name(), p.cmdline()[1:3], p.environ().get("RANK"),
                 p.environ().get("DASK_DDP_SCHEDULER"))
-        wanted = ("ddp-rank-0", ["-m", "dask_ddp._launch.rank"], "0", SCHEDULER)
+        wanted = ("ddp-rank-0", ["-m", "dask_ddp._launch.rank.main"], "0", SCHEDULER)
         return None if seen == wanted else f"{seen} != {wanted}"
 
     wait_until(looks_cold, 30, "the warm rank does not read as a rank")
@@ -344,7 +344,7 @@ def test_template_death_kills_its_ranks_then_ranks_start_cold(
     workdir = workdir_for_test()
     r, w = os.pipe()
     env = rank_env(0, 1, 1, w, workdir)
-    with caplog.at_level(logging.WARNING, logger="dask_ddp._launch.warm"):
+    with caplog.at_level(logging.WARNING, logger="dask_ddp._launch.worker.warm"):
         assert warm.start_rank(env, os.getcwd(), workdir, w, capture_output=False) is None
         assert warm.start_rank(env, os.getcwd(), workdir, w, capture_output=False) is None
     os.close(r)

@@ -174,7 +174,7 @@ class Loader(metaclass=_ByKind):
 
     __signature__ = InitSignature()
     #: Called before each batch is taken: a training step's top (live recovery's step
-    #: boundary, ``_launch/live/attach.py``).
+    #: boundary, ``_launch/rank/live/attach.py``).
     before_batch: Callable[[], None] | None = None
 
     def __init__(self, dataset: ImageList | TarShards | Subset[Any], batch_size: int, *,

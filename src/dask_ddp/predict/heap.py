@@ -7,7 +7,7 @@ than that is a fresh ``mmap`` and its pages are faulted in and zeroed, then unma
 freed. torch's CPU allocator does not cache, so each activation of each batch pays that
 again: a 32 -> 256 -> 256 -> 10 MLP's forward at 4096 rows a batch took 1.7x the CPU time
 in a worker that it takes in a plain process. (A rank process of ``submit`` avoids it by
-starting without the nanny's settings, :mod:`dask_ddp._launch.rank_env`; ``predict`` runs
+starting without the nanny's settings, :mod:`dask_ddp._launch.worker.rank_env`; ``predict`` runs
 in the worker process itself.)
 
 :func:`warm_heap` raises the mmap and trim thresholds while at least one ``predict`` task

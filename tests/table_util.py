@@ -195,3 +195,10 @@ def parquet_table(root: Any, rows: int, row_group_size: int) -> Any:
     pq.write_table(pa.table({"id": ids, "a": (ids * 0.5).astype(np.float32)}),
                    f"{root}/t.parquet", row_group_size=row_group_size)
     return Table.from_parquet(f"{root}/t.parquet")
+
+
+def feeding_threads(rank: int = 0) -> set[Any]:
+    """The tables' feeding threads of rank ``rank`` alive now (``TableReader``'s)."""
+    import threading
+
+    return {t for t in threading.enumerate() if t.name == f"dask-ddp-table-{rank}"}

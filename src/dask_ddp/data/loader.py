@@ -20,7 +20,9 @@ engine buffer that is reused only after torch frees the tensor, so keeping one i
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -225,21 +227,23 @@ class Loader(metaclass=_ByKind):
         ``data/table/pending.py``); it pickles as ``opens``. ``keep_alive``: what
         :func:`dask_ddp.submit` keeps alive while the job runs (the collection)."""
         loader = cls.__new__(cls)
-        loader.__dict__.update(_opens=opens, _dask_ddp_keep_alive=keep_alive)
+        loader.__dict__.update(_opens=opens, _opening=threading.RLock(),
+                               _dask_ddp_keep_alive=keep_alive)
         return loader
 
     if not TYPE_CHECKING:  # the Loader's attributes stay typed
         def __getattr__(self, name: str) -> Any:
-            # Only for an attribute not set: a Loader opened later opens at the first.
-            opens = self.__dict__.pop("_opens", None)  # none while it opens
-            if opens is None or name.startswith("__") or "_source" in self.__dict__:
-                raise AttributeError(f"{type(self).__name__!r} object has no attribute "
-                                     f"{name!r}")
-            try:
-                opens.open(self)
-            finally:
-                self.__dict__["_opens"] = opens
-            return getattr(self, name)
+            # Only for an attribute not set: a Loader opened later opens at the first, once
+            # whichever threads read (the others wait; the opening thread's reads raise).
+            if (opening := self.__dict__.get("_opening")) and not name.startswith("__"):
+                with opening:
+                    if "_source" not in self.__dict__ and (
+                            opens := self.__dict__.pop("_opens", None)) is not None:
+                        try:
+                            opens.open(self)
+                        finally:
+                            self.__dict__["_opens"] = opens
+            return object.__getattribute__(self, name)
 
     def __reduce_ex__(self, protocol: Any) -> Any:
         opens = self.__dict__.get("_opens")
@@ -289,10 +293,22 @@ class Loader(metaclass=_ByKind):
         if early is None or early[0] is not core or early[1] != self.epoch or start != 0:
             core.start_epoch(self.epoch, start)
         self._position = start
-        with self._stage.over(self._host_batches(), self._source.image_at) as batches:
-            yield from batches  # the epoch's host buffers go back to the engine at the end
+        try:
+            with self._stage.over(self._host_batches(), self._source.image_at) as batches:
+                yield from batches  # the epoch's host buffers go back to the engine at the end
+        except GeneratorExit:  # left early: a break, a raise in the loop, the iterator dropped
+            self._stop_reads()
+            raise
         self._start_early()
         flush_pending()  # the epoch's metrics reported as CUDA values
+
+    def _stop_reads(self) -> None:
+        """End the reads of an iteration left early: the own reader drops what it read ahead
+        (an engine's batches; a table's pass: its feeding thread ends, its buffers go) and
+        reads nothing until the next iteration starts it; a deal being read is closed."""
+        with contextlib.suppress(ValueError):  # closed meanwhile (close() from any thread)
+            self._source.core.start_epoch(self.epoch, len(self))
+        self._deals.stop_current()
 
     def _cancel_early(self) -> None:
         """Stop the early start of :meth:`_start_early`, dropping what it decoded (a

@@ -119,6 +119,12 @@ class UnreadDeals(Generic[R]):
             self.current.start_epoch(epoch, batches)
         return self.reading == epoch
 
+    def stop_current(self) -> None:
+        """Close the reader of the deal being read (a loop left it early)."""
+        current, self.current = self.current, None
+        if current is not None:
+            current.close()
+
     def close(self) -> None:
         """Close the engine loaders of the deals (those not started and the one being read)
         and forget the deals: the Loader moved to another epoch or closes, and their

@@ -4,6 +4,8 @@ here from Parquet files, without a cluster."""
 
 from __future__ import annotations
 
+import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +15,10 @@ import torch
 
 import dask_ddp
 from dask_ddp.data import Loader, Source, Table, TableLoader
-from dask_ddp.data.table.loader import TableSource
-from table_util import parquet_table
+from dask_ddp.data.device import PinnedBudget
+from dask_ddp.data.table.loader import Opens, TableSource
+from table_util import feeding_threads, parquet_table
+from waits import wait_until
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
@@ -171,5 +175,99 @@ def test_a_loader_closed_mid_epoch_stops_and_reads_again(mixed: Table) -> None:
         with pytest.raises(StopIteration):
             while True:
                 next(it)
+    finally:
+        loader.close()
+
+
+@pytest.mark.parametrize("leave", ["break", "raise"])
+def test_leaving_an_epoch_early_ends_its_feeding_thread(mixed: Table, leave: str) -> None:
+    """A loop that leaves an epoch early (a break, an exception in its body) ends the
+    epoch's feeding thread and frees its lent buffers then, not at the next epoch; the
+    state saved after it resumes with the rest of the epoch, and the next epoch reads
+    every row once."""
+    base = PinnedBudget.used()
+    loader = Loader(mixed, 10, shuffle=True, seed=4, rank=0, world_size=1, window=1,
+                    cache=False, prefetch=2, device="cpu")
+    # Buffers lent as on a GPU (pageable here), counted in the budget while they live.
+    loader._stage._host_buffer = lambda n: torch.empty(n, dtype=torch.uint8)
+    before, feeding, seen = feeding_threads(), set[threading.Thread](), list[int]()
+
+    def loop() -> None:
+        for batch in loader:
+            seen.extend(batch["id"].tolist())
+            del batch  # its lent buffer goes back with it
+            feeding.update(feeding_threads() - before)
+            if len(seen) == 30:
+                if leave == "raise":
+                    raise LookupError("the loop body failed")
+                break
+
+    try:
+        loader.set_epoch(0)
+        if leave == "raise":
+            with pytest.raises(LookupError):
+                loop()
+        else:
+            loop()
+        assert feeding, "no feeding thread was seen"
+        wait_until(lambda: [t.name for t in feeding if t.is_alive()], 30,
+                   "the feeding thread still runs after the loop left the epoch")
+        wait_until(lambda: PinnedBudget.used() - base, 30, "bytes still lent")
+        state = loader.state_dict()
+        assert state["batch"] == 3
+        order = loader._source.plan.rows(0, None)[0].tolist()
+        loader.load_state_dict(state)
+        assert seen + _ids(loader) == order, "the resume read the rest of the epoch"
+        loader.set_epoch(1)
+        assert sorted(_ids(loader)) == list(range(1000))
+    finally:
+        loader.close()
+
+
+def _in_getattr(thread: threading.Thread) -> bool:
+    """Whether ``thread`` runs inside a ``__getattr__`` now."""
+    frame = sys._current_frames().get(thread.ident or -1)
+    while frame is not None and frame.f_code.co_name != "__getattr__":
+        frame = frame.f_back
+    return frame is not None
+
+
+def test_threads_reading_a_loader_opened_later_open_it_once(mixed: Table) -> None:
+    """Two threads reading a Loader not opened yet, at once: one opens it while the other
+    waits inside its attribute read, and both read the opened Loader's answer."""
+    opened: list[str] = []
+    readers: list[threading.Thread] = []
+
+    class Counted(Opens):
+        def open(self, loader: Loader) -> None:
+            me = threading.current_thread()
+            opened.append(me.name)
+            # Open only once the other reader waits inside its read, or has ended.
+            wait_until(lambda: [t.name for t in readers if t is not me and t.is_alive()
+                                and not _in_getattr(t)], 30, "the other reader not reading")
+            super().open(loader)
+
+    loader = Loader.opened_later(Counted(mixed, {"batch_size": 10, "rank": 0,
+                                                 "world_size": 1, "shuffle": False}))
+    barrier = threading.Barrier(2, timeout=30)
+    got: dict[str, Any] = {}
+
+    def read() -> None:
+        barrier.wait()
+        try:
+            got[threading.current_thread().name] = len(loader)
+        except Exception as exc:  # noqa: BLE001 - the test reports it
+            got[threading.current_thread().name] = exc
+
+    readers += [threading.Thread(target=read, name=f"reader-{i}") for i in range(2)]
+    try:
+        for t in readers:
+            t.start()
+        for t in readers:
+            t.join(timeout=60)
+        assert not any(t.is_alive() for t in readers), "a reader still waits"
+        assert got == {"reader-0": 100, "reader-1": 100}
+        assert len(opened) == 1, opened
+        assert _ids(loader) == list(range(1000))
     finally:
         loader.close()

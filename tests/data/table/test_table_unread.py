@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from dask_ddp.data import Loader, Table
-from table_util import parquet_table
+from table_util import feeding_threads, parquet_table
+from waits import wait_until
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
@@ -209,3 +210,27 @@ def test_reshard_is_checked(table: Table) -> None:
     with pytest.raises(ValueError, match="rank must be in"):
         lo.reshard(3, 2)
     lo.close()
+
+
+def test_leaving_a_deal_early_ends_its_feeding_thread(table: Table) -> None:
+    """A loop that leaves the epoch inside a deal (rank 1's rows dealt to rank 0) ends the
+    deal's feeding thread then, not at the next epoch; the next epoch reads rank 0's
+    rows."""
+    loader = Loader(table, BS, seed=3, rank=0, world_size=2, window=1, prefetch=1)
+    lost = loader.lost_samples(0, 0, [1])
+    loader.deal_unread(0, lost, 0, 1)
+    before, dealing, seen = feeding_threads(), set[Any](), list[int]()
+    try:
+        for batch in loader:
+            seen += batch["id"].tolist()
+            if loader.reading_unread:
+                dealing |= feeding_threads() - before
+                break
+            before = feeding_threads()  # the own rows' feeding thread among them
+        assert len(seen) == loader.num_samples + BS and dealing, "no deal was read"
+        wait_until(lambda: [t.name for t in dealing if t.is_alive()], 30,
+                   "the deal's feeding thread still runs after the loop left the epoch")
+        loader.set_epoch(1)
+        assert len(_rest(iter(loader))) == loader.num_samples
+    finally:
+        loader.close()

@@ -74,8 +74,8 @@ class TableReader:
         self._stop, self._errors = threading.Event(), list[BaseException]()
 
     def start_epoch(self, epoch: int, start: int, /) -> None:
-        """Read ``epoch`` from its batch ``start`` on (the pass of another stops)."""
-        self._end()
+        """Read ``epoch`` from its batch ``start`` on (the pass before ends: :meth:`close`)."""
+        self.close()
         self._epoch, self._at, self._done = int(epoch), int(start), False
 
     def next(self) -> tuple[Any, ...] | None:
@@ -84,12 +84,11 @@ class TableReader:
         is raised after the batches before it."""
         if self._done:
             return None
-        if self._thread is None:
-            self._start()
+        stream = self._stream if self._stream is not None else self._start()
         t0 = time.monotonic()
         while True:
             try:
-                item = self._stream.next(POLL_S)
+                item = stream.next(POLL_S)
                 break
             except TimeoutError:
                 continue  # the reads wait at most FETCH_TIMEOUT_S, then raise
@@ -104,7 +103,15 @@ class TableReader:
                          self.source.loader.rank, self._epoch, time.monotonic() - t0)
         return item, None, at
 
-    def _start(self) -> None:
+    def _start(self) -> Any:
+        """Start the pass's feeding thread, once the one of the pass before ended (a
+        warning past ``JOIN_S``); the pass's stream."""
+        if (thread := self._thread) is not None:
+            thread.join(timeout=JOIN_S)
+            if thread.is_alive():
+                logger.warning("rank %d: the table's feeding thread did not stop within "
+                               "%d s (a read of the table is still waiting)",
+                               self.source.loader.rank, JOIN_S)
         src, epoch = self.source, self._epoch
         ahead = None
         if self.own:
@@ -121,24 +128,16 @@ class TableReader:
             args=(self._stream, self._stop, self._at, epoch, lambda: self.rows(epoch),
                   self._errors, ahead))
         self._thread.start()
-
-    def _end(self) -> None:
-        """:meth:`close`, then wait for the feeding thread (a warning past ``JOIN_S``)."""
-        thread, self._thread = self._thread, None
-        if thread is not None:
-            self.close()
-            thread.join(timeout=JOIN_S)
-            if thread.is_alive():
-                logger.warning("rank %d: the table's feeding thread did not stop within "
-                               "%d s (a read of the table is still waiting)",
-                               self.source.loader.rank, JOIN_S)
+        return self._stream
 
     def close(self) -> None:
-        """End the pass: stop the feeding thread and close the stream (from any thread: a
-        :meth:`next` waiting returns None); a later :meth:`start_epoch` reads again."""
+        """End the pass, from any thread (a :meth:`next` waiting returns None), without
+        waiting: the feeding thread stops at once, or after the read it waits for, and its
+        stream's buffers go when it ends. A later :meth:`start_epoch` reads again."""
         self._done = True
         self._stop.set()
-        if (stream := self._stream) is not None:
+        stream, self._stream = self._stream, None
+        if stream is not None:
             stream.close()
 
 

@@ -1,11 +1,12 @@
 """The client side of one job attempt's ranks: :class:`Watcher` (internal).
 
-A :class:`~dask_ddp._launch.job.Job` is the handle its caller holds; its watcher owns the
-ranks' tasks and what is found about them. It submits the supervisor tasks (pinned, never
-retried), then polls them on the client's event loop: a failed rank aborts its peers, a
-worker that left fails its rank, a stall ends the job (when ``stall_timeout`` is set), so
-a job ends with one error naming the failing rank instead of hanging. At the end it reads
-the ranks' values and removes everything the job left on the scheduler.
+A :class:`~dask_ddp._launch.job.Job` is the handle its caller holds and the controller of
+its attempts; each attempt's watcher owns the ranks' tasks and what is found about them.
+It submits the supervisor tasks (pinned, never retried), then polls them on the client's
+event loop: a failed rank aborts its peers, a worker that left fails its rank, a stall
+ends the job (when ``stall_timeout`` is set), so a job ends with one error naming the
+failing rank instead of hanging. At the end it reads the ranks' values and removes
+everything the job left on the scheduler.
 
 What a lost worker or a stall leads to is the job's recovery policy's to say
 (:mod:`dask_ddp._launch.policy`): the loop asks it once per event and carries out its
@@ -63,9 +64,6 @@ class Watcher:
     keep_values
         Read the ranks' return values as the job ends (a worker that dies afterwards
         cannot take them along).
-    keep_alive
-        What the ranks read while they run (a persisted collection behind a Table),
-        released as the job ends.
 
     The watcher never refers to the job's handle: the handle is passed to :meth:`start`
     and held by the running loop alone, so the handle goes as soon as nobody holds it
@@ -73,8 +71,7 @@ class Watcher:
     """
 
     def __init__(self, client: Any, options: LaunchOptions, job_id: str,
-                 workers: Sequence[str], *, keep_values: bool = True,
-                 keep_alive: Sequence[Any] = ()) -> None:
+                 workers: Sequence[str], *, keep_values: bool = True) -> None:
         self.client = client
         self.options = options
         self.job_id = job_id
@@ -86,7 +83,6 @@ class Watcher:
         #: The ranks' specs as submitted (a rank that joins a live job is made from them).
         self.specs: list[RankSpec] = []
         self.keep_values = keep_values
-        self._keep_alive = list(keep_alive)
         self.recovery: Recovery = Restart()
         #: The ranks whose worker left, with the error naming the loss.
         self.lost: dict[int, WorkerLostError] = {}
@@ -222,7 +218,6 @@ class Watcher:
             await self._cleanup()
             registry.forget(handle, [f.key for f in self.futures])
             dashboard.job_state(self.client, self.job_id, self.final_state())
-            self._keep_alive.clear()  # the ranks read nothing more
             self.done.set()
 
     async def _check(self, statuses: list[str], handle: Any) -> bool:

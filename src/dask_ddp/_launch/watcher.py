@@ -39,7 +39,7 @@ from dask_ddp._launch.policy import Action, RecoveryStatus, ask
 from dask_ddp._launch.recovery import Recovery, Restart
 from dask_ddp._launch.root_cause import lost_error, pick_root, record_of
 from dask_ddp._launch.supervisor import read_job_stacks, run_rank
-from dask_ddp._states import JobState
+from dask_ddp._states import JobState, RankActivity
 from dask_ddp.errors import FailureKind, StallError, WorkerLostError
 
 logger = logging.getLogger(__name__)
@@ -232,7 +232,24 @@ class Watcher:
             registry.remember(handle, [f.key for f in self.futures[before:]])
         if not lost and self.options.stall_timeout is not None:
             ends = await self._check_stall(statuses)
+        if self.lost and not ends and not self.options.policy.regroups:
+            ends = await self._bounded(self._survivors_returned(statuses))
         return ends
+
+    async def _survivors_returned(self, statuses: Sequence[str]) -> bool:
+        """Whether the ranks the policy let go on without a lost one (``CONTINUE``) have
+        all returned: in a job that does not regroup they then wait in their finish
+        barrier for the lost rank, which never comes, so the attempt ends (its error
+        names the loss)."""
+        events = await self.client.scheduler.events(topic=progress_topic(self.job_id))
+        self.states = dict(stall.latest_states(events))
+        running = [r for r, s in enumerate(statuses) if s == "pending" and r not in self.lost]
+        if not running or any(stall.activity(self.states.get(r)) is not RankActivity.RETURNED
+                              for r in running):
+            return False
+        logger.warning("job %r: ranks %s returned without ranks %s, whose workers left; "
+                       "ending the attempt", self.name, running, sorted(self.lost))
+        return True
 
     async def _read_values(self) -> None:
         statuses = [f.status for f in self.futures]

@@ -215,9 +215,9 @@ class Attempt:
 
 
 class Job:
-    """A DDP job on Dask (see :func:`~dask_ddp.submit`): its ranks, its outcome, and the
-    means to stop it. A job that may restart (``max_restarts``, ``min_workers`` or
-    ``max_workers``) is an :class:`ElasticJob`, the same class under its own name.
+    """A DDP job on Dask (see :func:`~dask_ddp.dispatch.submit`): its ranks, its outcome,
+    and the means to stop it. A job that may restart (``max_restarts``, ``min_workers`` or
+    ``max_workers``) is an :class:`ElasticJob`, this class under its own name.
 
     The rank attributes (``id``, ``futures``, ``workers``, ``world_size``) are the current
     attempt's; :meth:`result` returns the last attempt's values.
@@ -254,10 +254,10 @@ class Job:
         The current attempt's rank tasks and what the watch loop found about them (its
         own futures, lost workers, stall, values; see :mod:`dask_ddp._launch.watcher`).
 
-    :func:`~dask_ddp.submit`, :func:`~dask_ddp.dispatch.run` and
-    :func:`~dask_ddp.run_command` make jobs: ``job_id`` and ``workers`` are the first
-    attempt's (default: a new id, the options' choice); ``keep_values=False``: the ranks'
-    values stay in their futures; ``keep_alive``: what the job holds until its end.
+    :func:`~dask_ddp.dispatch.submit`, :func:`~dask_ddp.dispatch.run` and
+    :func:`~dask_ddp.dispatch.run_command` make jobs: ``job_id`` and ``workers`` are the
+    first attempt's (default: a new id, the options' choice); ``keep_values=False``: the
+    ranks' values stay in their futures; ``keep_alive``: what the job holds until its end.
 
     Nothing refers back to the job but the futures it hands out and, while an attempt
     runs, its controller: the job holds its tasks' own futures, and those it hands out
@@ -679,10 +679,11 @@ class Job:
 
 class ElasticJob(Job):
     """A job that starts again when a rank fails or its worker leaves (see
-    :func:`~dask_ddp.submit`: ``max_restarts``, ``min_workers``, ``max_workers``).
+    :func:`~dask_ddp.dispatch.submit`: ``max_restarts``, ``min_workers``, ``max_workers``).
 
-    The same class as :class:`Job` (one handle, one controller): a name of its own so
-    that ``isinstance(job, ElasticJob)`` tells a job that may restart, as it always has.
+    A subclass of :class:`Job` with no body of its own (one handle, one controller): a
+    name of its own so that ``isinstance(job, ElasticJob)`` tells a job that may restart,
+    as it always has.
     Each attempt has fresh rank processes and rendezvous; ``futures``, ``workers``,
     ``world_size`` and ``id`` are the current attempt's, ``restarts`` and ``attempts``
     tell the earlier ones, and :meth:`result` returns the last attempt's values.

@@ -94,6 +94,8 @@ class Watcher:
         self.stall: StallError | None = None
         #: The stuck ranks of stalls the policy let go on (asked once per stall).
         self._stalls_met: set[tuple[int, ...]] = set()
+        #: The ranks the policy let go on without a lost one all returned: the end.
+        self._survivors_ended = False
         #: Every rank finished: the job's outcome, fixed (a later loss changes nothing).
         self.all_finished = False
         self.cancelled = False
@@ -232,8 +234,9 @@ class Watcher:
             registry.remember(handle, [f.key for f in self.futures[before:]])
         if not lost and self.options.stall_timeout is not None:
             ends = await self._check_stall(statuses)
-        if self.lost and not ends and not self.options.policy.regroups:
-            ends = await self._bounded(self._survivors_returned(statuses))
+        if self.lost and not (ends or self._survivors_ended or self.options.policy.regroups):
+            ends = self._survivors_ended = await self._bounded(
+                self._survivors_returned(statuses))
         return ends
 
     async def _survivors_returned(self, statuses: Sequence[str]) -> bool:

@@ -112,3 +112,23 @@ def collectives_until(first_seconds: float, later_seconds: float, restart_from: 
         time.sleep(0.05)
     return {"world": info.world_size, "restart": info.restart, "rank": info.rank,
             "pid": os.getpid()}
+
+
+def return_when_told(folder: str, timeout: float) -> int:
+    """Every rank marks ``running{rank}`` after a barrier; rank 1 then waits (its worker is
+    killed there), the others wait for the test's ``go`` and mark ``returned{rank}``,
+    without another collective. Every wait is bounded by ``timeout`` seconds."""
+    import torch.distributed as dist
+
+    import dask_ddp
+
+    rank = dask_ddp.rank_info().rank
+    dist.barrier()
+    mark(folder, f"running{rank}")
+    deadline = time.monotonic() + timeout
+    while rank == 1 or not Path(folder, "go").exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"rank {rank}: no word from the test within {timeout} s")
+        time.sleep(0.05)
+    mark(folder, f"returned{rank}")
+    return rank

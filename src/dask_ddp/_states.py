@@ -42,11 +42,16 @@ class RankActivity(_Named):
 
 
 class JobState(_Named):
-    """The state of a job, and of each of its attempts (an elastic job's restarts)."""
+    """The state of a job, and of each of its attempts (an elastic job's restarts).
+
+    ``RESTARTING`` is a job's alone: an attempt failed, its policy answered ``RESTART``,
+    and the job waits for workers to place the next attempt.
+    """
 
     STARTING = "starting"
     RUNNING = "running"
     STALLED = "stalled"
+    RESTARTING = "restarting"
     DONE = "done"
     FAILED = "failed"
     CANCELLED = "cancelled"

@@ -1,6 +1,5 @@
 """Launching a job's ranks on Dask: seed-compatible :func:`run`, :func:`submit` and
-:func:`run_command` (the public functions; the job lives in :mod:`dask_ddp._launch.client.job` and
-:mod:`dask_ddp._launch.client.elastic_job`).
+:func:`run_command` (the public functions; the job lives in :mod:`dask_ddp._launch.client.job`).
 
 Each rank runs in its own process, started and watched by a supervisor task pinned to its
 worker. A job ends with one error naming the failing rank instead of hanging.
@@ -16,9 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from dask_ddp._launch.client import payload, registry
-from dask_ddp._launch.client.elastic_job import ElasticJob
-from dask_ddp._launch.client.handle import JobHandle
-from dask_ddp._launch.client.job import Job, launch
+from dask_ddp._launch.client.job import ElasticJob, Job
 from dask_ddp._launch.wire.options import FROM_CONFIG, LaunchOptions
 from dask_ddp._launch.wire.policy import RecoveryPolicy
 from dask_ddp.errors import (
@@ -204,7 +201,7 @@ def submit(
         stall_timeout=stall_timeout, recovery=recovery)
     if options.restarting:
         return ElasticJob(client, options, keep_alive=tables)
-    return launch(client, options, keep_alive=tables)
+    return Job(client, options, keep_alive=tables)
 
 
 #: submit()'s own keywords: a function's keyword close to one of them is likely a typo.
@@ -238,7 +235,7 @@ def run(client: Any, pytorch_function: Callable[..., Any], *args: Any, backend: 
     # Every other keyword goes to the function, as in the seed, even one named like a
     # submit() option.
     args, kwargs, tables = _tables(client, args, kwargs)
-    job = launch(client, LaunchOptions.build(
+    job = Job(client, LaunchOptions.build(
         name=getattr(pytorch_function, "__name__", None) or "dask-ddp",
         payload=payload.dumps_payload(pytorch_function, args, kwargs),
         sources=payload.code_ranges(pytorch_function), backend=backend,
@@ -293,7 +290,7 @@ def run_command(
         argv[1] = os.path.abspath(argv[1])
     job_name = name or Path(argv[1] if argv[0] in ("python", "python3") and len(argv) > 1
                             else argv[0]).stem or "command"
-    job: JobHandle = launch(client, LaunchOptions.build(
+    job = Job(client, LaunchOptions.build(
         name=job_name, command=tuple(argv), n_workers=n_workers, workers=workers,
         nprocs_per_worker=nprocs_per_worker, resources=resources, env=env, progress=False,
         stream_output=stream_output, rendezvous_timeout=rendezvous_timeout,

@@ -2,12 +2,18 @@
 of event, and a policy of this module's own ("regroup on a lost worker, restart on
 anything else") run through real faults on the session cluster, nothing in ``src/``
 written for it: a worker SIGKILLed (the others go on smaller), a rank that raises and a
-rank process SIGKILLed (the job restarts whole and completes)."""
+rank process SIGKILLed (the job restarts whole and completes). Then a policy that answers
+``CONTINUE`` to a lost worker, and one defined in a user's script (``__main__``, pickled
+by value)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import sys
+import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +25,9 @@ import live_util
 from cluster_util import client_fixture
 from dask_ddp.errors import FailureKind
 from dask_ddp.recovery import LIVE, RESTART, Action, Policy, RecoveryStatus
-from waits import wait_until
+from elastic_util import return_when_told
+from examples_util import run as run_script
+from waits import FAST_LAUNCH_WAITS, WORKER_CHECK, wait_until
 
 # -- the built-ins, pure ---------------------------------------------------------------
 LEFT = (FailureKind.LOST, FailureKind.DIED)
@@ -161,3 +169,109 @@ def test_a_rank_process_that_died_restarts_the_job(client: Client, tmp_path: Pat
     _at_step(tmp_path, 1, 10, job)
     os.kill(int((tmp_path / "pid1").read_text()), signal.SIGKILL)
     _finished_whole(job, {"died"})
+
+
+# -- CONTINUE: the peers of a lost worker go on ----------------------------------------
+def continue_always(s: RecoveryStatus) -> Action:
+    """Never stop anything: a lost worker's peers go on; an ended attempt's error stands."""
+    return Action.CONTINUE
+
+
+GO_ON = Policy("go-on", continue_always)
+
+
+@pytest.mark.timeout(300)
+def test_continue_lets_a_lost_workers_peers_run_to_their_end(client: Client,
+                                                             tmp_path: Path) -> None:
+    """Rank 1's worker is SIGKILLed; the policy answers CONTINUE: rank 0 is not aborted and
+    returns from its function after the loss was seen. The attempt then ends with the
+    lost rank's error (rank 0 cannot wait for a peer that will never finish), and
+    CONTINUE to the ended attempt restarts nothing: the job raises it."""
+    job = dask_ddp.submit(client, return_when_told, str(tmp_path), 120.0, n_workers=2,
+                          recovery=GO_ON, max_restarts=1, progress=False)
+    assert isinstance(job, dask_ddp.ElasticJob)
+
+    def not_running() -> list[int] | None:
+        if job.done():
+            job.result()  # raises the job's error: it ended before its ranks ran
+        return [r for r in (0, 1) if not (tmp_path / f"running{r}").exists()]
+
+    wait_until(not_running, 120, "both ranks running")
+    os.kill(client.run(os.getpid)[job.workers[1]], signal.SIGKILL)
+    wait_until(lambda: None if job.futures[1].status == "cancelled" else
+               f"rank 1's future {job.futures[1].status}", 60,
+               "the watcher to find rank 1's worker gone")
+    # Several checks of the watcher: any other answer would have aborted rank 0 by now.
+    time.sleep(4 * WORKER_CHECK)
+    assert not job.done() and job.futures[0].status == "pending", job
+    (tmp_path / "go").touch()
+    with pytest.raises(dask_ddp.WorkerLostError) as info:
+        job.result(timeout=120)
+    assert (tmp_path / "returned0").exists(), "rank 0 was stopped before its end"
+    assert info.value.rank == 1 and info.value.kind == "lost", info.value
+    assert job.restarts == [] and len(info.value.attempts) == 1, info.value.attempts
+    assert str(job.state) == "failed"
+
+
+# -- a policy of a user's script: defined in __main__, pickled by value ----------------
+SCRIPT = textwrap.dedent("""\
+    import json
+    import sys
+
+    import dask
+    from distributed import Client
+
+    import dask_ddp
+    from dask_ddp.errors import FailureKind
+    from dask_ddp.recovery import Action, Policy
+
+
+    def restart_once(status):
+        # A rank that raised restarts the job once; anything else raises.
+        raised = status.kind in (FailureKind.RAISED, FailureKind.RAISED_FIRST)
+        return Action.RESTART if raised and status.restarts == 0 else Action.RAISE
+
+
+    def train():
+        import torch.distributed as dist
+
+        info = dask_ddp.rank_info()
+        dist.barrier()
+        if info.rank == 1 and info.restart < 2:
+            raise ValueError(f"rank 1 fails attempt {info.restart}")
+        return info.restart
+
+
+    if __name__ == "__main__":
+        dask.config.set(json.loads(sys.argv[2]))
+        with Client(sys.argv[1]) as client:
+            job = dask_ddp.submit(client, train, n_workers=2, max_restarts=3,
+                                  recovery=Policy("restart-once", restart_once),
+                                  progress=False)
+            try:
+                job.result(timeout=150)
+                error = None
+            except dask_ddp.JobError as err:
+                error = {"type": type(err).__name__, "rank": err.rank,
+                         "attempts": [a.reason for a in err.attempts]}
+            print(json.dumps({"module": restart_once.__module__, "job": type(job).__name__,
+                              "restarts": len(job.restarts), "error": error}))
+""")
+
+
+@pytest.mark.timeout(300)
+def test_a_policy_of_a_users_script_is_obeyed(client: Client, tmp_path: Path) -> None:
+    """A script defines its policy at its top level (``__main__``: cloudpickle sends it to
+    the workers by value, in the job's options) and runs a job whose rank 1 raises in
+    its first two attempts. The policy restarts once, then raises, where the built-in
+    ``"restart"`` would have used ``max_restarts=3`` and succeeded in the third."""
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    done = run_script([sys.executable, str(script), client.scheduler.address,
+                       json.dumps(FAST_LAUNCH_WAITS)], tmp_path, timeout=240)
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["module"] == "__main__" and out["job"] == "ElasticJob", out
+    assert out["restarts"] == 1, out
+    error = out["error"]
+    assert error is not None and error["type"] == "RankFailedError" and error["rank"] == 1, out
+    assert len(error["attempts"]) == 2 and "fails attempt 1" in error["attempts"][1], out

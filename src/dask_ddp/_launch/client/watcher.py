@@ -1,11 +1,12 @@
 """The client side of one job attempt's ranks: :class:`Watcher` (internal).
 
-A :class:`~dask_ddp._launch.client.job.Job` is the handle its caller holds; its watcher owns the
-ranks' tasks and what is found about them. It submits the supervisor tasks (pinned, never
-retried), then polls them on the client's event loop: a failed rank aborts its peers, a
-worker that left fails its rank, a stall ends the job (when ``stall_timeout`` is set), so
-a job ends with one error naming the failing rank instead of hanging. At the end it reads
-the ranks' values and removes everything the job left on the scheduler.
+A :class:`~dask_ddp._launch.client.job.Job` is the handle its caller holds and the controller of
+its attempts; each attempt's watcher owns the ranks' tasks and what is found about them.
+It submits the supervisor tasks (pinned, never retried), then polls them on the client's
+event loop: a failed rank aborts its peers, a worker that left fails its rank, a stall
+ends the job (when ``stall_timeout`` is set), so a job ends with one error naming the
+failing rank instead of hanging. At the end it reads the ranks' values and removes
+everything the job left on the scheduler.
 
 What a lost worker or a stall leads to is the job's recovery policy's to say
 (:mod:`dask_ddp._launch.wire.policy`): the loop asks it once per event and carries out its
@@ -41,7 +42,7 @@ from dask_ddp._launch.wire.policy import Action, RecoveryStatus, ask
 from dask_ddp._launch.wire.rank_spec import RankSpec
 from dask_ddp._launch.wire.root_cause import lost_error, pick_root, record_of
 from dask_ddp._launch.wire.stack_request import read_job_stacks
-from dask_ddp._states import JobState
+from dask_ddp._states import JobState, RankActivity
 from dask_ddp.errors import FailureKind, StallError, WorkerLostError
 
 logger = logging.getLogger(__name__)
@@ -66,9 +67,6 @@ class Watcher:
     keep_values
         Read the ranks' return values as the job ends (a worker that dies afterwards
         cannot take them along).
-    keep_alive
-        What the ranks read while they run (a persisted collection behind a Table),
-        released as the job ends.
 
     The watcher never refers to the job's handle: the handle is passed to :meth:`start`
     and held by the running loop alone, so the handle goes as soon as nobody holds it
@@ -76,8 +74,7 @@ class Watcher:
     """
 
     def __init__(self, client: Any, options: LaunchOptions, job_id: str,
-                 workers: Sequence[str], *, keep_values: bool = True,
-                 keep_alive: Sequence[Any] = ()) -> None:
+                 workers: Sequence[str], *, keep_values: bool = True) -> None:
         self.client = client
         self.options = options
         self.job_id = job_id
@@ -89,7 +86,6 @@ class Watcher:
         #: The ranks' specs as submitted (a rank that joins a live job is made from them).
         self.specs: list[RankSpec] = []
         self.keep_values = keep_values
-        self._keep_alive = list(keep_alive)
         self.recovery: Recovery = Restart()
         #: The ranks whose worker left, with the error naming the loss.
         self.lost: dict[int, WorkerLostError] = {}
@@ -101,6 +97,8 @@ class Watcher:
         self.stall: StallError | None = None
         #: The stuck ranks of stalls the policy let go on (asked once per stall).
         self._stalls_met: set[tuple[int, ...]] = set()
+        #: The ranks the policy let go on without a lost one all returned: the end.
+        self._survivors_ended = False
         #: Every rank finished: the job's outcome, fixed (a later loss changes nothing).
         self.all_finished = False
         self.cancelled = False
@@ -225,7 +223,6 @@ class Watcher:
             await self._cleanup()
             registry.forget(handle, [f.key for f in self.futures])
             dashboard.job_state(self.client, self.job_id, self.final_state())
-            self._keep_alive.clear()  # the ranks read nothing more
             self.done.set()
 
     async def _check(self, statuses: list[str], handle: Any) -> bool:
@@ -240,7 +237,25 @@ class Watcher:
             registry.remember(handle, [f.key for f in self.futures[before:]])
         if not lost and self.options.stall_timeout is not None:
             ends = await self._check_stall(statuses)
+        if self.lost and not (ends or self._survivors_ended or self.options.policy.regroups):
+            ends = self._survivors_ended = await self._bounded(
+                self._survivors_returned(statuses))
         return ends
+
+    async def _survivors_returned(self, statuses: Sequence[str]) -> bool:
+        """Whether the ranks the policy let go on without a lost one (``CONTINUE``) have
+        all returned: in a job that does not regroup they then wait in their finish
+        barrier for the lost rank, which never comes, so the attempt ends (its error
+        names the loss)."""
+        events = await self.client.scheduler.events(topic=progress_topic(self.job_id))
+        self.states = dict(stall.latest_states(events))
+        running = [r for r, s in enumerate(statuses) if s == "pending" and r not in self.lost]
+        if not running or any(stall.activity(self.states.get(r)) is not RankActivity.RETURNED
+                              for r in running):
+            return False
+        logger.warning("job %r: ranks %s returned without ranks %s, whose workers left; "
+                       "ending the attempt", self.name, running, sorted(self.lost))
+        return True
 
     async def _read_values(self) -> None:
         statuses = [f.status for f in self.futures]

@@ -10,9 +10,9 @@ process that met the event carries it out:
   rank lost on the live group's store and its task ends without an error;
 - a rank's worker left, or a rank froze in a stall (the job's watcher, on the client):
   ``REGROUP`` (or ``CONTINUE``) leaves its peers running, anything else aborts them;
-- an attempt ended with its root cause (an :class:`~dask_ddp.ElasticJob`'s driver, on the
-  client): ``RESTART`` (or ``REGROUP``: a smaller group from scratch) starts the next
-  attempt on the workers available then; ``RAISE`` (or ``CONTINUE``: nothing runs to
+- an attempt ended with its root cause (the job's controller, on the client, in a job
+  that may restart): ``RESTART`` (or ``REGROUP``: a smaller group from scratch) starts the
+  next attempt on the workers available then; ``RAISE`` (or ``CONTINUE``: nothing runs to
   continue) ends the job with the error.
 
 A policy that may answer ``REGROUP`` says so (``regroups = True``): its jobs start the

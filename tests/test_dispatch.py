@@ -75,7 +75,7 @@ def test_seed_run_returns_plain_futures(client: Client) -> None:
     # The futures are the caller's: the job's watcher does not read the values a second
     # time (a large return value crosses once); the job still answers result().
     assert job.result(timeout=60) == [0, 1, 2, 3]
-    assert job._values is None
+    assert job._control.values is None
 
 
 def test_ddp_matches_single_process(client: Client) -> None:

@@ -21,6 +21,15 @@ def test_signatures_show_the_parameters() -> None:
     assert {"features", "label", "window"} <= set(table_params)
 
 
+def test_the_table_loaders_class_names_the_loaders_methods() -> None:
+    # TableLoader.state_dict and the like, read off the class (as help() and autodoc do),
+    # are the Loader's: a table Loader is a Loader.
+    for name in ("state_dict", "load_state_dict", "set_epoch", "reshard", "close"):
+        assert getattr(TableLoader, name) is getattr(Loader, name)
+    with pytest.raises(AttributeError):
+        TableLoader.no_such_member  # noqa: B018
+
+
 @pytest.mark.parametrize("data, named", [
     (pd.DataFrame({"a": [1.0], "y": [0]}), "pandas DataFrame"),
     (pd.Series([1.0]), "pandas Series"),

@@ -321,6 +321,12 @@ class _ReadsATable(type):
         return isinstance(obj, Loader) and isinstance(
             obj.__dict__.get("_source", obj.__dict__.get("_opens")), (TableSource, Opens))
 
+    def __getattr__(cls, name: str) -> Any:
+        """``TableLoader.set_epoch`` and the like: the Loader's own members."""
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(Loader, name)
+
 
 class TableLoader(metaclass=_ReadsATable):
     """Batches of a :class:`~dask_ddp.data.Table` in a rank: a :class:`Loader` over its

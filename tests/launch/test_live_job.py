@@ -131,6 +131,27 @@ def test_frozen_rank(client: Client, tmp_path: Path) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
+def test_a_frozen_ranks_kill_that_did_not_take_is_tried_again(
+        client: Client, caplog: pytest.LogCaptureFixture) -> None:
+    """The kill of a frozen rank counts once its worker said it killed the rank: a worker
+    that found no such rank (or failed) leaves it to be tried at the next look at the
+    stall, instead of the job waiting for good on a rank nobody kills."""
+    from dask_ddp._launch.client.live_watch import LiveWatch
+    from dask_ddp._launch.wire.entry_points import KILL_RANK
+
+    workers = sorted(client.scheduler_info()["workers"])[:2]
+    watch = LiveWatch(client, "no-such-job", workers, 30.0, kill_rank=KILL_RANK)
+    try:
+        with caplog.at_level("WARNING", logger="dask_ddp._launch.client.live_watch"):
+            for _ in range(2):  # no rank 1 of that job on its worker: not ended, asked again
+                client.sync(watch.end_frozen, [1], workers)
+        assert watch.ended == set()
+        assert sum("did not take" in r.getMessage() for r in caplog.records) == 2, \
+            caplog.text
+    finally:
+        client.sync(watch.close)
+
+
 def test_too_few_survivors_fall_back_to_a_restart(client: Client, tmp_path: Path) -> None:
     """Fewer than min_workers survive: the group gives up re-forming (the error names
     min_workers) and the job restarts whole, as recovery="restart" does."""

@@ -142,15 +142,20 @@ class LiveWatch:
 
     async def end_frozen(self, frozen: Sequence[int], workers: Sequence[str]) -> None:
         """Kill the ``frozen`` ranks (:meth:`frozen`), so their peers' collectives fail at
-        once and the group re-forms without them."""
+        once and the group re-forms without them. A rank counts as ended once its worker
+        said it killed it; otherwise the next call tries again."""
         for rank in frozen:
             if rank in self.ended:
                 continue
-            self.ended.add(rank)
             logger.warning("live job %s: rank %d is frozen; killing it so the others go "
                            "on without it", self.job_id, rank)
-            await self.client.run(self.kill_rank, self.job_id, rank, workers=[workers[rank]],
-                                  on_error="return")
+            answers = await self.client.run(self.kill_rank, self.job_id, rank,
+                                            workers=[workers[rank]], on_error="return")
+            if answers.get(workers[rank]) is True:
+                self.ended.add(rank)
+            else:  # not killed: the next look at the stall tries again
+                logger.warning("live job %s: killing frozen rank %d on %s did not take (%r)",
+                               self.job_id, rank, workers[rank], answers.get(workers[rank]))
 
     async def publish(self) -> None:
         """Tell the job page about generations it has not seen (never raises)."""

@@ -95,8 +95,9 @@ class Watcher:
         self._finished_at: dict[int, float] = {}
         #: The stall that ended the job, if one did.
         self.stall: StallError | None = None
-        #: The stuck ranks of stalls the policy let go on (asked once per stall).
-        self._stalls_met: set[tuple[int, ...]] = set()
+        #: The stuck ranks of stalls the policy let go on, and its answer (asked once per
+        #: stall; a regroup's kill of a frozen rank is carried out until it took).
+        self._stalls_met: dict[tuple[int, ...], Action] = {}
         #: The ranks the policy let go on without a lost one all returned: the end.
         self._survivors_ended = False
         #: Every rank finished: the job's outcome, fixed (a later loss changes nothing).
@@ -291,19 +292,25 @@ class Watcher:
                 self._finished_at.setdefault(r, now)
         finished = {r: t for r, t in self._finished_at.items() if statuses[r] == "finished"}
         found = stall.find_stall(self.states, finished, len(self.workers), now, timeout)
-        if found is None or self.stall is not None or tuple(found.stuck) in self._stalls_met:
+        if found is None or self.stall is not None:
             return False
         frozen = self.recovery.frozen(found)
-        action = self._ask(FailureKind.STALLED, (frozen or found.stuck)[0], statuses,
-                           len(frozen), frozen=bool(frozen))
+        action = self._stalls_met.get(tuple(found.stuck))
+        if action is None:
+            action = self._ask(FailureKind.STALLED, (frozen or found.stuck)[0], statuses,
+                               len(frozen), frozen=bool(frozen))
+        elif action is not Action.REGROUP:
+            return False
         if action is Action.REGROUP and frozen:
-            self._stalls_met.add(tuple(found.stuck))
+            self._stalls_met[tuple(found.stuck)] = action
+            # Again at each check while they stay frozen: a kill that did not take (the
+            # rank not found, the worker busy) is tried again instead of the job hanging.
             await self.recovery.end_frozen(frozen, self.workers)
             return False
         if action is Action.CONTINUE:
             logger.warning("job %r: ranks %s stalled in %s; its recovery policy lets the job "
                            "go on", self.name, found.stuck, found.collective)
-            self._stalls_met.add(tuple(found.stuck))
+            self._stalls_met[tuple(found.stuck)] = action
             return False
         try:
             stacks = await asyncio.wait_for(self.read_stacks(self.options.waits.stacks_timeout),

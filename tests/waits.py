@@ -16,8 +16,10 @@ from typing import Any
 WORKER_CHECK = 0.5
 #: How often a supervisor looks at its job's abort event, its task and its rank.
 ABORT_POLL = 0.1
-#: How long a rank that looks like a peer's victim waits to learn the peer's fault.
-ROOT_WAIT = 1.0
+#: How long a rank that looks like a peer's victim waits to learn the peer's fault (2 s:
+#: at 1 s a loaded 2-core box once named the victim of a SIGKILL, whose supervisor had not
+#: yet seen its rank die, as the job's root cause).
+ROOT_WAIT = 2.0
 #: How long a restart waits for the workers a nanny brings back.
 RESTART_GRACE = 2.0
 #: A rank's SIGTERM before its SIGKILL.

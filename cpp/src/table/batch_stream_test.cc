@@ -261,6 +261,10 @@ TEST_P(BatchStreamTest, LentBuffersHoldBatchesAndComeBackOnlyWhenTheBatchIsFreed
       std::memcpy(&y, b.outputs[1].get() + 4 * i, 4);
       got.push_back(y);
     }
+    // Never gathered over a batch still held: a lent buffer is in at most one held batch.
+    if (lent(b)) {
+      for (const Batch& h : held) EXPECT_NE(h.outputs[0].get(), b.outputs[0].get());
+    }
     lent_batches += lent(b);
     held.push_back(std::move(b));
     // Two batches held: a third is gathered into blocks of its own, never over either.
@@ -271,13 +275,19 @@ TEST_P(BatchStreamTest, LentBuffersHoldBatchesAndComeBackOnlyWhenTheBatchIsFreed
       held.erase(held.begin(), held.begin() + 2);  // both buffers come back
     }
   }
-  EXPECT_EQ(got, want);  // 50 rows: 16, 16, 16 (own blocks), then 2 in a lent buffer
-  EXPECT_EQ(lent_batches, 3);
+  EXPECT_EQ(got, want);  // 50 rows: 16, 16, 16 (own blocks), then 2
   ASSERT_EQ(held.size(), 2u);
-  EXPECT_TRUE(!lent(held[0]) && lent(held[1]));
-  EXPECT_EQ(kept.use_count(), 3);  // the stream's free one and the held batch's
+  EXPECT_FALSE(lent(held[0]));
+  // Inline, the tail is gathered after both buffers came back, so into one of them. Ahead,
+  // the gathering thread may have taken the tail before they came back: blocks of its own.
+  const int tail_lent = lent(held[1]) ? 1 : 0;
+  if (!GetParam()) {
+    EXPECT_EQ(tail_lent, 1);
+  }
+  EXPECT_EQ(lent_batches, 2 + tail_lent);
+  EXPECT_EQ(kept.use_count(), 3);  // each lent buffer keeps its memory, free or in a batch
   stream.Close();
-  EXPECT_EQ(kept.use_count(), 2);  // the free one dropped at Close
+  EXPECT_EQ(kept.use_count(), 1 + tail_lent);  // the free ones dropped at Close
   held.clear();
   EXPECT_EQ(kept.use_count(), 1);  // a batch freed after Close drops its buffer
 }

@@ -83,3 +83,70 @@ def test_leaving_happens_before_an_admission(images: ImageList) -> None:
         assert calls[0] == "left", calls
     finally:
         loader.close()
+
+
+@pytest.mark.parametrize("chained", [False, True])
+def test_a_survivor_one_step_behind_steps_its_lr_schedule_once(chained: bool) -> None:
+    """A loss mid all-reduce that completed on one survivor (it stepped, then ran the
+    rest of its loop: the LR scheduler's step) and failed on another: the one behind
+    takes the parameters and optimizer state after the step, skips its optimizer.step()
+    and runs the rest of its loop from its own schedule. Before, it took the survivor's
+    stepped scheduler and stepped it again: one step ahead, and a decay applied twice by
+    a chainable scheduler, which scales the optimizer's current lr (the live join test's
+    survivors once ended with different models)."""
+    import torch
+
+    def replica() -> tuple[Any, Any, Any]:
+        torch.manual_seed(0)
+        model = torch.nn.Linear(3, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        sched: Any = torch.optim.lr_scheduler.StepLR(opt, 2, 0.5)
+        if chained:
+            sched = torch.optim.lr_scheduler.ChainedScheduler(
+                [sched, torch.optim.lr_scheduler.ExponentialLR(opt, 0.9)])
+        return model, opt, sched
+
+    def loop(model: Any, opt: Any, sched: Any, x: Any) -> None:
+        opt.zero_grad()
+        model(x).square().mean().backward()
+        opt.step()
+        sched.step()
+
+    xs = [torch.full((4, 3), float(i + 1)) for i in range(4)]
+    ahead, behind, alone = replica(), replica(), replica()
+    for r in (ahead, behind, alone):
+        loop(*r, xs[0])
+    loop(*ahead, xs[1])  # step 2 completed on the survivor: StepLR halves the lr here
+    loop(*alone, xs[1])  # what an undisturbed rank does: the reference
+
+    model, opt, sched = behind
+    group: Any = SimpleNamespace(joining=False, committed=1, members=[0, 1], lost=[2],
+                                 leaving=False, rank=1, uid=1)
+    att = Attached(group, None, opt, None, sched)
+    opt.step = att.wrap_step(opt.step)
+
+    def regroup(_cause: str) -> int:
+        """The handoff: the survivor's parameters and state (it is new rank 0)."""
+        with torch.no_grad():
+            for mine, theirs in zip(model.parameters(), ahead[0].parameters(), strict=True):
+                mine.copy_(theirs)
+        state = {"optimizer": ahead[1].state_dict(), "scheduler": ahead[2].state_dict(),
+                 "rng": torch.get_rng_state(), "deal": None, "lost_deal": None}
+        att.take_shared_state(state, 1, 2, joined=False, joining=False)  # type: ignore[arg-type]
+        return 2
+
+    group.regroup = regroup
+    att.grads.failed = "RuntimeError: Connection closed by peer"
+    opt.zero_grad()
+    model(xs[1]).square().mean().backward()
+    att.end_of_backward()  # the failed step's regroup, from the end of backward()
+    assert att.skip_step and group.committed == 2
+    opt.step()  # skipped
+    sched.step()  # the rest of the loop
+    assert sched.state_dict() == alone[2].state_dict()
+    assert sched.get_last_lr() == alone[2].get_last_lr()
+    assert [g["lr"] for g in opt.param_groups] == [g["lr"] for g in alone[1].param_groups]
+    for r in (behind, alone):  # one more step each: the same model
+        loop(*r, xs[2])
+    for mine, ref in zip(model.parameters(), alone[0].parameters(), strict=True):
+        assert torch.equal(mine, ref)

@@ -15,8 +15,9 @@ communication hook, wraps ``optimizer.step`` and marks the top of each step:
   next batch, else the model's forward) re-forms the group with the joining ranks, which
   take the group's state there (their own ``attach`` waits until then);
 - a survivor one step behind after a loss skips its ``optimizer.step()`` for the failed
-  step; one at the agreed step all-reduces that step's saved gradients again in the new
-  group.
+  step and keeps what its loop reads after that call (the LR scheduler, the optimizer's
+  hyperparameters), which the survivor it took the rest from had already stepped; one
+  at the agreed step all-reduces that step's saved gradients again in the new group.
 
 :class:`Attached` holds the rank's side of it together: the backward-hook machinery is
 :class:`~dask_ddp._launch.rank.live.hooks.GradientHook`, the loader's deals at a regroup
@@ -80,6 +81,7 @@ class Attached:
         group = self.group
         while True:
             mine = group.committed
+            own = self._after_step_state()
             self.in_step = True
             try:
                 agreed = group.regroup(cause)
@@ -87,8 +89,13 @@ class Attached:
                 self.in_step = False
             self._deal_unread()
             if agreed == mine + 1:
-                # The failed step completed on the most advanced survivor: its state is
-                # the state after that step; this rank's optimizer.step() for it is skipped.
+                # The failed step completed on the most advanced survivor: its parameters
+                # and optimizer state are the state after that step; this rank's
+                # optimizer.step() for it is skipped. What the loop reads after the
+                # optimizer's step is this rank's own (the group's at the step's start):
+                # the survivor had already run that part of its loop (an LR scheduler's
+                # step), which runs here next.
+                self._take_after_step_state(own)
                 group.committed = agreed
                 self.skip_step = True
                 return
@@ -102,6 +109,30 @@ class Attached:
                 if not is_peer_error(exc):
                     raise
                 cause = f"{type(exc).__name__}: {str(exc)[:300]}"
+
+    def _after_step_state(self) -> dict[str, Any]:
+        """What the loop's code after ``optimizer.step()`` reads and the most advanced
+        survivor's handoff brings already stepped: the LR scheduler's state and the
+        optimizer's hyperparameters (a chainable scheduler scales the current ``lr``).
+
+        Torch's generator is rank 0's, as every member's after a regroup: the survivor
+        had drawn its next step's forward from it, so a forward that draws (dropout)
+        draws on from there here."""
+        import copy
+
+        return {
+            "scheduler": (copy.deepcopy(self.scheduler.state_dict())
+                          if self.scheduler is not None else None),
+            "hyper": ([copy.deepcopy({k: v for k, v in g.items() if k != "params"})
+                       for g in self.optimizer.param_groups]
+                      if self.optimizer is not None else None)}
+
+    def _take_after_step_state(self, own: dict[str, Any]) -> None:
+        if own["scheduler"] is not None:
+            self.scheduler.load_state_dict(own["scheduler"])
+        if own["hyper"] is not None:
+            for g, hyper in zip(self.optimizer.param_groups, own["hyper"], strict=True):
+                g.update(hyper)
 
     def wrap_step(self, step: Callable[..., Any]) -> Callable[..., Any]:
         """``optimizer.step``, counted as the group's committed step (skipped once for a

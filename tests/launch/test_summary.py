@@ -4,11 +4,15 @@ HTML, every rank's state while it runs, and report() numbering the steps itself.
 from __future__ import annotations
 
 import html.parser
+from types import SimpleNamespace
 from typing import Any
+
+import pytest
 
 import dask_ddp
 from cluster_util import client_fixture
 from dashboard_util import dashboard_root, get, report_unnumbered, wait_job
+from dask_ddp._states import JobState
 from waits import wait_until
 
 client = client_fixture(2)
@@ -59,3 +63,17 @@ def test_a_running_job_shows_itself_and_every_rank(client: Any) -> None:
     done = wait_job(dashboard_root(client), job.id, "done with the steps numbered",
                     lambda j: j["state"] == "done" and len(j["ranks"]) == 2, timeout=60)
     assert [r["step"] for r in done["ranks"]] == [STEPS - 1, STEPS - 1]
+
+
+@pytest.mark.parametrize("state", list(JobState))
+def test_every_state_is_shown_in_its_own_colour(state: JobState) -> None:
+    """A state added without a colour fails here, not in a user's notebook (``restarting``
+    and ``starting`` once fell back to grey, the colour of ``cancelled``)."""
+    from dask_ddp._launch.client.summary import STATE_COLOURS, job_html
+
+    job = SimpleNamespace(state=state, workers=["tcp://a:1"], world_size=1, id="j",
+                          name="n", monitor=None)
+    page = job_html(job, 0, None)
+    assert f'color: {STATE_COLOURS[state]}; font-weight: bold">{state}</span>' in page
+    if state is not JobState.CANCELLED:
+        assert STATE_COLOURS[state] != STATE_COLOURS[JobState.CANCELLED]

@@ -10,8 +10,14 @@ from __future__ import annotations
 import html
 from typing import Any
 
-_STATE_COLOURS = {"running": "#2c7be5", "stalled": "#e5a02c", "done": "#2ca02c",
-                  "failed": "#d62728", "cancelled": "#7f7f7f"}
+from dask_ddp._states import JobState
+
+#: Every state's colour (tests/launch/test_summary.py checks that none is left out): blue
+#: while it works, amber while it waits on something that may not come.
+STATE_COLOURS = {JobState.STARTING: "#6baed6", JobState.RUNNING: "#2c7be5",
+                 JobState.STALLED: "#e5a02c", JobState.RESTARTING: "#e5a02c",
+                 JobState.DONE: "#2ca02c", JobState.FAILED: "#d62728",
+                 JobState.CANCELLED: "#7f7f7f"}
 
 
 def page_link(client: Any, job_id: str) -> str | None:
@@ -25,7 +31,7 @@ def page_link(client: Any, job_id: str) -> str | None:
 def job_html(job: Any, ranks_finished: int, page_link: str | None) -> str:
     """The HTML of ``job`` (a :class:`~dask_ddp.Job`) for Jupyter's rich display."""
     state = str(job.state)
-    colour = _STATE_COLOURS.get(state, "#7f7f7f")
+    colour = STATE_COLOURS[JobState(state)]
     workers = sorted(set(job.workers))
     rows = [
         ("State", f'<span style="color: {colour}; font-weight: bold">'

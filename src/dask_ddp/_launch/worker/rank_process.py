@@ -30,7 +30,7 @@ from typing import IO
 from dask_ddp._launch.wire.entry_points import RANK_MODULE, SCRIPT_MODULE, TETHER_SCRIPT
 from dask_ddp._launch.wire.launch_record import LaunchRecord
 from dask_ddp._launch.wire.rank_spec import RankSpec, worker_host
-from dask_ddp._launch.worker import collective_dump, oom, probe, rank_env, warm
+from dask_ddp._launch.worker import at_exit, collective_dump, oom, probe, rank_env, warm
 
 #: torch's ``@record`` writes a failing rank's traceback here (``TORCHELASTIC_ERROR_FILE``).
 ERROR_FILE = "error.json"
@@ -186,7 +186,7 @@ class RankProcess:
               rank: int, workdir: str) -> RankProcess:
         """Start the rank's process and register it (raises :class:`OSError`)."""
         proc = start_process(argv, env, cwd, pass_fds, capture_output)
-        _install_exit_hook()
+        at_exit.once(_kill_all_live)  # a worker that exits normally kills its ranks
         _LIVE.add(proc)
         self = cls(proc, job_id, job_name, rank, workdir)
         with _running_lock:
@@ -319,28 +319,8 @@ def _kill_group(proc: subprocess.Popen[bytes], grace: float) -> None:
 
 
 def _kill_all_live() -> None:
+    """Kill this process's live ranks (at its exit: a worker killed outright is covered
+    by the rank process watching its parent)."""
     for proc in list(_LIVE):
         with contextlib.suppress(Exception):
             os.killpg(proc.pid, signal.SIGKILL)
-
-
-_exit_hook_installed = False
-_exit_hook_lock = threading.Lock()
-
-
-def _install_exit_hook() -> None:
-    """Kill this process's live ranks when it exits (installed with its first rank).
-
-    A worker that exits normally (nanny restart, cluster close) kills its ranks; a worker
-    killed outright is covered by the rank process watching its parent.
-    """
-    global _exit_hook_installed
-    with _exit_hook_lock:
-        if _exit_hook_installed:
-            return
-        _exit_hook_installed = True
-    import atexit
-    from multiprocessing import util
-
-    atexit.register(_kill_all_live)
-    util.Finalize(None, _kill_all_live, exitpriority=100)

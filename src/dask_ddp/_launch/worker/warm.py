@@ -80,6 +80,7 @@ from typing import IO, Any
 
 from dask_ddp._launch.wire.entry_points import RANK_MODULE, TEMPLATE_MODULE
 from dask_ddp._launch.wire.warm_protocol import Reap, StartRequest, recv, send
+from dask_ddp._launch.worker import at_exit
 
 logger = logging.getLogger(__name__)
 
@@ -417,7 +418,7 @@ def _template_for(key: tuple[tuple[str, str], ...], env: Mapping[str, str],
                   "import environment of a new job")
         return None
     if starting:
-        _install_exit_hook()
+        at_exit.once(stop_all)
         template.start(env, cwd)
         if template.problem is not None:
             _log_once(f"the warm template of this worker: {template.problem}")
@@ -439,22 +440,6 @@ def stop_all() -> None:
         _templates.clear()
     for template in templates:
         template.stop()
-
-
-_exit_hook_installed = False
-
-
-def _install_exit_hook() -> None:
-    global _exit_hook_installed
-    with _templates_lock:
-        if _exit_hook_installed:
-            return
-        _exit_hook_installed = True
-    import atexit
-    from multiprocessing import util
-
-    atexit.register(stop_all)
-    util.Finalize(None, stop_all, exitpriority=100)
 
 
 # The thread templates are started from: PR_SET_PDEATHSIG fires when the parent *thread*

@@ -8,6 +8,7 @@ Lightning takes its SLURM environment and each rank trains alone.
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -23,6 +24,8 @@ from distributed import Client, LocalCluster
 import dask_ddp
 from cluster_util import wait_no_rank_processes
 from dask_ddp._launch.worker import rank_env as _rankenv
+
+logger = logging.getLogger(__name__)
 
 pytest.importorskip("lightning")
 pytest.importorskip("accelerate")
@@ -126,10 +129,20 @@ def _torchrun(script: Path, out: Path) -> dict[str, Any]:
         # This test process's start-up environment: no LocalCluster settings, no SLURM.
         env = _rankenv.start_environ(os.getpid()) or dict(os.environ)
         env["PYTHONPATH"] = os.environ.get("PYTHONPATH", "")
-        done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                               "--nproc-per-node=2", str(script), str(out)], env=env,
-                              capture_output=True, text=True, timeout=240)
-        assert done.returncode == 0, f"torchrun exited {done.returncode}:\n{done.stderr[-4000:]}"
+        # A second try, once: the baseline's own rank has aborted in torch's teardown on
+        # this box now and then ("terminate called without an active exception"), a
+        # process our code does not run in. Both failures are shown if it fails again.
+        errors = []
+        for _ in range(2):
+            out.unlink(missing_ok=True)
+            done = subprocess.run([sys.executable, "-m", "torch.distributed.run",
+                                   "--standalone", "--nproc-per-node=2", str(script), str(out)],
+                                  env=env, capture_output=True, text=True, timeout=240)
+            if done.returncode == 0:
+                break
+            errors.append(f"torchrun exited {done.returncode}:\n{done.stderr[-3000:]}")
+            logger.warning("the torchrun baseline failed; once more: %s", errors[-1][-600:])
+        assert done.returncode == 0, "\n\n".join(errors)
         _REFERENCE[source] = torch.load(out, weights_only=True)
     return _REFERENCE[source]
 

@@ -1,10 +1,12 @@
 """What a worker process runs as it exits: its ranks killed, its templates stopped
 (internal).
 
-Registered once each, with the first rank or template, both with :mod:`atexit` and with
-multiprocessing's finaliser (a worker that a nanny stops exits through
-``multiprocessing``'s own exit function, which runs its finalisers first). A worker
-killed outright runs neither: its ranks and templates watch their parent instead.
+Registered once each, with the first rank or template, both with :mod:`atexit` and as a
+multiprocessing finaliser: a worker process its nanny started ends through
+multiprocessing's bootstrap, which runs the finalisers and not :mod:`atexit`'s handlers;
+a worker started otherwise (``dask worker --no-nanny``) runs both, and each function is
+safe to run twice. A worker killed outright runs neither: its ranks and templates watch
+their parent instead.
 """
 
 from __future__ import annotations

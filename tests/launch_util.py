@@ -69,6 +69,13 @@ def active_tasks(job_id: str, dask_scheduler: Any = None) -> list[tuple[str, str
             if job_id in str(k) and ts.state in ACTIVE]
 
 
+def worker_tasks(name: str, dask_worker: Any = None) -> list[tuple[str, str]]:
+    """The tasks named ``name`` a worker still holds (``client.run``): a cancelled task
+    stays there, as ``cancelled``, until its thread returns (a supervisor: once its rank
+    is reaped)."""
+    return [(str(k), ts.state) for k, ts in dask_worker.state.tasks.items() if name in str(k)]
+
+
 def results_topics(dask_scheduler: Any) -> list[str]:
     ext = dask_scheduler.extensions.get("dask_ddp_results")
     return sorted(ext.info()) if ext is not None else []

@@ -18,7 +18,6 @@ from cluster_util import (
     restart_after,
     sleep_in_collectives,
     sleep_only,
-    wait_no_rank_processes,
 )
 from dask_ddp import dispatch
 from dask_ddp.results import DaskResultsHandler
@@ -28,6 +27,7 @@ from launch_util import (
     install_loop_probe,
     off_loop_reads,
     wait_until,
+    worker_tasks,
 )
 
 pytestmark = [pytest.mark.dask, pytest.mark.timeout(240)]
@@ -62,7 +62,11 @@ def test_launch_failing_part_way_leaves_no_rank_running(client: Client, tmp_path
     addr = client.scheduler.address
     wait_until(lambda: client.run_on_scheduler(active_tasks, "sleep_only"), 20,
                "tasks of the failed launch still active")
-    wait_no_rank_processes(addr, 10)
+    # The scheduler forgets a cancelled task at once; its supervisor on the worker ends
+    # later (it may have been starting its rank): wait for every supervisor to return,
+    # then no rank of the launch may be left.
+    wait_until(lambda: [t for ts in client.run(worker_tasks, "sleep_only").values()
+                        for t in ts], 30, "supervisors of the failed launch still running")
     assert not rank_processes(addr)
 
 

@@ -12,8 +12,11 @@ SIGKILL. Reading them is a few small files once per rank; nothing here needs pri
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from dataclasses import dataclass
+
+logger = logging.getLogger(__name__)
 
 _CGROUP_ROOT = "/sys/fs/cgroup"
 _NO_LIMIT = 1 << 60  # cgroup v1 writes ~2^63 for "no limit"
@@ -110,3 +113,45 @@ def _size(n: int) -> str:
             return f"{n} B" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1024
     return f"{n} B"
+
+
+def victim_score() -> int | None:
+    """The ``oom_score_adj`` for the ranks and warm templates this worker starts: the
+    worker's own plus ``dask-ddp.launch.oom-score-adj``, at most 1000 (``None``: leave
+    theirs as inherited). Read before a process starts: a bad value raises
+    :class:`ValueError` naming the key, and nothing is left running.
+
+    Without it the kernel takes the largest process of the cgroup, and when the memory of
+    a rank it killed is not freed yet, the next allocation there (often the worker's)
+    kills again: the worker, whose supervisor would have named the rank and its limit."""
+    from dask_ddp import _config
+
+    key = "dask-ddp.launch.oom-score-adj"
+    value = _config.get(key)
+    try:
+        adj = int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{key} must be an integer from 0 to 1000, got {value!r}") from None
+    if not 0 <= adj <= 1000 or isinstance(value, float) and value != adj:
+        raise ValueError(f"{key} must be an integer from 0 to 1000, got {value!r}")
+    if adj == 0:
+        return None
+    try:
+        with open("/proc/self/oom_score_adj") as f:
+            own = int(f.read())
+    except (OSError, ValueError):
+        return None  # not Linux: nothing to set
+    return min(1000, own + adj)
+
+
+def prefer_as_victim(pid: int, score: int | None) -> None:
+    """Set process ``pid``'s ``oom_score_adj`` to ``score`` (from :func:`victim_score`;
+    ``None``: nothing). Raising a score needs no privilege; where the file cannot be
+    written (a read-only /proc) it is left as it is."""
+    if score is None:
+        return
+    try:
+        with open(f"/proc/{pid}/oom_score_adj", "w") as f:
+            f.write(str(score))
+    except OSError as exc:
+        logger.debug("the OOM score of process %d is left as it is: %s", pid, exc)

@@ -156,8 +156,11 @@ def start_process(argv: Sequence[str], env: Mapping[str, str], cwd: str,
         if proc is not None:
             return proc
     pipe = subprocess.PIPE if capture_output else None
-    return subprocess.Popen(list(argv), env=dict(env), pass_fds=tuple(pass_fds), stdout=pipe,
+    score = oom.victim_score()  # a warm rank has its template's
+    cold = subprocess.Popen(list(argv), env=dict(env), pass_fds=tuple(pass_fds), stdout=pipe,
                             stderr=pipe, start_new_session=True, cwd=cwd)
+    oom.prefer_as_victim(cold.pid, score)
+    return cold
 
 
 class RankProcess:
@@ -184,7 +187,8 @@ class RankProcess:
     def start(cls, argv: Sequence[str], env: Mapping[str, str], cwd: str,
               pass_fds: Sequence[int], capture_output: bool, *, job_id: str, job_name: str,
               rank: int, workdir: str) -> RankProcess:
-        """Start the rank's process and register it (raises :class:`OSError`)."""
+        """Start the rank's process and register it (raises :class:`OSError`, or
+        :class:`ValueError` for a bad ``dask-ddp.launch.oom-score-adj``)."""
         proc = start_process(argv, env, cwd, pass_fds, capture_output)
         at_exit.once(_kill_all_live)  # a worker that exits normally kills its ranks
         _LIVE.add(proc)

@@ -161,6 +161,9 @@ class _Supervisor:
 
     def _run_process(self, port: int, workdir: str) -> Any:
         spec, opts = self.spec, self.spec.options
+        # A launch that failed part way (or a cancel) may have come while the port was
+        # found: no rank is started for a task nobody waits on.
+        self._check_stop(None)
         env = rank_environment(spec, port, workdir, self.worker.nanny is not None)
         # The job page's sampler of this rank (step counters, metrics, CPU, RSS).
         sampler = RankSampler(self.worker, spec.job_id, spec.rank, workdir,
@@ -178,7 +181,7 @@ class _Supervisor:
             rank = RankProcess.start(argv, env, rank_cwd(spec), (write_fd,), opts.stream_output,
                                      job_id=spec.job_id, job_name=spec.job_name,
                                      rank=spec.rank, workdir=workdir)
-        except OSError as exc:
+        except (OSError, ValueError) as exc:  # ValueError: a bad dask-ddp.launch setting
             os.close(read_fd)
             raise self.outcome.failed("start", f"could not start {argv[0]!r}: {exc}", exc,
                                       "") from exc

@@ -80,7 +80,7 @@ from typing import IO, Any
 
 from dask_ddp._launch.wire.entry_points import RANK_MODULE, TEMPLATE_MODULE
 from dask_ddp._launch.wire.warm_protocol import Reap, StartRequest, recv, send
-from dask_ddp._launch.worker import at_exit
+from dask_ddp._launch.worker import at_exit, oom
 
 logger = logging.getLogger(__name__)
 
@@ -261,6 +261,7 @@ class _Template:
             self.ready.set()
 
     def _start(self, env: Mapping[str, str], cwd: str) -> None:
+        score = oom.victim_score()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         environment = dict(template_environment(env, os.environ))
         environment["DASK_DDP_WARM_ROOM"] = " " * ENVIRON_ROOM
@@ -273,6 +274,7 @@ class _Template:
                 start_new_session=True))
         finally:
             theirs.close()
+        oom.prefer_as_victim(self.proc.pid, score)  # as it imports; its ranks inherit it
         self.control = ours
         threading.Thread(target=self._log_stderr, name="dask-ddp-warm-stderr",
                          daemon=True).start()

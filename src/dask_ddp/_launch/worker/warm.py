@@ -52,9 +52,11 @@ Where ranks still start cold (``python -m dask_ddp._launch.rank.main`` or the us
     - ``run_command``: the user's own program must be exec'd as it is.
     - Not Linux: the parent-death, ``prctl`` and ``/proc`` parts are Linux's.
     - ``dask-ddp.launch.warm-start: false`` (read on the worker).
-    - A template that failed to start, died, or refused a fork (more than one thread,
-      CUDA initialised): logged once per worker with the reason, then every rank of that
-      key starts cold.
+    - A template that failed to start, died while asked for a rank, or refused a fork
+      (more than one thread, CUDA initialised): logged once per worker with the reason,
+      then every rank of that key starts cold. A template found dead before a request
+      (the OOM killer takes templates and ranks before their worker,
+      :mod:`~dask_ddp._launch.worker.oom`) is replaced by a new one.
     - A job whose key differs from every template's when the worker already has
       :data:`MAX_TEMPLATES` (each holds torch's memory).
 
@@ -331,6 +333,12 @@ class _Template:
         return WarmProcess(reply.pid, conn, None, None,
                            [sys.executable, "-m", RANK_MODULE, request.workdir])
 
+    def died(self) -> bool:
+        """Whether a template that started and served died since (killed: by the OOM
+        killer, by hand). One that failed keeps its :attr:`problem`: it is not retried."""
+        return (self.ready.is_set() and self.problem is None and self.proc is not None
+                and self.proc.poll() is not None)
+
     def stop(self) -> None:
         """End the template (its ranks die with it)."""
         if self.control is not None:
@@ -412,6 +420,13 @@ def _template_for(key: tuple[tuple[str, str], ...], env: Mapping[str, str],
     """The ready template for ``key``, started if need be; ``None``: start cold."""
     with _templates_lock:
         template = _templates.get(key)
+        if template is not None and template.died():
+            logger.warning("warm template %d of this worker ended (exit code %s); a new "
+                           "one starts for the next rank", template.proc.pid if template.proc
+                           else -1, template.proc.returncode if template.proc else None)
+            template.stop()  # its control socket
+            del _templates[key]
+            template = None
         starting = template is None and len(_templates) < MAX_TEMPLATES
         if starting:
             template = _templates[key] = _Template(key)

@@ -421,9 +421,10 @@ def _template_for(key: tuple[tuple[str, str], ...], env: Mapping[str, str],
     with _templates_lock:
         template = _templates.get(key)
         if template is not None and template.died():
+            assert template.proc is not None  # died() says it ran
             logger.warning("warm template %d of this worker ended (exit code %s); a new "
-                           "one starts for the next rank", template.proc.pid if template.proc
-                           else -1, template.proc.returncode if template.proc else None)
+                           "one starts for the next rank", template.proc.pid,
+                           template.proc.returncode)
             template.stop()  # its control socket
             del _templates[key]
             template = None
